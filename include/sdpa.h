@@ -1,0 +1,269 @@
+/* SPDX-License-Identifier: MIT */
+/* sdpa.h - libsdpa public API: streaming scaled dot-product attention on CPUs.
+ *
+ * libsdpa computes, in fp32,
+ *
+ *     S = scale * Q K^T + bias      (masked entries of S are -inf)
+ *     P = softmax(S) over the allowed keys of each query row
+ *     O = P V,   LSE = log(sum_j exp(S_ij))   (natural log)
+ *
+ * and the gradients dQ, dK, dV of a loss given dO. Both passes stream over key
+ * tiles with the FlashAttention-2 online softmax (Dao, "FlashAttention-2: Faster
+ * Attention with Better Parallelism and Work Partitioning", 2023, Algorithms 1
+ * and 2): no buffer of size Tq x Tk is ever allocated.
+ *
+ * Tensors are 4-D, logically
+ *     Q   [B, Hq,  Tq, Dk]        O, dO [B, Hq, Tq, Dv]
+ *     K   [B, Hkv, Tk, Dk]        LSE   [B, Hq, Tq]
+ *     V   [B, Hkv, Tk, Dv]        dQ, dK, dV shaped like Q, K, V
+ * The last dimension (head_dim) is contiguous; the other three have their own
+ * strides in elements (not bytes). An input stride may be 0 (broadcast); output
+ * strides must describe non-overlapping storage. Strides are never negative.
+ *
+ * Grouped-query attention (GQA/MQA): Hq must be a multiple of Hkv; query head h
+ * reads key/value head h / (Hq / Hkv).
+ *
+ * Thread-safety: every function may be called from any number of threads at
+ * once, except sdpa_force_isa(), which changes the process-wide default ISA
+ * (calls already running keep the kernels they started with).
+ */
+#ifndef SDPA_H
+#define SDPA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(SDPA_BUILDING_DLL)
+#define SDPA_API __declspec(dllexport)
+#elif defined(__GNUC__) && __GNUC__ >= 4
+#define SDPA_API __attribute__((visibility("default")))
+#else
+#define SDPA_API
+#endif
+
+/** Version of this header. The library's own version is sdpa_version_number(). */
+#define SDPA_VERSION_MAJOR 0
+#define SDPA_VERSION_MINOR 1
+#define SDPA_VERSION_PATCH 0
+/** Packs a version as 0x00MMmmpp. */
+#define SDPA_MAKE_VERSION(major, minor, patch) (((major) << 16) | ((minor) << 8) | (patch))
+#define SDPA_VERSION SDPA_MAKE_VERSION(SDPA_VERSION_MAJOR, SDPA_VERSION_MINOR, SDPA_VERSION_PATCH)
+#define SDPA_VERSION_GET_MAJOR(v) (((v) >> 16) & 0xff)
+#define SDPA_VERSION_GET_MINOR(v) (((v) >> 8) & 0xff)
+#define SDPA_VERSION_GET_PATCH(v) ((v)&0xff)
+
+/** Status codes. 0 is success; every error is negative. On any error the
+ *  outputs have not been written. */
+typedef enum sdpa_status {
+    SDPA_OK = 0,
+    SDPA_ERR_NULL_ARGUMENT = -1,    /**< a required pointer is NULL (the problem, a tensor view, or a
+                                         data pointer whose tensor is not empty) */
+    SDPA_ERR_BAD_DESCRIPTOR = -2,   /**< problem not set up by sdpa_problem_init(): wrong struct_size,
+                                         nonzero reserved field, or unknown enum value */
+    SDPA_ERR_NEGATIVE_SIZE = -3,    /**< a size (B, Hq, Hkv, Tq, Tk, Dk, Dv) is negative */
+    SDPA_ERR_HEAD_GROUPING = -4,    /**< Hq is not a multiple of Hkv (or Hkv = 0 while Hq > 0) */
+    SDPA_ERR_BAD_SCALE = -5,        /**< scale is NaN or infinite, or the default 1/sqrt(Dk) with Dk = 0 */
+    SDPA_ERR_BAD_STRIDE = -6,       /**< a stride is negative, or an output's strides overlap itself */
+    SDPA_ERR_BAD_WINDOW = -7,       /**< a window bound is negative and not SDPA_WINDOW_UNBOUNDED */
+    SDPA_ERR_BAD_KV_LENGTH = -8,    /**< kv_lengths[b] is negative or larger than Tk */
+    SDPA_ERR_ALIASING = -9,         /**< an output overlaps an input or another output */
+    SDPA_ERR_BAD_THREADS = -10,     /**< num_threads is negative */
+    SDPA_ERR_ISA_UNAVAILABLE = -11, /**< the ISA asked for is not compiled in or the CPU/OS cannot run it */
+    SDPA_ERR_OUT_OF_MEMORY = -12,   /**< the workspace could not be allocated */
+    SDPA_ERR_SIZE_OVERFLOW = -13,   /**< a tensor extent overflows the address space */
+    SDPA_ERR_BAD_BLOCK_SIZE = -14   /**< block_q or block_k is outside [0, SDPA_MAX_BLOCK] */
+} sdpa_status;
+
+/** Instruction sets. Order within an architecture is "better is larger". */
+typedef enum sdpa_isa {
+    SDPA_ISA_AUTO = -1, /**< the best ISA allowed (see sdpa_force_isa) */
+    SDPA_ISA_SCALAR = 0,
+    SDPA_ISA_AVX2 = 1,   /**< x86-64 AVX2 + FMA (needs OS support of YMM state) */
+    SDPA_ISA_AVX512 = 2, /**< x86-64 AVX-512 F/DQ/BW/VL (needs OS support of ZMM state) */
+    SDPA_ISA_NEON = 3    /**< AArch64 Advanced SIMD */
+} sdpa_isa;
+#define SDPA_ISA_COUNT 4
+
+/** Causal masking. Causal is a window with window_right = 0 on the aligned diagonal. */
+typedef enum sdpa_causal {
+    SDPA_CAUSAL_NONE = 0,
+    SDPA_CAUSAL_TOP_LEFT = 1,    /**< query i sees keys j <= i */
+    SDPA_CAUSAL_BOTTOM_RIGHT = 2 /**< query i sees keys j <= i + Tk_b - Tq (Tk_b: this batch's key length) */
+} sdpa_causal;
+
+/** Diagonal alignment of a sliding window when causal is SDPA_CAUSAL_NONE
+ *  (with causal masking the window follows the causal alignment). */
+typedef enum sdpa_alignment {
+    SDPA_ALIGN_TOP_LEFT = 0,    /**< diagonal j = i */
+    SDPA_ALIGN_BOTTOM_RIGHT = 1 /**< diagonal j = i + Tk_b - Tq */
+} sdpa_alignment;
+
+/** A window bound that does not limit anything. */
+#define SDPA_WINDOW_UNBOUNDED (-1)
+/** Largest block_q / block_k accepted. */
+#define SDPA_MAX_BLOCK 512
+
+/** Read-only view of a [B, H, T, D] fp32 tensor (D contiguous). Strides are in
+ *  elements; 0 broadcasts. The caller owns the memory. */
+typedef struct sdpa_tensor {
+    const float *data;
+    int64_t batch_stride;
+    int64_t head_stride;
+    int64_t seq_stride;
+} sdpa_tensor;
+
+/** Writable view of a [B, H, T, D] fp32 tensor (or [B, H, T] for LSE, whose
+ *  seq_stride is the distance between consecutive query rows). Outputs must not
+ *  overlap each other, any input, or themselves. The caller owns the memory. */
+typedef struct sdpa_tensor_out {
+    float *data;
+    int64_t batch_stride;
+    int64_t head_stride;
+    int64_t seq_stride;
+} sdpa_tensor_out;
+
+/** Boolean mask broadcastable to [B, Hq, Tq, Tk]: nonzero byte = may attend.
+ *  Broadcast a dimension by giving it stride 0. data == NULL: no mask. */
+typedef struct sdpa_bool_mask {
+    const uint8_t *data;
+    int64_t batch_stride, head_stride, query_stride, key_stride;
+} sdpa_bool_mask;
+
+/** Additive fp32 bias broadcastable to [B, Hq, Tq, Tk], added to the already
+ *  scaled logits (it is never multiplied by scale). -inf disallows a key; a
+ *  finite value, however negative, does not. data == NULL: no bias. */
+typedef struct sdpa_bias {
+    const float *data;
+    int64_t batch_stride, head_stride, query_stride, key_stride;
+} sdpa_bias;
+
+/** The problem descriptor: sizes, scale, the mask description, threads.
+ *  Always fill it with sdpa_problem_init() first, then set fields: that keeps
+ *  callers source- and binary-compatible when fields are added (struct_size
+ *  tells the library which version of the struct it was given).
+ *  Query key j is allowed for query i only if every active mask allows it:
+ *  window (causal included) on the aligned diagonal, kv_lengths, bool_mask,
+ *  and a bias entry that is not -inf. The same descriptor drives
+ *  sdpa_forward() and sdpa_backward(), so both apply identical masks. */
+typedef struct sdpa_problem {
+    uint32_t struct_size;  /**< set by sdpa_problem_init(); do not change */
+    uint32_t reserved0;    /**< must be 0 */
+    int64_t batch;         /**< B */
+    int64_t q_heads;       /**< Hq */
+    int64_t kv_heads;      /**< Hkv: Hq must be a multiple of it */
+    int64_t q_len;         /**< Tq: query rows */
+    int64_t kv_len;        /**< Tk: key/value rows in memory (per-batch lengths: kv_lengths) */
+    int64_t head_dim_qk;   /**< Dk: head_dim of Q and K */
+    int64_t head_dim_v;    /**< Dv: head_dim of V, O */
+    int use_default_scale; /**< 1 (default): scale = 1/sqrt(Dk); 0: use scale as given */
+    float scale;           /**< any finite value, 0 and negative included */
+    sdpa_causal causal;    /**< default SDPA_CAUSAL_NONE */
+    sdpa_alignment window_alignment; /**< used only when causal == SDPA_CAUSAL_NONE */
+    int64_t window_left;   /**< keys j >= i + d - window_left are allowed; SDPA_WINDOW_UNBOUNDED (default) */
+    int64_t window_right;  /**< keys j <= i + d + window_right are allowed; SDPA_WINDOW_UNBOUNDED (default) */
+    const int32_t *kv_lengths; /**< NULL, or B key lengths: key j allowed only if j < kv_lengths[b]
+                                    (key padding / ragged KV cache); each in [0, Tk] */
+    sdpa_bool_mask bool_mask;  /**< optional boolean mask */
+    sdpa_bias bias;            /**< optional additive mask */
+    int num_threads;       /**< OpenMP threads for this call; 0 = OpenMP's default */
+    sdpa_isa isa;          /**< SDPA_ISA_AUTO (default) = the process-wide choice; else this ISA */
+    int block_q, block_k;  /**< tile sizes; 0 (default) = the ISA's tuned values */
+    uint64_t reserved[8];  /**< must be 0 */
+} sdpa_problem;
+
+/** Fills *problem with defaults: all sizes 0, default scale, no masks,
+ *  unbounded window, num_threads 0, ISA auto. Thread-safe; never fails
+ *  (a NULL pointer is ignored). */
+SDPA_API void sdpa_problem_init(sdpa_problem *problem);
+
+/**
+ * Forward pass: O = softmax(scale * Q K^T + bias, masked) V, and optionally LSE.
+ *
+ * Math: FlashAttention-2 forward (Dao 2023, Algorithm 1): for each query tile,
+ * stream key tiles, keep the running row max m and row sum l, rescale the
+ * accumulator by exp(m_old - m_new), finally O = acc / l, LSE = m + log(l).
+ *
+ * @param problem sizes, scale and masks (see sdpa_problem).
+ * @param q   Q [B, Hq, Tq, Dk].        @param k   K [B, Hkv, Tk, Dk].
+ * @param v   V [B, Hkv, Tk, Dv].       @param o   O [B, Hq, Tq, Dv] (written).
+ * @param lse LSE [B, Hq, Tq] (written, natural log), or NULL / data NULL if not wanted.
+ * A row with no allowed key gets O = 0 and LSE = -inf. NaN/Inf in an allowed
+ * input propagates; masked keys, masked bias entries are never read.
+ * Results are bitwise identical for every thread count.
+ * Workspace: per thread about 4 * (block_q * (Dk + Dv + block_k + 3)) bytes,
+ * allocated per call; failure returns SDPA_ERR_OUT_OF_MEMORY.
+ * @return SDPA_OK, or SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_BAD_DESCRIPTOR,
+ *   SDPA_ERR_NEGATIVE_SIZE, SDPA_ERR_HEAD_GROUPING, SDPA_ERR_BAD_SCALE,
+ *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_BAD_WINDOW, SDPA_ERR_BAD_KV_LENGTH,
+ *   SDPA_ERR_ALIASING, SDPA_ERR_BAD_THREADS, SDPA_ERR_ISA_UNAVAILABLE,
+ *   SDPA_ERR_BAD_BLOCK_SIZE, SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_OUT_OF_MEMORY.
+ *   On error nothing is written.
+ */
+SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor *q,
+                                  const sdpa_tensor *k, const sdpa_tensor *v,
+                                  const sdpa_tensor_out *o, const sdpa_tensor_out *lse);
+
+/**
+ * Backward pass: dQ, dK, dV of a loss whose gradient with respect to O is dO.
+ *
+ * Math: FlashAttention-2 backward (Dao 2023, Algorithm 2): D = rowsum(dO * O);
+ * per tile S = scale Q K^T + bias (masked), P = exp(S - LSE); dV += P^T dO;
+ * dP = dO V^T; dS = P * (dP - D); dQ += scale dS K; dK += scale dS^T Q.
+ * With GQA, dK and dV of a kv head sum over the query heads of its group.
+ *
+ * @param problem the same descriptor as the forward call.
+ * @param q, k, v  the forward inputs.   @param o O [B, Hq, Tq, Dv] from the forward.
+ * @param lse LSE [B, Hq, Tq] from the forward (required).
+ * @param dout dO [B, Hq, Tq, Dv].
+ * @param dq dQ [B, Hq, Tq, Dk], @param dk dK [B, Hkv, Tk, Dk], @param dv dV [B, Hkv, Tk, Dv]:
+ *   overwritten in full (rows of masked keys get exactly 0). None of them may
+ *   overlap any input or each other (SDPA_ERR_ALIASING).
+ * Rows with LSE = -inf (fully masked) contribute exactly 0.
+ * Determinism: tiles are processed in an anti-diagonal wavefront so that every
+ * accumulation happens in a fixed order: bitwise identical for every thread count.
+ * Workspace: B * Hq * Tq floats for D, plus per thread
+ * 4 * block_q * (Dk + Dv + 2 * block_k + 2) bytes.
+ * @return the same codes as sdpa_forward(); on error nothing is written.
+ */
+SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tensor *q,
+                                   const sdpa_tensor *k, const sdpa_tensor *v,
+                                   const sdpa_tensor *o, const sdpa_tensor *lse,
+                                   const sdpa_tensor *dout, const sdpa_tensor_out *dq,
+                                   const sdpa_tensor_out *dk, const sdpa_tensor_out *dv);
+
+/** A static English description of a status code ("unknown status" for others). */
+SDPA_API const char *sdpa_status_string(sdpa_status status);
+
+/** The ISA the process uses by default (after SDPA_ISA and sdpa_force_isa). */
+SDPA_API sdpa_isa sdpa_isa_active(void);
+/** 1 if the ISA's kernels are compiled into this library, else 0. */
+SDPA_API int sdpa_isa_compiled(sdpa_isa isa);
+/** 1 if compiled in and this CPU and OS can run it (CPUID + XGETBV, HWCAP), else 0. */
+SDPA_API int sdpa_isa_supported(sdpa_isa isa);
+/** Sets the process-wide default ISA (SDPA_ISA_AUTO: back to the load-time choice).
+ *  @return SDPA_OK, or SDPA_ERR_ISA_UNAVAILABLE (nothing changes). */
+SDPA_API sdpa_status sdpa_force_isa(sdpa_isa isa);
+/** "scalar", "avx2", "avx512", "neon", "auto", or "unknown". Static string. */
+SDPA_API const char *sdpa_isa_name(sdpa_isa isa);
+/** Parses an ISA name as accepted by SDPA_ISA; returns 0 and sets *isa, or -1. */
+SDPA_API int sdpa_isa_from_name(const char *name, sdpa_isa *isa);
+/** Space-separated CPU features detected at load (e.g. "avx avx2 fma avx512f ... os-zmm").
+ *  Static string, valid for the life of the process. */
+SDPA_API const char *sdpa_cpu_features(void);
+/** The raw SDPA_ISA value seen at load if it was not a valid ISA name (it was
+ *  ignored), else NULL. */
+SDPA_API const char *sdpa_isa_env_rejected(void);
+
+/** The library's version string, e.g. "0.1.0". */
+SDPA_API const char *sdpa_version(void);
+/** The library's version as SDPA_MAKE_VERSION(major, minor, patch). */
+SDPA_API unsigned sdpa_version_number(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SDPA_H */

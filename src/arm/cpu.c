@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/* arm/cpu.c - AArch64 feature detection.
+ *
+ * Advanced SIMD (NEON) is part of the AArch64 base architecture, so it is
+ * always present; the OS probes below exist for the optional extensions that
+ * later kernels may use (dot product, fp16 arithmetic, SVE), and confirm
+ * ASIMD where the OS reports it. Linux: getauxval(AT_HWCAP) (see the kernel's
+ * Documentation/arch/arm64/elf_hwcaps.rst). Apple: sysctlbyname("hw.optional.*").
+ * Other systems: baseline only. */
+#include <string.h>
+
+#include "config.h"
+#include "cpu.h"
+
+#if ARCH_AARCH64 && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1 << 1)
+#endif
+#ifndef HWCAP_FPHP
+#define HWCAP_FPHP (1 << 9)
+#endif
+#ifndef HWCAP_ASIMDHP
+#define HWCAP_ASIMDHP (1 << 10)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef HWCAP_SVE
+#define HWCAP_SVE (1 << 22)
+#endif
+#elif ARCH_AARCH64 && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
+static void add_name(char *names, size_t cap, const char *n)
+{
+    size_t len = strlen(names);
+    if (len + strlen(n) + 2 > cap)
+        return;
+    if (len)
+        names[len++] = ' ';
+    strcpy(names + len, n);
+}
+
+unsigned sdpa_cpu_detect_arm(char *names, size_t cap)
+{
+    if (cap)
+        names[0] = '\0';
+#if ARCH_AARCH64
+    unsigned flags = SDPA_ARM_CPU_FLAG_NEON; /* baseline on AArch64 */
+#if defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP);
+    if (hw & HWCAP_ASIMD) add_name(names, cap, "asimd");
+    if ((hw & HWCAP_ASIMDDP)) { flags |= SDPA_ARM_CPU_FLAG_DOTPROD; add_name(names, cap, "asimddp"); }
+    if ((hw & HWCAP_FPHP) && (hw & HWCAP_ASIMDHP)) { flags |= SDPA_ARM_CPU_FLAG_FP16; add_name(names, cap, "asimdhp"); }
+    if (hw & HWCAP_SVE) { flags |= SDPA_ARM_CPU_FLAG_SVE; add_name(names, cap, "sve"); }
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t len = sizeof(v);
+    add_name(names, cap, "asimd");
+    if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, NULL, 0) == 0 && v) {
+        flags |= SDPA_ARM_CPU_FLAG_DOTPROD; add_name(names, cap, "asimddp");
+    }
+    len = sizeof(v); v = 0;
+    if (sysctlbyname("hw.optional.arm.FEAT_FP16", &v, &len, NULL, 0) == 0 && v) {
+        flags |= SDPA_ARM_CPU_FLAG_FP16; add_name(names, cap, "asimdhp");
+    }
+#else
+    add_name(names, cap, "asimd(baseline)");
+#endif
+    return flags;
+#else
+    return 0;
+#endif
+}

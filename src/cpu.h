@@ -1,0 +1,22 @@
+/* SPDX-License-Identifier: MIT */
+/* cpu.h - CPU feature detection, one probe per architecture. */
+#ifndef SDPA_CPU_H
+#define SDPA_CPU_H
+
+#include <stddef.h>
+
+enum {
+    SDPA_X86_CPU_FLAG_AVX2 = 1u << 0,   /* AVX + AVX2 + FMA, and the OS saves YMM state */
+    SDPA_X86_CPU_FLAG_AVX512 = 1u << 1, /* AVX-512 F/DQ/BW/VL, and the OS saves ZMM state */
+    SDPA_ARM_CPU_FLAG_NEON = 1u << 8,   /* AArch64 Advanced SIMD */
+    SDPA_ARM_CPU_FLAG_DOTPROD = 1u << 9,/* reserved for later kernels */
+    SDPA_ARM_CPU_FLAG_FP16 = 1u << 10,  /* reserved for later kernels */
+    SDPA_ARM_CPU_FLAG_SVE = 1u << 11    /* reserved for later kernels */
+};
+
+/* Probes the CPU (and OS support of its register state). Fills names with a
+ * space-separated list of what was seen (for `sdpa info`). Returns the flags. */
+unsigned sdpa_cpu_detect_x86(char *names, size_t cap);
+unsigned sdpa_cpu_detect_arm(char *names, size_t cap);
+
+#endif

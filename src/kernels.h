@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: MIT */
+/* kernels.h - the per-ISA micro-kernel table used by the ISA-neutral driver.
+ *
+ * The driver (src/sdpa.c) does validation, masks, tiling and threading once.
+ * Everything that touches a whole tile of numbers goes through this table, which
+ * holds one implementation per ISA (scalar in src/kernels_scalar.c, AVX2 and
+ * AVX-512 in src/x86/, NEON in src/arm/).
+ *
+ * Layout convention ("transposed scores"): a score tile is stored as S^T, one row
+ * per key and one column per query, so that everything per query (running max m,
+ * running sum l, LSE, D) is a vector along the contiguous dimension. Row tiles
+ * are at most SDPA_MAX_BLOCK long.
+ *
+ * Every kernel reads and writes exactly the elements its arguments describe
+ * (tails are masked, never over-read), allocates nothing and uses no OpenMP.
+ */
+#ifndef SDPA_KERNELS_H
+#define SDPA_KERNELS_H
+
+#include <stddef.h>
+
+#include "sdpa.h"
+
+/* gemm flags */
+enum {
+    SDPA_GEMM_ACCUMULATE = 1,  /* C += alpha*A*B (else C = alpha*A*B) */
+    SDPA_GEMM_SKIP_ZERO_A = 2, /* a term with A(m,k) == 0 adds nothing, even if B(k,n) is NaN/Inf */
+    SDPA_GEMM_SKIP_ZERO_B = 4  /* a term with B(k,n) == 0 adds nothing, even if A(m,k) is NaN/Inf */
+};
+
+/* C[M x N] (+)= alpha * A[M x K] * B[K x N]
+ *   A(m,k) = A[m*rs_a + k*cs_a]   (any strides: A is read by scalar broadcasts)
+ *   B(k,n) = B[k*ldb + n]          (unit stride along n: vector loads)
+ *   C(m,n) = C[m*ldc + n]
+ * K may be 0 (then C = 0, or unchanged when accumulating). Sums over k run in
+ * increasing k for every (m,n) in every implementation's own fixed order, so a
+ * given ISA gives the same bits whatever the caller's threading. */
+typedef void (*sdpa_gemm_fn)(int M, int N, int K, float alpha, const float *A, ptrdiff_t rs_a,
+                             ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
+                             ptrdiff_t ldc, int flags);
+
+/* Online-softmax update of one tile (FlashAttention-2 Alg. 1 lines 8-10).
+ * S^T is M keys x N queries (row stride lds), holding scaled, masked scores
+ * (-inf = masked). For each column n:
+ *   mx       = max(m[n], max_k S[k][n])
+ *   mu       = (mx == -inf) ? 0 : mx            (fully masked so far: no NaN)
+ *   alpha[n] = exp(m[n] - mu)
+ *   S[k][n]  = exp(S[k][n] - mu)                 (now P^T; masked -> exactly 0)
+ *   l[n]     = l[n] * alpha[n] + sum_k S[k][n]
+ *   m[n]     = mx */
+typedef void (*sdpa_online_softmax_fn)(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
+                                       float *alpha);
+
+/* C[m][n] *= alpha[n] for m < M, n < N (rescale of the transposed accumulator). */
+typedef void (*sdpa_scale_columns_fn)(int M, int N, float *C, ptrdiff_t ldc, const float *alpha);
+
+/* Backward: S^T (M keys x N queries) -> P^T in place: S[k][n] = exp(S[k][n] - lse[n]);
+ * where lse[n] == -inf (row fully masked) the column becomes exactly 0. */
+typedef void (*sdpa_bwd_probs_fn)(int M, int N, float *S, ptrdiff_t lds, const float *lse);
+
+/* Backward: dS = P * (dP - D), in place in dP, with exactly 0 where P == 0
+ * (masked or fully masked: a NaN in dP from a masked V row must not leak).
+ *   dP[k][n] = (P[k][n] == 0) ? 0 : P[k][n] * (dP[k][n] - d[n]) */
+typedef void (*sdpa_bwd_dscores_fn)(int M, int N, const float *P, ptrdiff_t ldp, float *dP,
+                                    ptrdiff_t lddp, const float *d);
+
+/* dst[c][r] = src[r][c] for r < rows, c < cols (src row stride lds, dst row stride ldd). */
+typedef void (*sdpa_transpose_fn)(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
+                                  ptrdiff_t ldd);
+
+typedef struct sdpa_kernels {
+    sdpa_isa isa;
+    const char *name;
+    int block_q; /* query rows per tile (N of the score tile) */
+    int block_k; /* key rows per tile (M of the score tile) */
+    sdpa_gemm_fn gemm;
+    sdpa_online_softmax_fn online_softmax;
+    sdpa_scale_columns_fn scale_columns;
+    sdpa_bwd_probs_fn bwd_probs;
+    sdpa_bwd_dscores_fn bwd_dscores;
+    sdpa_transpose_fn transpose;
+} sdpa_kernels;
+
+/* Fills the table for one ISA: scalar entries first, then the ISA's own
+ * (entries an ISA does not provide stay scalar). Returns 0, or -1 if the ISA is
+ * not compiled in. Does not check the CPU. */
+int sdpa_kernels_init(sdpa_kernels *table, sdpa_isa isa);
+
+/* The table for an ISA if it is compiled in and supported, else NULL.
+ * SDPA_ISA_AUTO: the process-wide active table. Runs detection on first use. */
+const sdpa_kernels *sdpa_kernels_get(sdpa_isa isa);
+
+/* Per-ISA fill-ins (each ISA's file defines its own). */
+void sdpa_kernels_init_scalar(sdpa_kernels *table);
+void sdpa_kernels_init_avx2(sdpa_kernels *table);
+void sdpa_kernels_init_avx512(sdpa_kernels *table);
+void sdpa_kernels_init_neon(sdpa_kernels *table);
+
+#endif /* SDPA_KERNELS_H */

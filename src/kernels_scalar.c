@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: MIT */
+/* kernels_scalar.c - portable C micro-kernels: the table's defaults on every ISA.
+ *
+ * Plain loops in the order documented in kernels.h; libm expf, so this path is
+ * independent of SLEEF. Built for the baseline ISA with no -m flags. */
+#include <assert.h>
+#include <math.h>
+
+#include "kernels.h"
+
+static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdiff_t rs_a,
+                        ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
+                        int flags)
+{
+    assert(M >= 0 && N >= 0 && K >= 0);
+    const int skip_a = flags & SDPA_GEMM_SKIP_ZERO_A;
+    const int skip_b = flags & SDPA_GEMM_SKIP_ZERO_B;
+    for (int m = 0; m < M; m++) {
+        float *c = C + (ptrdiff_t)m * ldc;
+        for (int n = 0; n < N; n++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) {
+                const float a = A[(ptrdiff_t)m * rs_a + (ptrdiff_t)k * cs_a];
+                const float b = B[(ptrdiff_t)k * ldb + n];
+                if ((skip_a && a == 0.0f) || (skip_b && b == 0.0f))
+                    continue;
+                acc = fmaf(a, b, acc);
+            }
+            if (flags & SDPA_GEMM_ACCUMULATE)
+                c[n] = fmaf(alpha, acc, c[n]);
+            else
+                c[n] = alpha * acc;
+        }
+    }
+}
+
+static void online_softmax_scalar(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
+                                  float *alpha)
+{
+    for (int n = 0; n < N; n++) {
+        float mx = m[n];
+        for (int k = 0; k < M; k++)
+            mx = fmaxf(mx, S[(ptrdiff_t)k * lds + n]);
+        const float mu = (mx == -INFINITY) ? 0.0f : mx;
+        const float a = expf(m[n] - mu);
+        float sum = 0.0f;
+        for (int k = 0; k < M; k++) {
+            float *s = &S[(ptrdiff_t)k * lds + n];
+            *s = expf(*s - mu);
+            sum += *s;
+        }
+        alpha[n] = a;
+        l[n] = l[n] * a + sum;
+        m[n] = mx;
+    }
+}
+
+static void scale_columns_scalar(int M, int N, float *C, ptrdiff_t ldc, const float *alpha)
+{
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++)
+            C[(ptrdiff_t)m * ldc + n] *= alpha[n];
+}
+
+static void bwd_probs_scalar(int M, int N, float *S, ptrdiff_t lds, const float *lse)
+{
+    for (int k = 0; k < M; k++)
+        for (int n = 0; n < N; n++) {
+            float *s = &S[(ptrdiff_t)k * lds + n];
+            /* lse = -inf: use +inf so that exp(s - inf) = 0 for every finite or -inf s. */
+            const float x = (lse[n] == -INFINITY) ? INFINITY : lse[n];
+            *s = expf(*s - x);
+        }
+}
+
+static void bwd_dscores_scalar(int M, int N, const float *P, ptrdiff_t ldp, float *dP,
+                               ptrdiff_t lddp, const float *d)
+{
+    for (int k = 0; k < M; k++)
+        for (int n = 0; n < N; n++) {
+            const float p = P[(ptrdiff_t)k * ldp + n];
+            float *dp = &dP[(ptrdiff_t)k * lddp + n];
+            *dp = (p == 0.0f) ? 0.0f : p * (*dp - d[n]);
+        }
+}
+
+static void transpose_scalar(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
+                             ptrdiff_t ldd)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            dst[(ptrdiff_t)c * ldd + r] = src[(ptrdiff_t)r * lds + c];
+}
+
+void sdpa_kernels_init_scalar(sdpa_kernels *t)
+{
+    t->isa = SDPA_ISA_SCALAR;
+    t->name = "scalar";
+    t->block_q = 32;
+    t->block_k = 32;
+    t->gemm = gemm_scalar;
+    t->online_softmax = online_softmax_scalar;
+    t->scale_columns = scale_columns_scalar;
+    t->bwd_probs = bwd_probs_scalar;
+    t->bwd_dscores = bwd_dscores_scalar;
+    t->transpose = transpose_scalar;
+}

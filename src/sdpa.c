@@ -1,0 +1,792 @@
+/* SPDX-License-Identifier: MIT */
+/* sdpa.c - the ISA-neutral driver: validation, masks, tiling, threading.
+ *
+ * Forward (FlashAttention-2, Dao 2023, Alg. 1), per (batch, query head, query
+ * tile), streaming over key tiles:
+ *     Q^T tile  <- transpose(Q rows)                    Dk x BQ
+ *     S^T       <- scale * K_tile Q^T                   BK x BQ   (kernels.gemm)
+ *     mask S^T on tiles that need it (-inf, + bias)
+ *     m, l, alpha, P^T <- online softmax of S^T         (kernels.online_softmax)
+ *     O^T       <- O^T * alpha + V_tile^T P^T           Dv x BQ
+ *     O = (O^T / l)^T,  LSE = m + log(l)   (l = 0: O = 0, LSE = -inf)
+ * Scores are kept transposed (keys x queries) so that everything per query is a
+ * vector along the contiguous dimension (see kernels.h).
+ *
+ * Backward (Alg. 2) works on (query tile, key tile) pairs of each
+ * (batch, kv head); the query tiles of every head of a GQA group form the rows.
+ * Pair (r, c) adds to dQ[r] and to dK[c], dV[c]. Pairs are run in anti-diagonal
+ * waves d = r + c: the pairs of one wave touch distinct dQ and dK/dV tiles, so
+ * they run in parallel without atomics, and every tile receives its
+ * contributions in increasing order of the other index. The result is bitwise
+ * identical for any thread count.
+ *
+ * Masks: the window (causal included), kv_lengths and alignment give each query
+ * row one contiguous allowed key interval [lo_i, hi_i], nondecreasing in i.
+ * Tiles outside every interval are skipped before any arithmetic; tiles inside
+ * every interval with no boolean mask or bias need no per-element work; the rest
+ * ("partial") are masked element by element, and their products skip masked
+ * terms so that a NaN in a masked K/V row or bias entry is never read into a
+ * result. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "kernels.h"
+
+#if HAVE_OPENMP
+#include <omp.h>
+#endif
+
+#define ALIGN_BYTES 64
+
+typedef struct plan {
+    int64_t B, Hq, Hkv, G, Tq, Tk, Dk, Dv;
+    float scale;
+    int bottom_right;
+    int64_t wl, wr; /* -1 = unbounded; causal folded into wr */
+    const int32_t *kv_lengths;
+    sdpa_bool_mask bm;
+    sdpa_bias bias;
+    int elem_mask; /* boolean mask or bias present */
+    int bq, bk, ld; /* tile sizes; ld = row stride of tile buffers */
+    int nthreads;
+    const sdpa_kernels *kt;
+} plan;
+
+/* ---------------------------------------------------------------- validation */
+
+static int64_t clamp_threads(int n)
+{
+#if HAVE_OPENMP
+    return n > 0 ? n : omp_get_max_threads();
+#else
+    (void)n;
+    return 1;
+#endif
+}
+
+/* [lo, hi) byte span of a tensor of n[0..3] rows of len contiguous floats. */
+typedef struct span {
+    uintptr_t lo, hi;
+} span;
+
+static int tensor_span(const void *data, size_t elem, const int64_t n[3], const int64_t s[3],
+                       int64_t len, span *out)
+{
+    out->lo = out->hi = 0;
+    if (n[0] == 0 || n[1] == 0 || n[2] == 0 || len == 0)
+        return 0;
+    int64_t ext = len, t;
+    for (int i = 0; i < 3; i++) {
+        if (__builtin_mul_overflow(n[i] - 1, s[i], &t) || __builtin_add_overflow(ext, t, &ext))
+            return -1;
+    }
+    int64_t bytes;
+    if (__builtin_mul_overflow(ext, (int64_t)elem, &bytes) || bytes > PTRDIFF_MAX)
+        return -1;
+    out->lo = (uintptr_t)data;
+    out->hi = (uintptr_t)data + (uintptr_t)bytes;
+    return 0;
+}
+
+static int spans_overlap(span a, span b)
+{
+    return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
+
+/* An output must not overlap itself: sorting its nontrivial dimensions by
+ * stride, each stride must step over everything the smaller ones cover. */
+static int output_self_overlaps(const int64_t n[3], const int64_t s[3], int64_t len)
+{
+    int64_t dims[4][2];
+    int nd = 0;
+    for (int i = 0; i < 3; i++)
+        if (n[i] > 1) {
+            dims[nd][0] = s[i];
+            dims[nd][1] = n[i];
+            nd++;
+        }
+    for (int i = 1; i < nd; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && dims[j][0] < dims[j - 1][0]; j--) {
+            int64_t t0 = dims[j][0], t1 = dims[j][1];
+            dims[j][0] = dims[j - 1][0];
+            dims[j][1] = dims[j - 1][1];
+            dims[j - 1][0] = t0;
+            dims[j - 1][1] = t1;
+        }
+    int64_t covered = len; /* elements spanned by the inner dimensions */
+    for (int i = 0; i < nd; i++) {
+        if (dims[i][0] < covered)
+            return 1;
+        covered = dims[i][0] * (dims[i][1] - 1) + covered;
+    }
+    return 0;
+}
+
+typedef struct tensor_desc {
+    const void *data;
+    const int64_t *strides; /* batch, head, seq */
+    int64_t n[3];
+    int64_t len;
+    size_t elem;
+    int is_output;
+    int present;
+} tensor_desc;
+
+static sdpa_status check_tensor(const tensor_desc *t, span *sp)
+{
+    const int64_t *s = t->strides;
+    if (s[0] < 0 || s[1] < 0 || s[2] < 0)
+        return SDPA_ERR_BAD_STRIDE;
+    const int empty = t->n[0] == 0 || t->n[1] == 0 || t->n[2] == 0 || t->len == 0;
+    if (!empty && !t->data)
+        return SDPA_ERR_NULL_ARGUMENT;
+    if (tensor_span(t->data, t->elem, t->n, s, t->len, sp))
+        return SDPA_ERR_SIZE_OVERFLOW;
+    if (t->is_output && !empty && output_self_overlaps(t->n, s, t->len))
+        return SDPA_ERR_BAD_STRIDE;
+    return SDPA_OK;
+}
+
+/* Validates the descriptor and fills the plan. Does not look at tensors. */
+static sdpa_status make_plan(const sdpa_problem *p, plan *pl)
+{
+    if (!p)
+        return SDPA_ERR_NULL_ARGUMENT;
+    if (p->struct_size != sizeof(sdpa_problem) || p->reserved0 != 0)
+        return SDPA_ERR_BAD_DESCRIPTOR;
+    for (size_t i = 0; i < sizeof p->reserved / sizeof p->reserved[0]; i++)
+        if (p->reserved[i])
+            return SDPA_ERR_BAD_DESCRIPTOR;
+    if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT ||
+        (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT ||
+        (p->use_default_scale != 0 && p->use_default_scale != 1) || (int)p->isa < SDPA_ISA_AUTO ||
+        (int)p->isa >= SDPA_ISA_COUNT)
+        return SDPA_ERR_BAD_DESCRIPTOR;
+    if (p->batch < 0 || p->q_heads < 0 || p->kv_heads < 0 || p->q_len < 0 || p->kv_len < 0 ||
+        p->head_dim_qk < 0 || p->head_dim_v < 0)
+        return SDPA_ERR_NEGATIVE_SIZE;
+    /* Never divide by kv_heads before this check (Hq = Hkv = 0 is legal). */
+    if ((p->kv_heads == 0 && p->q_heads > 0) || (p->kv_heads > 0 && p->q_heads % p->kv_heads))
+        return SDPA_ERR_HEAD_GROUPING;
+    if (p->use_default_scale ? p->head_dim_qk == 0 : !isfinite(p->scale))
+        return SDPA_ERR_BAD_SCALE;
+    if (p->window_left < SDPA_WINDOW_UNBOUNDED || p->window_right < SDPA_WINDOW_UNBOUNDED)
+        return SDPA_ERR_BAD_WINDOW;
+    if (p->num_threads < 0)
+        return SDPA_ERR_BAD_THREADS;
+    if (p->block_q < 0 || p->block_q > SDPA_MAX_BLOCK || p->block_k < 0 || p->block_k > SDPA_MAX_BLOCK)
+        return SDPA_ERR_BAD_BLOCK_SIZE;
+    if (p->head_dim_qk > INT32_MAX || p->head_dim_v > INT32_MAX)
+        return SDPA_ERR_SIZE_OVERFLOW;
+    if (p->bool_mask.data && (p->bool_mask.batch_stride < 0 || p->bool_mask.head_stride < 0 ||
+                              p->bool_mask.query_stride < 0 || p->bool_mask.key_stride < 0))
+        return SDPA_ERR_BAD_STRIDE;
+    if (p->bias.data && (p->bias.batch_stride < 0 || p->bias.head_stride < 0 ||
+                         p->bias.query_stride < 0 || p->bias.key_stride < 0))
+        return SDPA_ERR_BAD_STRIDE;
+    if (p->kv_lengths)
+        for (int64_t b = 0; b < p->batch; b++)
+            if (p->kv_lengths[b] < 0 || p->kv_lengths[b] > p->kv_len)
+                return SDPA_ERR_BAD_KV_LENGTH;
+    const sdpa_kernels *kt = sdpa_kernels_get(p->isa);
+    if (!kt)
+        return SDPA_ERR_ISA_UNAVAILABLE;
+
+    memset(pl, 0, sizeof *pl);
+    pl->B = p->batch;
+    pl->Hq = p->q_heads;
+    pl->Hkv = p->kv_heads;
+    pl->G = p->kv_heads ? p->q_heads / p->kv_heads : 0;
+    pl->Tq = p->q_len;
+    pl->Tk = p->kv_len;
+    pl->Dk = p->head_dim_qk;
+    pl->Dv = p->head_dim_v;
+    pl->scale = p->use_default_scale ? (float)(1.0 / sqrt((double)p->head_dim_qk)) : p->scale;
+    pl->bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
+                       (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT);
+    pl->wl = p->window_left;
+    pl->wr = p->window_right;
+    if (p->causal != SDPA_CAUSAL_NONE)
+        pl->wr = (pl->wr == SDPA_WINDOW_UNBOUNDED || pl->wr > 0) ? 0 : pl->wr;
+    pl->kv_lengths = p->kv_lengths;
+    pl->bm = p->bool_mask;
+    pl->bias = p->bias;
+    pl->elem_mask = p->bool_mask.data != NULL || p->bias.data != NULL;
+    pl->kt = kt;
+    pl->bq = p->block_q ? p->block_q : kt->block_q;
+    pl->bk = p->block_k ? p->block_k : kt->block_k;
+    pl->ld = (pl->bq + 15) & ~15;
+    pl->nthreads = (int)clamp_threads(p->num_threads);
+    return SDPA_OK;
+}
+
+/* Mask operands as tensor descriptors, for overflow and aliasing checks. */
+static sdpa_status mask_spans(const plan *pl, span sp[3])
+{
+    memset(sp, 0, 3 * sizeof(span));
+    if (pl->kv_lengths && pl->B > 0) {
+        sp[0].lo = (uintptr_t)pl->kv_lengths;
+        sp[0].hi = sp[0].lo + (uintptr_t)pl->B * sizeof(int32_t);
+    }
+    const int64_t n4[4] = {pl->B, pl->Hq, pl->Tq, pl->Tk};
+    for (int which = 0; which < 2; which++) {
+        const void *data = which ? (const void *)pl->bias.data : (const void *)pl->bm.data;
+        if (!data)
+            continue;
+        const int64_t s4[4] = {
+            which ? pl->bias.batch_stride : pl->bm.batch_stride,
+            which ? pl->bias.head_stride : pl->bm.head_stride,
+            which ? pl->bias.query_stride : pl->bm.query_stride,
+            which ? pl->bias.key_stride : pl->bm.key_stride};
+        if (n4[0] == 0 || n4[1] == 0 || n4[2] == 0 || n4[3] == 0)
+            continue;
+        int64_t ext = 1, t;
+        for (int i = 0; i < 4; i++)
+            if (__builtin_mul_overflow(n4[i] - 1, s4[i], &t) || __builtin_add_overflow(ext, t, &ext))
+                return SDPA_ERR_SIZE_OVERFLOW;
+        const size_t elem = which ? sizeof(float) : 1;
+        if (ext > PTRDIFF_MAX / (int64_t)elem)
+            return SDPA_ERR_SIZE_OVERFLOW;
+        sp[1 + which].lo = (uintptr_t)data;
+        sp[1 + which].hi = (uintptr_t)data + (uintptr_t)ext * elem;
+    }
+    return SDPA_OK;
+}
+
+/* Checks every tensor (NULL, strides, overflow, self-overlap) and aliasing
+ * between outputs and inputs / other outputs. */
+static sdpa_status check_tensors(const plan *pl, tensor_desc *t, int nt)
+{
+    span sp[16];
+    sdpa_status st;
+    for (int i = 0; i < nt; i++) {
+        if (!t[i].present) {
+            sp[i].lo = sp[i].hi = 0;
+            continue;
+        }
+        if ((st = check_tensor(&t[i], &sp[i])) != SDPA_OK)
+            return st;
+    }
+    span ms[3];
+    if ((st = mask_spans(pl, ms)) != SDPA_OK)
+        return st;
+    for (int i = 0; i < nt; i++) {
+        if (!t[i].is_output)
+            continue;
+        for (int j = 0; j < nt; j++)
+            if (j != i && spans_overlap(sp[i], sp[j]))
+                return SDPA_ERR_ALIASING;
+        for (int j = 0; j < 3; j++)
+            if (spans_overlap(sp[i], ms[j]))
+                return SDPA_ERR_ALIASING;
+    }
+    return SDPA_OK;
+}
+
+/* --------------------------------------------------------------- mask logic */
+
+/* This batch's key length. */
+static inline int64_t keys_of_batch(const plan *pl, int64_t b)
+{
+    return pl->kv_lengths ? pl->kv_lengths[b] : pl->Tk;
+}
+
+/* Allowed key interval [lo, hi] of query row i (empty when lo > hi). */
+static inline void row_range(const plan *pl, int64_t tkb, int64_t i, int64_t *lo, int64_t *hi)
+{
+    const int64_t d = pl->bottom_right ? tkb - pl->Tq : 0;
+    int64_t l = 0, h = tkb - 1;
+    if (pl->wl >= 0 && i + d - pl->wl > l)
+        l = i + d - pl->wl;
+    if (pl->wr >= 0 && i + d + pl->wr < h)
+        h = i + d + pl->wr;
+    *lo = l;
+    *hi = h;
+}
+
+enum { TILE_SKIP = 0, TILE_FULL = 1, TILE_PARTIAL = 2 };
+
+/* Rows [i0, i0+nq) against keys [j0, j1): the kind of tile and the trimmed key
+ * interval [*ks, *ke] that any row may see. lo/hi: per-row intervals. */
+static int classify_tile(const plan *pl, int64_t b, int64_t h, int64_t i0, int nq, const int64_t *lo,
+                         const int64_t *hi, int64_t j0, int64_t j1, int64_t *ks, int64_t *ke)
+{
+    int64_t s = j0 > lo[0] ? j0 : lo[0];
+    int64_t e = j1 - 1 < hi[nq - 1] ? j1 - 1 : hi[nq - 1];
+    if (s > e)
+        return TILE_SKIP;
+    *ks = s;
+    *ke = e;
+    if (!pl->elem_mask)
+        return (lo[nq - 1] <= s && hi[0] >= e) ? TILE_FULL : TILE_PARTIAL;
+    /* A boolean mask or bias may still disallow every key of the tile: look
+     * before computing anything. */
+    for (int ii = 0; ii < nq; ii++) {
+        const int64_t i = i0 + ii;
+        const int64_t a = lo[ii] > s ? lo[ii] : s, z = hi[ii] < e ? hi[ii] : e;
+        for (int64_t j = a; j <= z; j++) {
+            if (pl->bm.data &&
+                !pl->bm.data[b * pl->bm.batch_stride + h * pl->bm.head_stride + i * pl->bm.query_stride +
+                             j * pl->bm.key_stride])
+                continue;
+            if (pl->bias.data &&
+                pl->bias.data[b * pl->bias.batch_stride + h * pl->bias.head_stride +
+                              i * pl->bias.query_stride + j * pl->bias.key_stride] == -INFINITY)
+                continue;
+            return TILE_PARTIAL;
+        }
+    }
+    return TILE_SKIP;
+}
+
+/* Applies every mask to S^T (keys ks.. x rows i0..): -inf where disallowed,
+ * + bias where allowed. Disallowed bias entries are never read. */
+static void mask_tile(const plan *pl, int64_t b, int64_t h, int64_t i0, int nq, const int64_t *lo,
+                      const int64_t *hi, int64_t ks, int nk, float *S, ptrdiff_t lds)
+{
+    for (int jj = 0; jj < nk; jj++) {
+        const int64_t j = ks + jj;
+        float *srow = S + (ptrdiff_t)jj * lds;
+        for (int ii = 0; ii < nq; ii++) {
+            const int64_t i = i0 + ii;
+            int ok = j >= lo[ii] && j <= hi[ii];
+            if (ok && pl->bm.data)
+                ok = pl->bm.data[b * pl->bm.batch_stride + h * pl->bm.head_stride +
+                                 i * pl->bm.query_stride + j * pl->bm.key_stride] != 0;
+            if (!ok)
+                srow[ii] = -INFINITY;
+            else if (pl->bias.data)
+                srow[ii] += pl->bias.data[b * pl->bias.batch_stride + h * pl->bias.head_stride +
+                                          i * pl->bias.query_stride + j * pl->bias.key_stride];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static void *aligned_alloc_bytes(size_t bytes)
+{
+    void *ptr = NULL;
+    if (bytes == 0)
+        bytes = ALIGN_BYTES;
+    if (posix_memalign(&ptr, ALIGN_BYTES, bytes))
+        return NULL;
+    return ptr;
+}
+
+static inline size_t round_floats(size_t n)
+{
+    return (n + 15) & ~(size_t)15;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+typedef struct fwd_ws {
+    float *qt, *ot, *s, *m, *l, *alpha;
+    int64_t *lo, *hi;
+} fwd_ws;
+
+static size_t fwd_ws_floats(const plan *pl)
+{
+    const size_t ld = (size_t)pl->ld;
+    /* qt, ot, s, m, l, alpha, and lo/hi as int64 (2 floats each) */
+    return round_floats(pl->Dk * ld) + round_floats(pl->Dv * ld) + round_floats(pl->bk * ld) +
+           3 * round_floats(ld) + 4 * round_floats(ld);
+}
+
+static fwd_ws fwd_ws_carve(const plan *pl, float *base)
+{
+    const size_t ld = (size_t)pl->ld;
+    fwd_ws w;
+    w.qt = base;
+    base += round_floats(pl->Dk * ld);
+    w.ot = base;
+    base += round_floats(pl->Dv * ld);
+    w.s = base;
+    base += round_floats(pl->bk * ld);
+    w.m = base;
+    base += round_floats(ld);
+    w.l = base;
+    base += round_floats(ld);
+    w.alpha = base;
+    base += round_floats(ld);
+    w.lo = (int64_t *)(void *)base;
+    base += 2 * round_floats(ld);
+    w.hi = (int64_t *)(void *)base;
+    return w;
+}
+
+static void fwd_query_tile(const plan *pl, fwd_ws *w, int64_t b, int64_t h, int64_t i0, int nq,
+                           const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                           const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int ld = pl->ld, Dk = (int)pl->Dk, Dv = (int)pl->Dv;
+    const int64_t hk = h / pl->G;
+    const float *qb = q->data + b * q->batch_stride + h * q->head_stride + i0 * q->seq_stride;
+    const float *kb = k->data ? k->data + b * k->batch_stride + hk * k->head_stride : NULL;
+    const float *vb = v->data ? v->data + b * v->batch_stride + hk * v->head_stride : NULL;
+    const int64_t tkb = keys_of_batch(pl, b);
+
+    for (int ii = 0; ii < nq; ii++) {
+        row_range(pl, tkb, i0 + ii, &w->lo[ii], &w->hi[ii]);
+        w->m[ii] = -INFINITY;
+        w->l[ii] = 0.0f;
+    }
+    for (int c = 0; c < Dv; c++)
+        memset(w->ot + (size_t)c * ld, 0, (size_t)nq * sizeof(float));
+
+    int packed = 0;
+    const int64_t first = w->lo[0] > 0 ? w->lo[0] : 0;
+    const int64_t last = w->hi[nq - 1];
+    if (first <= last) {
+        for (int64_t j0 = (first / pl->bk) * pl->bk; j0 <= last; j0 += pl->bk) {
+            int64_t ks, ke;
+            const int64_t j1 = j0 + pl->bk < pl->Tk ? j0 + pl->bk : pl->Tk;
+            const int kind = classify_tile(pl, b, h, i0, nq, w->lo, w->hi, j0, j1, &ks, &ke);
+            if (kind == TILE_SKIP)
+                continue;
+            if (!packed) {
+                kt->transpose(nq, Dk, qb, q->seq_stride, w->qt, ld);
+                packed = 1;
+            }
+            const int nk = (int)(ke - ks + 1);
+            kt->gemm(nk, nq, Dk, pl->scale, kb + ks * k->seq_stride, k->seq_stride, 1, w->qt, ld, w->s,
+                     ld, 0);
+            if (kind == TILE_PARTIAL)
+                mask_tile(pl, b, h, i0, nq, w->lo, w->hi, ks, nk, w->s, ld);
+            kt->online_softmax(nk, nq, w->s, ld, w->m, w->l, w->alpha);
+            if (Dv > 0) {
+                kt->scale_columns(Dv, nq, w->ot, ld, w->alpha);
+                kt->gemm(Dv, nq, nk, 1.0f, vb + ks * v->seq_stride, 1, v->seq_stride, w->s, ld, w->ot, ld,
+                         SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_B : 0));
+            }
+        }
+    }
+
+    /* O = (O^T / l)^T; a row that saw no allowed key (l = 0) is exactly 0. */
+    float *ob = o->data ? o->data + b * o->batch_stride + h * o->head_stride + i0 * o->seq_stride : NULL;
+    for (int ii = 0; ii < nq; ii++)
+        w->alpha[ii] = w->l[ii] > 0.0f ? 1.0f / w->l[ii] : 0.0f;
+    if (Dv > 0) {
+        kt->scale_columns(Dv, nq, w->ot, ld, w->alpha);
+        kt->transpose(Dv, nq, w->ot, ld, ob, o->seq_stride);
+        for (int ii = 0; ii < nq; ii++)
+            if (w->l[ii] == 0.0f) /* exact zeros even if NaN crept into the accumulator */
+                memset(ob + ii * o->seq_stride, 0, (size_t)Dv * sizeof(float));
+    }
+    if (lse && lse->data) {
+        float *lb = lse->data + b * lse->batch_stride + h * lse->head_stride + i0 * lse->seq_stride;
+        for (int ii = 0; ii < nq; ii++)
+            lb[ii * lse->seq_stride] = w->l[ii] > 0.0f ? w->m[ii] + logf(w->l[ii]) : -INFINITY;
+    }
+}
+
+sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                         const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
+{
+    plan pl;
+    sdpa_status st = make_plan(p, &pl);
+    if (st != SDPA_OK)
+        return st;
+    if (!q || !k || !v || !o)
+        return SDPA_ERR_NULL_ARGUMENT;
+    const int64_t sq[3] = {q->batch_stride, q->head_stride, q->seq_stride};
+    const int64_t sk[3] = {k->batch_stride, k->head_stride, k->seq_stride};
+    const int64_t sv[3] = {v->batch_stride, v->head_stride, v->seq_stride};
+    const int64_t so[3] = {o->batch_stride, o->head_stride, o->seq_stride};
+    const int64_t sl[3] = {lse ? lse->batch_stride : 0, lse ? lse->head_stride : 0,
+                           lse ? lse->seq_stride : 0};
+    tensor_desc t[5] = {
+        {q->data, sq, {pl.B, pl.Hq, pl.Tq}, pl.Dk, 4, 0, 1},
+        {k->data, sk, {pl.B, pl.Hkv, pl.Tk}, pl.Dk, 4, 0, 1},
+        {v->data, sv, {pl.B, pl.Hkv, pl.Tk}, pl.Dv, 4, 0, 1},
+        {o->data, so, {pl.B, pl.Hq, pl.Tq}, pl.Dv, 4, 1, 1},
+        {lse ? lse->data : NULL, sl, {pl.B, pl.Hq, pl.Tq}, 1, 4, 1, lse && lse->data},
+    };
+    if ((st = check_tensors(&pl, t, 5)) != SDPA_OK)
+        return st;
+
+    const int64_t nqt = (pl.Tq + pl.bq - 1) / pl.bq;
+    const int64_t items = pl.B * pl.Hq * nqt;
+    if (items == 0)
+        return SDPA_OK;
+    int nthreads = pl.nthreads;
+    if (nthreads > items)
+        nthreads = (int)items;
+    const size_t per = fwd_ws_floats(&pl);
+    float *ws = aligned_alloc_bytes((size_t)nthreads * per * sizeof(float));
+    if (!ws)
+        return SDPA_ERR_OUT_OF_MEMORY;
+
+#if HAVE_OPENMP
+#pragma omp parallel num_threads(nthreads)
+#endif
+    {
+        int tid = 0;
+#if HAVE_OPENMP
+        tid = omp_get_thread_num();
+#endif
+        fwd_ws w = fwd_ws_carve(&pl, ws + (size_t)tid * per);
+#if HAVE_OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t it = 0; it < items; it++) {
+            /* Last query tiles first: under causal masks they are the longest. */
+            const int64_t qt = nqt - 1 - it % nqt;
+            const int64_t bh = it / nqt;
+            const int64_t i0 = qt * pl.bq;
+            const int nq = (int)(pl.Tq - i0 < pl.bq ? pl.Tq - i0 : pl.bq);
+            fwd_query_tile(&pl, &w, bh / pl.Hq, bh % pl.Hq, i0, nq, q, k, v, o, lse);
+        }
+    }
+    free(ws);
+    return SDPA_OK;
+}
+
+/* ----------------------------------------------------------------- backward */
+
+typedef struct bwd_ws {
+    float *qt, *dot, *p, *dp, *lse, *dd;
+    int64_t *lo, *hi;
+} bwd_ws;
+
+static size_t bwd_ws_floats(const plan *pl)
+{
+    const size_t ld = (size_t)pl->ld;
+    return round_floats(pl->Dk * ld) + round_floats(pl->Dv * ld) + 2 * round_floats(pl->bk * ld) +
+           2 * round_floats(ld) + 4 * round_floats(ld);
+}
+
+static bwd_ws bwd_ws_carve(const plan *pl, float *base)
+{
+    const size_t ld = (size_t)pl->ld;
+    bwd_ws w;
+    w.qt = base;
+    base += round_floats(pl->Dk * ld);
+    w.dot = base;
+    base += round_floats(pl->Dv * ld);
+    w.p = base;
+    base += round_floats(pl->bk * ld);
+    w.dp = base;
+    base += round_floats(pl->bk * ld);
+    w.lse = base;
+    base += round_floats(ld);
+    w.dd = base;
+    base += round_floats(ld);
+    w.lo = (int64_t *)(void *)base;
+    base += 2 * round_floats(ld);
+    w.hi = (int64_t *)(void *)base;
+    return w;
+}
+
+typedef struct bwd_args {
+    const sdpa_tensor *q, *k, *v, *o, *lse, *dout;
+    const sdpa_tensor_out *dq, *dk, *dv;
+    const float *D; /* [B, Hq, Tq] contiguous */
+} bwd_args;
+
+/* One (query tile, key tile) pair of the backward. */
+static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, int64_t h, int64_t i0,
+                     int nq, int64_t j0)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int ld = pl->ld, Dk = (int)pl->Dk, Dv = (int)pl->Dv;
+    const int64_t hk = h / pl->G;
+    const int64_t tkb = keys_of_batch(pl, b);
+    for (int ii = 0; ii < nq; ii++)
+        row_range(pl, tkb, i0 + ii, &w->lo[ii], &w->hi[ii]);
+    const int64_t j1 = j0 + pl->bk < pl->Tk ? j0 + pl->bk : pl->Tk;
+    int64_t ks, ke;
+    const int kind = classify_tile(pl, b, h, i0, nq, w->lo, w->hi, j0, j1, &ks, &ke);
+    if (kind == TILE_SKIP)
+        return;
+    const int nk = (int)(ke - ks + 1);
+    const int skip = kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0;
+
+    const float *qb = a->q->data + b * a->q->batch_stride + h * a->q->head_stride + i0 * a->q->seq_stride;
+    const float *kb = a->k->data + b * a->k->batch_stride + hk * a->k->head_stride + ks * a->k->seq_stride;
+    float *dqb = a->dq->data + b * a->dq->batch_stride + h * a->dq->head_stride + i0 * a->dq->seq_stride;
+    float *dkb = a->dk->data + b * a->dk->batch_stride + hk * a->dk->head_stride + ks * a->dk->seq_stride;
+
+    /* S^T = scale K Q^T, masked; P^T = exp(S^T - LSE) */
+    kt->transpose(nq, Dk, qb, a->q->seq_stride, w->qt, ld);
+    kt->gemm(nk, nq, Dk, pl->scale, kb, a->k->seq_stride, 1, w->qt, ld, w->p, ld, 0);
+    if (kind == TILE_PARTIAL)
+        mask_tile(pl, b, h, i0, nq, w->lo, w->hi, ks, nk, w->p, ld);
+    const float *lb = a->lse->data + b * a->lse->batch_stride + h * a->lse->head_stride + i0 * a->lse->seq_stride;
+    for (int ii = 0; ii < nq; ii++)
+        w->lse[ii] = lb[ii * a->lse->seq_stride];
+    kt->bwd_probs(nk, nq, w->p, ld, w->lse);
+
+    if (Dv > 0) {
+        const float *vb = a->v->data + b * a->v->batch_stride + hk * a->v->head_stride + ks * a->v->seq_stride;
+        const float *dob = a->dout->data + b * a->dout->batch_stride + h * a->dout->head_stride +
+                           i0 * a->dout->seq_stride;
+        float *dvb = a->dv->data + b * a->dv->batch_stride + hk * a->dv->head_stride + ks * a->dv->seq_stride;
+        /* dV += P^T dO */
+        kt->gemm(nk, Dv, nq, 1.0f, w->p, ld, 1, dob, a->dout->seq_stride, dvb, a->dv->seq_stride,
+                 SDPA_GEMM_ACCUMULATE | skip);
+        /* dP^T = V dO^T */
+        kt->transpose(nq, Dv, dob, a->dout->seq_stride, w->dot, ld);
+        kt->gemm(nk, nq, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0);
+    } else {
+        for (int jj = 0; jj < nk; jj++)
+            memset(w->dp + (size_t)jj * ld, 0, (size_t)nq * sizeof(float));
+    }
+    /* dS^T = P^T * (dP^T - D) */
+    const float *Db = a->D + (b * pl->Hq + h) * pl->Tq + i0;
+    kt->bwd_dscores(nk, nq, w->p, ld, w->dp, ld, Db);
+    if (Dk > 0) {
+        /* dK += scale dS^T Q ; dQ += scale dS K */
+        kt->gemm(nk, Dk, nq, pl->scale, w->dp, ld, 1, qb, a->q->seq_stride, dkb, a->dk->seq_stride,
+                 SDPA_GEMM_ACCUMULATE | skip);
+        kt->gemm(nq, Dk, nk, pl->scale, w->dp, 1, ld, kb, a->k->seq_stride, dqb, a->dq->seq_stride,
+                 SDPA_GEMM_ACCUMULATE | skip);
+    }
+}
+
+static void zero_rows(float *data, const int64_t n[3], const int64_t s[3], int64_t len)
+{
+    if (!data || len == 0)
+        return;
+    for (int64_t x = 0; x < n[0]; x++)
+        for (int64_t y = 0; y < n[1]; y++)
+            for (int64_t z = 0; z < n[2]; z++)
+                memset(data + x * s[0] + y * s[1] + z * s[2], 0, (size_t)len * sizeof(float));
+}
+
+sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                          const sdpa_tensor *v, const sdpa_tensor *o, const sdpa_tensor *lse,
+                          const sdpa_tensor *dout, const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
+                          const sdpa_tensor_out *dv)
+{
+    plan pl;
+    sdpa_status st = make_plan(p, &pl);
+    if (st != SDPA_OK)
+        return st;
+    if (!q || !k || !v || !o || !lse || !dout || !dq || !dk || !dv)
+        return SDPA_ERR_NULL_ARGUMENT;
+#define STR3(t) {t->batch_stride, t->head_stride, t->seq_stride}
+    const int64_t sq[3] = STR3(q), sk[3] = STR3(k), sv[3] = STR3(v), so[3] = STR3(o), sl[3] = STR3(lse),
+                  sdo[3] = STR3(dout), sdq[3] = STR3(dq), sdk[3] = STR3(dk), sdv[3] = STR3(dv);
+#undef STR3
+    const int64_t nq3[3] = {pl.B, pl.Hq, pl.Tq}, nk3[3] = {pl.B, pl.Hkv, pl.Tk};
+    tensor_desc t[9] = {
+        {q->data, sq, {nq3[0], nq3[1], nq3[2]}, pl.Dk, 4, 0, 1},
+        {k->data, sk, {nk3[0], nk3[1], nk3[2]}, pl.Dk, 4, 0, 1},
+        {v->data, sv, {nk3[0], nk3[1], nk3[2]}, pl.Dv, 4, 0, 1},
+        {o->data, so, {nq3[0], nq3[1], nq3[2]}, pl.Dv, 4, 0, 1},
+        {lse->data, sl, {nq3[0], nq3[1], nq3[2]}, 1, 4, 0, 1},
+        {dout->data, sdo, {nq3[0], nq3[1], nq3[2]}, pl.Dv, 4, 0, 1},
+        {dq->data, sdq, {nq3[0], nq3[1], nq3[2]}, pl.Dk, 4, 1, 1},
+        {dk->data, sdk, {nk3[0], nk3[1], nk3[2]}, pl.Dk, 4, 1, 1},
+        {dv->data, sdv, {nk3[0], nk3[1], nk3[2]}, pl.Dv, 4, 1, 1},
+    };
+    if ((st = check_tensors(&pl, t, 9)) != SDPA_OK)
+        return st;
+
+    const int64_t nqt = (pl.Tq + pl.bq - 1) / pl.bq;
+    const int64_t nkt = (pl.Tk + pl.bk - 1) / pl.bk;
+    const int64_t R = pl.G * nqt; /* rows of the wavefront: (head in group, query tile) */
+    const int64_t BH = pl.B * pl.Hkv;
+    int nthreads = pl.nthreads;
+    const size_t per = bwd_ws_floats(&pl);
+    const size_t nD = (size_t)(pl.B * pl.Hq * pl.Tq);
+    float *ws = aligned_alloc_bytes(((size_t)nthreads * per + round_floats(nD)) * sizeof(float));
+    if (!ws)
+        return SDPA_ERR_OUT_OF_MEMORY;
+    float *D = ws + (size_t)nthreads * per;
+
+    /* From here on the outputs are written. */
+    zero_rows(dq->data, nq3, sdq, pl.Dk);
+    zero_rows(dk->data, nk3, sdk, pl.Dk);
+    zero_rows(dv->data, nk3, sdv, pl.Dv);
+    const bwd_args a = {q, k, v, o, lse, dout, dq, dk, dv, D};
+    const int64_t ndiag = (R > 0 && nkt > 0) ? R + nkt - 1 : 0;
+
+#if HAVE_OPENMP
+#pragma omp parallel num_threads(nthreads)
+#endif
+    {
+        int tid = 0;
+#if HAVE_OPENMP
+        tid = omp_get_thread_num();
+#endif
+        bwd_ws w = bwd_ws_carve(&pl, ws + (size_t)tid * per);
+        /* D = rowsum(dO * O) */
+#if HAVE_OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t r = 0; r < (int64_t)nD; r++) {
+            const int64_t i = r % pl.Tq, bh = r / pl.Tq, b = bh / pl.Hq, h = bh % pl.Hq;
+            const float *orow = o->data ? o->data + b * o->batch_stride + h * o->head_stride + i * o->seq_stride : NULL;
+            const float *drow = dout->data ? dout->data + b * dout->batch_stride + h * dout->head_stride +
+                                                 i * dout->seq_stride : NULL;
+            float acc = 0.0f;
+            for (int64_t c = 0; c < pl.Dv; c++)
+                acc = fmaf(drow[c], orow[c], acc);
+            D[r] = acc;
+        }
+        for (int64_t d = 0; d < ndiag; d++) {
+            const int64_t rmin = d - nkt + 1 > 0 ? d - nkt + 1 : 0;
+            const int64_t rmax = d < R - 1 ? d : R - 1;
+            const int64_t cnt = rmax - rmin + 1;
+#if HAVE_OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t it = 0; it < BH * cnt; it++) {
+                const int64_t bh = it / cnt, r = rmin + it % cnt, c = d - r;
+                const int64_t b = bh / pl.Hkv, hk = bh % pl.Hkv;
+                const int64_t g = r / nqt, qt = r % nqt;
+                const int64_t i0 = qt * pl.bq;
+                const int nq = (int)(pl.Tq - i0 < pl.bq ? pl.Tq - i0 : pl.bq);
+                bwd_pair(&pl, &w, &a, b, hk * pl.G + g, i0, nq, c * pl.bk);
+            }
+        }
+    }
+    free(ws);
+    return SDPA_OK;
+}
+
+/* -------------------------------------------------------------- misc public */
+
+void sdpa_problem_init(sdpa_problem *p)
+{
+    if (!p)
+        return;
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof(sdpa_problem);
+    p->use_default_scale = 1;
+    p->scale = 0.0f;
+    p->causal = SDPA_CAUSAL_NONE;
+    p->window_alignment = SDPA_ALIGN_TOP_LEFT;
+    p->window_left = SDPA_WINDOW_UNBOUNDED;
+    p->window_right = SDPA_WINDOW_UNBOUNDED;
+    p->isa = SDPA_ISA_AUTO;
+}
+
+const char *sdpa_status_string(sdpa_status s)
+{
+    switch (s) {
+    case SDPA_OK: return "success";
+    case SDPA_ERR_NULL_ARGUMENT: return "a required pointer is NULL";
+    case SDPA_ERR_BAD_DESCRIPTOR: return "problem descriptor not initialised by sdpa_problem_init (struct_size, reserved field or enum value)";
+    case SDPA_ERR_NEGATIVE_SIZE: return "a size is negative";
+    case SDPA_ERR_HEAD_GROUPING: return "q_heads is not a multiple of kv_heads";
+    case SDPA_ERR_BAD_SCALE: return "scale is not finite, or the default scale 1/sqrt(head_dim_qk) with head_dim_qk = 0";
+    case SDPA_ERR_BAD_STRIDE: return "a stride is negative, or an output overlaps itself";
+    case SDPA_ERR_BAD_WINDOW: return "a window bound is negative and not SDPA_WINDOW_UNBOUNDED";
+    case SDPA_ERR_BAD_KV_LENGTH: return "a per-batch key length is negative or larger than kv_len";
+    case SDPA_ERR_ALIASING: return "an output overlaps an input or another output";
+    case SDPA_ERR_BAD_THREADS: return "num_threads is negative";
+    case SDPA_ERR_ISA_UNAVAILABLE: return "the requested ISA is not compiled in or not supported by this CPU/OS";
+    case SDPA_ERR_OUT_OF_MEMORY: return "workspace allocation failed";
+    case SDPA_ERR_SIZE_OVERFLOW: return "a tensor extent overflows the address space";
+    case SDPA_ERR_BAD_BLOCK_SIZE: return "block_q or block_k is outside [0, SDPA_MAX_BLOCK]";
+    }
+    return "unknown status";
+}

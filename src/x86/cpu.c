@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: MIT */
+/* x86/cpu.c - CPUID + XGETBV detection of AVX2 and AVX-512 on x86-64.
+ *
+ * A CPUID bit only says the core implements an instruction set; it can still
+ * fault (#UD) if the operating system does not save the wider registers on a
+ * context switch. So every vector level is gated twice: the CPUID feature bits,
+ * and the XCR0 bits the OS has enabled (read with XGETBV, which is only legal
+ * when CPUID.1:ECX.OSXSAVE[27] is set). References: Intel SDM vol. 1, 13.3
+ * ("Enabling the XSAVE feature set") and 15.2 / 14.3 ("Detection of AVX-512 /
+ * AVX instructions"). */
+#include <stdio.h>
+#include <string.h>
+
+#include "config.h"
+#include "cpu.h"
+
+#if ARCH_X86_64
+#include <cpuid.h>
+
+static void cpuid(unsigned leaf, unsigned sub, unsigned r[4])
+{
+    __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
+}
+
+/* XGETBV(0) = XCR0. Encoded as bytes so that no -mxsave flag is needed here. */
+static unsigned long long read_xcr0(void)
+{
+    unsigned eax, edx;
+    __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((unsigned long long)edx << 32) | eax;
+}
+
+static void add_name(char *names, size_t cap, const char *n)
+{
+    size_t len = strlen(names);
+    if (len + strlen(n) + 2 > cap)
+        return;
+    if (len)
+        names[len++] = ' ';
+    strcpy(names + len, n);
+}
+
+unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
+{
+    unsigned r[4];
+    unsigned flags = 0;
+    if (cap)
+        names[0] = '\0';
+
+    cpuid(0, 0, r);
+    const unsigned max_leaf = r[0];
+    if (max_leaf < 1)
+        return 0;
+
+    cpuid(1, 0, r);
+    const unsigned ecx1 = r[2];
+    const int sse42 = (ecx1 >> 20) & 1;
+    const int fma = (ecx1 >> 12) & 1;
+    const int osxsave = (ecx1 >> 27) & 1; /* the OS uses XSAVE: XGETBV is legal */
+    const int avx = (ecx1 >> 28) & 1;
+    if (sse42) add_name(names, cap, "sse4.2");
+    if (avx) add_name(names, cap, "avx");
+    if (fma) add_name(names, cap, "fma");
+
+    unsigned ebx7 = 0;
+    if (max_leaf >= 7) {
+        cpuid(7, 0, r);
+        ebx7 = r[1];
+    }
+    const int avx2 = (ebx7 >> 5) & 1;
+    const int avx512f = (ebx7 >> 16) & 1;
+    const int avx512dq = (ebx7 >> 17) & 1;
+    const int avx512bw = (ebx7 >> 30) & 1;
+    const int avx512vl = (ebx7 >> 31) & 1;
+    if (avx2) add_name(names, cap, "avx2");
+    if (avx512f) add_name(names, cap, "avx512f");
+    if (avx512dq) add_name(names, cap, "avx512dq");
+    if (avx512bw) add_name(names, cap, "avx512bw");
+    if (avx512vl) add_name(names, cap, "avx512vl");
+
+    unsigned long long xcr0 = 0;
+    if (osxsave) {
+        add_name(names, cap, "osxsave");
+        xcr0 = read_xcr0();
+    }
+    /* XCR0 bits 1 (SSE) and 2 (AVX upper halves): the OS saves YMM registers. */
+    const int os_ymm = (xcr0 & 0x6) == 0x6;
+    /* XCR0 bits 5, 6, 7 (opmask, ZMM0-15 upper halves, ZMM16-31): ZMM state. */
+    const int os_zmm = os_ymm && (xcr0 & 0xe0) == 0xe0;
+    if (os_ymm) add_name(names, cap, "os-ymm");
+    if (os_zmm) add_name(names, cap, "os-zmm");
+
+    if (avx && avx2 && fma && os_ymm)
+        flags |= SDPA_X86_CPU_FLAG_AVX2;
+    if ((flags & SDPA_X86_CPU_FLAG_AVX2) && avx512f && avx512dq && avx512bw && avx512vl && os_zmm)
+        flags |= SDPA_X86_CPU_FLAG_AVX512;
+    return flags;
+}
+#else
+unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
+{
+    if (cap)
+        names[0] = '\0';
+    return 0;
+}
+#endif
