@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# tools/install-deps.sh - installs the Debian packages libsdpa needs, only if missing.
+#   tools/install-deps.sh          build + test dependencies (native)
+#   tools/install-deps.sh --cross  also the aarch64 cross toolchain, arm64 libraries and qemu-user
+# Needs root (or sudo). Never removes anything.
+set -euo pipefail
+
+native=(meson ninja-build pkg-config gcc libc6-dev libsleef-dev libcriterion-dev libcjson-dev libopenblas-dev)
+cross_native=(qemu-user gcc-aarch64-linux-gnu)
+cross_arm64=(libsleef-dev:arm64 libgomp1:arm64 libc6-dev:arm64)
+
+want=("${native[@]}")
+if [[ "${1:-}" == "--cross" ]]; then
+  want+=("${cross_native[@]}" "${cross_arm64[@]}")
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null; then SUDO=sudo; else
+    echo "install-deps: not root and no sudo; install these yourself: ${want[*]}" >&2; exit 1; fi
+fi
+
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+if [[ "${1:-}" == "--cross" ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  $SUDO dpkg --add-architecture arm64
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: installed ${missing[*]}"

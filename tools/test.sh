@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# tools/test.sh - installs what is missing, builds libsdpa in ./build, and runs the
+# whole test suite: the per-ISA kernel conformance harness (checkasm) and the
+# Criterion suite (every test on every ISA this machine supports). The last line
+# is Criterion's "Synthesis:" summary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install-deps.sh
+builddir=${BUILD_DIR:-build}
+if [[ -f "$builddir/build.ninja" ]]; then
+  meson setup --reconfigure "$builddir" >/dev/null
+else
+  meson setup "$builddir" >/dev/null
+fi
+ninja -C "$builddir" >/dev/null
+echo "== checkasm (kernel conformance, every ISA) =="
+"$builddir/tests/checkasm"
+echo "== Criterion suite =="
+exec "$builddir/tests/sdpa_tests" "$@"
