@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: MIT */
+/* tests/util.h - shared helpers of the Criterion suite: RNG, guarded buffers,
+ * tensor layouts and views, the tolerance rules, ISA iteration, .npy reading.
+ *
+ * Everything here is plain C used from inside Criterion tests (each test runs in
+ * its own forked process); nothing here calls the library at load time. Logging
+ * goes through cr_log_info / cr_log_warn. */
+#ifndef SDPA_TEST_UTIL_H
+#define SDPA_TEST_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sdpa.h"
+
+/* ------------------------------------------------------------------ RNG -- */
+
+/* Deterministic generator (splitmix64 seeding + xoshiro256**). Same seed, same
+ * numbers, on every platform. */
+typedef struct util_rng {
+    uint64_t s[4];
+} util_rng;
+
+/* The seed of a test: the environment variable SDPA_TEST_SEED if set (decimal or
+ * 0x hex), else `fallback`. Logs "<who>: seed = N (set SDPA_TEST_SEED=N to
+ * reproduce)" with cr_log_info so a failing run can be replayed. */
+uint64_t util_seed(const char *who, uint64_t fallback);
+void util_rng_init(util_rng *r, uint64_t seed);
+/* Shortcut: util_rng_init(r, util_seed(who, fallback)). */
+void util_rng_seed(util_rng *r, const char *who, uint64_t fallback);
+uint64_t util_rng_u64(util_rng *r);
+/* Uniform in [0, 1) with 53 random bits. */
+double util_rng_double(util_rng *r);
+/* Uniform integer in [lo, hi] (inclusive). */
+int64_t util_rng_int(util_rng *r, int64_t lo, int64_t hi);
+/* Standard normal (Box-Muller, float64). */
+double util_rng_normal(util_rng *r);
+/* Fill x[0..n) with fp32(uniform[lo, hi)) / fp32(sigma * normal). */
+void util_fill_uniform(util_rng *r, float *x, size_t n, float lo, float hi);
+void util_fill_normal(util_rng *r, float *x, size_t n, float sigma);
+
+/* ------------------------------------------------------ guarded buffers -- */
+
+/* Floats per guard zone on each side of a guarded buffer. */
+#define UTIL_GUARD_FLOATS 64
+/* The bit pattern filling guard zones and (by default) the data: a quiet NaN with
+ * a payload no arithmetic produces, so "still equal to it" means "never written". */
+#define UTIL_SENTINEL_BITS 0x7fc5a17bu
+
+float util_sentinel(void);
+/* 1 if the float's bits are exactly UTIL_SENTINEL_BITS. */
+int util_is_sentinel(float x);
+
+/* A buffer of n floats (n may be 0) between two guard zones of
+ * UTIL_GUARD_FLOATS sentinel floats; the data is filled with the sentinel too.
+ * Never returns NULL (fails the test on allocation failure). The data pointer
+ * is 16-byte aligned (malloc's alignment plus a multiple of 64 bytes). */
+float *util_galloc(size_t n);
+/* Same, data filled with `value` instead of the sentinel. */
+float *util_galloc_fill(size_t n, float value);
+/* Number of floats of a util_galloc buffer. */
+size_t util_glen(const float *p);
+/* 1 if both guard zones still hold the sentinel bit pattern, else 0 (and a
+ * cr_log_error naming `what` and the first damaged offset). NULL: 1. */
+int util_gintact(const float *p, const char *what);
+/* Frees a util_galloc buffer (NULL is fine). */
+void util_gfree(float *p);
+/* Copies n floats into a guarded buffer of its own (for inputs). */
+float *util_gdup(const float *src, size_t n);
+
+/* ------------------------------------------------------------- layouts -- */
+
+/* A [B, H, T, D] tensor stored with arbitrary element strides (D contiguous). */
+typedef struct util_layout {
+    int64_t B, H, T, D;
+    int64_t sb, sh, st; /* batch, head, seq strides in elements */
+} util_layout;
+
+/* Contiguous [B, H, T, D]: st = D, sh = T*D, sb = H*T*D. */
+util_layout util_contig(int64_t B, int64_t H, int64_t T, int64_t D);
+/* Stored as [B, T, H, D] (e.g. a transformer's natural layout): st = H*D, sh = D, sb = T*H*D. */
+util_layout util_bthd(int64_t B, int64_t H, int64_t T, int64_t D);
+/* Contiguous but with row stride row_stride >= D (gaps between rows):
+ * st = row_stride, sh = T*row_stride, sb = H*T*row_stride. */
+util_layout util_padded(int64_t B, int64_t H, int64_t T, int64_t D, int64_t row_stride);
+/* LSE [B, H, T] as a layout with D = 1: st = 1, sh = T, sb = H*T. */
+util_layout util_lse_layout(int64_t B, int64_t H, int64_t T);
+/* Number of floats an allocation must hold for the layout: 1 + the largest
+ * offset touched (0 when the tensor is empty). */
+size_t util_extent(const util_layout *l);
+/* Number of logical elements B*H*T*D. */
+size_t util_numel(const util_layout *l);
+/* Offset of element (b, h, t, d). */
+int64_t util_offset(const util_layout *l, int64_t b, int64_t h, int64_t t, int64_t d);
+/* contiguous [B,H,T,D] `src` -> `dst` stored with layout l (only the elements of
+ * the view are written). */
+void util_pack(const util_layout *l, float *dst, const float *src);
+/* `src` stored with layout l -> contiguous [B,H,T,D] `dst`. */
+void util_unpack(const util_layout *l, float *dst, const float *src);
+/* 1 if every float of buf[0..n) that is NOT an element of the view l is still the
+ * sentinel (gaps of strided outputs untouched), else 0 with a cr_log_error. */
+int util_gaps_intact(const util_layout *l, const float *buf, size_t n, const char *what);
+
+/* Views. */
+sdpa_tensor util_view(const util_layout *l, const float *data);
+sdpa_tensor_out util_view_out(const util_layout *l, float *data);
+/* Contiguous views from sizes: [B, H, T, D] (batch count not needed). */
+sdpa_tensor util_cview(const float *data, int64_t H, int64_t T, int64_t D);
+sdpa_tensor_out util_cview_out(float *data, int64_t H, int64_t T, int64_t D);
+/* Contiguous LSE [B, H, T] views. */
+sdpa_tensor util_lse_view(const float *data, int64_t H, int64_t T);
+sdpa_tensor_out util_lse_view_out(float *data, int64_t H, int64_t T);
+
+/* Problem descriptor from sizes (sdpa_problem_init + the sizes; everything
+ * else default). */
+sdpa_problem util_problem(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t Dk,
+                          int64_t Dv);
+
+/* --------------------------------------------------------------- ISAs -- */
+
+/* Fills out[] with every ISA this machine supports (sdpa_isa_supported), scalar
+ * first; returns how many. Logs once per process (cr_log_info) every ISA that is
+ * not supported, so a skipped ISA is never silent. */
+int util_isas(sdpa_isa out[SDPA_ISA_COUNT]);
+
+/* ---------------------------------------------------------- tolerances -- */
+
+/* The FlashAttention rule for one array: over the elements whose reference is
+ * finite, max |got - ref| <= factor * max |naive - ref| + 1e-6 * max|ref| + 1e-7.
+ * Elements whose reference is -inf / +inf must be bitwise that infinity in `got`;
+ * a NaN in `got` where the reference is not NaN is always a failure (and a NaN
+ * reference requires a NaN). `naive` may be NULL (then only the slack applies). */
+typedef struct util_err {
+    double err;       /* max |got - ref| over finite references */
+    double naive_err; /* max |naive - ref| */
+    double ref_max;   /* max |ref| over finite references */
+    double bound;     /* the allowed error */
+    size_t worst;     /* index of the largest |got - ref| */
+    size_t nonfinite_bad; /* elements whose infinity / NaN status is wrong */
+    size_t first_bad;     /* index of the first of those (if any) */
+    int ok;
+} util_err;
+util_err util_fa_compare(const float *got, const float *naive, const double *ref, size_t n,
+                         double factor);
+/* Checks with cr_expect and logs on failure: "<what>: ..." . Returns ok. */
+int util_fa_expect(const char *what, const float *got, const float *naive, const double *ref,
+                   size_t n, double factor);
+
+/* Elementwise rule of the edge cases: |got - ref| <= max(atol, rtol*|ref|);
+ * infinities must match exactly; NaN never passes unless ref is NaN. */
+int util_close(double got, double ref, double atol, double rtol);
+/* Array version with cr_expect and a log of the first few failures; exact != 0
+ * requires bit-for-bit equality with (float)ref (zero of either sign accepted).
+ * Returns the number of failing elements. */
+size_t util_expect_close(const char *what, const float *got, const double *ref, size_t n,
+                         double atol, double rtol, int exact);
+/* 1 if any element is NaN. */
+int util_has_nan(const float *x, size_t n);
+
+/* ------------------------------------------------------------ data dir -- */
+
+/* SDPA_TEST_DATA_DIR "/" rel into buf. Returns buf. */
+const char *util_data_path(char *buf, size_t len, const char *rel);
+/* Reads a whole file (NUL-terminated); *len gets its size. NULL on error. */
+char *util_read_file(const char *path, size_t *len);
+
+/* ---------------------------------------------------------------- .npy -- */
+
+typedef enum util_npy_type {
+    UTIL_NPY_F32,
+    UTIL_NPY_F16,
+    UTIL_NPY_F64,
+    UTIL_NPY_BOOL,
+    UTIL_NPY_I64,
+    UTIL_NPY_I32,
+    UTIL_NPY_U8
+} util_npy_type;
+
+typedef struct util_npy {
+    util_npy_type type;
+    int ndim;
+    int64_t shape[8];
+    size_t count;     /* product of shape */
+    void *data;       /* count elements, little-endian, C order (malloc'd) */
+} util_npy;
+
+/* Loads a version 1/2/3 .npy file (little-endian or 1-byte types, C order, no
+ * objects). Returns 0, or -1 with a message in err. */
+int util_npy_load(const char *path, util_npy *out, char *err, size_t errlen);
+void util_npy_free(util_npy *a);
+/* Element i converted to double (bool -> 0/1, fp16 -> exact value). */
+double util_npy_get(const util_npy *a, size_t i);
+/* IEEE binary16 bits -> float (exact). */
+float util_half_to_float(uint16_t h);
+
+#endif
