@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # tools/test.sh - installs what is missing, builds libsdpa in ./build, and runs the
-# whole test suite: the per-ISA kernel conformance harness (checkasm) and the
+# whole test suite: the per-ISA kernel harness (checkasm), the end-to-end
+# conformance sweep, and the
 # Criterion suite (every test on every ISA this machine supports). The last line
 # is Criterion's "Synthesis:" summary.
 set -euo pipefail
@@ -14,7 +15,9 @@ else
   meson setup "$builddir" >/dev/null
 fi
 ninja -C "$builddir" >/dev/null
-echo "== checkasm (kernel conformance, every ISA) =="
-"$builddir/tests/checkasm"
+echo "== checkasm: every ISA's micro-kernels against scalar and float64 =="
+"$builddir/tests/checkasm" | tail -n 4
+echo "== conformance: every ISA end to end against the float64 reference =="
+"$builddir/tests/conformance" | tail -n 5
 echo "== Criterion suite =="
 exec "$builddir/tests/sdpa_tests" "$@"
