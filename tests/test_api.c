@@ -1,0 +1,932 @@
+/* SPDX-License-Identifier: MIT */
+/* tests/test_api.c - the public API contract: every invalid argument gets its own
+ * status and leaves every buffer untouched; status strings; version; zero-sized
+ * problems; legal corner values (scale 0 / negative, block sizes, NULL data with
+ * empty extents).
+ *
+ * sdpa.h is included first, before any other header, to prove it is
+ * self-contained. */
+#include "sdpa.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref.h"
+#include "util.h"
+
+/* ------------------------------------------------------------- fixture -- */
+
+/* A small valid GQA problem with every operand present, plus the exact pointers
+ * each call receives, so a case can knock out any one of them. */
+enum { FB = 2, FHQ = 4, FHKV = 2, FTQ = 5, FTK = 7, FDK = 8, FDV = 6 };
+
+enum { BUF_Q, BUF_K, BUF_V, BUF_OIN, BUF_LSEIN, BUF_DO, BUF_O, BUF_LSE, BUF_DQ, BUF_DK, BUF_DV,
+       BUF_BIAS, NBUF };
+
+typedef struct fx {
+    sdpa_problem p;
+    int32_t kvl[FB];
+    uint8_t mask[FB * FHQ * FTQ * FTK];
+    float *buf[NBUF];
+    float *snap[NBUF]; /* copies of each buffer, guard zones included */
+    int32_t kvl_snap[FB];
+    uint8_t mask_snap[sizeof(uint8_t) * FB * FHQ * FTQ * FTK];
+    sdpa_tensor tq, tk, tv, toin, tlsein, tdo;
+    sdpa_tensor_out to, tlse, tdq, tdk, tdv;
+    /* what the calls are given */
+    const sdpa_problem *pp;
+    const sdpa_tensor *q, *k, *v, *oin, *lsein, *dout;
+    const sdpa_tensor_out *o, *lse, *dq, *dk, *dv;
+} fx;
+
+static const size_t buf_len[NBUF] = {
+    FB * FHQ * FTQ * FDK,  FB * FHKV * FTK * FDK, FB * FHKV * FTK * FDV, FB * FHQ * FTQ * FDV,
+    FB * FHQ * FTQ,        FB * FHQ * FTQ * FDV,  FB * FHQ * FTQ * FDV,  FB * FHQ * FTQ,
+    FB * FHQ * FTQ * FDK,  FB * FHKV * FTK * FDK, FB * FHKV * FTK * FDV, FB * FHQ * FTQ * FTK};
+static const char *buf_name[NBUF] = {"Q", "K", "V", "O(in)", "LSE(in)", "dO", "O", "LSE", "dQ", "dK",
+                                     "dV", "bias"};
+
+static void fx_init(fx *f)
+{
+    memset(f, 0, sizeof *f);
+    util_rng r;
+    util_rng_init(&r, 0x5eed);
+    for (int i = 0; i < NBUF; i++) {
+        f->buf[i] = util_galloc(buf_len[i]);
+        if (i <= BUF_DO || i == BUF_BIAS)
+            util_fill_uniform(&r, f->buf[i], buf_len[i], -1.0f, 1.0f);
+    }
+    for (size_t i = 0; i < buf_len[BUF_LSEIN]; i++)
+        f->buf[BUF_LSEIN][i] = 2.0f; /* any finite LSE */
+    for (int b = 0; b < FB; b++)
+        f->kvl[b] = FTK - b;
+    for (size_t i = 0; i < sizeof f->mask; i++)
+        f->mask[i] = (uint8_t)((i * 7) % 5 != 0);
+    f->p = util_problem(FB, FHQ, FHKV, FTQ, FTK, FDK, FDV);
+    f->p.num_threads = 1;
+    f->tq = util_cview(f->buf[BUF_Q], FHQ, FTQ, FDK);
+    f->tk = util_cview(f->buf[BUF_K], FHKV, FTK, FDK);
+    f->tv = util_cview(f->buf[BUF_V], FHKV, FTK, FDV);
+    f->toin = util_cview(f->buf[BUF_OIN], FHQ, FTQ, FDV);
+    f->tlsein = util_lse_view(f->buf[BUF_LSEIN], FHQ, FTQ);
+    f->tdo = util_cview(f->buf[BUF_DO], FHQ, FTQ, FDV);
+    f->to = util_cview_out(f->buf[BUF_O], FHQ, FTQ, FDV);
+    f->tlse = util_lse_view_out(f->buf[BUF_LSE], FHQ, FTQ);
+    f->tdq = util_cview_out(f->buf[BUF_DQ], FHQ, FTQ, FDK);
+    f->tdk = util_cview_out(f->buf[BUF_DK], FHKV, FTK, FDK);
+    f->tdv = util_cview_out(f->buf[BUF_DV], FHKV, FTK, FDV);
+    f->pp = &f->p;
+    f->q = &f->tq;
+    f->k = &f->tk;
+    f->v = &f->tv;
+    f->oin = &f->toin;
+    f->lsein = &f->tlsein;
+    f->dout = &f->tdo;
+    f->o = &f->to;
+    f->lse = &f->tlse;
+    f->dq = &f->tdq;
+    f->dk = &f->tdk;
+    f->dv = &f->tdv;
+}
+
+/* Enables every optional mask operand (so that aliasing/stride cases on them
+ * are reachable). */
+static void fx_masks(fx *f)
+{
+    f->p.kv_lengths = f->kvl;
+    f->p.bool_mask.data = f->mask;
+    f->p.bool_mask.batch_stride = FHQ * FTQ * FTK;
+    f->p.bool_mask.head_stride = FTQ * FTK;
+    f->p.bool_mask.query_stride = FTK;
+    f->p.bool_mask.key_stride = 1;
+    f->p.bias.data = f->buf[BUF_BIAS];
+    f->p.bias.batch_stride = FHQ * FTQ * FTK;
+    f->p.bias.head_stride = FTQ * FTK;
+    f->p.bias.query_stride = FTK;
+    f->p.bias.key_stride = 1;
+}
+
+static void fx_snapshot(fx *f)
+{
+    for (int i = 0; i < NBUF; i++) {
+        const size_t n = buf_len[i] + 2 * UTIL_GUARD_FLOATS;
+        f->snap[i] = malloc(n * sizeof(float));
+        cr_assert_not_null(f->snap[i]);
+        memcpy(f->snap[i], f->buf[i] - UTIL_GUARD_FLOATS, n * sizeof(float));
+    }
+    memcpy(f->kvl_snap, f->kvl, sizeof f->kvl);
+    memcpy(f->mask_snap, f->mask, sizeof f->mask);
+}
+
+/* 1 if no byte of any buffer (guard zones included) changed since the snapshot. */
+static int fx_untouched(const fx *f, const char *what)
+{
+    int ok = 1;
+    for (int i = 0; i < NBUF; i++) {
+        const size_t n = buf_len[i] + 2 * UTIL_GUARD_FLOATS;
+        if (memcmp(f->snap[i], f->buf[i] - UTIL_GUARD_FLOATS, n * sizeof(float)) != 0) {
+            cr_log_error("%s: buffer %s was modified by a failing call", what, buf_name[i]);
+            ok = 0;
+        }
+    }
+    if (memcmp(f->kvl_snap, f->kvl, sizeof f->kvl) || memcmp(f->mask_snap, f->mask, sizeof f->mask)) {
+        cr_log_error("%s: kv_lengths or the boolean mask was modified", what);
+        ok = 0;
+    }
+    return ok;
+}
+
+static void fx_free(fx *f)
+{
+    for (int i = 0; i < NBUF; i++) {
+        util_gfree(f->buf[i]);
+        free(f->snap[i]);
+    }
+}
+
+static sdpa_status fx_forward(const fx *f)
+{
+    return sdpa_forward(f->pp, f->q, f->k, f->v, f->o, f->lse);
+}
+
+static sdpa_status fx_backward(const fx *f)
+{
+    return sdpa_backward(f->pp, f->q, f->k, f->v, f->oin, f->lsein, f->dout, f->dq, f->dk, f->dv);
+}
+
+/* -------------------------------------------------------------- cases -- */
+
+enum { FWD = 1, BWD = 2, BOTH = 3 };
+
+typedef void (*mutator)(fx *f);
+
+typedef struct api_case {
+    const char *name;
+    mutator mutate;
+    int which;
+    sdpa_status expect;
+} api_case;
+
+/* Runs one case on the forward and/or the backward: the status must be exactly
+ * `expect`; for an error, no buffer may have changed. */
+static void run_case(const api_case *c)
+{
+    for (int pass = FWD; pass <= BWD; pass <<= 1) {
+        if (!(c->which & pass))
+            continue;
+        fx f;
+        fx_init(&f);
+        c->mutate(&f);
+        fx_snapshot(&f);
+        const sdpa_status st = pass == FWD ? fx_forward(&f) : fx_backward(&f);
+        const char *fn = pass == FWD ? "sdpa_forward" : "sdpa_backward";
+        cr_expect_eq(st, c->expect, "%s, case \"%s\": status %d (%s), expected %d (%s)", fn, c->name,
+                     (int)st, sdpa_status_string(st), (int)c->expect, sdpa_status_string(c->expect));
+        if (c->expect != SDPA_OK) {
+            char what[160];
+            snprintf(what, sizeof what, "%s, case \"%s\"", fn, c->name);
+            cr_expect(fx_untouched(&f, what), "%s: outputs or inputs written on error", what);
+        }
+        fx_free(&f);
+    }
+}
+
+static void run_cases(const api_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        run_case(&cases[i]);
+}
+
+#define MUT(name, body)                                                                            \
+    static void mut_##name(fx *f)                                                                  \
+    {                                                                                              \
+        body;                                                                                      \
+    }
+
+/* --- NULL arguments --- */
+MUT(null_problem, f->pp = NULL)
+MUT(null_q, f->q = NULL)
+MUT(null_k, f->k = NULL)
+MUT(null_v, f->v = NULL)
+MUT(null_o, f->o = NULL)
+MUT(null_oin, f->oin = NULL)
+MUT(null_lsein, f->lsein = NULL)
+MUT(null_dout, f->dout = NULL)
+MUT(null_dq, f->dq = NULL)
+MUT(null_dk, f->dk = NULL)
+MUT(null_dv, f->dv = NULL)
+MUT(null_q_data, f->tq.data = NULL)
+MUT(null_k_data, f->tk.data = NULL)
+MUT(null_v_data, f->tv.data = NULL)
+MUT(null_o_data, f->to.data = NULL)
+MUT(null_oin_data, f->toin.data = NULL)
+MUT(null_lsein_data, f->tlsein.data = NULL)
+MUT(null_dout_data, f->tdo.data = NULL)
+MUT(null_dq_data, f->tdq.data = NULL)
+MUT(null_dk_data, f->tdk.data = NULL)
+MUT(null_dv_data, f->tdv.data = NULL)
+/* LSE is optional in the forward: a NULL view or a NULL data pointer. */
+MUT(fwd_no_lse, f->lse = NULL)
+MUT(fwd_lse_data_null, f->tlse.data = NULL)
+
+Test(api, null_arguments)
+{
+    const api_case cases[] = {
+        {"problem NULL", mut_null_problem, BOTH, SDPA_ERR_NULL_ARGUMENT},
+        {"q view NULL", mut_null_q, BOTH, SDPA_ERR_NULL_ARGUMENT},
+        {"k view NULL", mut_null_k, BOTH, SDPA_ERR_NULL_ARGUMENT},
+        {"v view NULL", mut_null_v, BOTH, SDPA_ERR_NULL_ARGUMENT},
+        {"o view NULL", mut_null_o, FWD, SDPA_ERR_NULL_ARGUMENT},
+        {"o (input) view NULL", mut_null_oin, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"lse view NULL (required by backward)", mut_null_lsein, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"dout view NULL", mut_null_dout, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"dq view NULL", mut_null_dq, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"dk view NULL", mut_null_dk, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"dv view NULL", mut_null_dv, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"q data NULL", mut_null_q_data, BOTH, SDPA_ERR_NULL_ARGUMENT},
+        {"k data NULL", mut_null_k_data, BOTH, SDPA_ERR_NULL_ARGUMENT},
+        {"v data NULL", mut_null_v_data, BOTH, SDPA_ERR_NULL_ARGUMENT},
+        {"o data NULL", mut_null_o_data, FWD, SDPA_ERR_NULL_ARGUMENT},
+        {"o (input) data NULL", mut_null_oin_data, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"lse (input) data NULL", mut_null_lsein_data, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"dout data NULL", mut_null_dout_data, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"dq data NULL", mut_null_dq_data, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"dk data NULL", mut_null_dk_data, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"dv data NULL", mut_null_dv_data, BWD, SDPA_ERR_NULL_ARGUMENT},
+        {"forward without lse view", mut_fwd_no_lse, FWD, SDPA_OK},
+        {"forward with lse data NULL", mut_fwd_lse_data_null, FWD, SDPA_OK},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* --- descriptor --- */
+MUT(struct_size_small, f->p.struct_size = (uint32_t)sizeof(sdpa_problem) - 8)
+MUT(struct_size_big, f->p.struct_size = (uint32_t)sizeof(sdpa_problem) + 8)
+MUT(struct_size_zero, f->p.struct_size = 0)
+MUT(reserved0, f->p.reserved0 = 1)
+MUT(reserved_first, f->p.reserved[0] = 1)
+MUT(reserved_last, f->p.reserved[7] = 0x8000000000000000ull)
+MUT(causal_3, f->p.causal = (sdpa_causal)3)
+MUT(causal_neg, f->p.causal = (sdpa_causal)-1)
+MUT(align_2, f->p.window_alignment = (sdpa_alignment)2)
+MUT(align_neg, f->p.window_alignment = (sdpa_alignment)-1)
+MUT(default_scale_2, f->p.use_default_scale = 2)
+MUT(default_scale_neg, f->p.use_default_scale = -1)
+MUT(isa_count, f->p.isa = (sdpa_isa)SDPA_ISA_COUNT)
+MUT(isa_minus2, f->p.isa = (sdpa_isa)-2)
+MUT(isa_big, f->p.isa = (sdpa_isa)1000)
+
+Test(api, bad_descriptor)
+{
+    const api_case cases[] = {
+        {"struct_size too small", mut_struct_size_small, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"struct_size too big", mut_struct_size_big, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"struct_size 0 (not initialised)", mut_struct_size_zero, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"reserved0 nonzero", mut_reserved0, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"reserved[0] nonzero", mut_reserved_first, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"reserved[7] nonzero", mut_reserved_last, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"causal = 3", mut_causal_3, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"causal = -1", mut_causal_neg, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"window_alignment = 2", mut_align_2, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"window_alignment = -1", mut_align_neg, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"use_default_scale = 2", mut_default_scale_2, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"use_default_scale = -1", mut_default_scale_neg, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"isa = SDPA_ISA_COUNT", mut_isa_count, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"isa = -2", mut_isa_minus2, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"isa = 1000", mut_isa_big, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* --- sizes and head grouping --- */
+MUT(neg_b, f->p.batch = -1)
+MUT(neg_hq, f->p.q_heads = -4)
+MUT(neg_hkv, f->p.kv_heads = -2)
+MUT(neg_tq, f->p.q_len = -1)
+MUT(neg_tk, f->p.kv_len = -1)
+MUT(neg_dk, f->p.head_dim_qk = -8)
+MUT(neg_dv, f->p.head_dim_v = -1)
+MUT(min_tk, f->p.kv_len = INT64_MIN)
+MUT(hq_not_multiple, f->p.kv_heads = 3)
+MUT(hq_less_than_hkv, (f->p.q_heads = 2, f->p.kv_heads = 4))
+MUT(hkv_zero, f->p.kv_heads = 0)
+MUT(hq_hkv_zero, (f->p.q_heads = 0, f->p.kv_heads = 0))
+MUT(mqa, f->p.kv_heads = 1)
+
+Test(api, sizes_and_head_grouping)
+{
+    const api_case cases[] = {
+        {"batch -1", mut_neg_b, BOTH, SDPA_ERR_NEGATIVE_SIZE},
+        {"q_heads -4", mut_neg_hq, BOTH, SDPA_ERR_NEGATIVE_SIZE},
+        {"kv_heads -2", mut_neg_hkv, BOTH, SDPA_ERR_NEGATIVE_SIZE},
+        {"q_len -1", mut_neg_tq, BOTH, SDPA_ERR_NEGATIVE_SIZE},
+        {"kv_len -1", mut_neg_tk, BOTH, SDPA_ERR_NEGATIVE_SIZE},
+        {"head_dim_qk -8", mut_neg_dk, BOTH, SDPA_ERR_NEGATIVE_SIZE},
+        {"head_dim_v -1", mut_neg_dv, BOTH, SDPA_ERR_NEGATIVE_SIZE},
+        {"kv_len INT64_MIN", mut_min_tk, BOTH, SDPA_ERR_NEGATIVE_SIZE},
+        {"Hq = 4, Hkv = 3", mut_hq_not_multiple, BOTH, SDPA_ERR_HEAD_GROUPING},
+        {"Hq = 2, Hkv = 4", mut_hq_less_than_hkv, BOTH, SDPA_ERR_HEAD_GROUPING},
+        {"Hq = 4, Hkv = 0", mut_hkv_zero, BOTH, SDPA_ERR_HEAD_GROUPING},
+        {"Hq = Hkv = 0", mut_hq_hkv_zero, BOTH, SDPA_OK},
+        {"Hq = 4, Hkv = 1 (MQA)", mut_mqa, BOTH, SDPA_OK},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* --- scale --- */
+MUT(scale_nan, (f->p.use_default_scale = 0, f->p.scale = NAN))
+MUT(scale_inf, (f->p.use_default_scale = 0, f->p.scale = INFINITY))
+MUT(scale_ninf, (f->p.use_default_scale = 0, f->p.scale = -INFINITY))
+MUT(default_scale_dk0, f->p.head_dim_qk = 0)
+MUT(scale_zero, (f->p.use_default_scale = 0, f->p.scale = 0.0f))
+MUT(scale_negzero, (f->p.use_default_scale = 0, f->p.scale = -0.0f))
+MUT(scale_negative, (f->p.use_default_scale = 0, f->p.scale = -0.75f))
+MUT(scale_huge, (f->p.use_default_scale = 0, f->p.scale = 3.0e38f))
+MUT(explicit_scale_dk0, (f->p.head_dim_qk = 0, f->p.use_default_scale = 0, f->p.scale = 1.0f))
+MUT(default_nan_ignored, (f->p.use_default_scale = 1, f->p.scale = NAN))
+
+Test(api, scale)
+{
+    const api_case cases[] = {
+        {"scale NaN", mut_scale_nan, BOTH, SDPA_ERR_BAD_SCALE},
+        {"scale +inf", mut_scale_inf, BOTH, SDPA_ERR_BAD_SCALE},
+        {"scale -inf", mut_scale_ninf, BOTH, SDPA_ERR_BAD_SCALE},
+        {"default scale with Dk = 0", mut_default_scale_dk0, BOTH, SDPA_ERR_BAD_SCALE},
+        {"scale 0", mut_scale_zero, BOTH, SDPA_OK},
+        {"scale -0", mut_scale_negzero, BOTH, SDPA_OK},
+        {"scale -0.75", mut_scale_negative, BOTH, SDPA_OK},
+        {"scale 3e38 (finite)", mut_scale_huge, BOTH, SDPA_OK},
+        {"explicit scale with Dk = 0", mut_explicit_scale_dk0, BOTH, SDPA_OK},
+        {"default scale ignores a NaN in .scale", mut_default_nan_ignored, BOTH, SDPA_OK},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* --- strides (negative, self-overlapping outputs) --- */
+
+/* Which stride of which view a generated case changes. */
+typedef struct stride_target {
+    const char *name;
+    int which;
+    size_t off; /* offset of the view inside fx */
+    int is_out;
+} stride_target;
+
+#define IN_T(field, w) {#field, w, offsetof(fx, field), 0}
+#define OUT_T(field, w) {#field, w, offsetof(fx, field), 1}
+static const stride_target stride_targets[] = {
+    IN_T(tq, BOTH),     IN_T(tk, BOTH),      IN_T(tv, BOTH),     IN_T(toin, BWD),
+    IN_T(tlsein, BWD),  IN_T(tdo, BWD),      OUT_T(to, FWD),     OUT_T(tlse, FWD),
+    OUT_T(tdq, BWD),    OUT_T(tdk, BWD),     OUT_T(tdv, BWD),
+};
+
+static int64_t *stride_ptr(fx *f, const stride_target *t, int dim)
+{
+    char *base = (char *)f + t->off;
+    if (t->is_out) {
+        sdpa_tensor_out *v = (sdpa_tensor_out *)(void *)base;
+        return dim == 0 ? &v->batch_stride : dim == 1 ? &v->head_stride : &v->seq_stride;
+    }
+    sdpa_tensor *v = (sdpa_tensor *)(void *)base;
+    return dim == 0 ? &v->batch_stride : dim == 1 ? &v->head_stride : &v->seq_stride;
+}
+
+static void run_stride_case(const stride_target *t, int dim, int64_t value, sdpa_status expect,
+                            const char *why)
+{
+    for (int pass = FWD; pass <= BWD; pass <<= 1) {
+        if (!(t->which & pass))
+            continue;
+        fx f;
+        fx_init(&f);
+        *stride_ptr(&f, t, dim) = value;
+        fx_snapshot(&f);
+        const sdpa_status st = pass == FWD ? fx_forward(&f) : fx_backward(&f);
+        static const char *dn[3] = {"batch", "head", "seq"};
+        char what[200];
+        snprintf(what, sizeof what, "%s: %s.%s_stride = %lld (%s)",
+                 pass == FWD ? "sdpa_forward" : "sdpa_backward", t->name, dn[dim], (long long)value, why);
+        cr_expect_eq(st, expect, "%s: status %d (%s), expected %d", what, (int)st, sdpa_status_string(st),
+                     (int)expect);
+        if (expect != SDPA_OK)
+            cr_expect(fx_untouched(&f, what), "%s: buffers written on error", what);
+        fx_free(&f);
+    }
+}
+
+Test(api, negative_strides)
+{
+    for (size_t i = 0; i < sizeof stride_targets / sizeof stride_targets[0]; i++)
+        for (int dim = 0; dim < 3; dim++) {
+            run_stride_case(&stride_targets[i], dim, -1, SDPA_ERR_BAD_STRIDE, "negative");
+            run_stride_case(&stride_targets[i], dim, INT64_MIN, SDPA_ERR_BAD_STRIDE, "INT64_MIN");
+        }
+}
+
+Test(api, self_overlapping_outputs)
+{
+    for (size_t i = 0; i < sizeof stride_targets / sizeof stride_targets[0]; i++) {
+        const stride_target *t = &stride_targets[i];
+        if (!t->is_out)
+            continue;
+        const int is_lse = strcmp(t->name, "tlse") == 0;
+        /* Broadcasting an output (stride 0 on a dimension of size > 1) writes the
+         * same place twice. */
+        for (int dim = 0; dim < 3; dim++)
+            run_stride_case(t, dim, 0, SDPA_ERR_BAD_STRIDE, "broadcast output");
+        /* Rows closer than a row's length. */
+        if (!is_lse)
+            run_stride_case(t, 2, 1, SDPA_ERR_BAD_STRIDE, "rows overlap");
+        /* Heads closer than a head's extent. */
+        run_stride_case(t, 1, is_lse ? 2 : 7, SDPA_ERR_BAD_STRIDE, "heads overlap");
+    }
+    /* Inputs may broadcast. */
+    for (size_t i = 0; i < sizeof stride_targets / sizeof stride_targets[0]; i++) {
+        const stride_target *t = &stride_targets[i];
+        if (t->is_out)
+            continue;
+        for (int dim = 0; dim < 3; dim++)
+            run_stride_case(t, dim, 0, SDPA_OK, "broadcast input");
+    }
+}
+
+/* Interleaved but non-overlapping outputs are fine: O stored as [B, T, H, D]. */
+MUT(o_bthd, (f->to.seq_stride = FHQ * FDV, f->to.head_stride = FDV))
+MUT(dq_bthd, (f->tdq.seq_stride = FHQ * FDK, f->tdq.head_stride = FDK))
+/* Bool mask / bias strides. */
+MUT(mask_neg_stride, (fx_masks(f), f->p.bool_mask.key_stride = -1))
+MUT(mask_neg_batch_stride, (fx_masks(f), f->p.bool_mask.batch_stride = -5))
+MUT(bias_neg_stride, (fx_masks(f), f->p.bias.query_stride = -1))
+MUT(bias_neg_head_stride, (fx_masks(f), f->p.bias.head_stride = -1))
+MUT(mask_neg_stride_no_data, (f->p.bool_mask.key_stride = -1))
+MUT(masks_broadcast, (fx_masks(f), f->p.bool_mask.batch_stride = 0, f->p.bool_mask.head_stride = 0,
+                      f->p.bias.query_stride = 0, f->p.bias.head_stride = 0))
+
+Test(api, strides_misc)
+{
+    const api_case cases[] = {
+        {"O as [B, T, H, D]", mut_o_bthd, FWD, SDPA_OK},
+        {"dQ as [B, T, H, D]", mut_dq_bthd, BWD, SDPA_OK},
+        {"bool mask key_stride -1", mut_mask_neg_stride, BOTH, SDPA_ERR_BAD_STRIDE},
+        {"bool mask batch_stride -5", mut_mask_neg_batch_stride, BOTH, SDPA_ERR_BAD_STRIDE},
+        {"bias query_stride -1", mut_bias_neg_stride, BOTH, SDPA_ERR_BAD_STRIDE},
+        {"bias head_stride -1", mut_bias_neg_head_stride, BOTH, SDPA_ERR_BAD_STRIDE},
+        {"bool mask stride -1 but no mask data (ignored)", mut_mask_neg_stride_no_data, BOTH, SDPA_OK},
+        {"mask and bias broadcast with stride 0", mut_masks_broadcast, BOTH, SDPA_OK},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* --- window, kv_lengths, threads, ISA, block sizes --- */
+MUT(wl_m2, f->p.window_left = -2)
+MUT(wr_m2, f->p.window_right = -2)
+MUT(wl_min, f->p.window_left = INT64_MIN)
+MUT(wl_m2_causal, (f->p.causal = SDPA_CAUSAL_TOP_LEFT, f->p.window_left = -3))
+MUT(w_zero, (f->p.window_left = 0, f->p.window_right = 0))
+MUT(w_huge, (f->p.window_left = INT64_MAX, f->p.window_right = INT64_MAX))
+MUT(kvl_neg, (f->p.kv_lengths = f->kvl, f->kvl[1] = -1))
+MUT(kvl_big, (f->p.kv_lengths = f->kvl, f->kvl[0] = FTK + 1))
+MUT(kvl_min, (f->p.kv_lengths = f->kvl, f->kvl[1] = INT32_MIN))
+MUT(kvl_edges, (f->p.kv_lengths = f->kvl, f->kvl[0] = 0, f->kvl[1] = FTK))
+MUT(threads_neg, f->p.num_threads = -1)
+MUT(threads_min, f->p.num_threads = INT32_MIN)
+MUT(threads_zero, f->p.num_threads = 0)
+MUT(threads_many, f->p.num_threads = 64)
+MUT(bq_neg, f->p.block_q = -1)
+MUT(bk_neg, f->p.block_k = -16)
+MUT(bq_big, f->p.block_q = SDPA_MAX_BLOCK + 1)
+MUT(bk_big, f->p.block_k = SDPA_MAX_BLOCK + 1)
+MUT(blocks_one, (f->p.block_q = 1, f->p.block_k = 1))
+MUT(blocks_max, (f->p.block_q = SDPA_MAX_BLOCK, f->p.block_k = SDPA_MAX_BLOCK))
+MUT(blocks_odd, (f->p.block_q = 3, f->p.block_k = 5))
+
+Test(api, window_kvlen_threads_blocks)
+{
+    const api_case cases[] = {
+        {"window_left -2", mut_wl_m2, BOTH, SDPA_ERR_BAD_WINDOW},
+        {"window_right -2", mut_wr_m2, BOTH, SDPA_ERR_BAD_WINDOW},
+        {"window_left INT64_MIN", mut_wl_min, BOTH, SDPA_ERR_BAD_WINDOW},
+        {"window_left -3 with causal", mut_wl_m2_causal, BOTH, SDPA_ERR_BAD_WINDOW},
+        {"window 0/0 (diagonal only)", mut_w_zero, BOTH, SDPA_OK},
+        {"window INT64_MAX", mut_w_huge, BOTH, SDPA_OK},
+        {"kv_lengths[1] = -1", mut_kvl_neg, BOTH, SDPA_ERR_BAD_KV_LENGTH},
+        {"kv_lengths[0] = Tk + 1", mut_kvl_big, BOTH, SDPA_ERR_BAD_KV_LENGTH},
+        {"kv_lengths[1] = INT32_MIN", mut_kvl_min, BOTH, SDPA_ERR_BAD_KV_LENGTH},
+        {"kv_lengths {0, Tk}", mut_kvl_edges, BOTH, SDPA_OK},
+        {"num_threads -1", mut_threads_neg, BOTH, SDPA_ERR_BAD_THREADS},
+        {"num_threads INT32_MIN", mut_threads_min, BOTH, SDPA_ERR_BAD_THREADS},
+        {"num_threads 0 (default)", mut_threads_zero, BOTH, SDPA_OK},
+        {"num_threads 64", mut_threads_many, BOTH, SDPA_OK},
+        {"block_q -1", mut_bq_neg, BOTH, SDPA_ERR_BAD_BLOCK_SIZE},
+        {"block_k -16", mut_bk_neg, BOTH, SDPA_ERR_BAD_BLOCK_SIZE},
+        {"block_q MAX+1", mut_bq_big, BOTH, SDPA_ERR_BAD_BLOCK_SIZE},
+        {"block_k MAX+1", mut_bk_big, BOTH, SDPA_ERR_BAD_BLOCK_SIZE},
+        {"blocks 1/1", mut_blocks_one, BOTH, SDPA_OK},
+        {"blocks MAX/MAX", mut_blocks_max, BOTH, SDPA_OK},
+        {"blocks 3/5", mut_blocks_odd, BOTH, SDPA_OK},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+static sdpa_isa api_case_isa;
+MUT(set_isa, f->p.isa = api_case_isa)
+
+Test(api, isa_per_call)
+{
+    const sdpa_isa all[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
+    int unsupported = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        api_case_isa = all[i];
+        char name[64];
+        snprintf(name, sizeof name, "isa = %s", sdpa_isa_name(all[i]));
+        const int ok = sdpa_isa_supported(all[i]);
+        unsupported += !ok;
+        const api_case c = {name, mut_set_isa, BOTH, ok ? SDPA_OK : SDPA_ERR_ISA_UNAVAILABLE};
+        run_case(&c);
+    }
+    /* Every build lacks the other architecture's ISA. */
+    cr_expect(unsupported >= 1);
+#if defined(__x86_64__)
+    cr_expect(!sdpa_isa_supported(SDPA_ISA_NEON));
+#endif
+}
+
+/* --- aliasing --- */
+MUT(o_is_q, f->to.data = f->buf[BUF_Q])
+MUT(o_in_k, f->to.data = f->buf[BUF_K] + 5)
+/* O's last element on V's first: both placed in one arena so that nothing
+ * outside an allocation is ever addressed. */
+static float alias_arena[FB * FHQ * FTQ * FDV + FB * FHKV * FTK * FDV];
+MUT(o_tail_over_v, (memcpy(alias_arena + FB * FHQ * FTQ * FDV - 1, f->buf[BUF_V],
+                           sizeof(float) * FB * FHKV * FTK * FDV),
+                    f->tv.data = alias_arena + FB * FHQ * FTQ * FDV - 1, f->to.data = alias_arena))
+MUT(lse_in_o, f->tlse.data = f->buf[BUF_O] + FB * FHQ * FTQ * FDV - 1)
+MUT(lse_is_q, f->tlse.data = f->buf[BUF_Q] + 3)
+MUT(o_over_bias, (fx_masks(f), f->to.data = f->buf[BUF_BIAS]))
+/* Mask operands placed inside an output buffer (copies of the real ones). */
+MUT(o_over_kvl, (fx_masks(f), memcpy(f->buf[BUF_O] + 10, f->kvl, sizeof f->kvl),
+                 f->p.kv_lengths = (const int32_t *)(void *)(f->buf[BUF_O] + 10)))
+MUT(o_over_mask, (fx_masks(f), memcpy(f->buf[BUF_O] + 4, f->mask, sizeof f->mask),
+                  f->p.bool_mask.data = (const uint8_t *)(void *)(f->buf[BUF_O] + 4)))
+MUT(dq_is_q, f->tdq.data = f->buf[BUF_Q])
+MUT(dk_is_dq, f->tdk.data = f->buf[BUF_DQ] + 8)
+MUT(dv_is_dk, f->tdv.data = f->buf[BUF_DK])
+MUT(dv_over_dout, f->tdv.data = f->buf[BUF_DO] + 1)
+MUT(lse_in_dq, f->tlsein.data = f->buf[BUF_DQ] + 3)
+MUT(dk_over_oin, f->tdk.data = f->buf[BUF_OIN] + 17)
+MUT(v_in_dq, f->tv.data = f->buf[BUF_DQ] + 10)
+MUT(dv_over_bias, (fx_masks(f), f->tdv.data = f->buf[BUF_BIAS] + 2))
+MUT(dk_over_kvl, (fx_masks(f), memcpy(f->buf[BUF_DK] + 100, f->kvl, sizeof f->kvl),
+                  f->p.kv_lengths = (const int32_t *)(void *)(f->buf[BUF_DK] + 100)))
+/* Adjacent (touching, not overlapping) buffers are fine: O right after Q's last element. */
+static float adjacent_store[FB * FHQ * FTQ * FDK + FB * FHQ * FTQ * FDV];
+MUT(o_adjacent_q, (memcpy(adjacent_store, f->buf[BUF_Q], sizeof(float) * FB * FHQ * FTQ * FDK),
+                   f->tq.data = adjacent_store, f->to.data = adjacent_store + FB * FHQ * FTQ * FDK))
+/* Inputs may alias each other (self-attention with Q = K = V). */
+MUT(qkv_same, (f->tk.data = f->buf[BUF_Q], f->tv.data = f->buf[BUF_Q], f->p.kv_heads = FHQ,
+               f->p.kv_len = FTQ, f->p.head_dim_v = FDK, f->tk = f->tq, f->tv = f->tq,
+               f->to.head_stride = FTQ * FDK, f->to.batch_stride = FHQ * FTQ * FDK,
+               f->to.seq_stride = FDK, f->to.data = f->buf[BUF_DQ]))
+
+Test(api, aliasing)
+{
+    const api_case cases[] = {
+        {"O == Q", mut_o_is_q, FWD, SDPA_ERR_ALIASING},
+        {"O inside K", mut_o_in_k, FWD, SDPA_ERR_ALIASING},
+        {"last element of O on V[0]", mut_o_tail_over_v, FWD, SDPA_ERR_ALIASING},
+        {"LSE on the last element of O", mut_lse_in_o, FWD, SDPA_ERR_ALIASING},
+        {"LSE inside Q", mut_lse_is_q, FWD, SDPA_ERR_ALIASING},
+        {"O over the bias", mut_o_over_bias, FWD, SDPA_ERR_ALIASING},
+        {"O over kv_lengths", mut_o_over_kvl, FWD, SDPA_ERR_ALIASING},
+        {"O over the bool mask", mut_o_over_mask, FWD, SDPA_ERR_ALIASING},
+        {"dQ == Q", mut_dq_is_q, BWD, SDPA_ERR_ALIASING},
+        {"dK inside dQ", mut_dk_is_dq, BWD, SDPA_ERR_ALIASING},
+        {"dV == dK", mut_dv_is_dk, BWD, SDPA_ERR_ALIASING},
+        {"dV over dO", mut_dv_over_dout, BWD, SDPA_ERR_ALIASING},
+        {"LSE (input) inside dQ", mut_lse_in_dq, BWD, SDPA_ERR_ALIASING},
+        {"dK over O", mut_dk_over_oin, BWD, SDPA_ERR_ALIASING},
+        {"V inside dQ", mut_v_in_dq, BWD, SDPA_ERR_ALIASING},
+        {"dV over the bias", mut_dv_over_bias, BWD, SDPA_ERR_ALIASING},
+        {"dK over kv_lengths", mut_dk_over_kvl, BWD, SDPA_ERR_ALIASING},
+        {"O directly after Q (touching)", mut_o_adjacent_q, FWD, SDPA_OK},
+        {"Q = K = V (inputs may alias)", mut_qkv_same, FWD, SDPA_OK},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* --- extents that overflow --- */
+MUT(q_batch_huge, f->tq.batch_stride = INT64_MAX / 2)
+MUT(q_seq_huge, f->tq.seq_stride = INT64_MAX / 3)
+MUT(k_head_bytes, f->tk.head_stride = INT64_MAX / 3) /* elements fit, bytes do not */
+MUT(v_seq_max, f->tv.seq_stride = INT64_MAX)
+MUT(o_head_huge, f->to.head_stride = INT64_MAX / 2)
+MUT(lse_seq_huge, f->tlse.seq_stride = INT64_MAX / 4)
+MUT(dq_batch_huge, f->tdq.batch_stride = INT64_MAX / 2)
+MUT(dk_seq_huge, f->tdk.seq_stride = INT64_MAX / 5)
+MUT(dv_head_huge, f->tdv.head_stride = INT64_MAX)
+MUT(dout_seq_huge, f->tdo.seq_stride = INT64_MAX / 4)
+MUT(tq_huge, f->p.q_len = INT64_MAX / 2)
+MUT(tk_huge, f->p.kv_len = INT64_MAX)
+MUT(b_huge, f->p.batch = ((int64_t)1 << 62))
+MUT(dk_huge, (f->p.head_dim_qk = (int64_t)1 << 40, f->p.use_default_scale = 0, f->p.scale = 1.0f))
+MUT(dv_huge, f->p.head_dim_v = INT64_MAX)
+MUT(bias_stride_huge, (fx_masks(f), f->p.bias.key_stride = INT64_MAX / 2))
+MUT(mask_stride_huge, (fx_masks(f), f->p.bool_mask.query_stride = INT64_MAX / 3))
+
+Test(api, size_overflow)
+{
+    const api_case cases[] = {
+        {"Q batch stride INT64_MAX/2", mut_q_batch_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"Q seq stride INT64_MAX/3", mut_q_seq_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"K head stride INT64_MAX/3 (bytes overflow)", mut_k_head_bytes, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"V seq stride INT64_MAX", mut_v_seq_max, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"O head stride INT64_MAX/2", mut_o_head_huge, FWD, SDPA_ERR_SIZE_OVERFLOW},
+        {"LSE seq stride INT64_MAX/4", mut_lse_seq_huge, FWD, SDPA_ERR_SIZE_OVERFLOW},
+        {"dQ batch stride INT64_MAX/2", mut_dq_batch_huge, BWD, SDPA_ERR_SIZE_OVERFLOW},
+        {"dK seq stride INT64_MAX/5", mut_dk_seq_huge, BWD, SDPA_ERR_SIZE_OVERFLOW},
+        {"dV head stride INT64_MAX", mut_dv_head_huge, BWD, SDPA_ERR_SIZE_OVERFLOW},
+        {"dO seq stride INT64_MAX/4", mut_dout_seq_huge, BWD, SDPA_ERR_SIZE_OVERFLOW},
+        {"Tq INT64_MAX/2", mut_tq_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"Tk INT64_MAX", mut_tk_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"B 2^62", mut_b_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"Dk 2^40", mut_dk_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"Dv INT64_MAX", mut_dv_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"bias key stride INT64_MAX/2", mut_bias_stride_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"bool mask query stride INT64_MAX/3", mut_mask_stride_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ------------------------------------------------------ strings, version -- */
+
+Test(api, status_strings)
+{
+    const int lo = SDPA_ERR_BAD_BLOCK_SIZE; /* the most negative code */
+    const char *seen[32];
+    int n = 0;
+    for (int s = 0; s >= lo; s--) {
+        const char *str = sdpa_status_string((sdpa_status)s);
+        cr_assert_not_null(str, "code %d", s);
+        cr_assert(str[0] != '\0', "code %d: empty string", s);
+        cr_assert_str_neq(str, "unknown status", "code %d has no description", s);
+        for (int j = 0; j < n; j++)
+            cr_assert_str_neq(str, seen[j], "codes %d and %d share \"%s\"", s, -j, str);
+        seen[n++] = str;
+    }
+    const int others[] = {1, 2, lo - 1, -100, 1000, INT32_MIN, INT32_MAX};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        const char *str = sdpa_status_string((sdpa_status)others[i]);
+        cr_assert_not_null(str);
+        cr_assert_str_eq(str, "unknown status", "code %d gives \"%s\"", others[i], str);
+    }
+}
+
+Test(api, version)
+{
+    char want[64];
+    snprintf(want, sizeof want, "%d.%d.%d", SDPA_VERSION_MAJOR, SDPA_VERSION_MINOR, SDPA_VERSION_PATCH);
+    cr_assert_not_null(sdpa_version());
+    cr_assert_str_eq(sdpa_version(), want);
+    cr_assert_eq(sdpa_version_number(), (unsigned)SDPA_VERSION);
+    cr_assert_eq(SDPA_VERSION_GET_MAJOR(sdpa_version_number()), SDPA_VERSION_MAJOR);
+    cr_assert_eq(SDPA_VERSION_GET_MINOR(sdpa_version_number()), SDPA_VERSION_MINOR);
+    cr_assert_eq(SDPA_VERSION_GET_PATCH(sdpa_version_number()), SDPA_VERSION_PATCH);
+    cr_assert_eq(SDPA_MAKE_VERSION(1, 2, 3), 0x010203);
+}
+
+Test(api, problem_init_defaults)
+{
+    sdpa_problem p;
+    memset(&p, 0xab, sizeof p);
+    sdpa_problem_init(&p);
+    cr_assert_eq(p.struct_size, sizeof(sdpa_problem));
+    cr_assert_eq(p.reserved0, 0);
+    cr_assert_eq(p.batch, 0);
+    cr_assert_eq(p.q_heads, 0);
+    cr_assert_eq(p.kv_heads, 0);
+    cr_assert_eq(p.q_len, 0);
+    cr_assert_eq(p.kv_len, 0);
+    cr_assert_eq(p.head_dim_qk, 0);
+    cr_assert_eq(p.head_dim_v, 0);
+    cr_assert_eq(p.use_default_scale, 1);
+    cr_assert_eq(p.causal, SDPA_CAUSAL_NONE);
+    cr_assert_eq(p.window_alignment, SDPA_ALIGN_TOP_LEFT);
+    cr_assert_eq(p.window_left, SDPA_WINDOW_UNBOUNDED);
+    cr_assert_eq(p.window_right, SDPA_WINDOW_UNBOUNDED);
+    cr_assert_null(p.kv_lengths);
+    cr_assert_null(p.bool_mask.data);
+    cr_assert_null(p.bias.data);
+    cr_assert_eq(p.num_threads, 0);
+    cr_assert_eq(p.isa, SDPA_ISA_AUTO);
+    cr_assert_eq(p.block_q, 0);
+    cr_assert_eq(p.block_k, 0);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(p.reserved[i], 0);
+    sdpa_problem_init(NULL); /* ignored, no crash */
+    /* An all-zero problem is valid (empty). */
+    cr_assert_eq(sdpa_forward(&p, &(sdpa_tensor){0}, &(sdpa_tensor){0}, &(sdpa_tensor){0},
+                              &(sdpa_tensor_out){0}, NULL),
+                 SDPA_ERR_BAD_SCALE, "default scale with Dk = 0 must be refused even when empty");
+    p.use_default_scale = 0;
+    p.scale = 1.0f;
+    cr_assert_eq(sdpa_forward(&p, &(sdpa_tensor){0}, &(sdpa_tensor){0}, &(sdpa_tensor){0},
+                              &(sdpa_tensor_out){0}, NULL),
+                 SDPA_OK);
+}
+
+/* ------------------------------------------------------- zero-sized -- */
+
+/* Runs forward and backward of p (contiguous tensors, guarded buffers with the
+ * sentinel), on every supported ISA, and checks that exactly the contract's
+ * elements are written:
+ *   O: 0 where the row has no key (Tk = 0), else untouched if empty;
+ *   LSE: -inf when Tk = 0, ref value otherwise;
+ *   dQ: 0 in full when Tk = 0; dK, dV: 0 in full when Tq = 0; dQ = dK = 0 when Dv = 0. */
+static void check_zero_sized(const char *name, sdpa_problem p, int null_data)
+{
+    const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Tq = p.q_len, Tk = p.kv_len;
+    const int64_t Dk = p.head_dim_qk, Dv = p.head_dim_v;
+    const size_t nq = (size_t)(B * Hq * Tq * Dk), nk = (size_t)(B * Hkv * Tk * Dk),
+                 nv = (size_t)(B * Hkv * Tk * Dv), no = (size_t)(B * Hq * Tq * Dv),
+                 nl = (size_t)(B * Hq * Tq);
+    util_rng r;
+    util_rng_init(&r, 99);
+    float *q = util_galloc(nq), *k = util_galloc(nk), *v = util_galloc(nv), *dout = util_galloc(no);
+    util_fill_uniform(&r, q, nq, -1, 1);
+    util_fill_uniform(&r, k, nk, -1, 1);
+    util_fill_uniform(&r, v, nv, -1, 1);
+    util_fill_uniform(&r, dout, no, -1, 1);
+    double *ro = calloc(no + 1, sizeof(double)), *rl = calloc(nl + 1, sizeof(double));
+    ref_forward(&p, q, k, v, ro, rl);
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int ni = util_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        p.isa = isas[ii];
+        float *o = util_galloc(no), *lse = util_galloc(nl);
+        float *dq = util_galloc(nq), *dk = util_galloc(nk), *dv = util_galloc(nv);
+        /* null_data: every empty tensor gets a NULL data pointer */
+        const sdpa_tensor tq = util_cview(null_data && !nq ? NULL : q, Hq, Tq, Dk);
+        const sdpa_tensor tk = util_cview(null_data && !nk ? NULL : k, Hkv, Tk, Dk);
+        const sdpa_tensor tv = util_cview(null_data && !nv ? NULL : v, Hkv, Tk, Dv);
+        const sdpa_tensor_out to = util_cview_out(null_data && !no ? NULL : o, Hq, Tq, Dv);
+        const sdpa_tensor_out tl = util_lse_view_out(null_data && !nl ? NULL : lse, Hq, Tq);
+        char what[200];
+        snprintf(what, sizeof what, "%s (%s%s)", name, sdpa_isa_name(isas[ii]),
+                 null_data ? ", NULL data" : "");
+        cr_expect_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK, "%s: forward", what);
+        for (size_t i = 0; i < no; i++)
+            cr_expect(Tk == 0 ? (o[i] == 0.0f && !signbit(o[i])) : fabs(o[i] - ro[i]) < 1e-5,
+                      "%s: O[%zu] = %g", what, i, (double)o[i]);
+        for (size_t i = 0; i < nl; i++)
+            cr_expect(Tk == 0 ? (lse[i] == -INFINITY) : fabs(lse[i] - rl[i]) < 1e-5, "%s: LSE[%zu] = %g",
+                      what, i, (double)lse[i]);
+        cr_expect(util_gintact(o, what) && util_gintact(lse, what), "%s: guard zones", what);
+
+        const sdpa_tensor too = util_cview(null_data && !no ? NULL : o, Hq, Tq, Dv);
+        const sdpa_tensor tli = util_lse_view(null_data && !nl ? NULL : lse, Hq, Tq);
+        const sdpa_tensor tdo = util_cview(null_data && !no ? NULL : dout, Hq, Tq, Dv);
+        const sdpa_tensor_out tdq = util_cview_out(null_data && !nq ? NULL : dq, Hq, Tq, Dk);
+        const sdpa_tensor_out tdk = util_cview_out(null_data && !nk ? NULL : dk, Hkv, Tk, Dk);
+        const sdpa_tensor_out tdv = util_cview_out(null_data && !nv ? NULL : dv, Hkv, Tk, Dv);
+        cr_expect_eq(sdpa_backward(&p, &tq, &tk, &tv, &too, &tli, &tdo, &tdq, &tdk, &tdv), SDPA_OK,
+                     "%s: backward", what);
+        /* With Tk = 0, Tq = 0 or Dv = 0, every gradient that exists is 0. */
+        for (size_t i = 0; i < nq; i++)
+            cr_expect(dq[i] == 0.0f, "%s: dQ[%zu] = %g", what, i, (double)dq[i]);
+        for (size_t i = 0; i < nk; i++)
+            cr_expect(dk[i] == 0.0f, "%s: dK[%zu] = %g", what, i, (double)dk[i]);
+        for (size_t i = 0; i < nv; i++)
+            cr_expect(dv[i] == 0.0f, "%s: dV[%zu] = %g", what, i, (double)dv[i]);
+        cr_expect(util_gintact(dq, what) && util_gintact(dk, what) && util_gintact(dv, what),
+                  "%s: gradient guard zones", what);
+        util_gfree(o);
+        util_gfree(lse);
+        util_gfree(dq);
+        util_gfree(dk);
+        util_gfree(dv);
+    }
+    util_gfree(q);
+    util_gfree(k);
+    util_gfree(v);
+    util_gfree(dout);
+    free(ro);
+    free(rl);
+}
+
+Test(api, zero_sized_problems)
+{
+    for (int null_data = 0; null_data <= 1; null_data++) {
+        check_zero_sized("B = 0", util_problem(0, 2, 1, 5, 6, 4, 3), null_data);
+        check_zero_sized("Hq = Hkv = 0", util_problem(2, 0, 0, 5, 6, 4, 3), null_data);
+        check_zero_sized("Tq = 0", util_problem(2, 2, 1, 0, 6, 4, 3), null_data);
+        check_zero_sized("Tk = 0", util_problem(2, 2, 1, 5, 0, 4, 3), null_data);
+        check_zero_sized("Dv = 0", util_problem(2, 2, 1, 5, 6, 4, 0), null_data);
+        check_zero_sized("Tq = Tk = 0", util_problem(1, 2, 2, 0, 0, 4, 3), null_data);
+        check_zero_sized("Tk = 0, Dv = 0", util_problem(1, 2, 2, 3, 0, 4, 0), null_data);
+    }
+}
+
+/* Dk = 0 with an explicit scale: every score is 0 (+ bias), P is uniform over
+ * the allowed keys, dQ and dK are empty, dV = P^T dO. Checked against the
+ * float64 reference. */
+Test(api, explicit_scale_with_dk_zero)
+{
+    sdpa_problem p = util_problem(1, 2, 1, 4, 5, 0, 3);
+    p.use_default_scale = 0;
+    p.scale = 2.0f;
+    p.causal = SDPA_CAUSAL_TOP_LEFT;
+    const int64_t no = 2 * 4 * 3, nv = 5 * 3;
+    util_rng r;
+    util_rng_init(&r, 5);
+    float *v = util_galloc(nv), *dout = util_galloc(no);
+    util_fill_uniform(&r, v, nv, -1, 1);
+    util_fill_uniform(&r, dout, no, -1, 1);
+    double ro[24], rl[8], rdq[1], rdk[1], rdv[15];
+    ref_forward(&p, NULL, NULL, v, ro, rl);
+    ref_backward(&p, NULL, NULL, v, dout, rdq, rdk, rdv);
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int ni = util_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        p.isa = isas[ii];
+        float *o = util_galloc(no), *lse = util_galloc(8), *dv = util_galloc(nv);
+        const sdpa_tensor tq = util_cview(NULL, 2, 4, 0), tk = util_cview(NULL, 1, 5, 0);
+        const sdpa_tensor tv = util_cview(v, 1, 5, 3);
+        const sdpa_tensor_out to = util_cview_out(o, 2, 4, 3), tl = util_lse_view_out(lse, 2, 4);
+        cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+        util_expect_close("O (Dk = 0)", o, ro, (size_t)no, 1e-6, 1e-5, 0);
+        util_expect_close("LSE (Dk = 0)", lse, rl, 8, 1e-6, 1e-5, 0);
+        const sdpa_tensor too = util_cview(o, 2, 4, 3), tli = util_lse_view(lse, 2, 4),
+                          tdo = util_cview(dout, 2, 4, 3);
+        const sdpa_tensor_out tdq = util_cview_out(NULL, 2, 4, 0), tdk = util_cview_out(NULL, 1, 5, 0),
+                              tdv = util_cview_out(dv, 1, 5, 3);
+        cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &too, &tli, &tdo, &tdq, &tdk, &tdv), SDPA_OK);
+        util_expect_close("dV (Dk = 0)", dv, rdv, (size_t)nv, 1e-6, 1e-5, 0);
+        cr_expect(util_gintact(o, "O") && util_gintact(lse, "LSE") && util_gintact(dv, "dV"));
+        util_gfree(o);
+        util_gfree(lse);
+        util_gfree(dv);
+    }
+    util_gfree(v);
+    util_gfree(dout);
+}
+
+/* Scale 0 and negative scales are legal and computed as given (checked against
+ * the float64 reference, forward and backward, on every ISA). */
+Test(api, scale_zero_and_negative_are_computed)
+{
+    const float scales[] = {0.0f, -0.0f, -0.5f, -3.0f};
+    sdpa_problem p = util_problem(1, 2, 1, 9, 11, 5, 4);
+    p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+    const size_t nq = 2 * 9 * 5, nk = 11 * 5, nv = 11 * 4, no = 2 * 9 * 4, nl = 2 * 9;
+    util_rng r;
+    util_rng_init(&r, 17);
+    float *q = util_galloc(nq), *k = util_galloc(nk), *v = util_galloc(nv), *dout = util_galloc(no);
+    util_fill_uniform(&r, q, nq, -1, 1);
+    util_fill_uniform(&r, k, nk, -1, 1);
+    util_fill_uniform(&r, v, nv, -1, 1);
+    util_fill_uniform(&r, dout, no, -1, 1);
+    double ro[72], rl[18], rdq[90], rdk[55], rdv[44];
+    float no32[72], nl32[18], ndq[90], ndk[55], ndv[44];
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int ni = util_isas(isas);
+    for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+        p.use_default_scale = 0;
+        p.scale = scales[si];
+        ref_forward(&p, q, k, v, ro, rl);
+        ref_backward(&p, q, k, v, dout, rdq, rdk, rdv);
+        naive32_forward(&p, q, k, v, no32, nl32);
+        naive32_backward(&p, q, k, v, dout, ndq, ndk, ndv);
+        for (int ii = 0; ii < ni; ii++) {
+            p.isa = isas[ii];
+            float o[72], lse[18], dq[90], dk[55], dv[44];
+            const sdpa_tensor tq = util_cview(q, 2, 9, 5), tk = util_cview(k, 1, 11, 5),
+                              tv = util_cview(v, 1, 11, 4);
+            const sdpa_tensor_out to = util_cview_out(o, 2, 9, 4), tl = util_lse_view_out(lse, 2, 9);
+            cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+            char w[96];
+            snprintf(w, sizeof w, "scale %g %s: O", (double)scales[si], sdpa_isa_name(isas[ii]));
+            util_fa_expect(w, o, no32, ro, no, 2.0);
+            snprintf(w, sizeof w, "scale %g %s: LSE", (double)scales[si], sdpa_isa_name(isas[ii]));
+            util_fa_expect(w, lse, nl32, rl, nl, 2.0);
+            const sdpa_tensor too = util_cview(o, 2, 9, 4), tli = util_lse_view(lse, 2, 9),
+                              tdo = util_cview(dout, 2, 9, 4);
+            const sdpa_tensor_out tdq = util_cview_out(dq, 2, 9, 5), tdk = util_cview_out(dk, 1, 11, 5),
+                                  tdv = util_cview_out(dv, 1, 11, 4);
+            cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &too, &tli, &tdo, &tdq, &tdk, &tdv), SDPA_OK);
+            snprintf(w, sizeof w, "scale %g %s: dQ", (double)scales[si], sdpa_isa_name(isas[ii]));
+            util_fa_expect(w, dq, ndq, rdq, nq, 3.0);
+            snprintf(w, sizeof w, "scale %g %s: dK", (double)scales[si], sdpa_isa_name(isas[ii]));
+            util_fa_expect(w, dk, ndk, rdk, nk, 3.0);
+            snprintf(w, sizeof w, "scale %g %s: dV", (double)scales[si], sdpa_isa_name(isas[ii]));
+            util_fa_expect(w, dv, ndv, rdv, nv, 3.0);
+        }
+    }
+    util_gfree(q);
+    util_gfree(k);
+    util_gfree(v);
+    util_gfree(dout);
+}
