@@ -309,59 +309,71 @@ static inline void row_range(const plan *pl, int64_t tkb, int64_t i, int64_t *lo
 
 enum { TILE_SKIP = 0, TILE_FULL = 1, TILE_PARTIAL = 2 };
 
-/* Rows [i0, i0+nq) against keys [j0, j1): the kind of tile and the trimmed key
- * interval [*ks, *ke] that any row may see. lo/hi: per-row intervals. */
-static int classify_tile(const plan *pl, int64_t b, int64_t h, int64_t i0, int nq, const int64_t *lo,
-                         const int64_t *hi, int64_t j0, int64_t j1, int64_t *ks, int64_t *ke)
+static inline uint8_t mask_at(const plan *pl, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    return pl->bm.data[b * pl->bm.batch_stride + h * pl->bm.head_stride + i * pl->bm.query_stride +
+                       j * pl->bm.key_stride];
+}
+
+static inline float bias_at(const plan *pl, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    return pl->bias.data[b * pl->bias.batch_stride + h * pl->bias.head_stride + i * pl->bias.query_stride +
+                         j * pl->bias.key_stride];
+}
+
+/* A tile's columns are the rows [i0, i0+nr) of the query heads [h0, h0+nh)
+ * (column g*nr + ii is head h0+g, row i0+ii); lo/hi are the rows' intervals
+ * (they depend on the row only). Against keys [j0, j1): returns the kind of
+ * tile and the trimmed key interval [*ks, *ke] that any column may see. */
+static int classify_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr,
+                         const int64_t *lo, const int64_t *hi, int64_t j0, int64_t j1, int64_t *ks,
+                         int64_t *ke)
 {
     int64_t s = j0 > lo[0] ? j0 : lo[0];
-    int64_t e = j1 - 1 < hi[nq - 1] ? j1 - 1 : hi[nq - 1];
+    int64_t e = j1 - 1 < hi[nr - 1] ? j1 - 1 : hi[nr - 1];
     if (s > e)
         return TILE_SKIP;
     *ks = s;
     *ke = e;
     if (!pl->elem_mask)
-        return (lo[nq - 1] <= s && hi[0] >= e) ? TILE_FULL : TILE_PARTIAL;
+        return (lo[nr - 1] <= s && hi[0] >= e) ? TILE_FULL : TILE_PARTIAL;
     /* A boolean mask or bias may still disallow every key of the tile: look
      * before computing anything. */
-    for (int ii = 0; ii < nq; ii++) {
-        const int64_t i = i0 + ii;
-        const int64_t a = lo[ii] > s ? lo[ii] : s, z = hi[ii] < e ? hi[ii] : e;
-        for (int64_t j = a; j <= z; j++) {
-            if (pl->bm.data &&
-                !pl->bm.data[b * pl->bm.batch_stride + h * pl->bm.head_stride + i * pl->bm.query_stride +
-                             j * pl->bm.key_stride])
-                continue;
-            if (pl->bias.data &&
-                pl->bias.data[b * pl->bias.batch_stride + h * pl->bias.head_stride +
-                              i * pl->bias.query_stride + j * pl->bias.key_stride] == -INFINITY)
-                continue;
-            return TILE_PARTIAL;
+    for (int g = 0; g < nh; g++)
+        for (int ii = 0; ii < nr; ii++) {
+            const int64_t i = i0 + ii, h = h0 + g;
+            const int64_t a = lo[ii] > s ? lo[ii] : s, z = hi[ii] < e ? hi[ii] : e;
+            for (int64_t j = a; j <= z; j++) {
+                if (pl->bm.data && !mask_at(pl, b, h, i, j))
+                    continue;
+                if (pl->bias.data && bias_at(pl, b, h, i, j) == -INFINITY)
+                    continue;
+                return TILE_PARTIAL;
+            }
         }
-    }
     return TILE_SKIP;
 }
 
-/* Applies every mask to S^T (keys ks.. x rows i0..): -inf where disallowed,
- * + bias where allowed. Disallowed bias entries are never read. */
-static void mask_tile(const plan *pl, int64_t b, int64_t h, int64_t i0, int nq, const int64_t *lo,
-                      const int64_t *hi, int64_t ks, int nk, float *S, ptrdiff_t lds)
+/* Applies every mask to S^T (keys ks.. x the tile's columns): -inf where
+ * disallowed, + bias where allowed. Disallowed bias entries are never read. */
+static void mask_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr,
+                      const int64_t *lo, const int64_t *hi, int64_t ks, int nk, float *S, ptrdiff_t lds)
 {
     for (int jj = 0; jj < nk; jj++) {
         const int64_t j = ks + jj;
         float *srow = S + (ptrdiff_t)jj * lds;
-        for (int ii = 0; ii < nq; ii++) {
-            const int64_t i = i0 + ii;
-            int ok = j >= lo[ii] && j <= hi[ii];
-            if (ok && pl->bm.data)
-                ok = pl->bm.data[b * pl->bm.batch_stride + h * pl->bm.head_stride +
-                                 i * pl->bm.query_stride + j * pl->bm.key_stride] != 0;
-            if (!ok)
-                srow[ii] = -INFINITY;
-            else if (pl->bias.data)
-                srow[ii] += pl->bias.data[b * pl->bias.batch_stride + h * pl->bias.head_stride +
-                                          i * pl->bias.query_stride + j * pl->bias.key_stride];
-        }
+        for (int g = 0; g < nh; g++)
+            for (int ii = 0; ii < nr; ii++) {
+                const int64_t i = i0 + ii, h = h0 + g;
+                float *sv = &srow[g * nr + ii];
+                int ok = j >= lo[ii] && j <= hi[ii];
+                if (ok && pl->bm.data)
+                    ok = mask_at(pl, b, h, i, j) != 0;
+                if (!ok)
+                    *sv = -INFINITY;
+                else if (pl->bias.data)
+                    *sv += bias_at(pl, b, h, i, j);
+            }
     }
 }
 
@@ -383,6 +395,55 @@ static inline size_t round_floats(size_t n)
 }
 
 /* ------------------------------------------------------------------ forward */
+
+/* How the forward cuts the work: a tile holds rows [i0, i0+nr) of up to hpt
+ * query heads of one GQA group (several heads share a tile when Tq is short,
+ * e.g. decode, so that each K/V tile is read once for the whole group), and
+ * when there are few tiles the keys are split into nsplit chunks whose partial
+ * (m, l, O) are merged in a fixed order. Everything here depends on the shape
+ * only, never on the thread count, so results are identical for any thread
+ * count. */
+typedef struct fwd_layout {
+    int64_t rows;   /* rows per tile (nr) */
+    int64_t hpt;    /* heads per tile */
+    int64_t nrt;    /* row tiles per head */
+    int64_t ngt;    /* head tiles per kv head */
+    int64_t tiles;  /* B * Hkv * ngt * nrt */
+    int64_t nkt;    /* key tiles over [0, Tk) */
+    int64_t nsplit; /* key chunks per tile */
+} fwd_layout;
+
+/* Below this many tiles the keys are split (covers up to 64 threads). */
+#define SPLIT_TARGET_ITEMS 64
+/* Each split keeps at least this many key tiles, so merging stays cheap. */
+#define SPLIT_MIN_KEY_TILES 4
+
+static fwd_layout fwd_make_layout(const plan *pl)
+{
+    fwd_layout L;
+    L.rows = pl->Tq >= pl->bq ? pl->bq : pl->Tq;
+    L.hpt = 1;
+    if (pl->Tq > 0 && pl->Tq < pl->bq) {
+        L.hpt = pl->bq / pl->Tq;
+        if (L.hpt > pl->G)
+            L.hpt = pl->G;
+        if (L.hpt < 1)
+            L.hpt = 1;
+    }
+    L.nrt = L.rows ? (pl->Tq + L.rows - 1) / L.rows : 0;
+    L.ngt = pl->G ? (pl->G + L.hpt - 1) / L.hpt : 0;
+    L.tiles = pl->B * pl->Hkv * L.ngt * L.nrt;
+    L.nkt = (pl->Tk + pl->bk - 1) / pl->bk;
+    L.nsplit = 1;
+    if (L.tiles > 0 && L.tiles < SPLIT_TARGET_ITEMS) {
+        int64_t want = (SPLIT_TARGET_ITEMS + L.tiles - 1) / L.tiles;
+        int64_t most = L.nkt / SPLIT_MIN_KEY_TILES;
+        L.nsplit = want < most ? want : most;
+        if (L.nsplit < 1)
+            L.nsplit = 1;
+    }
+    return L;
+}
 
 typedef struct fwd_ws {
     float *qt, *ot, *s, *m, *l, *alpha;
@@ -419,70 +480,186 @@ static fwd_ws fwd_ws_carve(const plan *pl, float *base)
     return w;
 }
 
-static void fwd_query_tile(const plan *pl, fwd_ws *w, int64_t b, int64_t h, int64_t i0, int nq,
-                           const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
-                           const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
+/* Partial state of one (tile, split): m[ld], l[ld], O^T[Dv][ld]. */
+static size_t fwd_partial_floats(const plan *pl)
 {
-    const sdpa_kernels *kt = pl->kt;
-    const int ld = pl->ld, Dk = (int)pl->Dk, Dv = (int)pl->Dv;
-    const int64_t hk = h / pl->G;
-    const float *qb = q->data + b * q->batch_stride + h * q->head_stride + i0 * q->seq_stride;
-    const float *kb = k->data ? k->data + b * k->batch_stride + hk * k->head_stride : NULL;
-    const float *vb = v->data ? v->data + b * v->batch_stride + hk * v->head_stride : NULL;
-    const int64_t tkb = keys_of_batch(pl, b);
+    return 2 * round_floats((size_t)pl->ld) + round_floats((size_t)pl->Dv * pl->ld);
+}
 
-    for (int ii = 0; ii < nq; ii++) {
-        row_range(pl, tkb, i0 + ii, &w->lo[ii], &w->hi[ii]);
-        w->m[ii] = -INFINITY;
-        w->l[ii] = 0.0f;
-    }
-    for (int c = 0; c < Dv; c++)
-        memset(w->ot + (size_t)c * ld, 0, (size_t)nq * sizeof(float));
+typedef struct fwd_args {
+    const sdpa_tensor *q, *k, *v;
+    const sdpa_tensor_out *o, *lse;
+    fwd_layout L;
+    float *partials; /* nsplit > 1: tiles * nsplit partial states */
+} fwd_args;
 
-    int packed = 0;
-    const int64_t first = w->lo[0] > 0 ? w->lo[0] : 0;
-    const int64_t last = w->hi[nq - 1];
-    if (first <= last) {
-        for (int64_t j0 = (first / pl->bk) * pl->bk; j0 <= last; j0 += pl->bk) {
-            int64_t ks, ke;
-            const int64_t j1 = j0 + pl->bk < pl->Tk ? j0 + pl->bk : pl->Tk;
-            const int kind = classify_tile(pl, b, h, i0, nq, w->lo, w->hi, j0, j1, &ks, &ke);
-            if (kind == TILE_SKIP)
-                continue;
-            if (!packed) {
-                kt->transpose(nq, Dk, qb, q->seq_stride, w->qt, ld);
-                packed = 1;
-            }
-            const int nk = (int)(ke - ks + 1);
-            kt->gemm(nk, nq, Dk, pl->scale, kb + ks * k->seq_stride, k->seq_stride, 1, w->qt, ld, w->s,
-                     ld, 0);
-            if (kind == TILE_PARTIAL)
-                mask_tile(pl, b, h, i0, nq, w->lo, w->hi, ks, nk, w->s, ld);
-            kt->online_softmax(nk, nq, w->s, ld, w->m, w->l, w->alpha);
-            if (Dv > 0) {
-                kt->scale_columns(Dv, nq, w->ot, ld, w->alpha);
-                kt->gemm(Dv, nq, nk, 1.0f, vb + ks * v->seq_stride, 1, v->seq_stride, w->s, ld, w->ot, ld,
-                         SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_B : 0));
+static inline const float *row_in(const sdpa_tensor *t, int64_t b, int64_t h, int64_t i)
+{
+    return t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride;
+}
+
+static inline float *row_out(const sdpa_tensor_out *t, int64_t b, int64_t h, int64_t i)
+{
+    return t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride;
+}
+
+/* Tile t -> (b, kv head, first head of the tile, heads, first row, rows). */
+static void fwd_tile_coords(const plan *pl, const fwd_layout *L, int64_t t, int64_t *b, int64_t *hk,
+                            int64_t *h0, int *nh, int64_t *i0, int *nr)
+{
+    const int64_t rt = t % L->nrt, gt = (t / L->nrt) % L->ngt, bh = t / (L->nrt * L->ngt);
+    *b = bh / pl->Hkv;
+    *hk = bh % pl->Hkv;
+    const int64_t g0 = gt * L->hpt;
+    *nh = (int)(pl->G - g0 < L->hpt ? pl->G - g0 : L->hpt);
+    *h0 = *hk * pl->G + g0;
+    *i0 = rt * L->rows;
+    *nr = (int)(pl->Tq - *i0 < L->rows ? pl->Tq - *i0 : L->rows);
+}
+
+/* Writes O and LSE of a tile from its normalised O^T (already divided by l). */
+static void fwd_store(const plan *pl, const fwd_args *a, float *ot, const float *m, const float *l,
+                      int64_t b, int64_t h0, int nh, int64_t i0, int nr)
+{
+    const int ld = pl->ld, Dv = (int)pl->Dv;
+    for (int g = 0; g < nh; g++) {
+        if (Dv > 0) {
+            float *ob = row_out(a->o, b, h0 + g, i0);
+            pl->kt->transpose(Dv, nr, ot + g * nr, ld, ob, a->o->seq_stride);
+            for (int ii = 0; ii < nr; ii++)
+                if (l[g * nr + ii] == 0.0f) /* exact zeros even if NaN crept into the accumulator */
+                    memset(ob + ii * a->o->seq_stride, 0, (size_t)Dv * sizeof(float));
+        }
+        if (a->lse && a->lse->data) {
+            float *lb = row_out(a->lse, b, h0 + g, i0);
+            for (int ii = 0; ii < nr; ii++) {
+                const int c = g * nr + ii;
+                lb[ii * a->lse->seq_stride] = l[c] > 0.0f ? m[c] + logf(l[c]) : -INFINITY;
             }
         }
     }
+}
 
-    /* O = (O^T / l)^T; a row that saw no allowed key (l = 0) is exactly 0. */
-    float *ob = o->data ? o->data + b * o->batch_stride + h * o->head_stride + i0 * o->seq_stride : NULL;
-    for (int ii = 0; ii < nq; ii++)
-        w->alpha[ii] = w->l[ii] > 0.0f ? 1.0f / w->l[ii] : 0.0f;
-    if (Dv > 0) {
-        kt->scale_columns(Dv, nq, w->ot, ld, w->alpha);
-        kt->transpose(Dv, nq, w->ot, ld, ob, o->seq_stride);
-        for (int ii = 0; ii < nq; ii++)
-            if (w->l[ii] == 0.0f) /* exact zeros even if NaN crept into the accumulator */
-                memset(ob + ii * o->seq_stride, 0, (size_t)Dv * sizeof(float));
+/* One (tile, split) of the forward: Alg. 1 over the tile's key tiles in the split. */
+static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int64_t split)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const fwd_layout *L = &a->L;
+    const int ld = pl->ld, Dk = (int)pl->Dk, Dv = (int)pl->Dv;
+    int64_t b, hk, h0, i0;
+    int nh, nr;
+    fwd_tile_coords(pl, L, t, &b, &hk, &h0, &nh, &i0, &nr);
+    const int ncol = nh * nr;
+    const float *kb = Dk > 0 ? a->k->data + b * a->k->batch_stride + hk * a->k->head_stride : NULL;
+    const float *vb = Dv > 0 ? a->v->data + b * a->v->batch_stride + hk * a->v->head_stride : NULL;
+    const int64_t tkb = keys_of_batch(pl, b);
+
+    for (int ii = 0; ii < nr; ii++)
+        row_range(pl, tkb, i0 + ii, &w->lo[ii], &w->hi[ii]);
+    for (int c = 0; c < ncol; c++) {
+        w->m[c] = -INFINITY;
+        w->l[c] = 0.0f;
     }
-    if (lse && lse->data) {
-        float *lb = lse->data + b * lse->batch_stride + h * lse->head_stride + i0 * lse->seq_stride;
-        for (int ii = 0; ii < nq; ii++)
-            lb[ii * lse->seq_stride] = w->l[ii] > 0.0f ? w->m[ii] + logf(w->l[ii]) : -INFINITY;
+    for (int c = 0; c < Dv; c++)
+        memset(w->ot + (size_t)c * ld, 0, (size_t)ncol * sizeof(float));
+
+    /* key tiles of this split, intersected with the tile's allowed keys */
+    int64_t kt_first = split * L->nkt / L->nsplit, kt_end = (split + 1) * L->nkt / L->nsplit;
+    const int64_t first = w->lo[0] > 0 ? w->lo[0] : 0, last = w->hi[nr - 1];
+    if (first <= last) {
+        if (kt_first < first / pl->bk)
+            kt_first = first / pl->bk;
+        if (kt_end > last / pl->bk + 1)
+            kt_end = last / pl->bk + 1;
+    } else {
+        kt_end = kt_first; /* every row fully masked */
     }
+    int packed = 0;
+    for (int64_t ktile = kt_first; ktile < kt_end; ktile++) {
+        const int64_t j0 = ktile * pl->bk;
+        const int64_t j1 = j0 + pl->bk < pl->Tk ? j0 + pl->bk : pl->Tk;
+        int64_t ks, ke;
+        const int kind = classify_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, j0, j1, &ks, &ke);
+        if (kind == TILE_SKIP)
+            continue;
+        if (!packed) {
+            for (int g = 0; g < nh; g++)
+                kt->transpose(nr, Dk, row_in(a->q, b, h0 + g, i0), a->q->seq_stride, w->qt + g * nr, ld);
+            packed = 1;
+        }
+        const int nk = (int)(ke - ks + 1);
+        /* S^T = scale K Q^T */
+        kt->gemm(nk, ncol, Dk, pl->scale, kb ? kb + ks * a->k->seq_stride : NULL, a->k->seq_stride, 1,
+                 w->qt, ld, w->s, ld, 0);
+        if (kind == TILE_PARTIAL)
+            mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->s, ld);
+        /* m, l, alpha; S^T -> P^T */
+        kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha);
+        if (Dv > 0) {
+            /* O^T = O^T * alpha + V^T P^T */
+            kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
+            kt->gemm(Dv, ncol, nk, 1.0f, vb + ks * a->v->seq_stride, 1, a->v->seq_stride, w->s, ld, w->ot, ld,
+                     SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_B : 0));
+        }
+    }
+
+    if (L->nsplit > 1) {
+        float *part = a->partials + (size_t)(t * L->nsplit + split) * fwd_partial_floats(pl);
+        memcpy(part, w->m, (size_t)ncol * sizeof(float));
+        memcpy(part + round_floats((size_t)ld), w->l, (size_t)ncol * sizeof(float));
+        float *pot = part + 2 * round_floats((size_t)ld);
+        for (int c = 0; c < Dv; c++)
+            memcpy(pot + (size_t)c * ld, w->ot + (size_t)c * ld, (size_t)ncol * sizeof(float));
+        return;
+    }
+    /* O = (O^T / l)^T; a column that saw no allowed key (l = 0) is exactly 0. */
+    for (int c = 0; c < ncol; c++)
+        w->alpha[c] = w->l[c] > 0.0f ? 1.0f / w->l[c] : 0.0f;
+    if (Dv > 0)
+        kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
+    fwd_store(pl, a, w->ot, w->m, w->l, b, h0, nh, i0, nr);
+}
+
+/* Merges the nsplit partial states of tile t in split order:
+ * M = max m_s, l = sum l_s exp(m_s - M), O = sum O_s exp(m_s - M) / l. */
+static void fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
+{
+    const fwd_layout *L = &a->L;
+    const int ld = pl->ld, Dv = (int)pl->Dv;
+    const size_t pf = fwd_partial_floats(pl), off_l = round_floats((size_t)ld), off_o = 2 * off_l;
+    int64_t b, hk, h0, i0;
+    int nh, nr;
+    fwd_tile_coords(pl, L, t, &b, &hk, &h0, &nh, &i0, &nr);
+    const int ncol = nh * nr;
+    const float *first = a->partials + (size_t)(t * L->nsplit) * pf;
+    for (int c = 0; c < ncol; c++) {
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < L->nsplit; s++)
+            mx = fmaxf(mx, first[s * pf + c]);
+        w->m[c] = mx;
+        w->l[c] = 0.0f;
+    }
+    for (int c = 0; c < Dv; c++)
+        memset(w->ot + (size_t)c * ld, 0, (size_t)ncol * sizeof(float));
+    for (int64_t s = 0; s < L->nsplit; s++) {
+        const float *part = first + s * pf;
+        for (int c = 0; c < ncol; c++) {
+            /* a split that saw nothing (m_s = -inf) has l_s = 0 and O_s = 0 */
+            w->alpha[c] = part[c] == -INFINITY ? 0.0f : expf(part[c] - w->m[c]);
+            w->l[c] = fmaf(part[off_l + c], w->alpha[c], w->l[c]);
+        }
+        for (int d = 0; d < Dv; d++) {
+            const float *src = part + off_o + (size_t)d * ld;
+            float *dst = w->ot + (size_t)d * ld;
+            for (int c = 0; c < ncol; c++)
+                dst[c] = fmaf(src[c], w->alpha[c], dst[c]);
+        }
+    }
+    for (int c = 0; c < ncol; c++)
+        w->alpha[c] = w->l[c] > 0.0f ? 1.0f / w->l[c] : 0.0f;
+    if (Dv > 0)
+        pl->kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
+    fwd_store(pl, a, w->ot, w->m, w->l, b, h0, nh, i0, nr);
 }
 
 sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -510,17 +687,20 @@ sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa
     if ((st = check_tensors(&pl, t, 5)) != SDPA_OK)
         return st;
 
-    const int64_t nqt = (pl.Tq + pl.bq - 1) / pl.bq;
-    const int64_t items = pl.B * pl.Hq * nqt;
+    fwd_args a = {q, k, v, o, lse, fwd_make_layout(&pl), NULL};
+    const int64_t items = a.L.tiles * a.L.nsplit;
     if (items == 0)
         return SDPA_OK;
     int nthreads = pl.nthreads;
     if (nthreads > items)
         nthreads = (int)items;
     const size_t per = fwd_ws_floats(&pl);
-    float *ws = aligned_alloc_bytes((size_t)nthreads * per * sizeof(float));
+    const size_t npart = a.L.nsplit > 1 ? (size_t)items * fwd_partial_floats(&pl) : 0;
+    float *ws = aligned_alloc_bytes(((size_t)nthreads * per + npart) * sizeof(float));
     if (!ws)
         return SDPA_ERR_OUT_OF_MEMORY;
+    a.partials = npart ? ws + (size_t)nthreads * per : NULL;
+    const int64_t nsplit = a.L.nsplit, nrt = a.L.nrt;
 
 #if HAVE_OPENMP
 #pragma omp parallel num_threads(nthreads)
@@ -535,12 +715,17 @@ sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa
 #pragma omp for schedule(dynamic, 1)
 #endif
         for (int64_t it = 0; it < items; it++) {
-            /* Last query tiles first: under causal masks they are the longest. */
-            const int64_t qt = nqt - 1 - it % nqt;
-            const int64_t bh = it / nqt;
-            const int64_t i0 = qt * pl.bq;
-            const int nq = (int)(pl.Tq - i0 < pl.bq ? pl.Tq - i0 : pl.bq);
-            fwd_query_tile(&pl, &w, bh / pl.Hq, bh % pl.Hq, i0, nq, q, k, v, o, lse);
+            /* Within a head, last row tiles first: under causal masks they are the longest. */
+            const int64_t split = it % nsplit, tile = it / nsplit;
+            const int64_t t_ = (tile / nrt) * nrt + (nrt - 1 - tile % nrt);
+            fwd_item(&pl, &w, &a, t_, split);
+        }
+        if (nsplit > 1) {
+#if HAVE_OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t tile = 0; tile < a.L.tiles; tile++)
+                fwd_merge(&pl, &w, &a, tile);
         }
     }
     free(ws);
@@ -601,7 +786,7 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, in
         row_range(pl, tkb, i0 + ii, &w->lo[ii], &w->hi[ii]);
     const int64_t j1 = j0 + pl->bk < pl->Tk ? j0 + pl->bk : pl->Tk;
     int64_t ks, ke;
-    const int kind = classify_tile(pl, b, h, i0, nq, w->lo, w->hi, j0, j1, &ks, &ke);
+    const int kind = classify_tile(pl, b, h, 1, i0, nq, w->lo, w->hi, j0, j1, &ks, &ke);
     if (kind == TILE_SKIP)
         return;
     const int nk = (int)(ke - ks + 1);
@@ -616,7 +801,7 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, in
     kt->transpose(nq, Dk, qb, a->q->seq_stride, w->qt, ld);
     kt->gemm(nk, nq, Dk, pl->scale, kb, a->k->seq_stride, 1, w->qt, ld, w->p, ld, 0);
     if (kind == TILE_PARTIAL)
-        mask_tile(pl, b, h, i0, nq, w->lo, w->hi, ks, nk, w->p, ld);
+        mask_tile(pl, b, h, 1, i0, nq, w->lo, w->hi, ks, nk, w->p, ld);
     const float *lb = a->lse->data + b * a->lse->batch_stride + h * a->lse->head_stride + i0 * a->lse->seq_stride;
     for (int ii = 0; ii < nq; ii++)
         w->lse[ii] = lb[ii * a->lse->seq_stride];
