@@ -1,0 +1,1314 @@
+/* SPDX-License-Identifier: MIT */
+/* tests/test_cli.c - tests of the sdpa command-line tool, run as a child process.
+ *
+ * Each test writes .npy inputs from C into a fresh mkdtemp() directory, runs the
+ * binary at SDPA_CLI_PATH with posix_spawn, and checks its exit status, its
+ * stderr and the .npy files it wrote against a small float64 reference defined
+ * here (independent of the library and of tools/npy.c). The library itself is
+ * never called from this file, so no OpenMP runs in Criterion's processes. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef SDPA_CLI_PATH
+#error "SDPA_CLI_PATH must name the built sdpa binary"
+#endif
+#ifndef SDPA_TEST_DATA_DIR
+#error "SDPA_TEST_DATA_DIR must name tests/data in the source tree"
+#endif
+#define EXAMPLES_DIR SDPA_TEST_DATA_DIR "/../../examples"
+
+extern char **environ;
+
+/* ------------------------------------------------------------ temp dirs */
+
+static char g_dir[64], g_io[64];
+
+static void rm_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[512];
+    if (!d)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (unlink(p) != 0)
+            rm_tree(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void setup(void)
+{
+    strcpy(g_dir, "/tmp/sdpa-cli-XXXXXX");
+    strcpy(g_io, "/tmp/sdpa-cli-io-XXXXXX");
+    cr_assert_not_null(mkdtemp(g_dir));
+    cr_assert_not_null(mkdtemp(g_io));
+}
+
+static void teardown(void)
+{
+    rm_tree(g_dir);
+    rm_tree(g_io);
+}
+
+TestSuite(cli, .init = setup, .fini = teardown, .timeout = 300);
+
+/* A path inside the test directory; the same name always gives the same
+ * pointer, so argument arrays built early stay valid. */
+static const char *P(const char *name)
+{
+    static char paths[128][512];
+    static int used;
+    char want[512];
+    snprintf(want, sizeof want, "%s/%s", g_dir, name);
+    for (int i = 0; i < used; i++)
+        if (strcmp(paths[i], want) == 0)
+            return paths[i];
+    cr_assert_lt(used, 128, "too many distinct paths");
+    strcpy(paths[used], want);
+    return paths[used++];
+}
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* ------------------------------------------------------------ running the tool */
+
+typedef struct run_result {
+    int status; /* exit status, or 128 + signal */
+    char out[16384];
+    char err[8192];
+} run_result;
+
+static void slurp(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "rb");
+    size_t n = 0;
+    if (f) {
+        n = fread(buf, 1, len - 1, f);
+        fclose(f);
+    }
+    buf[n] = '\0';
+}
+
+/* Runs SDPA_CLI_PATH with args (NULL-terminated, without argv[0]); env_add,
+ * if not NULL, is one "NAME=value" added to the environment (SDPA_ISA from the
+ * parent is kept otherwise). */
+static run_result *run_env(const char *const *args, const char *env_add)
+{
+    static run_result r;
+    const char *argv[64];
+    char *envp[512];
+    char outp[128], errp[128];
+    int n = 0, ne = 0;
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+
+    argv[n++] = SDPA_CLI_PATH;
+    for (int i = 0; args[i]; i++) {
+        cr_assert_lt(n, 62);
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+    for (char **e = environ; *e && ne < 500; e++)
+        if (!env_add || strncmp(*e, "SDPA_ISA=", 9) != 0)
+            envp[ne++] = *e;
+    if (env_add)
+        envp[ne++] = (char *)env_add;
+    envp[ne] = NULL;
+
+    snprintf(outp, sizeof outp, "%s/stdout", g_io);
+    snprintf(errp, sizeof errp, "%s/stderr", g_io);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_eq(posix_spawn(&pid, SDPA_CLI_PATH, &fa, NULL, (char *const *)argv, envp), 0,
+                 "cannot spawn %s", SDPA_CLI_PATH);
+    posix_spawn_file_actions_destroy(&fa);
+    int ws = 0;
+    cr_assert_eq(waitpid(pid, &ws, 0), pid);
+    r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    slurp(outp, r.out, sizeof r.out);
+    slurp(errp, r.err, sizeof r.err);
+    return &r;
+}
+
+static run_result *run(const char *const *args)
+{
+    return run_env(args, NULL);
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+/* ------------------------------------------------------------ .npy files (independent of tools/npy.c) */
+
+static void write_bytes(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot create %s", path);
+    cr_assert_eq(fwrite(data, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* Writes a .npy with the given dict text (padding added) and format version. */
+static void write_npy_raw(const char *path, int major, const char *dict, const void *data, size_t nbytes)
+{
+    size_t dlen = strlen(dict), pre = major == 1 ? 10 : 12;
+    size_t total = (pre + dlen + 1 + 63) / 64 * 64, hl = total - pre;
+    unsigned char *buf = malloc(total + nbytes + 1);
+    cr_assert_not_null(buf);
+    memcpy(buf, "\x93NUMPY", 6);
+    buf[6] = (unsigned char)major;
+    buf[7] = 0;
+    if (major == 1) {
+        buf[8] = (unsigned char)(hl & 0xff);
+        buf[9] = (unsigned char)(hl >> 8);
+    } else {
+        for (int i = 0; i < 4; i++)
+            buf[8 + i] = (unsigned char)(hl >> (8 * i));
+    }
+    memcpy(buf + pre, dict, dlen);
+    memset(buf + pre + dlen, ' ', total - pre - dlen - 1);
+    buf[total - 1] = '\n';
+    if (nbytes)
+        memcpy(buf + total, data, nbytes);
+    write_bytes(path, buf, total + nbytes);
+    free(buf);
+}
+
+static void shape_text(int ndim, const int64_t *shape, char *buf, size_t len)
+{
+    size_t n = (size_t)snprintf(buf, len, "(");
+    for (int i = 0; i < ndim; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    snprintf(buf + n, len - n, ndim == 1 ? ",)" : ")");
+}
+
+static size_t shape_count(int ndim, const int64_t *shape)
+{
+    size_t c = 1;
+    for (int i = 0; i < ndim; i++)
+        c *= (size_t)shape[i];
+    return c;
+}
+
+static void write_typed(const char *path, const char *descr, size_t elsize, int ndim, const int64_t *shape,
+                        const void *data, int major, int fortran)
+{
+    char sh[256], dict[512];
+    shape_text(ndim, shape, sh, sizeof sh);
+    snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }", descr,
+             fortran ? "True" : "False", sh);
+    write_npy_raw(path, major, dict, data, shape_count(ndim, shape) * elsize);
+}
+
+static void write_f32(const char *path, int ndim, const int64_t *shape, const float *data)
+{
+    write_typed(path, "<f4", 4, ndim, shape, data, 1, 0);
+}
+
+/* Reads a '<f4' C-order .npy (version 1.0) written by the tool. */
+static float *read_f32(const char *path, int *ndim, int64_t *shape)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char pre[10];
+    char *hdr, *s;
+    size_t hl, count;
+    float *data;
+    cr_assert_not_null(f, "cannot open %s", path);
+    cr_assert_eq(fread(pre, 1, 10, f), 10);
+    cr_assert(memcmp(pre, "\x93NUMPY\x01\x00", 8) == 0, "%s: not a version 1.0 .npy", path);
+    hl = (size_t)pre[8] | (size_t)pre[9] << 8;
+    cr_assert_eq((10 + hl) % 64, 0, "%s: header not padded to 64 bytes", path);
+    hdr = calloc(1, hl + 1);
+    cr_assert_eq(fread(hdr, 1, hl, f), hl);
+    cr_assert_eq(hdr[hl - 1], '\n');
+    cr_assert_not_null(strstr(hdr, "'descr': '<f4'"), "%s: %s", path, hdr);
+    cr_assert_not_null(strstr(hdr, "'fortran_order': False"));
+    s = strstr(hdr, "'shape': (");
+    cr_assert_not_null(s);
+    s += strlen("'shape': (");
+    *ndim = 0;
+    while (*s != ')') {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        cr_assert(end != s, "%s: bad shape in %s", path, hdr);
+        shape[(*ndim)++] = v;
+        s = end;
+        while (*s == ',' || *s == ' ')
+            s++;
+    }
+    free(hdr);
+    count = shape_count(*ndim, shape);
+    data = malloc(count * sizeof(float) + 1);
+    cr_assert_eq(fread(data, sizeof(float), count, f), count, "%s: short data", path);
+    cr_assert_eq(fgetc(f), EOF, "%s: trailing bytes", path);
+    fclose(f);
+    return data;
+}
+
+/* ------------------------------------------------------------ float64 reference */
+
+typedef struct refp {
+    int B, Hq, Hkv, Tq, Tk, Dk, Dv;
+    double scale;   /* 0: the default 1/sqrt(Dk) */
+    int causal;     /* 0 none, 1 top-left, 2 bottom-right */
+    int align_br;   /* window alignment without causal */
+    long wl, wr;    /* -1 unbounded */
+    const int32_t *kvlen;
+    const uint8_t *mask;
+    long ms[4];
+    const float *bias;
+    long bs[4];
+} refp;
+
+static double ref_scale(const refp *p)
+{
+    return p->scale != 0 ? p->scale : 1.0 / sqrt((double)p->Dk);
+}
+
+/* Score of (b, h, i, j), or -inf if masked. */
+static double ref_score(const refp *p, const float *q, const float *k, int b, int h, int i, int j)
+{
+    const int tkb = p->kvlen ? p->kvlen[b] : p->Tk;
+    const int br = p->causal == 2 || (p->causal == 0 && p->align_br);
+    const long d = br ? tkb - p->Tq : 0;
+    const int hk = h / (p->Hq / p->Hkv);
+    double s = 0, bias = 0;
+    if (j >= tkb)
+        return -INFINITY;
+    if (p->causal && j > i + d)
+        return -INFINITY;
+    if (p->wl >= 0 && j < i + d - p->wl)
+        return -INFINITY;
+    if (p->wr >= 0 && j > i + d + p->wr)
+        return -INFINITY;
+    if (p->mask && !p->mask[b * p->ms[0] + h * p->ms[1] + i * p->ms[2] + j * p->ms[3]])
+        return -INFINITY;
+    if (p->bias) {
+        bias = p->bias[b * p->bs[0] + h * p->bs[1] + i * p->bs[2] + j * p->bs[3]];
+        if (bias == -INFINITY)
+            return -INFINITY;
+    }
+    for (int c = 0; c < p->Dk; c++)
+        s += (double)q[(((size_t)b * p->Hq + h) * p->Tq + i) * p->Dk + c] *
+             k[(((size_t)b * p->Hkv + hk) * p->Tk + j) * p->Dk + c];
+    return s * ref_scale(p) + bias;
+}
+
+/* Softmax row P[0..Tk) of (b, h, i); returns lse. */
+static double ref_probs(const refp *p, const float *q, const float *k, int b, int h, int i, double *prob)
+{
+    double m = -INFINITY, l = 0;
+    for (int j = 0; j < p->Tk; j++) {
+        prob[j] = ref_score(p, q, k, b, h, i, j);
+        if (prob[j] > m)
+            m = prob[j];
+    }
+    for (int j = 0; j < p->Tk; j++) {
+        prob[j] = prob[j] == -INFINITY ? 0 : exp(prob[j] - m);
+        l += prob[j];
+    }
+    for (int j = 0; j < p->Tk; j++)
+        prob[j] = l > 0 ? prob[j] / l : 0;
+    return l > 0 ? m + log(l) : -INFINITY;
+}
+
+static void ref_forward(const refp *p, const float *q, const float *k, const float *v, double *o, double *lse)
+{
+    double *prob = malloc(((size_t)p->Tk + 1) * sizeof(double));
+    for (int b = 0; b < p->B; b++)
+        for (int h = 0; h < p->Hq; h++)
+            for (int i = 0; i < p->Tq; i++) {
+                const size_t row = ((size_t)b * p->Hq + h) * p->Tq + i;
+                const int hk = h / (p->Hq / p->Hkv);
+                lse[row] = ref_probs(p, q, k, b, h, i, prob);
+                for (int c = 0; c < p->Dv; c++) {
+                    double acc = 0;
+                    for (int j = 0; j < p->Tk; j++)
+                        acc += prob[j] * v[(((size_t)b * p->Hkv + hk) * p->Tk + j) * p->Dv + c];
+                    o[row * p->Dv + c] = acc;
+                }
+            }
+    free(prob);
+}
+
+static void ref_backward(const refp *p, const float *q, const float *k, const float *v, const float *dout,
+                         double *dq, double *dk, double *dv)
+{
+    const double sc = ref_scale(p);
+    double *prob = malloc(((size_t)p->Tk + 1) * sizeof(double)), *dp = malloc(((size_t)p->Tk + 1) * sizeof(double));
+    memset(dq, 0, (size_t)p->B * p->Hq * p->Tq * p->Dk * sizeof(double));
+    memset(dk, 0, (size_t)p->B * p->Hkv * p->Tk * p->Dk * sizeof(double));
+    memset(dv, 0, (size_t)p->B * p->Hkv * p->Tk * p->Dv * sizeof(double));
+    for (int b = 0; b < p->B; b++)
+        for (int h = 0; h < p->Hq; h++)
+            for (int i = 0; i < p->Tq; i++) {
+                const size_t row = ((size_t)b * p->Hq + h) * p->Tq + i;
+                const size_t kv0 = ((size_t)b * p->Hkv + h / (p->Hq / p->Hkv)) * p->Tk;
+                double D = 0;
+                ref_probs(p, q, k, b, h, i, prob);
+                for (int j = 0; j < p->Tk; j++) {
+                    dp[j] = 0;
+                    for (int c = 0; c < p->Dv; c++)
+                        dp[j] += (double)dout[row * p->Dv + c] * v[(kv0 + j) * p->Dv + c];
+                    D += prob[j] * dp[j];
+                }
+                for (int j = 0; j < p->Tk; j++) {
+                    const double ds = prob[j] * (dp[j] - D);
+                    for (int c = 0; c < p->Dv; c++)
+                        dv[(kv0 + j) * p->Dv + c] += prob[j] * dout[row * p->Dv + c];
+                    for (int c = 0; c < p->Dk; c++) {
+                        dq[row * p->Dk + c] += sc * ds * k[(kv0 + j) * p->Dk + c];
+                        dk[(kv0 + j) * p->Dk + c] += sc * ds * q[row * p->Dk + c];
+                    }
+                }
+            }
+    free(prob);
+    free(dp);
+}
+
+/* ------------------------------------------------------------ data and comparisons */
+
+static uint64_t g_seed = 12345;
+
+static float frand(void)
+{
+    uint64_t z = (g_seed += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 40) / 8388608.0 - 1.0);
+}
+
+static float *rand_floats(size_t n)
+{
+    float *x = malloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand();
+    return x;
+}
+
+/* The shape of a logical [b, h, t, d] tensor written in the given rank. */
+static void shape_rank(int rank, int64_t b, int64_t h, int64_t t, int64_t d, int64_t *shape)
+{
+    const int64_t all[4] = {b, h, t, d};
+    for (int i = 0; i < rank; i++)
+        shape[i] = all[4 - rank + i];
+}
+
+static void expect_shape(int ndim, const int64_t *shape, int want_ndim, const int64_t *want)
+{
+    cr_assert_eq(ndim, want_ndim, "rank %d, expected %d", ndim, want_ndim);
+    for (int i = 0; i < ndim; i++)
+        cr_assert_eq(shape[i], want[i], "dim %d is %lld, expected %lld", i, (long long)shape[i],
+                     (long long)want[i]);
+}
+
+static void expect_close(const char *what, const float *got, const double *want, size_t n, double tol)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(want[i])) {
+            cr_assert(got[i] == (float)want[i], "%s[%zu] = %g, expected %g", what, i, got[i], want[i]);
+            continue;
+        }
+        cr_assert(fabs((double)got[i] - want[i]) <= tol, "%s[%zu] = %.9g, expected %.9g (tol %g)", what, i,
+                  got[i], want[i], tol);
+    }
+}
+
+/* The standard inputs of a forward/backward case, written as Q/K/V.npy in rank `rank`. */
+typedef struct fixture {
+    refp p;
+    int rank;
+    float *q, *k, *v;
+} fixture;
+
+static void fixture_make(fixture *f, int rank, int B, int Hq, int Hkv, int Tq, int Tk, int Dk, int Dv)
+{
+    int64_t s[4];
+    memset(f, 0, sizeof *f);
+    f->p = (refp){B, Hq, Hkv, Tq, Tk, Dk, Dv, 0, 0, 0, -1, -1, NULL, NULL, {0}, NULL, {0}};
+    f->rank = rank;
+    f->q = rand_floats((size_t)B * Hq * Tq * Dk);
+    f->k = rand_floats((size_t)B * Hkv * Tk * Dk);
+    f->v = rand_floats((size_t)B * Hkv * Tk * Dv);
+    shape_rank(rank, B, Hq, Tq, Dk, s);
+    write_f32(P("Q.npy"), rank, s, f->q);
+    shape_rank(rank, B, Hkv, Tk, Dk, s);
+    write_f32(P("K.npy"), rank, s, f->k);
+    shape_rank(rank, B, Hkv, Tk, Dv, s);
+    write_f32(P("V.npy"), rank, s, f->v);
+}
+
+static void fixture_free(fixture *f)
+{
+    free(f->q);
+    free(f->k);
+    free(f->v);
+}
+
+/* Runs forward with -o O.npy --lse LSE.npy plus extra args, checks both. */
+static void check_forward(const fixture *f, const char *const *extra)
+{
+    const refp *p = &f->p;
+    const char *args[48] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"),
+                            "-o",      P("O.npy"), "--lse", P("LSE.npy")};
+    int n = 11, nd;
+    int64_t shape[8], want[4];
+    for (int i = 0; extra && extra[i]; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "forward failed (%d): %s", r->status, r->err);
+    cr_assert_str_empty(r->err, "stderr: %s", r->err);
+
+    const size_t rows = (size_t)p->B * p->Hq * p->Tq;
+    double *o = malloc(rows * p->Dv * sizeof(double) + 1), *lse = malloc(rows * sizeof(double) + 1);
+    ref_forward(p, f->q, f->k, f->v, o, lse);
+    float *go = read_f32(P("O.npy"), &nd, shape);
+    shape_rank(f->rank, p->B, p->Hq, p->Tq, p->Dv, want);
+    expect_shape(nd, shape, f->rank, want);
+    expect_close("O", go, o, rows * p->Dv, 1e-5);
+    float *gl = read_f32(P("LSE.npy"), &nd, shape);
+    expect_shape(nd, shape, f->rank - 1, want);
+    expect_close("LSE", gl, lse, rows, 1e-5);
+    free(go);
+    free(gl);
+    free(o);
+    free(lse);
+}
+
+/* ------------------------------------------------------------ info, help, demo */
+
+Test(cli, info_reports_active_isa)
+{
+    const char *args[] = {"info", NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    const char *a = strstr(r->out, "\nactive isa: ");
+    cr_assert_not_null(a, "no 'active isa: ' line in:\n%s", r->out);
+    a += strlen("\nactive isa: ");
+    cr_assert(strncmp(a, "scalar\n", 7) == 0 || strncmp(a, "avx2\n", 5) == 0 ||
+                  strncmp(a, "avx512\n", 7) == 0 || strncmp(a, "neon\n", 5) == 0,
+              "unexpected active isa line: %s", a);
+    cr_assert_not_null(strstr(r->out, "cpu features:"));
+    cr_assert_not_null(strstr(r->out, "isa compiled: scalar"));
+    cr_assert_not_null(strstr(r->out, "isa supported: scalar"));
+    cr_assert_not_null(strstr(r->out, "sdpa 0."));
+}
+
+Test(cli, info_scalar_env_and_rejected_env)
+{
+    const char *args[] = {"info", NULL};
+    run_result *r = run_env(args, "SDPA_ISA=scalar");
+    cr_assert_eq(r->status, 0);
+    cr_assert_not_null(strstr(r->out, "\nactive isa: scalar\n"), "%s", r->out);
+    r = run_env(args, "SDPA_ISA=bogus-isa");
+    cr_assert_eq(r->status, 0);
+    cr_assert_not_null(strstr(r->out, "'bogus-isa' rejected"), "%s", r->out);
+    cr_assert_not_null(strstr(r->out, "\nactive isa: "));
+}
+
+Test(cli, help_and_usage)
+{
+    const char *h[] = {"--help", NULL}, *fh[] = {"forward", "--help", NULL}, *bh[] = {"backward", "--help", NULL},
+               *none[] = {NULL}, *unk[] = {"frobnicate", NULL};
+    run_result *r = run(h);
+    cr_assert_eq(r->status, 0);
+    cr_assert_not_null(strstr(r->out, "usage: sdpa"));
+    r = run(fh);
+    cr_assert_eq(r->status, 0);
+    cr_assert_not_null(strstr(r->out, "--kv-len"));
+    cr_assert_not_null(strstr(r->out, "--causal"));
+    r = run(bh);
+    cr_assert_eq(r->status, 0);
+    cr_assert_not_null(strstr(r->out, "--dq"));
+    r = run(none);
+    cr_assert_eq(r->status, 2);
+    cr_assert_not_null(strstr(r->err, "usage:"));
+    r = run(unk);
+    cr_assert_eq(r->status, 2);
+    cr_assert_not_null(strstr(r->err, "unknown command"));
+}
+
+Test(cli, demo_exits_zero)
+{
+    const char *args[] = {"demo", NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "demo failed (%d):\n%s\n%s", r->status, r->out, r->err);
+    cr_assert_not_null(strstr(r->out, "demo: ok"));
+    cr_assert_not_null(strstr(r->out, "GFLOP/s"));
+    cr_assert_not_null(strstr(r->out, "6.154606"), "%s", r->out);
+}
+
+Test(cli, demo_bad_data_dir)
+{
+    const char *args[] = {"demo", "--data", P("nowhere"), NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 2);
+    cr_assert_eq(count_lines(r->err), 1, "%s", r->err);
+}
+
+/* ------------------------------------------------------------ worked example */
+
+Test(cli, worked_example_forward)
+{
+    static const float Q[6] = {1, 0, 0, 1, 1, 1}, K[6] = {1, 0, 0, 1, 0.5f, 0.5f}, V[6] = {10, 0, 0, 10, 5, 5};
+    const char *dir = EXAMPLES_DIR "/worked_example";
+    char qp[512], kp[512], vp[512], ep[512];
+    int nd;
+    int64_t shape[8];
+    snprintf(qp, sizeof qp, "%s/Q.npy", dir);
+    snprintf(kp, sizeof kp, "%s/K.npy", dir);
+    snprintf(vp, sizeof vp, "%s/V.npy", dir);
+    snprintf(ep, sizeof ep, "%s/O_expected.npy", dir);
+    /* The shipped inputs are the documented ones. */
+    const char *paths[3] = {qp, kp, vp};
+    const float *want_in[3] = {Q, K, V};
+    for (int t = 0; t < 3; t++) {
+        float *x = read_f32(paths[t], &nd, shape);
+        cr_assert_eq(nd, 2);
+        cr_assert(shape[0] == 3 && shape[1] == 2);
+        cr_assert(memcmp(x, want_in[t], sizeof Q) == 0, "%s differs from the textbook values", paths[t]);
+        free(x);
+    }
+    const char *args[] = {"forward", "-q", qp, "-k", kp, "-v", vp, "-o", P("O.npy"), NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    refp p = {1, 1, 1, 3, 3, 2, 2, 0, 0, 0, -1, -1, NULL, NULL, {0}, NULL, {0}};
+    double o[6], lse[3];
+    ref_forward(&p, Q, K, V, o, lse);
+    /* float64: O = [[6.1546, 3.8454], [3.8454, 6.1546], [5, 5]] */
+    cr_assert(fabs(o[0] - 6.1546057) < 1e-6 && fabs(o[1] - 3.8453943) < 1e-6 && o[4] == 5.0);
+    float *got = read_f32(P("O.npy"), &nd, shape);
+    cr_assert(nd == 2 && shape[0] == 3 && shape[1] == 2);
+    expect_close("O", got, o, 6, 1e-6);
+    float *exp_o = read_f32(ep, &nd, shape);
+    cr_assert(nd == 2 && shape[0] == 3 && shape[1] == 2);
+    expect_close("O_expected.npy", exp_o, o, 6, 1e-6);
+    free(got);
+    free(exp_o);
+}
+
+/* ------------------------------------------------------------ forward round trips */
+
+Test(cli, forward_rank2)
+{
+    fixture f;
+    fixture_make(&f, 2, 1, 1, 1, 7, 9, 16, 12);
+    check_forward(&f, NULL);
+    fixture_free(&f);
+}
+
+Test(cli, forward_rank3_causal_top_left)
+{
+    fixture f;
+    fixture_make(&f, 3, 1, 3, 3, 5, 5, 8, 8);
+    f.p.causal = 1;
+    const char *extra[] = {"--causal", "top-left", NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_rank4_scale)
+{
+    fixture f;
+    fixture_make(&f, 4, 2, 2, 2, 4, 6, 5, 3);
+    f.p.scale = 0.3;
+    const char *extra[] = {"--scale", "0.3", NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_negative_scale_equals_form)
+{
+    fixture f;
+    fixture_make(&f, 3, 1, 2, 2, 4, 6, 5, 3);
+    f.p.scale = -1.5;
+    const char *extra[] = {"--scale=-1.5", NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_gqa_rank4)
+{
+    fixture f;
+    fixture_make(&f, 4, 2, 6, 2, 5, 7, 8, 6);
+    check_forward(&f, NULL);
+    fixture_free(&f);
+}
+
+Test(cli, forward_mqa_rank3_causal_bottom_right)
+{
+    fixture f;
+    fixture_make(&f, 3, 1, 4, 1, 4, 9, 8, 4);
+    f.p.causal = 2;
+    const char *extra[] = {"--causal", "bottom-right", NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_window_bottom_right_alignment)
+{
+    fixture f;
+    fixture_make(&f, 4, 1, 2, 2, 6, 10, 4, 4);
+    f.p.wl = 2;
+    f.p.wr = 1;
+    f.p.align_br = 1;
+    const char *extra[] = {"--window-left", "2", "--window-right", "1", "--window-align", "bottom-right", NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_causal_window)
+{
+    fixture f;
+    fixture_make(&f, 2, 1, 1, 1, 9, 9, 4, 4);
+    f.p.causal = 1;
+    f.p.wl = 3;
+    const char *extra[] = {"--causal", "top-left", "--window-left", "3", NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_mask_keys_bool)
+{
+    fixture f;
+    fixture_make(&f, 4, 2, 2, 1, 5, 7, 8, 6);
+    uint8_t m[7] = {1, 0, 1, 1, 0, 0, 1};
+    const int64_t s[1] = {7};
+    write_typed(P("M.npy"), "|b1", 1, 1, s, m, 1, 0);
+    f.p.mask = m;
+    f.p.ms[3] = 1;
+    const char *extra[] = {"--mask", P("M.npy"), NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_mask_query_key_uint8)
+{
+    fixture f;
+    fixture_make(&f, 3, 1, 3, 3, 5, 6, 8, 6);
+    uint8_t m[30];
+    for (int i = 0; i < 30; i++)
+        m[i] = (uint8_t)((i * 7) % 3 == 0 ? 0 : (i % 2 ? 2 : 255)); /* any nonzero byte allows */
+    const int64_t s[2] = {5, 6};
+    write_typed(P("M.npy"), "|u1", 1, 2, s, m, 1, 0);
+    f.p.mask = m;
+    f.p.ms[2] = 6;
+    f.p.ms[3] = 1;
+    const char *extra[] = {"--mask", P("M.npy"), NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_mask_batch_1_q_k_with_empty_row)
+{
+    fixture f;
+    fixture_make(&f, 4, 2, 2, 2, 4, 5, 8, 3);
+    uint8_t m[2 * 4 * 5];
+    for (int i = 0; i < 40; i++)
+        m[i] = (uint8_t)((i % 3) != 1);
+    for (int j = 0; j < 5; j++) /* batch 1, query 2: no key allowed -> O = 0, LSE = -inf */
+        m[20 + 2 * 5 + j] = 0;
+    const int64_t s[4] = {2, 1, 4, 5};
+    write_typed(P("M.npy"), "|b1", 1, 4, s, m, 1, 0);
+    f.p.mask = m;
+    f.p.ms[0] = 20;
+    f.p.ms[2] = 5;
+    f.p.ms[3] = 1;
+    const char *extra[] = {"--mask", P("M.npy"), NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_bias_float_broadcast)
+{
+    fixture f;
+    fixture_make(&f, 4, 2, 4, 2, 3, 6, 4, 4);
+    /* bias of shape (Hq, 1, Tk): per head and key, broadcast over batch and queries */
+    float bias[4 * 6];
+    for (int i = 0; i < 24; i++)
+        bias[i] = 2.0f * frand();
+    bias[7] = -INFINITY;
+    bias[15] = -1e30f; /* finite: does not mask */
+    const int64_t s[3] = {4, 1, 6};
+    write_f32(P("Bias.npy"), 3, s, bias);
+    f.p.bias = bias;
+    f.p.bs[1] = 6;
+    f.p.bs[3] = 1;
+    const char *extra[] = {"--bias", P("Bias.npy"), "--causal", "bottom-right", NULL};
+    f.p.causal = 2;
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_mask_and_bias_full_shape)
+{
+    fixture f;
+    fixture_make(&f, 4, 1, 2, 2, 3, 4, 4, 4);
+    float bias[24];
+    uint8_t m[24];
+    for (int i = 0; i < 24; i++) {
+        bias[i] = frand();
+        m[i] = (uint8_t)(i % 5 != 0);
+    }
+    const int64_t s[4] = {1, 2, 3, 4};
+    write_f32(P("Bias.npy"), 4, s, bias);
+    write_typed(P("M.npy"), "|b1", 1, 4, s, m, 1, 0);
+    f.p.bias = bias;
+    f.p.mask = m;
+    f.p.bs[1] = f.p.ms[1] = 12;
+    f.p.bs[2] = f.p.ms[2] = 4;
+    f.p.bs[3] = f.p.ms[3] = 1;
+    const char *extra[] = {"--bias", P("Bias.npy"), "--mask", P("M.npy"), NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_kv_len_int32)
+{
+    fixture f;
+    fixture_make(&f, 4, 3, 2, 2, 4, 6, 8, 5);
+    int32_t lens[3] = {6, 3, 0};
+    const int64_t s[1] = {3};
+    write_typed(P("L.npy"), "<i4", 4, 1, s, lens, 1, 0);
+    f.p.kvlen = lens;
+    const char *extra[] = {"--kv-len", P("L.npy"), NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_kv_len_int64_causal_bottom_right)
+{
+    fixture f;
+    fixture_make(&f, 4, 2, 2, 1, 3, 8, 4, 4);
+    int64_t lens[2] = {5, 8};
+    int32_t lens32[2] = {5, 8};
+    const int64_t s[1] = {2};
+    write_typed(P("L.npy"), "<i8", 8, 1, s, lens, 1, 0);
+    f.p.kvlen = lens32;
+    f.p.causal = 2;
+    const char *extra[] = {"--kv-len", P("L.npy"), "--causal", "bottom-right", NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_npy_versions_2_and_3)
+{
+    fixture f;
+    fixture_make(&f, 3, 1, 2, 2, 4, 5, 4, 3);
+    int64_t s[3] = {2, 4, 4};
+    write_typed(P("Q.npy"), "<f4", 4, 3, s, f.q, 2, 0);
+    s[1] = 5;
+    write_typed(P("K.npy"), "<f4", 4, 3, s, f.k, 3, 0);
+    check_forward(&f, NULL);
+    fixture_free(&f);
+}
+
+Test(cli, forward_empty_keys)
+{
+    fixture f;
+    fixture_make(&f, 2, 1, 1, 1, 3, 0, 4, 5); /* Tk = 0: every row fully masked */
+    check_forward(&f, NULL);
+    fixture_free(&f);
+}
+
+Test(cli, forward_isa_scalar_one_thread)
+{
+    fixture f;
+    fixture_make(&f, 4, 1, 2, 2, 33, 40, 16, 16);
+    f.p.causal = 1;
+    const char *extra[] = {"--isa", "scalar", "--threads", "1", "--causal", "top-left", NULL};
+    check_forward(&f, extra);
+    fixture_free(&f);
+}
+
+Test(cli, forward_replaces_existing_output)
+{
+    fixture f;
+    fixture_make(&f, 2, 1, 1, 1, 3, 4, 4, 4);
+    write_bytes(P("O.npy"), "old contents", 12);
+    write_bytes(P("LSE.npy"), "old", 3);
+    check_forward(&f, NULL);
+    fixture_free(&f);
+}
+
+/* ------------------------------------------------------------ backward */
+
+static void check_backward(const fixture *f, int give_o_lse, const char *const *extra)
+{
+    const refp *p = &f->p;
+    int64_t s[4];
+    int nd;
+    int64_t shape[8];
+    const size_t nq = (size_t)p->B * p->Hq * p->Tq, nk = (size_t)p->B * p->Hkv * p->Tk;
+    float *dout = rand_floats(nq * p->Dv);
+    shape_rank(f->rank, p->B, p->Hq, p->Tq, p->Dv, s);
+    write_f32(P("dO.npy"), f->rank, s, dout);
+
+    const char *args[64] = {"backward", "-q",   P("Q.npy"),  "-k",   P("K.npy"),  "-v",   P("V.npy"),
+                            "--do",     P("dO.npy"), "--dq", P("dQ.npy"), "--dk", P("dK.npy"), "--dv",
+                            P("dV.npy")};
+    int n = 15;
+    if (give_o_lse) {
+        /* O and LSE from the tool's own forward */
+        const char *fa[48] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"),
+                              "-o",      P("O.npy"), "--lse", P("LSE.npy")};
+        int m = 11;
+        for (int i = 0; extra && extra[i]; i++)
+            fa[m++] = extra[i];
+        fa[m] = NULL;
+        run_result *r = run(fa);
+        cr_assert_eq(r->status, 0, "%s", r->err);
+        args[n++] = "-o";
+        args[n++] = P("O.npy");
+        args[n++] = "--lse";
+        args[n++] = P("LSE.npy");
+    }
+    for (int i = 0; extra && extra[i]; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "backward failed (%d): %s", r->status, r->err);
+    cr_assert_str_empty(r->err);
+
+    double *dq = malloc(nq * p->Dk * sizeof(double) + 1), *dk = malloc(nk * p->Dk * sizeof(double) + 1),
+           *dv = malloc(nk * p->Dv * sizeof(double) + 1);
+    ref_backward(p, f->q, f->k, f->v, dout, dq, dk, dv);
+    float *g = read_f32(P("dQ.npy"), &nd, shape);
+    shape_rank(f->rank, p->B, p->Hq, p->Tq, p->Dk, s);
+    expect_shape(nd, shape, f->rank, s);
+    expect_close("dQ", g, dq, nq * p->Dk, 2e-5);
+    free(g);
+    g = read_f32(P("dK.npy"), &nd, shape);
+    shape_rank(f->rank, p->B, p->Hkv, p->Tk, p->Dk, s);
+    expect_shape(nd, shape, f->rank, s);
+    expect_close("dK", g, dk, nk * p->Dk, 2e-5);
+    free(g);
+    g = read_f32(P("dV.npy"), &nd, shape);
+    shape_rank(f->rank, p->B, p->Hkv, p->Tk, p->Dv, s);
+    expect_shape(nd, shape, f->rank, s);
+    expect_close("dV", g, dv, nk * p->Dv, 2e-5);
+    free(g);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(dout);
+}
+
+Test(cli, backward_rank3_recomputes_forward)
+{
+    fixture f;
+    fixture_make(&f, 3, 1, 2, 2, 6, 9, 8, 5);
+    f.p.causal = 2;
+    const char *extra[] = {"--causal", "bottom-right", NULL};
+    check_backward(&f, 0, extra);
+    fixture_free(&f);
+}
+
+Test(cli, backward_rank4_gqa_given_o_lse)
+{
+    fixture f;
+    fixture_make(&f, 4, 2, 4, 2, 5, 7, 6, 4);
+    check_backward(&f, 1, NULL);
+    fixture_free(&f);
+}
+
+Test(cli, backward_rank2_masks)
+{
+    fixture f;
+    fixture_make(&f, 2, 1, 1, 1, 5, 6, 4, 3);
+    uint8_t m[6] = {1, 1, 0, 1, 1, 1};
+    float bias[30];
+    int32_t lens[1] = {5};
+    for (int i = 0; i < 30; i++)
+        bias[i] = frand();
+    const int64_t sm[1] = {6}, sb[2] = {5, 6}, sl[1] = {1};
+    write_typed(P("M.npy"), "|u1", 1, 1, sm, m, 1, 0);
+    write_f32(P("Bias.npy"), 2, sb, bias);
+    write_typed(P("L.npy"), "<i4", 4, 1, sl, lens, 1, 0);
+    f.p.mask = m;
+    f.p.ms[3] = 1;
+    f.p.bias = bias;
+    f.p.bs[2] = 6;
+    f.p.bs[3] = 1;
+    f.p.kvlen = lens;
+    f.p.causal = 1;
+    f.p.scale = 0.7;
+    const char *extra[] = {"--mask", P("M.npy"), "--bias", P("Bias.npy"), "--kv-len", P("L.npy"),
+                           "--causal", "top-left", "--scale", "0.7", NULL};
+    check_backward(&f, 1, extra);
+    fixture_free(&f);
+}
+
+/* ------------------------------------------------------------ bad files */
+
+static const char *const SENTINEL = "pre-existing output, must survive";
+
+static void list_dir_check_no_temp(void)
+{
+    DIR *d = opendir(g_dir);
+    struct dirent *e;
+    cr_assert_not_null(d);
+    while ((e = readdir(d)) != NULL)
+        cr_assert_null(strstr(e->d_name, ".tmp"), "temporary file left behind: %s", e->d_name);
+    closedir(d);
+}
+
+/* Runs args twice: once with the outputs absent (they must stay absent), once
+ * with them pre-existing (they must stay unchanged). Each run must exit 2 with
+ * exactly one line "sdpa: error: <blame>: ..." on stderr (blame NULL: any
+ * "sdpa: error: " line; usage: the error may be followed by usage lines). */
+static void expect_failure(const char *const *args, const char *const *outputs, const char *blame, int usage)
+{
+    char want[600], buf[256];
+    if (blame)
+        snprintf(want, sizeof want, "sdpa: error: %s: ", blame);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; outputs[i]; i++) {
+            unlink(outputs[i]);
+            if (pass == 1)
+                write_bytes(outputs[i], SENTINEL, strlen(SENTINEL));
+        }
+        run_result *r = run(args);
+        cr_assert_eq(r->status, 2, "exit status %d, expected 2; stderr: %s", r->status, r->err);
+        cr_assert_str_empty(r->out, "stdout: %s", r->out);
+        cr_assert(strncmp(r->err, "sdpa: error: ", 13) == 0, "stderr: %s", r->err);
+        if (usage)
+            cr_assert_not_null(strstr(r->err, "usage:"), "stderr: %s", r->err);
+        else
+            cr_assert_eq(count_lines(r->err), 1, "expected one line on stderr, got:\n%s", r->err);
+        if (blame)
+            cr_assert(strncmp(r->err, want, strlen(want)) == 0, "expected '%s...', got: %s", want, r->err);
+        for (int i = 0; outputs[i]; i++) {
+            if (pass == 0) {
+                cr_assert(!exists(outputs[i]), "%s was created", outputs[i]);
+            } else {
+                FILE *f = fopen(outputs[i], "rb");
+                size_t n;
+                cr_assert_not_null(f);
+                n = fread(buf, 1, sizeof buf - 1, f);
+                fclose(f);
+                buf[n] = '\0';
+                cr_assert_str_eq(buf, SENTINEL, "%s was modified", outputs[i]);
+            }
+        }
+        list_dir_check_no_temp();
+    }
+}
+
+/* Standard valid rank-4 inputs Q/K/V.npy (B=2, Hq=4, Hkv=2, Tq=5, Tk=7, Dk=8, Dv=6). */
+static void valid_inputs(void)
+{
+    fixture f;
+    fixture_make(&f, 4, 2, 4, 2, 5, 7, 8, 6);
+    fixture_free(&f);
+}
+
+/* forward with Q/K/V replaced by `q`, `k`, `v` (NULL: the valid one) plus extra. */
+static void expect_forward_failure(const char *q, const char *k, const char *v, const char *const *extra,
+                                   const char *blame)
+{
+    const char *args[48] = {"forward", "-q", q ? q : P("Q.npy"), "-k", k ? k : P("K.npy"), "-v",
+                            v ? v : P("V.npy"), "-o", P("O.npy"), "--lse", P("LSE.npy")};
+    const char *outs[] = {P("O.npy"), P("LSE.npy"), NULL};
+    int n = 11;
+    for (int i = 0; extra && extra[i]; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    expect_failure(args, outs, blame, 0);
+}
+
+static void float_zeros_npy(const char *path, const char *descr, size_t elsize, int ndim, const int64_t *shape,
+                            int major, int fortran)
+{
+    size_t n = shape_count(ndim, shape) * elsize;
+    void *z = calloc(1, n + 1);
+    write_typed(path, descr, elsize, ndim, shape, z, major, fortran);
+    free(z);
+}
+
+Test(cli, bad_missing_file)
+{
+    valid_inputs();
+    expect_forward_failure(P("nothere.npy"), NULL, NULL, NULL, P("nothere.npy"));
+}
+
+Test(cli, bad_magic)
+{
+    valid_inputs();
+    write_bytes(P("bad.npy"), "PK\x03\x04 this is a zip, not an npy file at all..........", 56);
+    expect_forward_failure(NULL, P("bad.npy"), NULL, NULL, P("bad.npy"));
+}
+
+Test(cli, bad_empty_file)
+{
+    valid_inputs();
+    write_bytes(P("bad.npy"), "", 0);
+    expect_forward_failure(NULL, NULL, P("bad.npy"), NULL, P("bad.npy"));
+}
+
+Test(cli, bad_version)
+{
+    valid_inputs();
+    const int64_t s[4] = {2, 4, 5, 8};
+    float_zeros_npy(P("bad.npy"), "<f4", 4, 4, s, 1, 0);
+    FILE *f = fopen(P("bad.npy"), "r+b");
+    fseek(f, 6, SEEK_SET);
+    fputc(4, f); /* version 4.0 */
+    fclose(f);
+    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+}
+
+Test(cli, bad_dtype_float64)
+{
+    valid_inputs();
+    const int64_t s[4] = {2, 4, 5, 8};
+    float_zeros_npy(P("bad.npy"), "<f8", 8, 4, s, 1, 0);
+    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+}
+
+Test(cli, bad_dtype_int32_for_query)
+{
+    valid_inputs();
+    const int64_t s[4] = {2, 4, 5, 8};
+    float_zeros_npy(P("bad.npy"), "<i4", 4, 4, s, 1, 0);
+    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+}
+
+Test(cli, bad_big_endian)
+{
+    valid_inputs();
+    const int64_t s[4] = {2, 2, 7, 8};
+    float_zeros_npy(P("bad.npy"), ">f4", 4, 4, s, 1, 0);
+    expect_forward_failure(NULL, P("bad.npy"), NULL, NULL, P("bad.npy"));
+    cr_assert_not_null(strstr(run((const char *const[]){"forward", "-q", P("Q.npy"), "-k", P("bad.npy"), "-v",
+                                                         P("V.npy"), "-o", P("O.npy"), NULL})
+                                  ->err,
+                              "big-endian"));
+}
+
+Test(cli, bad_fortran_order)
+{
+    valid_inputs();
+    const int64_t s[4] = {2, 4, 5, 8};
+    float_zeros_npy(P("bad.npy"), "<f4", 4, 4, s, 1, 1);
+    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+}
+
+Test(cli, bad_truncated_data)
+{
+    valid_inputs();
+    float z[10] = {0};
+    write_npy_raw(P("bad.npy"), 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2, 7, 6), }", z,
+                  sizeof z);
+    expect_forward_failure(NULL, NULL, P("bad.npy"), NULL, P("bad.npy"));
+}
+
+Test(cli, bad_truncated_header)
+{
+    valid_inputs();
+    write_bytes(P("bad.npy"), "\x93NUMPY\x01\x00\x76\x00{'descr': '<f4', 'fortran", 35);
+    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+}
+
+Test(cli, bad_trailing_data)
+{
+    valid_inputs();
+    float z[2 * 4 * 5 * 8 + 3] = {0};
+    write_npy_raw(P("bad.npy"), 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4, 5, 8), }", z,
+                  sizeof z);
+    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+}
+
+Test(cli, bad_header_garbage)
+{
+    valid_inputs();
+    static const char *const dicts[] = {
+        "hello, world",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4, 5, 8), 'extra': 1}",
+        "{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2, 4, 5, 8)}",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (2, -4, 5, 8)}",
+        "{'descr': '<f4', 'fortran_order': False}",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4, 5, 8)} trailing",
+        "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,)}",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': [2, 4, 5, 8]}",
+    };
+    float z[2 * 4 * 5 * 8] = {0};
+    for (size_t i = 0; i < sizeof dicts / sizeof dicts[0]; i++) {
+        write_npy_raw(P("bad.npy"), 1, dicts[i], z, sizeof z);
+        expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+    }
+}
+
+Test(cli, bad_query_rank)
+{
+    valid_inputs();
+    const int64_t s1[1] = {8}, s5[5] = {1, 2, 4, 5, 8};
+    float_zeros_npy(P("bad.npy"), "<f4", 4, 1, s1, 1, 0);
+    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+    float_zeros_npy(P("bad.npy"), "<f4", 4, 5, s5, 1, 0);
+    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+}
+
+Test(cli, bad_shapes_do_not_fit)
+{
+    valid_inputs();
+    const int64_t k_dim[4] = {2, 2, 7, 9}, k_rank[3] = {2, 7, 8}, k_batch[4] = {3, 2, 7, 8},
+                  k_heads[4] = {2, 3, 7, 8}, v_len[4] = {2, 2, 6, 6}, v_heads[4] = {2, 1, 7, 6};
+    float_zeros_npy(P("bad.npy"), "<f4", 4, 4, k_dim, 1, 0);
+    expect_forward_failure(NULL, P("bad.npy"), NULL, NULL, P("bad.npy"));
+    float_zeros_npy(P("bad.npy"), "<f4", 4, 3, k_rank, 1, 0);
+    expect_forward_failure(NULL, P("bad.npy"), NULL, NULL, P("bad.npy"));
+    float_zeros_npy(P("bad.npy"), "<f4", 4, 4, k_batch, 1, 0);
+    expect_forward_failure(NULL, P("bad.npy"), NULL, NULL, P("bad.npy"));
+    float_zeros_npy(P("bad.npy"), "<f4", 4, 4, k_heads, 1, 0); /* Hq = 4 not a multiple of 3 */
+    expect_forward_failure(NULL, P("bad.npy"), NULL, NULL, P("bad.npy"));
+    float_zeros_npy(P("bad.npy"), "<f4", 4, 4, v_len, 1, 0);
+    expect_forward_failure(NULL, NULL, P("bad.npy"), NULL, P("bad.npy"));
+    float_zeros_npy(P("bad.npy"), "<f4", 4, 4, v_heads, 1, 0);
+    expect_forward_failure(NULL, NULL, P("bad.npy"), NULL, P("bad.npy"));
+}
+
+Test(cli, bad_mask)
+{
+    valid_inputs(); /* target (B, Hq, Tq, Tk) = (2, 4, 5, 7) */
+    const int64_t not_bc[2] = {3, 7}, rank5[5] = {1, 2, 4, 5, 7}, heads[4] = {2, 2, 5, 7}, ok[1] = {7};
+    const char *extra[] = {"--mask", P("M.npy"), NULL};
+    float_zeros_npy(P("M.npy"), "|b1", 1, 2, not_bc, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("M.npy"));
+    float_zeros_npy(P("M.npy"), "|b1", 1, 5, rank5, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("M.npy"));
+    float_zeros_npy(P("M.npy"), "|u1", 1, 4, heads, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("M.npy"));
+    float_zeros_npy(P("M.npy"), "<f4", 4, 1, ok, 1, 0); /* float mask: wrong dtype */
+    expect_forward_failure(NULL, NULL, NULL, extra, P("M.npy"));
+    const char *missing[] = {"--mask", P("nomask.npy"), NULL};
+    expect_forward_failure(NULL, NULL, NULL, missing, P("nomask.npy"));
+}
+
+Test(cli, bad_bias)
+{
+    valid_inputs();
+    const int64_t ok[2] = {5, 7}, not_bc[2] = {5, 6};
+    const char *extra[] = {"--bias", P("B.npy"), NULL};
+    float_zeros_npy(P("B.npy"), "|b1", 1, 2, ok, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("B.npy"));
+    float_zeros_npy(P("B.npy"), "<f4", 4, 2, not_bc, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("B.npy"));
+}
+
+Test(cli, bad_kv_len)
+{
+    valid_inputs(); /* B = 2, Tk = 7 */
+    const char *extra[] = {"--kv-len", P("L.npy"), NULL};
+    const int64_t s3[1] = {3}, s2[1] = {2}, s12[2] = {1, 2};
+    int32_t three[3] = {1, 2, 3}, too_long[2] = {7, 8}, negative[2] = {-1, 3};
+    int64_t huge[2] = {3, (int64_t)1 << 40};
+    float fl[2] = {3, 4};
+    write_typed(P("L.npy"), "<i4", 4, 1, s3, three, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
+    write_typed(P("L.npy"), "<i4", 4, 2, s12, too_long, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
+    write_typed(P("L.npy"), "<i4", 4, 1, s2, too_long, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
+    write_typed(P("L.npy"), "<i4", 4, 1, s2, negative, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
+    write_typed(P("L.npy"), "<i8", 8, 1, s2, huge, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
+    write_typed(P("L.npy"), "<f4", 4, 1, s2, fl, 1, 0);
+    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
+}
+
+Test(cli, bad_output_directory)
+{
+    valid_inputs();
+    const char *o = P("no/such/dir/O.npy");
+    const char *args[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", o, NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 2);
+    cr_assert_eq(count_lines(r->err), 1, "%s", r->err);
+    cr_assert_not_null(strstr(r->err, o));
+    /* the valid -o must not be created when --lse cannot be */
+    const char *args2[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                           "--lse", o, NULL};
+    const char *outs[] = {P("O.npy"), NULL};
+    expect_failure(args2, outs, o, 0);
+}
+
+Test(cli, bad_backward_inputs)
+{
+    valid_inputs(); /* dO must be (2, 4, 5, 6); LSE (2, 4, 5) */
+    const int64_t do_bad[4] = {2, 4, 5, 8}, do_ok[4] = {2, 4, 5, 6}, lse_bad[3] = {2, 4, 6}, lse_ok[3] = {2, 4, 5};
+    const char *outs[] = {P("dQ.npy"), P("dK.npy"), P("dV.npy"), NULL};
+    float_zeros_npy(P("dO.npy"), "<f4", 4, 4, do_bad, 1, 0);
+    const char *a1[] = {"backward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "--do", P("dO.npy"),
+                        "--dq", P("dQ.npy"), "--dk", P("dK.npy"), "--dv", P("dV.npy"), NULL};
+    expect_failure(a1, outs, P("dO.npy"), 0);
+
+    float_zeros_npy(P("dO.npy"), "<f4", 4, 4, do_ok, 1, 0);
+    float_zeros_npy(P("O.npy"), "<f4", 4, 4, do_ok, 1, 0);
+    float_zeros_npy(P("LSE.npy"), "<f4", 4, 3, lse_bad, 1, 0);
+    const char *a2[] = {"backward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "--do", P("dO.npy"),
+                        "--dq", P("dQ.npy"), "--dk", P("dK.npy"), "--dv", P("dV.npy"), "-o", P("O.npy"),
+                        "--lse", P("LSE.npy"), NULL};
+    expect_failure(a2, outs, P("LSE.npy"), 0);
+
+    float_zeros_npy(P("LSE.npy"), "<f4", 4, 3, lse_ok, 1, 0);
+    float_zeros_npy(P("O.npy"), "<f4", 4, 4, do_bad, 1, 0);
+    expect_failure(a2, outs, P("O.npy"), 0);
+
+    /* -o without --lse: a usage error, nothing written */
+    const char *a3[] = {"backward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "--do", P("dO.npy"),
+                        "--dq", P("dQ.npy"), "--dk", P("dK.npy"), "--dv", P("dV.npy"), "-o", P("O.npy"), NULL};
+    expect_failure(a3, outs, NULL, 1);
+}
+
+Test(cli, usage_errors)
+{
+    valid_inputs();
+    const char *outs[] = {P("O.npy"), NULL};
+    const char *no_o[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), NULL};
+    const char *unknown[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                             "--frobnicate", NULL};
+    const char *causal[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                            "--causal", "sideways", NULL};
+    const char *threads[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                             "--threads", "many", NULL};
+    const char *scale[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                           "--scale", "nan", NULL};
+    const char *isa[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                         "--isa", "mmx", NULL};
+    const char *noval[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                           "--window-left", NULL};
+    const char *twice[] = {"forward", "-q", P("Q.npy"), "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"),
+                           "-o", P("O.npy"), NULL};
+    const char *const *all[] = {no_o, unknown, causal, threads, scale, isa, noval, twice};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        expect_failure(all[i], outs, NULL, 1);
+}
