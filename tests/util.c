@@ -366,6 +366,12 @@ int util_isas(sdpa_isa out[SDPA_ISA_COUNT])
 util_err util_fa_compare(const float *got, const float *naive, const double *ref, size_t n,
                          double factor)
 {
+    return util_fa_compare_slack(got, naive, ref, n, factor, 1e-6, 1e-7);
+}
+
+util_err util_fa_compare_slack(const float *got, const float *naive, const double *ref, size_t n,
+                               double factor, double rel_slack, double abs_slack)
+{
     util_err e;
     memset(&e, 0, sizeof e);
     e.first_bad = (size_t)-1;
@@ -399,7 +405,7 @@ util_err util_fa_compare(const float *got, const float *naive, const double *ref
                 e.naive_err = ne;
         }
     }
-    e.bound = factor * e.naive_err + 1e-6 * e.ref_max + 1e-7;
+    e.bound = factor * e.naive_err + rel_slack * e.ref_max + abs_slack;
     e.ok = e.nonfinite_bad == 0 && e.err <= e.bound;
     return e;
 }
@@ -407,7 +413,13 @@ util_err util_fa_compare(const float *got, const float *naive, const double *ref
 int util_fa_expect(const char *what, const float *got, const float *naive, const double *ref,
                    size_t n, double factor)
 {
-    const util_err e = util_fa_compare(got, naive, ref, n, factor);
+    return util_fa_expect_slack(what, got, naive, ref, n, factor, 1e-6, 1e-7);
+}
+
+int util_fa_expect_slack(const char *what, const float *got, const float *naive, const double *ref,
+                         size_t n, double factor, double rel_slack, double abs_slack)
+{
+    const util_err e = util_fa_compare_slack(got, naive, ref, n, factor, rel_slack, abs_slack);
     if (!e.ok) {
         if (e.nonfinite_bad)
             cr_log_error("%s: %zu element(s) with wrong inf/NaN status, first at %zu: got %g, ref %g",

@@ -142,9 +142,14 @@ typedef struct util_err {
 } util_err;
 util_err util_fa_compare(const float *got, const float *naive, const double *ref, size_t n,
                          double factor);
+/* Same with an explicit slack: bound = factor * naive_err + rel_slack * max|ref| + abs_slack. */
+util_err util_fa_compare_slack(const float *got, const float *naive, const double *ref, size_t n,
+                               double factor, double rel_slack, double abs_slack);
 /* Checks with cr_expect and logs on failure: "<what>: ..." . Returns ok. */
 int util_fa_expect(const char *what, const float *got, const float *naive, const double *ref,
                    size_t n, double factor);
+int util_fa_expect_slack(const char *what, const float *got, const float *naive, const double *ref,
+                         size_t n, double factor, double rel_slack, double abs_slack);
 
 /* Elementwise rule of the edge cases: |got - ref| <= max(atol, rtol*|ref|);
  * infinities must match exactly; NaN never passes unless ref is NaN. */
