@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -418,6 +419,41 @@ typedef struct out_file {
     int64_t shape[4];
 } out_file;
 
+/* Temporary files alive right now, removed if SIGINT/SIGTERM/SIGHUP arrives
+ * (unlink() is async-signal-safe), so an interrupted run leaves nothing. */
+#define MAX_TEMPS 8
+static char *volatile live_temps[MAX_TEMPS];
+
+static void temps_track(char *tmp, int on)
+{
+    for (int i = 0; i < MAX_TEMPS; i++)
+        if (on ? live_temps[i] == NULL : live_temps[i] == tmp) {
+            live_temps[i] = on ? tmp : NULL;
+            return;
+        }
+}
+
+static void on_fatal_signal(int sig)
+{
+    for (int i = 0; i < MAX_TEMPS; i++)
+        if (live_temps[i])
+            unlink(live_temps[i]);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install_signal_cleanup(void)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_fatal_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(sigs[i], &sa, NULL);
+    }
+}
+
 /* Creates the temporary file next to path (validates that it can be written). */
 static int out_prepare(out_file *of)
 {
@@ -435,9 +471,11 @@ static int out_prepare(out_file *of)
         return EXIT_BAD;
     }
     snprintf(of->tmp, n, "%s.tmp.XXXXXX", of->path);
+    temps_track(of->tmp, 1);
     fd = mkstemp(of->tmp);
     if (fd < 0) {
         file_error(of->path, "cannot create: %s", strerror(errno));
+        temps_track(of->tmp, 0);
         free(of->tmp);
         of->tmp = NULL;
         return EXIT_BAD;
@@ -454,6 +492,7 @@ static void out_discard(out_file *outs, int n)
     for (int i = 0; i < n; i++)
         if (outs[i].tmp) {
             unlink(outs[i].tmp);
+            temps_track(outs[i].tmp, 0);
             free(outs[i].tmp);
             outs[i].tmp = NULL;
         }
@@ -475,6 +514,7 @@ static int out_commit(out_file *outs, int n)
             out_discard(outs, n);
             return EXIT_BAD;
         }
+        temps_track(outs[i].tmp, 0);
         free(outs[i].tmp);
         outs[i].tmp = NULL;
     }
@@ -1210,6 +1250,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "info") == 0)
         return cmd_info(argc - 1, argv + 1);
+    install_signal_cleanup();
     if (strcmp(cmd, "forward") == 0)
         return cmd_forward(argc - 1, argv + 1);
     if (strcmp(cmd, "backward") == 0)
