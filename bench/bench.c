@@ -1,0 +1,1329 @@
+/* SPDX-License-Identifier: MIT */
+/* bench/bench.c - `sdpa bench`: times libsdpa per ISA and thread count against this CPU's limits.
+ *
+ * For every shape (B, Hq, Hkv, Tq, Tk, Dk, Dv) and mask, every ISA the CPU can
+ * run (forced per call through sdpa_problem.isa) and every thread count, the
+ * forward and the backward pass are run once or twice to warm up and then
+ * `--reps` times; the median wall time (clock_gettime(CLOCK_MONOTONIC)) is
+ * reported. FLOPs: forward 2 P (Dk + Dv), backward 2 P (3 Dk + 2 Dv), where P
+ * is the exact number of allowed (query, key) pairs of the mask (design notes
+ * section 5); the naive rows use the same count, so every GFLOP/s is
+ * "useful work per second" and comparable.
+ *
+ * The same run measures its own limits, in a forked child process so that the
+ * large bandwidth buffer never shows in the parent's peak RSS:
+ *   - the fp32 FMA peak per ISA and thread count: register-resident FMA chains
+ *     (bench/peak_*.c; the scalar one uses fmaf(), as the scalar kernels do);
+ *   - the memory read bandwidth of a buffer much larger than the last-level
+ *     cache (256 MiB by default) per thread count.
+ * "% of peak" divides by the peak of the row's ISA at the row's thread count
+ * (naive-blas: the best ISA's). Decode-like shapes (Tq <= 16) also report
+ * GB/s = bytes of K and V that some query may read (each once) / time, against
+ * the measured bandwidth.
+ *
+ * "naive-blas" is the same problem done the way a NumPy user would: S = scale
+ * Q K^T materialised with OpenBLAS cblas_sgemm per head, row softmax with the
+ * mask, O = P V with cblas_sgemm; backward from the stored P: dV = P^T dO,
+ * dP = dO V^T, dS = P * (dP - rowsum(P * dP)), dQ = scale dS K,
+ * dK = scale dS^T Q (GQA: dK, dV summed over the group). All sdpa rows run
+ * first, then all naive rows, so OpenBLAS's threads never compete with the
+ * library's and the big S buffers do not raise the RSS reported for sdpa rows.
+ * Shapes run in order of increasing memory footprint for the same reason:
+ * rss_mb is the process high-water mark (getrusage ru_maxrss) after the row,
+ * rss_increase_mb how much this shape raised it.
+ *
+ * Output: a table on stdout; with --json, one JSON object per line on stdout
+ * and the header and table on stderr. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "sdpa.h"
+
+#include "bench.h"
+#include "peak.h"
+
+#if HAVE_OPENMP
+#include <omp.h>
+#define OMP(directive) _Pragma(#directive)
+#else
+#define OMP(directive)
+#endif
+
+#ifdef SDPA_BENCH_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+#define MAX_LIST 32
+#define MAX_CASES 128
+#define MAX_REPS 1000
+#define NAIVE_MAX_S_BYTES ((int64_t)1 << 30)
+#define DECODE_MAX_TQ 16
+
+/* ------------------------------------------------------------ shapes and masks */
+
+typedef enum bench_mask { MASK_NONE, MASK_CAUSAL, MASK_CAUSAL_BR, MASK_PADDING, MASK_COUNT } bench_mask;
+static const char *const mask_names[MASK_COUNT] = {"none", "causal", "causal-bottom-right", "padding"};
+
+typedef struct shape {
+    int64_t B, Hq, Hkv, Tq, Tk, Dk, Dv;
+} shape;
+
+typedef struct bcase {
+    shape s;
+    bench_mask mask;
+} bcase;
+
+/* Key padding lengths: deterministic, from Tk/2 (batch 0) up to Tk (last batch). */
+static int32_t padding_length(const shape *s, int64_t b)
+{
+    const int64_t half = s->Tk / 2;
+    return (int32_t)(s->B > 1 ? half + b * (s->Tk - half) / (s->B - 1) : half);
+}
+
+/* Exclusive end of the allowed key interval of query i in batch b (the interval starts at 0). */
+static int64_t row_hi(const bcase *c, int64_t b, int64_t i)
+{
+    const shape *s = &c->s;
+    int64_t hi;
+    switch (c->mask) {
+    case MASK_CAUSAL: hi = i + 1; break;
+    case MASK_CAUSAL_BR: hi = i + s->Tk - s->Tq + 1; break;
+    case MASK_PADDING: hi = padding_length(s, b); break;
+    default: hi = s->Tk; break;
+    }
+    return hi < 0 ? 0 : hi > s->Tk ? s->Tk : hi;
+}
+
+/* Allowed (query, key) pairs over all batches and query heads. */
+static double allowed_pairs(const bcase *c)
+{
+    double p = 0.0;
+    for (int64_t b = 0; b < c->s.B; b++)
+        for (int64_t i = 0; i < c->s.Tq; i++)
+            p += (double)row_hi(c, b, i);
+    return p * (double)c->s.Hq;
+}
+
+/* Bytes of K and V that at least one query may read, each counted once. */
+static double kv_bytes_read(const bcase *c)
+{
+    double keys = 0.0;
+    for (int64_t b = 0; b < c->s.B; b++) {
+        int64_t mx = 0;
+        for (int64_t i = 0; i < c->s.Tq; i++) {
+            const int64_t hi = row_hi(c, b, i);
+            mx = hi > mx ? hi : mx;
+        }
+        keys += (double)mx;
+    }
+    return keys * (double)c->s.Hkv * (double)(c->s.Dk + c->s.Dv) * sizeof(float);
+}
+
+static double op_flops(const bcase *c, int backward)
+{
+    const double d = backward ? 3.0 * (double)c->s.Dk + 2.0 * (double)c->s.Dv
+                              : (double)(c->s.Dk + c->s.Dv);
+    return 2.0 * allowed_pairs(c) * d;
+}
+
+/* Bytes of the inputs and outputs the sdpa pass allocates. */
+static double footprint(const bcase *c)
+{
+    const shape *s = &c->s;
+    const double q = (double)(s->B * s->Hq * s->Tq), kv = (double)(s->B * s->Hkv * s->Tk);
+    return 4.0 * (2.0 * q * (double)s->Dk + 2.0 * kv * (double)(s->Dk + s->Dv) +
+                  3.0 * q * (double)s->Dv + q);
+}
+
+static int is_decode(const bcase *c)
+{
+    return c->s.Tq <= DECODE_MAX_TQ;
+}
+
+static const bcase default_cases[] = {
+    {{1, 8, 8, 512, 512, 64, 64}, MASK_NONE},
+    {{1, 8, 8, 512, 512, 64, 64}, MASK_CAUSAL},
+    {{1, 8, 8, 2048, 2048, 128, 128}, MASK_CAUSAL},
+    {{1, 32, 8, 1, 4096, 128, 128}, MASK_NONE},
+    {{8, 12, 12, 128, 128, 64, 64}, MASK_PADDING},
+};
+static const bcase quick_cases[] = {
+    {{1, 4, 4, 256, 256, 64, 64}, MASK_NONE},
+    {{1, 4, 4, 256, 256, 64, 64}, MASK_CAUSAL},
+    {{1, 4, 4, 512, 512, 128, 128}, MASK_CAUSAL},
+    {{1, 32, 8, 1, 1024, 128, 128}, MASK_NONE},
+    {{4, 4, 4, 128, 128, 64, 64}, MASK_PADDING},
+};
+
+/* ------------------------------------------------------------ options */
+
+typedef struct options {
+    int all_isas;
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    int n_isas;
+    int threads[MAX_LIST];
+    int n_threads;
+    shape shapes[MAX_LIST];
+    int n_shapes;
+    int mask_given[MASK_COUNT];
+    int n_masks;
+    int fwd, bwd;
+    int reps, warmup;
+    double max_time;
+    int json, naive, quick, limits;
+    int bw_mib;
+    bcase cases[MAX_CASES];
+    int n_cases;
+} options;
+
+static void print_help(void)
+{
+    printf(
+        "usage: sdpa bench [options]\n"
+        "\n"
+        "Times sdpa_forward / sdpa_backward per ISA, thread count, shape and mask (median of\n"
+        "--reps runs after a warm-up), next to this CPU's measured fp32 FMA peak and memory\n"
+        "bandwidth and to the naive OpenBLAS way (materialise S = Q K^T, softmax, P V).\n"
+        "\n"
+        "options:\n"
+        "  --isa NAME[,NAME..]|all   ISAs to time (default all the CPU supports; scalar first)\n"
+        "  --threads N[,N..]         OpenMP thread counts (default 1 and the OpenMP maximum)\n"
+        "  --shape B,Hq,Hkv,Tq,Tk,Dk,Dv  a problem shape (repeatable; replaces the defaults)\n"
+        "  --mask none|causal|causal-bottom-right|padding[,..]  mask(s) for every shape\n"
+        "                            (repeatable; default: none for --shape, the defaults' own)\n"
+        "  --op forward|backward|both  passes to time (default both)\n"
+        "  --reps N                  timed runs per row (default 5, --quick 3); rows whose\n"
+        "                            warm-up exceeds --max-time / N get fewer (at least 1)\n"
+        "  --warmup N                untimed runs first (default 1)\n"
+        "  --max-time S              seconds of timed runs per row, about (default 5, --quick 1)\n"
+        "  --json                    JSON lines on stdout; header and table go to stderr\n"
+        "  --naive / --no-naive      the naive OpenBLAS comparison (default on when built with it;\n"
+        "                            skipped for shapes whose S would exceed 1 GiB)\n"
+        "  --quick                   small shapes, fewer runs, short limit measurements\n"
+        "  --no-limits               do not measure the FMA peak and bandwidth\n"
+        "  --bw-mib N                bandwidth buffer in MiB (default 256; keep it >> the LLC)\n"
+        "\n"
+        "default shapes: 1,8,8,512,512,64,64 (none and causal), 1,8,8,2048,2048,128,128 causal,\n"
+        "decode 1,32,8,1,4096,128,128, 8,12,12,128,128,64,64 with key padding (kv lengths from\n"
+        "Tk/2 to Tk). FLOPs: forward 2P(Dk+Dv), backward 2P(3Dk+2Dv), P = allowed pairs.\n");
+}
+
+static int usage(const char *fmt, const char *arg)
+{
+    fputs("sdpa bench: error: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\n(see 'sdpa bench --help')\n", stderr);
+    return 2;
+}
+
+/* Parses "a,b,c" into at most max non-negative integers. Returns the count, or -1. */
+static int parse_int_list(const char *s, int64_t *out, int max)
+{
+    int n = 0;
+    const char *p = s;
+    for (;;) {
+        char *end;
+        errno = 0;
+        const long long v = strtoll(p, &end, 10);
+        if (end == p || errno != 0 || v < 0 || n == max)
+            return -1;
+        out[n++] = (int64_t)v;
+        if (*end == '\0')
+            return n;
+        if (*end != ',')
+            return -1;
+        p = end + 1;
+    }
+}
+
+static int parse_mask(const char *name, bench_mask *m)
+{
+    for (int i = 0; i < MASK_COUNT; i++)
+        if (strcmp(name, mask_names[i]) == 0) {
+            *m = (bench_mask)i;
+            return 0;
+        }
+    return -1;
+}
+
+static int parse_masks(const char *list, options *o)
+{
+    char buf[256];
+    if (strlen(list) >= sizeof buf)
+        return -1;
+    strcpy(buf, list);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        bench_mask m;
+        if (parse_mask(tok, &m) != 0)
+            return -1;
+        if (!o->mask_given[m])
+            o->n_masks++;
+        o->mask_given[m] = 1;
+    }
+    return 0;
+}
+
+static int parse_isas(const char *list, options *o)
+{
+    char buf[256];
+    if (strcmp(list, "all") == 0) {
+        o->all_isas = 1;
+        return 0;
+    }
+    if (strlen(list) >= sizeof buf)
+        return usage("--isa '%s': too long", list);
+    strcpy(buf, list);
+    o->all_isas = 0;
+    o->n_isas = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        sdpa_isa isa;
+        if (sdpa_isa_from_name(tok, &isa) != 0)
+            return usage("--isa '%s': expected scalar, avx2, avx512, neon, auto or all", tok);
+        if (isa == SDPA_ISA_AUTO)
+            isa = sdpa_isa_active();
+        if (!sdpa_isa_supported(isa))
+            return usage("--isa '%s': not compiled in or not supported by this CPU", tok);
+        int dup = 0;
+        for (int i = 0; i < o->n_isas; i++)
+            dup |= o->isas[i] == isa;
+        if (!dup)
+            o->isas[o->n_isas++] = isa;
+    }
+    if (o->n_isas == 0)
+        return usage("--isa '%s': no ISA named", list);
+    /* scalar first (the speed-up reference), then in enum order */
+    for (int i = 1; i < o->n_isas; i++)
+        for (int j = i; j > 0 && o->isas[j] < o->isas[j - 1]; j--) {
+            const sdpa_isa t = o->isas[j];
+            o->isas[j] = o->isas[j - 1];
+            o->isas[j - 1] = t;
+        }
+    return 0;
+}
+
+static int max_threads(void)
+{
+#if HAVE_OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int same_case(const bcase *a, const bcase *b)
+{
+    return a->mask == b->mask && memcmp(&a->s, &b->s, sizeof a->s) == 0;
+}
+
+static int add_case(options *o, const shape *s, bench_mask m)
+{
+    const bcase c = {*s, m};
+    for (int i = 0; i < o->n_cases; i++)
+        if (same_case(&o->cases[i], &c))
+            return 0;
+    if (o->n_cases == MAX_CASES)
+        return -1;
+    o->cases[o->n_cases++] = c;
+    return 0;
+}
+
+static int build_cases(options *o)
+{
+    const bcase *defs = o->quick ? quick_cases : default_cases;
+    const int n_defs = (int)(o->quick ? sizeof quick_cases / sizeof quick_cases[0]
+                                      : sizeof default_cases / sizeof default_cases[0]);
+    o->n_cases = 0;
+    if (o->n_shapes > 0) {
+        for (int i = 0; i < o->n_shapes; i++)
+            for (int m = 0; m < MASK_COUNT; m++)
+                if ((o->n_masks == 0 && m == MASK_NONE) || o->mask_given[m])
+                    if (add_case(o, &o->shapes[i], (bench_mask)m) != 0)
+                        return -1;
+    } else {
+        for (int i = 0; i < n_defs; i++)
+            for (int m = 0; m < MASK_COUNT; m++)
+                if ((o->n_masks == 0 && m == (int)defs[i].mask) || o->mask_given[m])
+                    if (add_case(o, &defs[i].s, (bench_mask)m) != 0)
+                        return -1;
+    }
+    /* stable sort by footprint: the big shapes last (rss_mb is a high-water mark) */
+    for (int i = 1; i < o->n_cases; i++)
+        for (int j = i; j > 0 && footprint(&o->cases[j]) < footprint(&o->cases[j - 1]); j--) {
+            const bcase t = o->cases[j];
+            o->cases[j] = o->cases[j - 1];
+            o->cases[j - 1] = t;
+        }
+    return 0;
+}
+
+static int parse_options(int argc, char **argv, options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->all_isas = 1;
+    o->fwd = o->bwd = 1;
+    o->reps = -1;
+    o->warmup = 1;
+    o->max_time = -1.0;
+    o->naive = -1;
+    o->limits = 1;
+    o->bw_mib = 256;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        char name[64];
+        const char *val = NULL;
+        const char *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) != 0)
+            return usage("unexpected argument '%s'", arg);
+        if (eq) {
+            if ((size_t)(eq - arg) >= sizeof name)
+                return usage("unknown option '%s'", arg);
+            memcpy(name, arg, (size_t)(eq - arg));
+            name[eq - arg] = '\0';
+            val = eq + 1;
+        } else {
+            if (strlen(arg) >= sizeof name)
+                return usage("unknown option '%s'", arg);
+            strcpy(name, arg);
+        }
+        static const char *const flags[] = {"--help", "--json", "--naive", "--no-naive", "--quick",
+                                            "--no-limits"};
+        static const char *const valued[] = {"--isa", "--threads", "--shape", "--mask", "--op",
+                                             "--reps", "--warmup", "--bw-mib", "--max-time"};
+        int is_flag = 0, is_valued = 0;
+        for (size_t f = 0; f < sizeof flags / sizeof flags[0]; f++)
+            is_flag |= strcmp(name, flags[f]) == 0;
+        for (size_t f = 0; f < sizeof valued / sizeof valued[0]; f++)
+            is_valued |= strcmp(name, valued[f]) == 0;
+        if (!is_flag && !is_valued)
+            return usage("unknown option '%s' for 'sdpa bench'", name);
+        if (is_flag && val)
+            return usage("option '%s' takes no value", name);
+        if (!is_flag && !val) {
+            if (i + 1 >= argc)
+                return usage("option '%s' needs a value", name);
+            val = argv[++i];
+        }
+        if (strcmp(name, "--help") == 0) {
+            print_help();
+            return 1;
+        } else if (strcmp(name, "--json") == 0) {
+            o->json = 1;
+        } else if (strcmp(name, "--naive") == 0) {
+            o->naive = 1;
+        } else if (strcmp(name, "--no-naive") == 0) {
+            o->naive = 0;
+        } else if (strcmp(name, "--quick") == 0) {
+            o->quick = 1;
+        } else if (strcmp(name, "--no-limits") == 0) {
+            o->limits = 0;
+        } else if (strcmp(name, "--isa") == 0) {
+            const int rc = parse_isas(val, o);
+            if (rc != 0)
+                return rc;
+        } else if (strcmp(name, "--threads") == 0) {
+            int64_t t[MAX_LIST];
+            const int n = parse_int_list(val, t, MAX_LIST);
+            if (n <= 0)
+                return usage("--threads '%s': expected N or N,N,... with 1 <= N <= 4096", val);
+            o->n_threads = 0;
+            for (int k = 0; k < n; k++) {
+                if (t[k] < 1 || t[k] > 4096)
+                    return usage("--threads '%s': expected N or N,N,... with 1 <= N <= 4096", val);
+                int dup = 0;
+                for (int j = 0; j < o->n_threads; j++)
+                    dup |= o->threads[j] == (int)t[k];
+                if (!dup)
+                    o->threads[o->n_threads++] = (int)t[k];
+            }
+        } else if (strcmp(name, "--shape") == 0) {
+            int64_t d[7];
+            if (parse_int_list(val, d, 7) != 7)
+                return usage("--shape '%s': expected B,Hq,Hkv,Tq,Tk,Dk,Dv (7 integers)", val);
+            const shape s = {d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
+            if (s.B < 1 || s.Hq < 1 || s.Hkv < 1 || s.Tq < 1 || s.Tk < 1 || s.Dk < 1 || s.Dv < 1)
+                return usage("--shape '%s': every size must be >= 1", val);
+            if (s.Hq % s.Hkv != 0)
+                return usage("--shape '%s': Hq must be a multiple of Hkv", val);
+            if (s.Tk > INT32_MAX || s.Dk > 65536 || s.Dv > 65536)
+                return usage("--shape '%s': too large", val);
+            if (o->n_shapes == MAX_LIST)
+                return usage("too many --shape options (at most %s)", "32");
+            o->shapes[o->n_shapes++] = s;
+        } else if (strcmp(name, "--mask") == 0) {
+            if (parse_masks(val, o) != 0)
+                return usage("--mask '%s': expected none, causal, causal-bottom-right or padding", val);
+        } else if (strcmp(name, "--op") == 0) {
+            if (strcmp(val, "forward") == 0)
+                o->fwd = 1, o->bwd = 0;
+            else if (strcmp(val, "backward") == 0)
+                o->fwd = 0, o->bwd = 1;
+            else if (strcmp(val, "both") == 0)
+                o->fwd = o->bwd = 1;
+            else
+                return usage("--op '%s': expected forward, backward or both", val);
+        } else if (strcmp(name, "--reps") == 0 || strcmp(name, "--warmup") == 0 ||
+                   strcmp(name, "--bw-mib") == 0) {
+            int64_t v;
+            const int lo = strcmp(name, "--warmup") == 0 ? 0 : 1;
+            const int64_t hi = strcmp(name, "--bw-mib") == 0 ? 65536 : MAX_REPS;
+            if (parse_int_list(val, &v, 1) != 1 || v < lo || v > hi)
+                return usage(strcmp(name, "--bw-mib") == 0 ? "--bw-mib '%s': expected 1..65536"
+                             : lo ? "--reps '%s': expected 1..1000"
+                                  : "--warmup '%s': expected 0..1000",
+                             val);
+            if (strcmp(name, "--reps") == 0)
+                o->reps = (int)v;
+            else if (strcmp(name, "--warmup") == 0)
+                o->warmup = (int)v;
+            else
+                o->bw_mib = (int)v;
+        } else if (strcmp(name, "--max-time") == 0) {
+            char *end;
+            const double v = strtod(val, &end);
+            if (end == val || *end != '\0' || !(v > 0.0) || v > 1e6)
+                return usage("--max-time '%s': expected a positive number of seconds", val);
+            o->max_time = v;
+        } else {
+            return usage("unknown option '%s' for 'sdpa bench'", name);
+        }
+    }
+    if (o->reps < 0)
+        o->reps = o->quick ? 3 : 5;
+    if (o->max_time < 0.0)
+        o->max_time = o->quick ? 1.0 : 5.0;
+    if (o->all_isas) {
+        o->n_isas = 0;
+        for (int i = 0; i < SDPA_ISA_COUNT; i++)
+            if (sdpa_isa_supported((sdpa_isa)i))
+                o->isas[o->n_isas++] = (sdpa_isa)i;
+    }
+    if (o->n_threads == 0) {
+        o->threads[o->n_threads++] = 1;
+        if (max_threads() > 1)
+            o->threads[o->n_threads++] = max_threads();
+    }
+#if !HAVE_OPENMP
+    for (int i = 0; i < o->n_threads; i++)
+        if (o->threads[i] != 1)
+            return usage("--threads: this build has no OpenMP; only %s thread is possible", "1");
+#endif
+#ifndef SDPA_BENCH_HAVE_OPENBLAS
+    if (o->naive == 1)
+        fputs("sdpa bench: note: built without OpenBLAS; no naive-blas rows\n", stderr);
+    o->naive = 0;
+#else
+    if (o->naive < 0)
+        o->naive = 1;
+#endif
+    if (build_cases(o) != 0)
+        return usage("too many shape and mask combinations (at most %s)", "128");
+    return 0;
+}
+
+/* ------------------------------------------------------------ utilities */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The process's peak resident set size so far, in MiB. */
+static double peak_rss_mb(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return -1.0;
+#ifdef __APPLE__
+    return (double)ru.ru_maxrss / (1024.0 * 1024.0); /* bytes */
+#else
+    return (double)ru.ru_maxrss / 1024.0; /* KiB */
+#endif
+}
+
+static float *alloc_floats(int64_t n)
+{
+    if (n <= 0)
+        n = 1;
+    if ((uint64_t)n > (SIZE_MAX - 64) / sizeof(float))
+        return NULL;
+    size_t bytes = (size_t)n * sizeof(float);
+    bytes = (bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, bytes);
+}
+
+/* Deterministic uniform values in [-1, 1). */
+static void fill_random(float *x, int64_t n, uint64_t seed)
+{
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        x[i] = (float)((double)(s >> 40) / (double)(1 << 23) - 1.0);
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef int (*run_fn)(void *ctx);
+
+typedef struct timing {
+    double median_s;
+    int reps;
+} timing;
+
+/* Warm-up, then the median of up to o->reps timed runs (fewer when one run is
+ * long: about o->max_time seconds per row, at least one run). When the last
+ * warm-up run alone exceeds o->max_time it is the measurement (reps = 1): at
+ * that length cold-start effects are negligible and the row costs half. */
+static int time_runs(run_fn fn, void *ctx, const options *o, timing *t)
+{
+    double last = 0.0;
+    for (int w = 0; w < o->warmup; w++) {
+        const double t0 = now_s();
+        if (fn(ctx) != 0)
+            return -1;
+        last = now_s() - t0;
+    }
+    if (o->warmup > 0 && last > o->max_time) {
+        /* one run already takes longer than the row's budget: it is the measurement */
+        t->median_s = last;
+        t->reps = 1;
+        return 0;
+    }
+    int reps = o->reps;
+    if (o->warmup > 0 && last * reps > o->max_time)
+        reps = last > 0.0 ? (int)(o->max_time / last) : reps;
+    if (reps < 1)
+        reps = 1;
+    double times[MAX_REPS];
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now_s();
+        if (fn(ctx) != 0)
+            return -1;
+        times[r] = now_s() - t0;
+    }
+    qsort(times, (size_t)reps, sizeof times[0], cmp_double);
+    t->median_s = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
+    t->reps = reps;
+    return 0;
+}
+
+/* ------------------------------------------------------------ limits */
+
+typedef struct limits {
+    int measured;
+    double peak[SDPA_ISA_COUNT][MAX_LIST]; /* GFLOP/s per ISA and thread-count index */
+    double bw[MAX_LIST];                   /* GB/s per thread-count index */
+    double bw_mib;
+} limits;
+
+typedef double (*peak_fn)(int64_t iters, float seed, float *sink);
+
+static peak_fn peak_function(sdpa_isa isa)
+{
+    switch (isa) {
+    case SDPA_ISA_SCALAR: return sdpa_bench_peak_scalar;
+#ifdef SDPA_BENCH_PEAK_AVX2
+    case SDPA_ISA_AVX2: return sdpa_bench_peak_avx2;
+#endif
+#ifdef SDPA_BENCH_PEAK_AVX512
+    case SDPA_ISA_AVX512: return sdpa_bench_peak_avx512;
+#endif
+#ifdef SDPA_BENCH_PEAK_NEON
+    case SDPA_ISA_NEON: return sdpa_bench_peak_neon;
+#endif
+    default: return NULL;
+    }
+}
+
+static volatile float peak_sink;
+
+/* Best GFLOP/s of `tries` runs of about target_s seconds on nt threads, each thread running the loop. */
+static double measure_peak(peak_fn fn, int nt, double target_s, int tries)
+{
+    float sink = 0.0f;
+    int64_t iters = 1024;
+    double t = 0.0;
+    for (;;) { /* calibrate on one thread */
+        const double t0 = now_s();
+        fn(iters, 1.0f, &sink);
+        t = now_s() - t0;
+        if (t >= 0.01 || iters > ((int64_t)1 << 40))
+            break;
+        iters *= 4;
+    }
+    iters = (int64_t)((double)iters * target_s / (t > 0.0 ? t : 1e-9)) + 1;
+    double best = 0.0;
+    for (int r = 0; r < tries; r++) {
+        double flops = 0.0;
+        const double t0 = now_s();
+        OMP(omp parallel num_threads(nt) reduction(+ : flops))
+        {
+            float s = 0.0f;
+            flops += fn(iters, 1.0f + 1e-3f * (float)r, &s);
+            if (s == 12345.0f)
+                peak_sink = s;
+        }
+        const double dt = now_s() - t0;
+        const double g = flops / dt * 1e-9;
+        best = g > best ? g : best;
+    }
+    peak_sink = sink;
+    return best;
+}
+
+/* Best GB/s of reading the buffer on nt threads. */
+static double measure_bw(const uint64_t *buf, int64_t n, int nt, int tries)
+{
+    double best = 0.0;
+    uint64_t total = 0;
+    for (int r = 0; r < tries + 1; r++) { /* the first pass only warms up */
+        uint64_t s = 0;
+        const double t0 = now_s();
+        OMP(omp parallel for num_threads(nt) schedule(static) reduction(+ : s))
+        for (int64_t i = 0; i < n; i++)
+            s += buf[i];
+        const double dt = now_s() - t0;
+        total += s;
+        const double g = (double)n * sizeof(uint64_t) / dt * 1e-9;
+        if (r > 0)
+            best = g > best ? g : best;
+    }
+    if (total == 42)
+        peak_sink = 1.0f;
+    return best;
+}
+
+static void measure_limits_here(const options *o, limits *L)
+{
+    memset(L, 0, sizeof *L);
+    /* Many short windows, keep the best: robust against other processes on a shared machine. */
+    const double target = o->quick ? 0.01 : 0.02;
+    const int tries = o->quick ? 8 : 16;
+    for (int ti = 0; ti < o->n_threads; ti++)
+        for (int i = 0; i < SDPA_ISA_COUNT; i++) {
+            const peak_fn fn = peak_function((sdpa_isa)i);
+            if (fn && sdpa_isa_supported((sdpa_isa)i))
+                L->peak[i][ti] = measure_peak(fn, o->threads[ti], target, tries);
+        }
+    const int64_t n = (int64_t)o->bw_mib * 1024 * 1024 / (int64_t)sizeof(uint64_t);
+    uint64_t *buf = aligned_alloc(64, (size_t)n * sizeof(uint64_t));
+    if (buf) {
+#if HAVE_OPENMP
+        const int nt_max = max_threads();
+#endif
+        OMP(omp parallel for num_threads(nt_max) schedule(static))
+        for (int64_t i = 0; i < n; i++)
+            buf[i] = (uint64_t)i; /* first touch, spread over the threads */
+        for (int ti = 0; ti < o->n_threads; ti++)
+            L->bw[ti] = measure_bw(buf, n, o->threads[ti], o->quick ? 3 : 5);
+        free(buf);
+    }
+    L->bw_mib = o->bw_mib;
+    L->measured = 1;
+}
+
+/* Measures in a child process (the bandwidth buffer stays out of this process's
+ * RSS, and no OpenMP team exists yet here); falls back to measuring in-process. */
+static void measure_limits(const options *o, limits *L)
+{
+    int fd[2];
+    fflush(stdout);
+    fflush(stderr);
+    if (pipe(fd) == 0) {
+        const pid_t pid = fork();
+        if (pid == 0) {
+            limits tmp;
+            close(fd[0]);
+            measure_limits_here(o, &tmp);
+            const char *p = (const char *)&tmp;
+            size_t left = sizeof tmp;
+            while (left > 0) {
+                const ssize_t w = write(fd[1], p, left);
+                if (w <= 0)
+                    _exit(1);
+                p += w;
+                left -= (size_t)w;
+            }
+            _exit(0);
+        }
+        close(fd[1]);
+        if (pid > 0) {
+            char *p = (char *)L;
+            size_t got = 0;
+            while (got < sizeof *L) {
+                const ssize_t r = read(fd[0], p + got, sizeof *L - got);
+                if (r <= 0)
+                    break;
+                got += (size_t)r;
+            }
+            close(fd[0]);
+            int status = 0;
+            waitpid(pid, &status, 0);
+            if (got == sizeof *L && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+                return;
+        } else {
+            close(fd[0]);
+        }
+    }
+    measure_limits_here(o, L);
+}
+
+/* ------------------------------------------------------------ results */
+
+typedef struct row {
+    const char *impl, *isa, *op;
+    int threads, reps;
+    const bcase *c;
+    double ms, gflops, peak_gflops, gbps, peak_gbps, rss_mb, rss_increase_mb, speedup, pairs,
+        max_abs_diff;
+} row;
+
+typedef struct out_state {
+    FILE *table;
+    int header_done;
+    const options *o;
+} out_state;
+
+static void fmt_shape(char *buf, size_t n, const shape *s)
+{
+    snprintf(buf, n, "%lld,%lld,%lld,%lld,%lld,%lld,%lld", (long long)s->B, (long long)s->Hq,
+             (long long)s->Hkv, (long long)s->Tq, (long long)s->Tk, (long long)s->Dk, (long long)s->Dv);
+}
+
+static void json_num(const char *key, double v)
+{
+    if (isfinite(v))
+        printf(",\"%s\":%.6g", key, v);
+    else
+        printf(",\"%s\":null", key);
+}
+
+static void emit_row(out_state *st, const row *r)
+{
+    const shape *s = &r->c->s;
+    char sh[160];
+    fmt_shape(sh, sizeof sh, s);
+    if (!st->header_done) {
+        fprintf(st->table, "%-10s %-8s %3s  %-28s %-19s %-8s %10s %9s %6s %8s %8s %5s %8s\n", "impl",
+                "isa", "thr", "B,Hq,Hkv,Tq,Tk,Dk,Dv", "mask", "op", "ms", "GFLOP/s", "%peak",
+                "xscalar", "GB/s", "%bw", "RSS MiB");
+        st->header_done = 1;
+    }
+    char pk[16] = "-", sp[16] = "-", gb[16] = "", pb[16] = "";
+    if (r->peak_gflops > 0.0)
+        snprintf(pk, sizeof pk, "%.1f", 100.0 * r->gflops / r->peak_gflops);
+    if (r->speedup > 0.0)
+        snprintf(sp, sizeof sp, "%.2fx", r->speedup);
+    if (is_decode(r->c)) {
+        snprintf(gb, sizeof gb, "%.2f", r->gbps);
+        snprintf(pb, sizeof pb, "-");
+        if (r->peak_gbps > 0.0)
+            snprintf(pb, sizeof pb, "%.1f", 100.0 * r->gbps / r->peak_gbps);
+    }
+    fprintf(st->table, "%-10s %-8s %3d  %-28s %-19s %-8s %10.3f %9.2f %6s %8s %8s %5s %8.1f\n",
+            r->impl, r->isa, r->threads, sh, mask_names[r->c->mask], r->op, r->ms, r->gflops, pk, sp,
+            gb, pb, r->rss_mb);
+    fflush(st->table);
+    if (!st->o->json)
+        return;
+    printf("{\"impl\":\"%s\",\"op\":\"%s\",\"isa\":\"%s\",\"threads\":%d", r->impl, r->op, r->isa,
+           r->threads);
+    printf(",\"B\":%lld,\"Hq\":%lld,\"Hkv\":%lld,\"Tq\":%lld,\"Tk\":%lld,\"Dk\":%lld,\"Dv\":%lld",
+           (long long)s->B, (long long)s->Hq, (long long)s->Hkv, (long long)s->Tq, (long long)s->Tk,
+           (long long)s->Dk, (long long)s->Dv);
+    printf(",\"mask\":\"%s\"", mask_names[r->c->mask]);
+    json_num("ms", r->ms);
+    json_num("gflops", r->gflops);
+    json_num("peak_gflops", r->peak_gflops > 0.0 ? r->peak_gflops : NAN);
+    if (is_decode(r->c)) {
+        json_num("gbps", r->gbps);
+        json_num("peak_gbps", r->peak_gbps > 0.0 ? r->peak_gbps : NAN);
+    }
+    json_num("rss_mb", r->rss_mb);
+    json_num("rss_increase_mb", r->rss_increase_mb);
+    printf(",\"reps\":%d", r->reps);
+    json_num("pairs", r->pairs);
+    if (r->speedup > 0.0)
+        json_num("speedup_vs_scalar", r->speedup);
+    if (r->max_abs_diff >= 0.0)
+        json_num("max_abs_diff_vs_sdpa", r->max_abs_diff);
+    printf(",\"version\":\"%s\"}\n", sdpa_version());
+    fflush(stdout);
+}
+
+static void fill_row(row *r, const bcase *c, int backward, const timing *t, double peak_gflops,
+                     double peak_gbps, double rss_before)
+{
+    r->c = c;
+    r->op = backward ? "backward" : "forward";
+    r->reps = t->reps;
+    r->ms = t->median_s * 1e3;
+    r->pairs = allowed_pairs(c);
+    r->gflops = op_flops(c, backward) / t->median_s * 1e-9;
+    r->peak_gflops = peak_gflops;
+    r->gbps = kv_bytes_read(c) / t->median_s * 1e-9;
+    r->peak_gbps = peak_gbps;
+    r->rss_mb = peak_rss_mb();
+    r->rss_increase_mb = r->rss_mb - rss_before;
+    r->speedup = -1.0;
+    r->max_abs_diff = -1.0;
+}
+
+/* ------------------------------------------------------------ problem buffers */
+
+typedef struct bufs {
+    float *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
+    int32_t *kvlen;
+    int64_t nq, nk, nv, no, nl;
+} bufs;
+
+static void free_bufs(bufs *b)
+{
+    free(b->q), free(b->k), free(b->v), free(b->o), free(b->lse);
+    free(b->dout), free(b->dq), free(b->dk), free(b->dv), free(b->kvlen);
+    memset(b, 0, sizeof *b);
+}
+
+static int alloc_bufs(const bcase *c, int grads, bufs *b)
+{
+    const shape *s = &c->s;
+    memset(b, 0, sizeof *b);
+    b->nq = s->B * s->Hq * s->Tq * s->Dk;
+    b->nk = s->B * s->Hkv * s->Tk * s->Dk;
+    b->nv = s->B * s->Hkv * s->Tk * s->Dv;
+    b->no = s->B * s->Hq * s->Tq * s->Dv;
+    b->nl = s->B * s->Hq * s->Tq;
+    b->q = alloc_floats(b->nq), b->k = alloc_floats(b->nk), b->v = alloc_floats(b->nv);
+    b->o = alloc_floats(b->no), b->lse = alloc_floats(b->nl);
+    b->kvlen = malloc((size_t)s->B * sizeof(int32_t));
+    int ok = b->q && b->k && b->v && b->o && b->lse && b->kvlen;
+    if (grads) {
+        b->dout = alloc_floats(b->no), b->dq = alloc_floats(b->nq);
+        b->dk = alloc_floats(b->nk), b->dv = alloc_floats(b->nv);
+        ok = ok && b->dout && b->dq && b->dk && b->dv;
+    }
+    if (!ok) {
+        free_bufs(b);
+        return -1;
+    }
+    fill_random(b->q, b->nq, 1);
+    fill_random(b->k, b->nk, 2);
+    fill_random(b->v, b->nv, 3);
+    memset(b->o, 0, (size_t)b->no * sizeof(float));
+    memset(b->lse, 0, (size_t)b->nl * sizeof(float));
+    if (grads) {
+        fill_random(b->dout, b->no, 4);
+        memset(b->dq, 0, (size_t)b->nq * sizeof(float));
+        memset(b->dk, 0, (size_t)b->nk * sizeof(float));
+        memset(b->dv, 0, (size_t)b->nv * sizeof(float));
+    }
+    for (int64_t i = 0; i < s->B; i++)
+        b->kvlen[i] = padding_length(s, i);
+    return 0;
+}
+
+typedef struct sdpa_ctx {
+    sdpa_problem pb;
+    sdpa_tensor q, k, v, o_in, lse_in, dout;
+    sdpa_tensor_out o, lse, dq, dk, dv;
+    sdpa_status st;
+} sdpa_ctx;
+
+static sdpa_tensor tin(const float *p, int64_t H, int64_t T, int64_t D)
+{
+    const sdpa_tensor t = {p, H * T * D, T * D, D};
+    return t;
+}
+
+static sdpa_tensor_out tout(float *p, int64_t H, int64_t T, int64_t D)
+{
+    const sdpa_tensor_out t = {p, H * T * D, T * D, D};
+    return t;
+}
+
+static void setup_sdpa(sdpa_ctx *x, const bcase *c, const bufs *b, sdpa_isa isa, int threads)
+{
+    const shape *s = &c->s;
+    memset(x, 0, sizeof *x);
+    sdpa_problem_init(&x->pb);
+    x->pb.batch = s->B, x->pb.q_heads = s->Hq, x->pb.kv_heads = s->Hkv;
+    x->pb.q_len = s->Tq, x->pb.kv_len = s->Tk, x->pb.head_dim_qk = s->Dk, x->pb.head_dim_v = s->Dv;
+    x->pb.causal = c->mask == MASK_CAUSAL      ? SDPA_CAUSAL_TOP_LEFT
+                   : c->mask == MASK_CAUSAL_BR ? SDPA_CAUSAL_BOTTOM_RIGHT
+                                               : SDPA_CAUSAL_NONE;
+    x->pb.kv_lengths = c->mask == MASK_PADDING ? b->kvlen : NULL;
+    x->pb.num_threads = threads;
+    x->pb.isa = isa;
+    x->q = tin(b->q, s->Hq, s->Tq, s->Dk);
+    x->k = tin(b->k, s->Hkv, s->Tk, s->Dk);
+    x->v = tin(b->v, s->Hkv, s->Tk, s->Dv);
+    x->o = tout(b->o, s->Hq, s->Tq, s->Dv);
+    x->lse = tout(b->lse, s->Hq, s->Tq, 1);
+    x->lse.seq_stride = 1;
+    x->o_in = tin(b->o, s->Hq, s->Tq, s->Dv);
+    x->lse_in = tin(b->lse, s->Hq, s->Tq, 1);
+    x->lse_in.seq_stride = 1;
+    x->dout = tin(b->dout, s->Hq, s->Tq, s->Dv);
+    x->dq = tout(b->dq, s->Hq, s->Tq, s->Dk);
+    x->dk = tout(b->dk, s->Hkv, s->Tk, s->Dk);
+    x->dv = tout(b->dv, s->Hkv, s->Tk, s->Dv);
+}
+
+static int run_sdpa_forward(void *p)
+{
+    sdpa_ctx *x = p;
+    x->st = sdpa_forward(&x->pb, &x->q, &x->k, &x->v, &x->o, &x->lse);
+    return x->st != SDPA_OK;
+}
+
+static int run_sdpa_backward(void *p)
+{
+    sdpa_ctx *x = p;
+    x->st = sdpa_backward(&x->pb, &x->q, &x->k, &x->v, &x->o_in, &x->lse_in, &x->dout, &x->dq,
+                          &x->dk, &x->dv);
+    return x->st != SDPA_OK;
+}
+
+/* ------------------------------------------------------------ the sdpa pass */
+
+static int sdpa_pass(const options *o, const limits *L, out_state *st, double *scalar_ms)
+{
+    int failed = 0;
+    for (int ci = 0; ci < o->n_cases; ci++) {
+        const bcase *c = &o->cases[ci];
+        const double rss_before = peak_rss_mb();
+        bufs b;
+        if (alloc_bufs(c, o->bwd, &b) != 0) {
+            char sh[160];
+            fmt_shape(sh, sizeof sh, &c->s);
+            fprintf(stderr, "sdpa bench: error: %s: out of memory; shape skipped\n", sh);
+            failed = 1;
+            continue;
+        }
+        for (int op = 0; op < 2; op++) {
+            if ((op == 0 && !o->fwd) || (op == 1 && !o->bwd))
+                continue;
+            for (int ti = 0; ti < o->n_threads; ti++)
+                for (int ii = 0; ii < o->n_isas; ii++) {
+                    const sdpa_isa isa = o->isas[ii];
+                    sdpa_ctx x;
+                    setup_sdpa(&x, c, &b, isa, o->threads[ti]);
+                    timing t;
+                    int rc = 0;
+                    if (op == 1) /* O and LSE of this ISA's forward feed its backward */
+                        rc = run_sdpa_forward(&x);
+                    if (rc == 0)
+                        rc = time_runs(op ? run_sdpa_backward : run_sdpa_forward, &x, o, &t);
+                    if (rc != 0) {
+                        fprintf(stderr, "sdpa bench: error: %s %s: %s\n", sdpa_isa_name(isa),
+                                op ? "backward" : "forward", sdpa_status_string(x.st));
+                        failed = 1;
+                        continue;
+                    }
+                    row r;
+                    memset(&r, 0, sizeof r);
+                    r.impl = "sdpa";
+                    r.isa = sdpa_isa_name(isa);
+                    r.threads = o->threads[ti];
+                    fill_row(&r, c, op, &t, L->peak[isa][ti], L->bw[ti], rss_before);
+                    double *ref = &scalar_ms[(ci * 2 + op) * MAX_LIST + ti];
+                    if (isa == SDPA_ISA_SCALAR)
+                        *ref = r.ms;
+                    if (*ref > 0.0)
+                        r.speedup = *ref / r.ms;
+                    emit_row(st, &r);
+                }
+        }
+        free_bufs(&b);
+    }
+    return failed;
+}
+
+/* ------------------------------------------------------------ the naive pass */
+
+#ifdef SDPA_BENCH_HAVE_OPENBLAS
+
+typedef struct naive_ctx {
+    const bcase *c;
+    const bufs *b;
+    float scale;
+    int threads;
+    float *S, *dP;          /* [B, Hq, Tq, Tk]: P after the forward; dP then dS */
+    float *o, *dq, *dk, *dv; /* naive outputs */
+} naive_ctx;
+
+static int run_naive_forward(void *p)
+{
+    naive_ctx *x = p;
+    const shape *s = &x->c->s;
+    const int64_t G = s->Hq / s->Hkv;
+    const int Tq = (int)s->Tq, Tk = (int)s->Tk, Dk = (int)s->Dk, Dv = (int)s->Dv;
+    for (int64_t bh = 0; bh < s->B * s->Hq; bh++) {
+        const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, Dk, x->scale,
+                    x->b->q + bh * s->Tq * s->Dk, Dk, x->b->k + bg * s->Tk * s->Dk, Dk, 0.0f,
+                    x->S + bh * s->Tq * s->Tk, Tk);
+    }
+    const int64_t rows = s->B * s->Hq * s->Tq;
+    OMP(omp parallel for num_threads(x->threads) schedule(static))
+    for (int64_t r = 0; r < rows; r++) {
+        float *srow = x->S + r * s->Tk;
+        const int64_t hi = row_hi(x->c, r / (s->Hq * s->Tq), r % s->Tq);
+        float mx = -INFINITY, sum = 0.0f;
+        for (int64_t j = 0; j < hi; j++)
+            mx = srow[j] > mx ? srow[j] : mx;
+        for (int64_t j = 0; j < hi; j++) {
+            srow[j] = expf(srow[j] - mx);
+            sum += srow[j];
+        }
+        const float inv = hi > 0 ? 1.0f / sum : 0.0f;
+        for (int64_t j = 0; j < hi; j++)
+            srow[j] *= inv;
+        for (int64_t j = hi; j < s->Tk; j++)
+            srow[j] = 0.0f;
+    }
+    for (int64_t bh = 0; bh < s->B * s->Hq; bh++) {
+        const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, Dv, Tk, 1.0f,
+                    x->S + bh * s->Tq * s->Tk, Tk, x->b->v + bg * s->Tk * s->Dv, Dv, 0.0f,
+                    x->o + bh * s->Tq * s->Dv, Dv);
+    }
+    return 0;
+}
+
+/* Backward from the P the last forward left in S (what autograd would keep). */
+static int run_naive_backward(void *p)
+{
+    naive_ctx *x = p;
+    const shape *s = &x->c->s;
+    const int64_t G = s->Hq / s->Hkv;
+    const int Tq = (int)s->Tq, Tk = (int)s->Tk, Dk = (int)s->Dk, Dv = (int)s->Dv;
+    for (int64_t bh = 0; bh < s->B * s->Hq; bh++) {
+        const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
+        const float beta = (bh % s->Hq) % G == 0 ? 0.0f : 1.0f; /* GQA: sum over the group */
+        const float *P = x->S + bh * s->Tq * s->Tk, *dO = x->b->dout + bh * s->Tq * s->Dv;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, Dv, Tq, 1.0f, P, Tk, dO, Dv, beta,
+                    x->dv + bg * s->Tk * s->Dv, Dv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, Dv, 1.0f, dO, Dv,
+                    x->b->v + bg * s->Tk * s->Dv, Dv, 0.0f, x->dP + bh * s->Tq * s->Tk, Tk);
+    }
+    const int64_t rows = s->B * s->Hq * s->Tq;
+    OMP(omp parallel for num_threads(x->threads) schedule(static))
+    for (int64_t r = 0; r < rows; r++) {
+        const float *prow = x->S + r * s->Tk;
+        float *drow = x->dP + r * s->Tk;
+        float d = 0.0f;
+        for (int64_t j = 0; j < s->Tk; j++)
+            d += prow[j] * drow[j];
+        for (int64_t j = 0; j < s->Tk; j++)
+            drow[j] = prow[j] * (drow[j] - d);
+    }
+    for (int64_t bh = 0; bh < s->B * s->Hq; bh++) {
+        const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
+        const float beta = (bh % s->Hq) % G == 0 ? 0.0f : 1.0f;
+        const float *dS = x->dP + bh * s->Tq * s->Tk;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, Dk, Tk, x->scale, dS, Tk,
+                    x->b->k + bg * s->Tk * s->Dk, Dk, 0.0f, x->dq + bh * s->Tq * s->Dk, Dk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, Dk, Tq, x->scale, dS, Tk,
+                    x->b->q + bh * s->Tq * s->Dk, Dk, beta, x->dk + bg * s->Tk * s->Dk, Dk);
+    }
+    return 0;
+}
+
+/* The best peak of any SIMD ISA at thread index ti (the machine's peak), or 0
+ * if none was measured (the fmaf() chains are no measure of the hardware). */
+static double best_peak(const limits *L, int ti)
+{
+    double b = 0.0;
+    for (int i = SDPA_ISA_SCALAR + 1; i < SDPA_ISA_COUNT; i++)
+        b = L->peak[i][ti] > b ? L->peak[i][ti] : b;
+    return b;
+}
+
+static double max_abs_diff(const float *a, const float *b, int64_t n)
+{
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m))
+            m = d; /* NaN wins */
+    }
+    return m;
+}
+
+static int naive_pass(const options *o, const limits *L, out_state *st, const double *scalar_ms)
+{
+    int failed = 0;
+    for (int ci = 0; ci < o->n_cases; ci++) {
+        const bcase *c = &o->cases[ci];
+        const shape *s = &c->s;
+        char sh[160];
+        fmt_shape(sh, sizeof sh, s);
+        const double s_bytes = 4.0 * (double)s->B * (double)s->Hq * (double)s->Tq * (double)s->Tk;
+        if (s_bytes > (double)NAIVE_MAX_S_BYTES) {
+            fprintf(st->table, "# naive-blas skipped for %s: S would take %.0f MiB\n", sh,
+                    s_bytes / 1048576.0);
+            continue;
+        }
+        const double rss_before = peak_rss_mb();
+        bufs b;
+        naive_ctx x;
+        memset(&x, 0, sizeof x);
+        const int64_t ns = s->B * s->Hq * s->Tq * s->Tk;
+        int ok = alloc_bufs(c, o->bwd, &b) == 0;
+        if (ok) {
+            x.S = alloc_floats(ns);
+            x.o = alloc_floats(b.no);
+            ok = x.S && x.o;
+            if (o->bwd) {
+                x.dP = alloc_floats(ns);
+                x.dq = alloc_floats(b.nq), x.dk = alloc_floats(b.nk), x.dv = alloc_floats(b.nv);
+                ok = ok && x.dP && x.dq && x.dk && x.dv;
+            }
+        }
+        if (!ok) {
+            fprintf(stderr, "sdpa bench: error: %s: out of memory for naive-blas; skipped\n", sh);
+            failed = 1;
+        } else {
+            x.c = c;
+            x.b = &b;
+            x.scale = 1.0f / sqrtf((float)s->Dk);
+            /* The reference: libsdpa with the default ISA and threads. */
+            sdpa_ctx ref;
+            setup_sdpa(&ref, c, &b, SDPA_ISA_AUTO, 0);
+            double diff[2] = {-1.0, -1.0};
+            x.threads = o->threads[o->n_threads - 1];
+            openblas_set_num_threads(x.threads);
+            if (run_sdpa_forward(&ref) == 0) {
+                run_naive_forward(&x);
+                diff[0] = max_abs_diff(x.o, b.o, b.no);
+                if (o->bwd && run_sdpa_backward(&ref) == 0) {
+                    run_naive_backward(&x);
+                    const double a = max_abs_diff(x.dq, b.dq, b.nq), bb = max_abs_diff(x.dk, b.dk, b.nk),
+                                 cc = max_abs_diff(x.dv, b.dv, b.nv);
+                    diff[1] = a > bb ? a : bb;
+                    diff[1] = cc > diff[1] ? cc : diff[1];
+                }
+            }
+            fprintf(st->table, "# check %s %s: naive-blas vs sdpa (%s) max |diff| forward O %.3g",
+                    sh, mask_names[c->mask], sdpa_isa_name(sdpa_isa_active()), diff[0]);
+            if (o->bwd)
+                fprintf(st->table, ", backward dQ/dK/dV %.3g", diff[1]);
+            fputc('\n', st->table);
+            for (int op = 0; op < 2; op++) {
+                if ((op == 0 && !o->fwd) || (op == 1 && !o->bwd))
+                    continue;
+                for (int ti = 0; ti < o->n_threads; ti++) {
+                    x.threads = o->threads[ti];
+                    openblas_set_num_threads(x.threads);
+                    timing t;
+                    if (op == 1)
+                        run_naive_forward(&x); /* P for the backward */
+                    if (time_runs(op ? run_naive_backward : run_naive_forward, &x, o, &t) != 0)
+                        continue;
+                    row r;
+                    memset(&r, 0, sizeof r);
+                    r.impl = "naive-blas";
+                    r.isa = "openblas";
+                    r.threads = x.threads;
+                    fill_row(&r, c, op, &t, best_peak(L, ti), L->bw[ti], rss_before);
+                    const double ref_ms = scalar_ms[(ci * 2 + op) * MAX_LIST + ti];
+                    if (ref_ms > 0.0)
+                        r.speedup = ref_ms / r.ms;
+                    r.max_abs_diff = diff[op];
+                    emit_row(st, &r);
+                }
+            }
+        }
+        free(x.S), free(x.dP), free(x.o), free(x.dq), free(x.dk), free(x.dv);
+        free_bufs(&b);
+    }
+    return failed;
+}
+#endif /* SDPA_BENCH_HAVE_OPENBLAS */
+
+/* ------------------------------------------------------------ main */
+
+static void print_header(FILE *f, const options *o, const limits *L)
+{
+    fprintf(f, "# sdpa bench: libsdpa %s, active ISA %s, OpenMP max threads %d%s\n", sdpa_version(),
+            sdpa_isa_name(sdpa_isa_active()), max_threads(), HAVE_OPENMP ? "" : " (built without OpenMP)");
+    fprintf(f, "# CPU features: %s\n", sdpa_cpu_features());
+    fprintf(f, "# ISAs timed:");
+    for (int i = 0; i < o->n_isas; i++)
+        fprintf(f, " %s", sdpa_isa_name(o->isas[i]));
+    fprintf(f, "; threads:");
+    for (int i = 0; i < o->n_threads; i++)
+        fprintf(f, "%s%d", i ? "," : " ", o->threads[i]);
+    fprintf(f, "; median of up to %d runs after %d warm-up (CLOCK_MONOTONIC), ~%.3g s per row\n",
+            o->reps, o->warmup, o->max_time);
+    fprintf(f, "# FLOPs: forward 2*P*(Dk+Dv), backward 2*P*(3*Dk+2*Dv), P = allowed (query,key) "
+               "pairs; decode (Tq <= %d) GB/s = K and V bytes read once / time\n",
+            DECODE_MAX_TQ);
+    if (L->measured) {
+        for (int ti = 0; ti < o->n_threads; ti++) {
+            fprintf(f, "# limits, %d thread%s: fp32 FMA peak", o->threads[ti], o->threads[ti] > 1 ? "s" : "");
+            for (int i = 0; i < SDPA_ISA_COUNT; i++)
+                if (L->peak[i][ti] > 0.0)
+                    fprintf(f, " %s %.1f", sdpa_isa_name((sdpa_isa)i), L->peak[i][ti]);
+            fprintf(f, " GFLOP/s; memory read %.1f GB/s (%.0f MiB buffer)\n", L->bw[ti], L->bw_mib);
+        }
+        fprintf(f, "# (peaks: best of many short register-resident FMA loops; the scalar one chains "
+                   "fmaf() as the scalar kernels do, a libm call on baseline x86-64)\n");
+    } else {
+        fprintf(f, "# limits not measured (--no-limits)\n");
+    }
+#ifdef SDPA_BENCH_HAVE_OPENBLAS
+    if (o->naive)
+        fprintf(f, "# naive-blas: %s (core %s)\n", openblas_get_config(), openblas_get_corename());
+#endif
+    fflush(f);
+}
+
+int sdpa_bench_main(int argc, char **argv)
+{
+    options *o = calloc(1, sizeof *o);
+    double *scalar_ms = calloc((size_t)MAX_CASES * 2 * MAX_LIST, sizeof(double));
+    limits L;
+    if (!o || !scalar_ms) {
+        free(o), free(scalar_ms);
+        fputs("sdpa bench: error: out of memory\n", stderr);
+        return 1;
+    }
+    int rc = parse_options(argc, argv, o);
+    if (rc != 0) {
+        free(o), free(scalar_ms);
+        return rc == 1 ? 0 : rc; /* 1: --help */
+    }
+    memset(&L, 0, sizeof L);
+    if (o->limits)
+        measure_limits(o, &L);
+    out_state st = {o->json ? stderr : stdout, 0, o};
+    print_header(st.table, o, &L);
+    int failed = sdpa_pass(o, &L, &st, scalar_ms);
+#ifdef SDPA_BENCH_HAVE_OPENBLAS
+    if (o->naive)
+        failed |= naive_pass(o, &L, &st, scalar_ms);
+#endif
+    free(o);
+    free(scalar_ms);
+    return failed ? 1 : 0;
+}
