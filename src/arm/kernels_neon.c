@@ -1,8 +1,17 @@
 /* SPDX-License-Identifier: MIT */
-/* arm/kernels_neon.c - placeholder until the NEON micro-kernels land: keeps the scalar entries. */
-#include "kernels.h"
+/* arm/kernels_neon.c - the AArch64 Advanced SIMD kernels: src/simd_tmpl.h over the q-register layer.
+ *
+ * gemm register block 6 x 16 (6 x 4 q accumulators); tails through a small
+ * zero-padded buffer; the skip-zero products are FMA + bit select; exp is
+ * Sleef_expf4_u10advsimd. */
+#include "arm/vec_neon.h"
+
+#include "simd_tmpl.h"
 
 void sdpa_kernels_init_neon(sdpa_kernels *t)
 {
+    tmpl_fill_table(t);
     t->name = "neon";
+    t->block_q = 64; /* 4 column blocks of 16 */
+    t->block_k = 64;
 }

@@ -1,8 +1,16 @@
 /* SPDX-License-Identifier: MIT */
-/* x86/kernels_avx2.c - placeholder until the avx2 micro-kernels land: keeps the scalar entries. */
-#include "kernels.h"
+/* x86/kernels_avx2.c - the AVX2 + FMA kernels: src/simd_tmpl.h over the ymm layer.
+ *
+ * gemm register block 6 x 16 (6 x 2 ymm accumulators); tails through
+ * maskload/maskstore; exp is Sleef_expf8_u10avx2. Built with -mavx2 -mfma only. */
+#include "x86/vec_avx2.h"
+
+#include "simd_tmpl.h"
 
 void sdpa_kernels_init_avx2(sdpa_kernels *t)
 {
+    tmpl_fill_table(t);
     t->name = "avx2";
+    t->block_q = 64; /* 4 column blocks of 16 */
+    t->block_k = 64;
 }

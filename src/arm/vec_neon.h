@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: MIT */
+/* arm/vec_neon.h - the V_* vector layer of src/simd_tmpl.h for AArch64 Advanced SIMD (4 x fp32).
+ *
+ * NEON has no masked loads: a tail of n < 4 lanes goes through a small
+ * zero-padded stack buffer, so memory outside the n elements is never touched.
+ * Everything here is static inline. */
+#ifndef SDPA_ARM_VEC_NEON_H
+#define SDPA_ARM_VEC_NEON_H
+
+#define SDPA_VEC_ISA neon
+
+#include <arm_neon.h>
+#include <sleef.h>
+#include <stddef.h>
+
+/* 6 x 4 q registers = 24 accumulators + 4 B vectors + 1 broadcast of the 32. */
+#define V_LANES 4
+#define V_GEMM_MR 6
+#define V_GEMM_NV 4
+#define V_TRANSPOSE_BLOCK 4
+
+typedef float32x4_t v_f32;
+typedef uint32x4_t v_mask;
+typedef int v_tail; /* number of valid lanes, 1..4 */
+
+static inline float32x4_t neon_load_tail(const float *p, int n)
+{
+    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < n; i++)
+        t[i] = p[i];
+    return vld1q_f32(t);
+}
+
+static inline void neon_store_tail(float *p, float32x4_t v, int n)
+{
+    float t[4];
+    vst1q_f32(t, v);
+    for (int i = 0; i < n; i++)
+        p[i] = t[i];
+}
+
+/* a > b ? a : b, like x86 max (b when either is NaN) */
+static inline float32x4_t neon_max(float32x4_t a, float32x4_t b)
+{
+    return vbslq_f32(vcgtq_f32(a, b), a, b);
+}
+
+/* dst[c*ldd + r] = src[r*lds + c] for a 4 x 4 block. */
+static inline void neon_transpose4x4(const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd)
+{
+    const float32x4_t r0 = vld1q_f32(src), r1 = vld1q_f32(src + lds);
+    const float32x4_t r2 = vld1q_f32(src + 2 * lds), r3 = vld1q_f32(src + 3 * lds);
+    const float32x4x2_t t01 = vtrnq_f32(r0, r1); /* r0[0] r1[0] r0[2] r1[2] | r0[1] r1[1] r0[3] r1[3] */
+    const float32x4x2_t t23 = vtrnq_f32(r2, r3);
+    vst1q_f32(dst, vcombine_f32(vget_low_f32(t01.val[0]), vget_low_f32(t23.val[0])));
+    vst1q_f32(dst + ldd, vcombine_f32(vget_low_f32(t01.val[1]), vget_low_f32(t23.val[1])));
+    vst1q_f32(dst + 2 * ldd, vcombine_f32(vget_high_f32(t01.val[0]), vget_high_f32(t23.val[0])));
+    vst1q_f32(dst + 3 * ldd, vcombine_f32(vget_high_f32(t01.val[1]), vget_high_f32(t23.val[1])));
+}
+
+#define V_ZERO() vdupq_n_f32(0.0f)
+#define V_SET1(x) vdupq_n_f32(x)
+#define V_LOAD(p) vld1q_f32(p)
+#define V_STORE(p, v) vst1q_f32((p), (v))
+#define V_BCAST(p) vld1q_dup_f32(p)
+#define V_TAIL_INIT(n) (n)
+#define V_LOAD_T(p, t) neon_load_tail((p), (t))
+#define V_STORE_T(p, v, t) neon_store_tail((p), (v), (t))
+#define V_ADD(a, b) vaddq_f32((a), (b))
+#define V_SUB(a, b) vsubq_f32((a), (b))
+#define V_MUL(a, b) vmulq_f32((a), (b))
+#define V_FMA(a, b, c) vfmaq_f32((c), (a), (b))
+#define V_MAX(a, b) neon_max((a), (b))
+#define V_NEZ(a) vmvnq_u32(vceqq_f32((a), vdupq_n_f32(0.0f))) /* NaN: true */
+#define V_EQ(a, b) vceqq_f32((a), (b))
+#define V_LT(a, b) vcltq_f32((a), (b))
+#define V_MAND(m1, m2) vandq_u32((m1), (m2))
+#define V_SEL(m, a, b) vbslq_f32((m), (a), (b)) /* m ? a : b */
+#define V_FMA_M(a, b, c, m) vbslq_f32((m), vfmaq_f32((c), (a), (b)), (c))
+#define V_EXP(x) Sleef_expf4_u10advsimd(x)
+#define V_TRANSPOSE(src, lds, dst, ldd) neon_transpose4x4((src), (lds), (dst), (ldd))
+
+#endif /* SDPA_ARM_VEC_NEON_H */

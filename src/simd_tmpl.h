@@ -1,0 +1,390 @@
+/* SPDX-License-Identifier: MIT */
+/* simd_tmpl.h - every kernel of the table (src/kernels.h) written once over a small vector layer.
+ *
+ * libdeflate / ggml style: an ISA translation unit includes its vector layer
+ * (src/x86/vec_avx2.h, src/x86/vec_avx512.h, src/arm/vec_neon.h) and then this
+ * file, which turns the layer into static kernels and tmpl_fill_table(). Only
+ * static (inline) definitions live here, so nothing compiled with one ISA's
+ * flags can leak into another translation unit.
+ *
+ * What the vector layer provides:
+ *   V_LANES             fp32 lanes per vector (VL)
+ *   V_GEMM_MR, _NV      gemm register block: MR rows x NV vectors of accumulators
+ *   V_TRANSPOSE_BLOCK   side of the square block that V_TRANSPOSE transposes
+ *   v_f32, v_mask       a vector, a per-lane predicate
+ *   v_tail              a partial-vector descriptor for 1..VL leading lanes
+ *   V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p,v) V_BCAST(p: one float to all lanes)
+ *   V_TAIL_INIT(n) V_LOAD_T(p,t) V_STORE_T(p,v,t)   touch only the n leading
+ *                       elements (the loaded vector's other lanes are 0)
+ *   V_ADD V_SUB V_MUL, V_FMA(a,b,c) = a*b + c (fused)
+ *   V_MAX(a,b)          a > b ? a : b (so b when either is NaN, as x86 max)
+ *   V_NEZ(a)            a != 0, true for NaN;  V_EQ, V_LT (ordered: false for NaN)
+ *   V_MAND(m1,m2)       and of predicates;  V_SEL(m,a,b) = m ? a : b
+ *   V_FMA_M(a,b,c,m)    m ? a*b + c : c  (a masked-off lane keeps c exactly,
+ *                       whatever a and b hold)
+ *   V_EXP(x)            SLEEF's u10 vector expf of this ISA
+ *   V_TRANSPOSE(src,lds,dst,ldd)   one V_TRANSPOSE_BLOCK square block
+ *
+ * Numerics: the gemm accumulates each C(m,n) with one fused multiply-add per k
+ * in increasing k, then applies alpha exactly like the scalar kernel
+ * (C = alpha*acc, or C = fma(alpha, acc, C)), so it gives the scalar kernel's
+ * bits. Softmax sums run in increasing k per column, as in the scalar kernel.
+ * exp differs from libm by the ulp or so of SLEEF u10, and results below
+ * FLT_MIN (x < -87.34, where expf would return a denormal) are flushed to 0,
+ * as XNNPACK does: denormals are slow and carry no weight next to the row max,
+ * which always contributes exp(0) = 1. */
+#ifndef SDPA_SIMD_TMPL_H
+#define SDPA_SIMD_TMPL_H
+
+#ifndef SDPA_VEC_ISA
+#error "include a vector layer (x86/vec_avx2.h, x86/vec_avx512.h, arm/vec_neon.h) first"
+#endif
+
+#include <math.h>
+#include <stddef.h>
+
+#include "kernels.h"
+
+#define TMPL_VL V_LANES
+#define TMPL_MR V_GEMM_MR
+#define TMPL_NV V_GEMM_NV
+#define TMPL_NB (V_GEMM_NV * V_LANES) /* columns per gemm register block */
+
+#define TMPL_INLINE static inline __attribute__((always_inline))
+
+#if defined(__clang__)
+#define TMPL_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define TMPL_UNROLL _Pragma("GCC unroll 16")
+#else
+#define TMPL_UNROLL
+#endif
+
+/* Loads/stores of a whole vector, or of a tail when the compile-time `tail` is set. */
+#define TMPL_LOAD(tail, p, t) ((tail) ? V_LOAD_T((p), (t)) : V_LOAD(p))
+#define TMPL_STORE(tail, p, v, t)                                                                  \
+    do {                                                                                           \
+        if (tail)                                                                                  \
+            V_STORE_T((p), (v), (t));                                                              \
+        else                                                                                       \
+            V_STORE((p), (v));                                                                     \
+    } while (0)
+
+/* ------------------------------------------------------------------- exp */
+
+/* exp with the XNNPACK denormal cut-off: x < ln(FLT_MIN) gives exactly 0 (so
+ * -inf gives 0), NaN stays NaN, and SLEEF never sees an input that would make
+ * a denormal. */
+TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
+{
+    const v_f32 cutoff = V_SET1(-0x1.5D589Ep6f); /* -87.33654: expf(cutoff) = FLT_MIN */
+    const v_f32 r = V_EXP(V_MAX(cutoff, x));     /* V_MAX(c, NaN) = NaN */
+    return V_SEL(V_LT(x, cutoff), V_ZERO(), r);
+}
+
+/* ------------------------------------------------------------------ gemm */
+
+/* One MR x (nv vectors) block of C:
+ *   C[i][n] (+)= alpha * sum_k A(i,k) B(k,n),   i < mr <= MR, n < columns of the block.
+ * The accumulators stay in registers for the whole K loop; A is broadcast from
+ * memory with its own strides, B is loaded as vectors. Rows i >= mr repeat row
+ * mr - 1 (computed, never stored), so no A element outside the M rows is read.
+ * `tail`: the last of the nv vectors holds only the lanes of t. nv, tail,
+ * skip_a, skip_b are compile-time constants in every instantiation. */
+TMPL_INLINE void tmpl_gemm_ukr(const int nv, const int tail, const int skip_a, const int skip_b,
+                               int mr, int K, float alpha, const float *A, ptrdiff_t rs_a,
+                               ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
+                               ptrdiff_t ldc, int accumulate, v_tail t)
+{
+    v_f32 acc[TMPL_MR][TMPL_NV];
+    const float *a[TMPL_MR];
+    TMPL_UNROLL
+    for (int i = 0; i < TMPL_MR; i++) {
+        a[i] = A + (ptrdiff_t)(i < mr ? i : mr - 1) * rs_a;
+        TMPL_UNROLL
+        for (int j = 0; j < nv; j++)
+            acc[i][j] = V_ZERO();
+    }
+
+    ptrdiff_t ka = 0; /* k * cs_a */
+    for (int k = 0; k < K; k++, ka += cs_a, B += ldb) {
+        v_f32 b[TMPL_NV];
+        v_mask mb[TMPL_NV];
+        TMPL_UNROLL
+        for (int j = 0; j < nv; j++) {
+            b[j] = TMPL_LOAD(tail && j == nv - 1, B + j * TMPL_VL, t);
+            if (skip_b)
+                mb[j] = V_NEZ(b[j]);
+        }
+        TMPL_UNROLL
+        for (int i = 0; i < TMPL_MR; i++) {
+            const v_f32 av = V_BCAST(a[i] + ka);
+            if (!skip_a && !skip_b) {
+                TMPL_UNROLL
+                for (int j = 0; j < nv; j++)
+                    acc[i][j] = V_FMA(av, b[j], acc[i][j]);
+            } else if (skip_a && !skip_b) {
+                const v_mask ma = V_NEZ(av);
+                TMPL_UNROLL
+                for (int j = 0; j < nv; j++)
+                    acc[i][j] = V_FMA_M(av, b[j], acc[i][j], ma);
+            } else if (!skip_a) {
+                TMPL_UNROLL
+                for (int j = 0; j < nv; j++)
+                    acc[i][j] = V_FMA_M(av, b[j], acc[i][j], mb[j]);
+            } else {
+                const v_mask ma = V_NEZ(av);
+                TMPL_UNROLL
+                for (int j = 0; j < nv; j++)
+                    acc[i][j] = V_FMA_M(av, b[j], acc[i][j], V_MAND(ma, mb[j]));
+            }
+        }
+    }
+
+    const v_f32 va = V_SET1(alpha);
+    TMPL_UNROLL
+    for (int i = 0; i < TMPL_MR; i++) {
+        if (i >= mr)
+            break;
+        float *c = C + (ptrdiff_t)i * ldc;
+        TMPL_UNROLL
+        for (int j = 0; j < nv; j++) {
+            const int last = tail && j == nv - 1;
+            v_f32 r;
+            if (accumulate)
+                r = V_FMA(va, acc[i][j], TMPL_LOAD(last, c + j * TMPL_VL, t));
+            else
+                r = V_MUL(va, acc[i][j]);
+            TMPL_STORE(last, c + j * TMPL_VL, r, t);
+        }
+    }
+}
+
+typedef void (*tmpl_ukr_fn)(int mr, int K, float alpha, const float *A, ptrdiff_t rs_a,
+                            ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
+                            int accumulate, v_tail t);
+
+#define TMPL_UKR(name, nv, tail, sa, sb)                                                           \
+    static void name(int mr, int K, float alpha, const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a,   \
+                     const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int accumulate,       \
+                     v_tail t)                                                                     \
+    {                                                                                              \
+        tmpl_gemm_ukr(nv, tail, sa, sb, mr, K, alpha, A, rs_a, cs_a, B, ldb, C, ldc, accumulate,   \
+                      t);                                                                          \
+    }
+
+/* Per skip mode (sa, sb): the full block, and blocks of 1..NV vectors whose
+ * last vector is partial. */
+#define TMPL_UKR_MODE(sfx, sa, sb)                                                                 \
+    TMPL_UKR(tmpl_ukr_full_##sfx, TMPL_NV, 0, sa, sb)                                              \
+    TMPL_UKR(tmpl_ukr_t1_##sfx, 1, 1, sa, sb)                                                      \
+    TMPL_UKR_T2(sfx, sa, sb)                                                                       \
+    TMPL_UKR_T3(sfx, sa, sb)                                                                       \
+    TMPL_UKR_T4(sfx, sa, sb)
+
+#if TMPL_NV >= 2
+#define TMPL_UKR_T2(sfx, sa, sb) TMPL_UKR(tmpl_ukr_t2_##sfx, 2, 1, sa, sb)
+#define TMPL_T2(sfx) , tmpl_ukr_t2_##sfx
+#else
+#define TMPL_UKR_T2(sfx, sa, sb)
+#define TMPL_T2(sfx)
+#endif
+#if TMPL_NV >= 3
+#define TMPL_UKR_T3(sfx, sa, sb) TMPL_UKR(tmpl_ukr_t3_##sfx, 3, 1, sa, sb)
+#define TMPL_T3(sfx) , tmpl_ukr_t3_##sfx
+#else
+#define TMPL_UKR_T3(sfx, sa, sb)
+#define TMPL_T3(sfx)
+#endif
+#if TMPL_NV >= 4
+#define TMPL_UKR_T4(sfx, sa, sb) TMPL_UKR(tmpl_ukr_t4_##sfx, 4, 1, sa, sb)
+#define TMPL_T4(sfx) , tmpl_ukr_t4_##sfx
+#else
+#define TMPL_UKR_T4(sfx, sa, sb)
+#define TMPL_T4(sfx)
+#endif
+#if TMPL_NV > 4
+#error "V_GEMM_NV above 4 needs more tail instantiations"
+#endif
+
+TMPL_UKR_MODE(plain, 0, 0)
+TMPL_UKR_MODE(za, 1, 0)
+TMPL_UKR_MODE(zb, 0, 1)
+TMPL_UKR_MODE(zab, 1, 1)
+
+#define TMPL_ROW(sfx) {tmpl_ukr_full_##sfx, tmpl_ukr_t1_##sfx TMPL_T2(sfx) TMPL_T3(sfx) TMPL_T4(sfx)}
+
+/* [skip mode: bit 0 = SKIP_ZERO_A, bit 1 = SKIP_ZERO_B][0: full block, v: v vectors, last partial] */
+static const tmpl_ukr_fn tmpl_ukr_tab[4][TMPL_NV + 1] = {
+    TMPL_ROW(plain), TMPL_ROW(za), TMPL_ROW(zb), TMPL_ROW(zab)};
+
+/* C = alpha A B (or C += with ACCUMULATE), see sdpa_gemm_fn. Column blocks of
+ * NB = NV*VL outside, MR-row blocks inside: one K x NB panel of B serves every
+ * row block. */
+static void tmpl_gemm(int M, int N, int K, float alpha, const float *A, ptrdiff_t rs_a,
+                      ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
+                      int flags)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K < 0)
+        K = 0;
+    const int mode = ((flags & SDPA_GEMM_SKIP_ZERO_A) ? 1 : 0) | ((flags & SDPA_GEMM_SKIP_ZERO_B) ? 2 : 0);
+    const int accumulate = (flags & SDPA_GEMM_ACCUMULATE) != 0;
+    for (int n0 = 0; n0 < N; n0 += TMPL_NB) {
+        const int nb = N - n0 < TMPL_NB ? N - n0 : TMPL_NB;
+        tmpl_ukr_fn f = tmpl_ukr_tab[mode][0];
+        v_tail t = V_TAIL_INIT(TMPL_VL);
+        if (nb < TMPL_NB) {
+            const int nv = (nb + TMPL_VL - 1) / TMPL_VL;
+            f = tmpl_ukr_tab[mode][nv];
+            t = V_TAIL_INIT(nb - (nv - 1) * TMPL_VL);
+        }
+        for (int m0 = 0; m0 < M; m0 += TMPL_MR) {
+            const int mr = M - m0 < TMPL_MR ? M - m0 : TMPL_MR;
+            f(mr, K, alpha, A + (ptrdiff_t)m0 * rs_a, rs_a, cs_a, B + n0, ldb,
+              C + (ptrdiff_t)m0 * ldc + n0, ldc, accumulate, t);
+        }
+    }
+}
+
+/* -------------------------------------------------------- online softmax */
+
+/* One block of VL columns (the first lanes of t when `tail`). */
+TMPL_INLINE void tmpl_softmax_block(const int tail, v_tail t, int M, float *S, ptrdiff_t lds,
+                                    float *m, float *l, float *alpha)
+{
+    const v_f32 m_old = TMPL_LOAD(tail, m, t);
+    /* column max, two chains; V_MAX(s, mx) keeps mx when s is NaN, like fmaxf */
+    v_f32 mx0 = m_old, mx1 = m_old;
+    int k = 0;
+    for (; k + 1 < M; k += 2) {
+        mx0 = V_MAX(TMPL_LOAD(tail, S + (ptrdiff_t)k * lds, t), mx0);
+        mx1 = V_MAX(TMPL_LOAD(tail, S + (ptrdiff_t)(k + 1) * lds, t), mx1);
+    }
+    if (k < M)
+        mx0 = V_MAX(TMPL_LOAD(tail, S + (ptrdiff_t)k * lds, t), mx0);
+    const v_f32 mx = V_MAX(mx1, mx0);
+    /* fully masked so far: subtract 0 instead of -inf (no NaN from -inf - -inf) */
+    const v_f32 mu = V_SEL(V_EQ(mx, V_SET1(-INFINITY)), V_ZERO(), mx);
+    const v_f32 a = tmpl_exp(V_SUB(m_old, mu)); /* m_old = -inf: exactly 0 */
+    v_f32 sum = V_ZERO();
+    for (k = 0; k < M; k++) {
+        float *s = S + (ptrdiff_t)k * lds;
+        const v_f32 p = tmpl_exp(V_SUB(TMPL_LOAD(tail, s, t), mu)); /* masked: exactly 0 */
+        TMPL_STORE(tail, s, p, t);
+        sum = V_ADD(sum, p);
+    }
+    TMPL_STORE(tail, alpha, a, t);
+    TMPL_STORE(tail, l, V_ADD(V_MUL(TMPL_LOAD(tail, l, t), a), sum), t);
+    TMPL_STORE(tail, m, mx, t);
+}
+
+static void tmpl_online_softmax(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
+                                float *alpha)
+{
+    int n0 = 0;
+    for (; n0 + TMPL_VL <= N; n0 += TMPL_VL)
+        tmpl_softmax_block(0, V_TAIL_INIT(TMPL_VL), M, S + n0, lds, m + n0, l + n0, alpha + n0);
+    if (n0 < N)
+        tmpl_softmax_block(1, V_TAIL_INIT(N - n0), M, S + n0, lds, m + n0, l + n0, alpha + n0);
+}
+
+/* --------------------------------------------------------- scale columns */
+
+static void tmpl_scale_columns(int M, int N, float *C, ptrdiff_t ldc, const float *alpha)
+{
+    const int nfull = N - N % TMPL_VL;
+    const v_tail t = V_TAIL_INIT(N > nfull ? N - nfull : TMPL_VL);
+    for (int m = 0; m < M; m++) {
+        float *c = C + (ptrdiff_t)m * ldc;
+        int n = 0;
+        for (; n < nfull; n += TMPL_VL)
+            V_STORE(c + n, V_MUL(V_LOAD(c + n), V_LOAD(alpha + n)));
+        if (n < N)
+            V_STORE_T(c + n, V_MUL(V_LOAD_T(c + n, t), V_LOAD_T(alpha + n, t)), t);
+    }
+}
+
+/* ---------------------------------------------------- backward: P from S */
+
+TMPL_INLINE void tmpl_probs_block(const int tail, v_tail t, int M, float *S, ptrdiff_t lds,
+                                  const float *lse)
+{
+    /* lse = -inf (row fully masked): subtract +inf, so every entry becomes exp(-inf) = 0 */
+    const v_f32 lv = TMPL_LOAD(tail, lse, t);
+    const v_f32 x = V_SEL(V_EQ(lv, V_SET1(-INFINITY)), V_SET1(INFINITY), lv);
+    for (int k = 0; k < M; k++) {
+        float *s = S + (ptrdiff_t)k * lds;
+        TMPL_STORE(tail, s, tmpl_exp(V_SUB(TMPL_LOAD(tail, s, t), x)), t);
+    }
+}
+
+static void tmpl_bwd_probs(int M, int N, float *S, ptrdiff_t lds, const float *lse)
+{
+    int n0 = 0;
+    for (; n0 + TMPL_VL <= N; n0 += TMPL_VL)
+        tmpl_probs_block(0, V_TAIL_INIT(TMPL_VL), M, S + n0, lds, lse + n0);
+    if (n0 < N)
+        tmpl_probs_block(1, V_TAIL_INIT(N - n0), M, S + n0, lds, lse + n0);
+}
+
+/* ------------------------------------------------- backward: dS from dP */
+
+TMPL_INLINE v_f32 tmpl_dscore(v_f32 p, v_f32 dp, v_f32 d)
+{
+    /* exactly 0 where P == 0, whatever dP holds (NaN from a masked V row) */
+    return V_SEL(V_EQ(p, V_ZERO()), V_ZERO(), V_MUL(p, V_SUB(dp, d)));
+}
+
+static void tmpl_bwd_dscores(int M, int N, const float *P, ptrdiff_t ldp, float *dP,
+                             ptrdiff_t lddp, const float *d)
+{
+    const int nfull = N - N % TMPL_VL;
+    const v_tail t = V_TAIL_INIT(N > nfull ? N - nfull : TMPL_VL);
+    for (int k = 0; k < M; k++) {
+        const float *p = P + (ptrdiff_t)k * ldp;
+        float *dp = dP + (ptrdiff_t)k * lddp;
+        int n = 0;
+        for (; n < nfull; n += TMPL_VL)
+            V_STORE(dp + n, tmpl_dscore(V_LOAD(p + n), V_LOAD(dp + n), V_LOAD(d + n)));
+        if (n < N)
+            V_STORE_T(dp + n, tmpl_dscore(V_LOAD_T(p + n, t), V_LOAD_T(dp + n, t), V_LOAD_T(d + n, t)),
+                      t);
+    }
+}
+
+/* ------------------------------------------------------------- transpose */
+
+static void tmpl_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
+                           ptrdiff_t ldd)
+{
+    const int tb = V_TRANSPOSE_BLOCK;
+    int r0 = 0;
+    for (; r0 + tb <= rows; r0 += tb) {
+        int c0 = 0;
+        for (; c0 + tb <= cols; c0 += tb)
+            V_TRANSPOSE(src + (ptrdiff_t)r0 * lds + c0, lds, dst + (ptrdiff_t)c0 * ldd + r0, ldd);
+        for (int c = c0; c < cols; c++)
+            for (int r = r0; r < r0 + tb; r++)
+                dst[(ptrdiff_t)c * ldd + r] = src[(ptrdiff_t)r * lds + c];
+    }
+    for (int c = 0; c < cols; c++)
+        for (int r = r0; r < rows; r++)
+            dst[(ptrdiff_t)c * ldd + r] = src[(ptrdiff_t)r * lds + c];
+}
+
+/* ----------------------------------------------------------------- table */
+
+/* Installs every kernel of this file; the ISA's init sets name and block sizes. */
+static inline void tmpl_fill_table(sdpa_kernels *t)
+{
+    t->gemm = tmpl_gemm;
+    t->online_softmax = tmpl_online_softmax;
+    t->scale_columns = tmpl_scale_columns;
+    t->bwd_probs = tmpl_bwd_probs;
+    t->bwd_dscores = tmpl_bwd_dscores;
+    t->transpose = tmpl_transpose;
+}
+
+#endif /* SDPA_SIMD_TMPL_H */

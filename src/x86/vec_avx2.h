@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: MIT */
+/* x86/vec_avx2.h - the V_* vector layer of src/simd_tmpl.h for AVX2 + FMA (8 x fp32).
+ *
+ * Included only by translation units built with -mavx2 -mfma. Two parts:
+ *  1. ymm helpers (tail masks, the 8x8 transpose), also used by the AVX-512
+ *     layer, which includes this file with SDPA_VEC_ISA already defined;
+ *  2. the V_* macros, defined only when no other layer claimed SDPA_VEC_ISA.
+ * Everything here is static inline (no out-of-line copies may leak between
+ * differently flagged translation units). */
+#ifndef SDPA_X86_VEC_AVX2_H
+#define SDPA_X86_VEC_AVX2_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+/* Lane masks for maskload/maskstore: the 8 ints at avx2_tail_tbl + 8 - n have
+ * their first n lanes set. */
+static const int32_t avx2_tail_tbl[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+static inline __m256i avx2_tail_mask(int n)
+{
+    return _mm256_loadu_si256((const __m256i *)(const void *)(avx2_tail_tbl + 8 - n));
+}
+
+/* dst[c*ldd + r] = src[r*lds + c] for an 8 x 8 block. */
+static inline void avx2_transpose8x8(const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd)
+{
+    __m256 r0 = _mm256_loadu_ps(src + 0 * lds), r1 = _mm256_loadu_ps(src + 1 * lds);
+    __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
+    __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
+    __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+    /* pairs of rows interleaved: t0 = r0[0] r1[0] r0[1] r1[1] | r0[4] r1[4] r0[5] r1[5] */
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    /* four rows per 128-bit lane: s0 = column 0 of rows 0..3 | column 4 of rows 0..3 */
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    /* join the rows 0..3 and 4..7 halves */
+    _mm256_storeu_ps(dst + 0 * ldd, _mm256_permute2f128_ps(s0, s4, 0x20));
+    _mm256_storeu_ps(dst + 1 * ldd, _mm256_permute2f128_ps(s1, s5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(s2, s6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(s3, s7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(s0, s4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(s1, s5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(s2, s6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+
+#endif /* SDPA_X86_VEC_AVX2_H */
+
+#ifndef SDPA_VEC_ISA
+#define SDPA_VEC_ISA avx2
+
+#include <sleef.h>
+
+/* Register blocking of the gemm micro-kernel: MR rows x NV vectors of
+ * accumulators (6 x 2 ymm = 12 of the 16 registers, BLIS haswell's shape). */
+#define V_LANES 8
+#define V_GEMM_MR 6
+#define V_GEMM_NV 2
+#define V_TRANSPOSE_BLOCK 8
+
+typedef __m256 v_f32;
+typedef __m256 v_mask; /* all-ones / all-zeros lanes */
+typedef __m256i v_tail;
+
+#define V_ZERO() _mm256_setzero_ps()
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, v) _mm256_storeu_ps((p), (v))
+#define V_BCAST(p) _mm256_broadcast_ss(p)
+#define V_TAIL_INIT(n) avx2_tail_mask(n)
+#define V_LOAD_T(p, t) _mm256_maskload_ps((p), (t))
+#define V_STORE_T(p, v, t) _mm256_maskstore_ps((p), (t), (v))
+#define V_ADD(a, b) _mm256_add_ps((a), (b))
+#define V_SUB(a, b) _mm256_sub_ps((a), (b))
+#define V_MUL(a, b) _mm256_mul_ps((a), (b))
+#define V_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+/* a > b ? a : b: the result is b when either is NaN (x86 max semantics) */
+#define V_MAX(a, b) _mm256_max_ps((a), (b))
+#define V_NEZ(a) _mm256_cmp_ps((a), _mm256_setzero_ps(), _CMP_NEQ_UQ) /* NaN: true */
+#define V_EQ(a, b) _mm256_cmp_ps((a), (b), _CMP_EQ_OQ)
+#define V_LT(a, b) _mm256_cmp_ps((a), (b), _CMP_LT_OQ)
+#define V_MAND(m1, m2) _mm256_and_ps((m1), (m2))
+#define V_SEL(m, a, b) _mm256_blendv_ps((b), (a), (m)) /* m ? a : b */
+#define V_FMA_M(a, b, c, m) _mm256_blendv_ps((c), _mm256_fmadd_ps((a), (b), (c)), (m))
+#define V_EXP(x) Sleef_expf8_u10avx2(x)
+#define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
+
+#endif /* SDPA_VEC_ISA */

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: MIT */
+/* x86/vec_avx512.h - the V_* vector layer of src/simd_tmpl.h for AVX-512 F/VL (16 x fp32).
+ *
+ * Included only by translation units built with the AVX-512 flags. Tails use
+ * the opmask registers (masked loads never touch the disabled lanes' memory);
+ * the skip-zero FMA is a masked FMA. The transpose block reuses the AVX2 8x8
+ * ymm transpose. Everything here is static inline. */
+#ifndef SDPA_X86_VEC_AVX512_H
+#define SDPA_X86_VEC_AVX512_H
+
+#define SDPA_VEC_ISA avx512
+#include "x86/vec_avx2.h" /* ymm helpers only: SDPA_VEC_ISA is taken */
+
+#include <immintrin.h>
+#include <sleef.h>
+
+/* 6 x 4 zmm = 24 accumulators + 4 B vectors + 1 broadcast of the 32 registers. */
+#define V_LANES 16
+#define V_GEMM_MR 6
+#define V_GEMM_NV 4
+#define V_TRANSPOSE_BLOCK 8
+
+typedef __m512 v_f32;
+typedef __mmask16 v_mask;
+typedef __mmask16 v_tail;
+
+#define V_ZERO() _mm512_setzero_ps()
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_STORE(p, v) _mm512_storeu_ps((p), (v))
+#define V_BCAST(p) _mm512_set1_ps(*(p))
+#define V_TAIL_INIT(n) ((__mmask16)((1u << (n)) - 1u))
+#define V_LOAD_T(p, t) _mm512_maskz_loadu_ps((t), (p))
+#define V_STORE_T(p, v, t) _mm512_mask_storeu_ps((p), (t), (v))
+#define V_ADD(a, b) _mm512_add_ps((a), (b))
+#define V_SUB(a, b) _mm512_sub_ps((a), (b))
+#define V_MUL(a, b) _mm512_mul_ps((a), (b))
+#define V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+/* a > b ? a : b: the result is b when either is NaN (x86 max semantics) */
+#define V_MAX(a, b) _mm512_max_ps((a), (b))
+#define V_NEZ(a) _mm512_cmp_ps_mask((a), _mm512_setzero_ps(), _CMP_NEQ_UQ) /* NaN: true */
+#define V_EQ(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_EQ_OQ)
+#define V_LT(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_LT_OQ)
+#define V_MAND(m1, m2) ((__mmask16)((m1) & (m2)))
+#define V_SEL(m, a, b) _mm512_mask_blend_ps((m), (b), (a)) /* m ? a : b */
+#define V_FMA_M(a, b, c, m) _mm512_mask3_fmadd_ps((a), (b), (c), (m))
+#define V_EXP(x) Sleef_expf16_u10avx512f(x)
+#define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
+
+#endif /* SDPA_X86_VEC_AVX512_H */

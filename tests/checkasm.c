@@ -1,0 +1,729 @@
+/* SPDX-License-Identifier: MIT */
+/* tests/checkasm.c - conformance of every ISA's micro-kernels (src/kernels.h) against C and float64.
+ *
+ * A plain C program (no Criterion, so it also runs in the aarch64 cross build
+ * under qemu), in the spirit of dav1d's checkasm: for every ISA compiled in and
+ * supported by this CPU, every entry of the kernel table is run over random
+ * inputs with every tail (sizes around the vector length, the register blocks
+ * and the ISA's own block sizes), both A layouts the driver uses, every gemm
+ * flag combination, NaN/Inf hidden behind SKIP_ZERO_A / SKIP_ZERO_B, -inf
+ * columns in the softmax and -inf LSE in the backward probabilities. Results
+ * are compared with a float64 loop (gemm) or a float64 formula that uses the
+ * same float-rounded exp arguments (softmax, probs), and with the scalar
+ * table's entry; the tolerances follow the magnitude of the sum of |terms|.
+ * Every buffer sits between guard zones, and every element a kernel may not
+ * write (guards, row padding, inputs) must keep its bits.
+ *
+ * Usage: checkasm [seed]. Prints one line per ISA and kernel and ends with
+ * "N passed, N failed" (counts of checked calls); exits 1 on any failure. */
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "sdpa.h"
+
+#define GUARD 37 /* floats of canary before every buffer (and after, on odd calls) */
+#define MAX_REPORTS 8
+
+/* ------------------------------------------------------------ utilities */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+static float frand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rnd() >> 8) * (1.0f / 16777216.0f);
+}
+
+static int chance(int percent)
+{
+    return (int)(rnd() % 100) < percent;
+}
+
+static float bits_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint32_t float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+#define CANARY_BITS 0x7fe5a5a5u /* a quiet NaN with a payload */
+
+/* A buffer of `rows` rows of `cols` floats, row stride ld, between guard zones. */
+typedef struct buf {
+    float *mem, *snap, *p;
+    size_t total, off;
+    int rows, cols;
+    ptrdiff_t ld;
+} buf;
+
+static int tail_guard_toggle;
+
+static buf buf_new(int rows, int cols, ptrdiff_t ld)
+{
+    buf b;
+    const size_t extent = (rows > 0 && cols > 0) ? (size_t)(rows - 1) * (size_t)ld + (size_t)cols : 0;
+    /* Every other buffer ends exactly at its last element, so that AddressSanitizer
+     * sees any read past it; the others have a canary zone behind. */
+    tail_guard_toggle ^= 1;
+    b.off = GUARD;
+    b.total = GUARD + extent + (tail_guard_toggle ? GUARD : 0);
+    b.mem = malloc(b.total * sizeof(float));
+    b.snap = malloc(b.total * sizeof(float));
+    if (!b.mem || !b.snap) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < b.total; i++)
+        b.mem[i] = bits_float(CANARY_BITS);
+    b.p = b.mem + b.off;
+    b.rows = rows;
+    b.cols = cols;
+    b.ld = ld;
+    return b;
+}
+
+static void buf_free(buf *b)
+{
+    free(b->mem);
+    free(b->snap);
+}
+
+static float *at(const buf *b, int r, int c)
+{
+    return b->p + (ptrdiff_t)r * b->ld + c;
+}
+
+static void buf_fill(buf *b, float lo, float hi)
+{
+    for (int r = 0; r < b->rows; r++)
+        for (int c = 0; c < b->cols; c++)
+            *at(b, r, c) = frand(lo, hi);
+}
+
+static void buf_snap(buf *b)
+{
+    memcpy(b->snap, b->mem, b->total * sizeof(float));
+}
+
+/* A second buffer with the same layout and contents. */
+static buf buf_clone(const buf *src)
+{
+    buf b = *src;
+    b.mem = malloc(b.total * sizeof(float));
+    b.snap = malloc(b.total * sizeof(float));
+    if (!b.mem || !b.snap) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    memcpy(b.mem, src->mem, b.total * sizeof(float));
+    b.p = b.mem + b.off;
+    return b;
+}
+
+/* Elements outside the logical rows x cols (when `logical_may_change`) or all
+ * elements (inputs) must have kept their bits. Returns the number changed. */
+static long buf_changed(const buf *b, int logical_may_change)
+{
+    long bad = 0;
+    for (size_t i = 0; i < b->total; i++) {
+        if (logical_may_change && i >= b->off) {
+            const size_t j = i - b->off;
+            const size_t r = j / (size_t)b->ld, c = j % (size_t)b->ld;
+            if ((int)r < b->rows && (int)c < b->cols)
+                continue;
+        }
+        if (float_bits(b->mem[i]) != float_bits(b->snap[i]))
+            bad++;
+    }
+    return bad;
+}
+
+/* ----------------------------------------------------------- accounting */
+
+static long n_passed, n_failed;
+static long k_checks, k_failed; /* the current (ISA, kernel) */
+static int k_reports;
+static const char *cur_isa, *cur_kernel;
+
+static void kernel_begin(const char *isa, const char *kernel)
+{
+    cur_isa = isa;
+    cur_kernel = kernel;
+    k_checks = k_failed = 0;
+    k_reports = 0;
+}
+
+static void kernel_end(void)
+{
+    printf("%-7s %-15s %6ld checks  %s\n", cur_isa, cur_kernel, k_checks,
+           k_failed ? "FAILED" : "ok");
+    if (k_failed)
+        printf("%-7s %-15s %6ld failed\n", cur_isa, cur_kernel, k_failed);
+    n_passed += k_checks - k_failed;
+    n_failed += k_failed;
+}
+
+static void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void report(const char *fmt, ...)
+{
+    if (k_reports++ >= MAX_REPORTS)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("  FAIL %s %s: ", cur_isa, cur_kernel);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+}
+
+/* One checked call: ok is 0 on any mismatch. */
+static void record(int ok)
+{
+    k_checks++;
+    if (!ok)
+        k_failed++;
+}
+
+/* |got - ref| within tol; NaN must match NaN; infinities must match exactly. */
+static int close_to(double got, double ref, double tol)
+{
+    if (isnan(ref))
+        return isnan(got);
+    if (isinf(ref))
+        return got == ref;
+    if (!isfinite(got))
+        return 0;
+    return fabs(got - ref) <= tol;
+}
+
+/* ------------------------------------------------------------ the sizes */
+
+static int sizes[40];
+static int n_sizes;
+
+static void add_size(int s)
+{
+    if (s < 0 || s > SDPA_MAX_BLOCK + 1)
+        return;
+    for (int i = 0; i < n_sizes; i++)
+        if (sizes[i] == s)
+            return;
+    sizes[n_sizes++] = s;
+}
+
+static void make_sizes(const sdpa_kernels *kt)
+{
+    static const int base[] = {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65};
+    n_sizes = 0;
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        add_size(base[i]);
+    for (int d = -1; d <= 1; d++) {
+        add_size(kt->block_q + d);
+        add_size(kt->block_k + d);
+    }
+    for (int i = 1; i < n_sizes; i++) /* sort */
+        for (int j = i; j > 0 && sizes[j] < sizes[j - 1]; j--) {
+            const int t = sizes[j];
+            sizes[j] = sizes[j - 1];
+            sizes[j - 1] = t;
+        }
+}
+
+/* ----------------------------------------------------------------- gemm */
+
+/* layout 0: A(m,k) = A[m*rs + k] (K rows, dS^T, P^T in the driver);
+ * layout 1: A(m,k) = A[m + k*cs] (V^T and dS in the driver). */
+static void check_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N, int K,
+                       int layout, int flags, int poison)
+{
+    const int skip_a = flags & SDPA_GEMM_SKIP_ZERO_A, skip_b = flags & SDPA_GEMM_SKIP_ZERO_B;
+    const int accumulate = flags & SDPA_GEMM_ACCUMULATE;
+    static const float alphas[] = {1.0f, 0.125f, -0.7f, 3.0f};
+    const float alpha = alphas[rnd() % 4];
+    const int pad_a = (int)(rnd() % 3) * 5, pad_b = (int)(rnd() % 3) * 3, pad_c = (int)(rnd() % 2) * 7;
+    const ptrdiff_t rs_a = layout == 0 ? K + pad_a : 1, cs_a = layout == 0 ? 1 : M + pad_a;
+    buf a = layout == 0 ? buf_new(M, K, rs_a > 0 ? rs_a : 1) : buf_new(K, M, cs_a > 0 ? cs_a : 1);
+    buf b = buf_new(K, N, N + pad_b > 0 ? N + pad_b : 1);
+    buf c = buf_new(M, N, N + pad_c > 0 ? N + pad_c : 1);
+#define A_AT(m, k) (layout == 0 ? at(&a, (m), (k)) : at(&a, (k), (m)))
+    buf_fill(&a, -1.0f, 1.0f);
+    buf_fill(&b, -1.0f, 1.0f);
+    if (accumulate)
+        buf_fill(&c, -1.0f, 1.0f);
+    else
+        for (int m = 0; m < M; m++) /* must be overwritten without being read */
+            for (int n = 0; n < N; n++)
+                *at(&c, m, n) = NAN;
+
+    /* Hidden poison: a k whose A column is all zeros carries NaN/Inf in B
+     * (SKIP_ZERO_A), a k whose B row is all zeros carries NaN/Inf in A
+     * (SKIP_ZERO_B), like masked keys in the driver. Plus isolated zeros. */
+    static const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (int k = 0; k < K; k++) {
+        const int r = (int)(rnd() % 100);
+        if (skip_a && r < 20) {
+            for (int m = 0; m < M; m++)
+                *A_AT(m, k) = chance(50) ? 0.0f : -0.0f;
+            for (int n = 0; n < N; n++)
+                if (chance(50))
+                    *at(&b, k, n) = bad[rnd() % 3];
+        } else if (skip_b && r >= 20 && r < 40) {
+            for (int n = 0; n < N; n++)
+                *at(&b, k, n) = chance(50) ? 0.0f : -0.0f;
+            for (int m = 0; m < M; m++)
+                if (chance(50))
+                    *A_AT(m, k) = bad[rnd() % 3];
+        } else {
+            for (int m = 0; m < M; m++)
+                if (chance(8))
+                    *A_AT(m, k) = 0.0f;
+            for (int n = 0; n < N; n++)
+                if (chance(8))
+                    *at(&b, k, n) = -0.0f;
+        }
+    }
+    /* Visible poison: NaN/Inf that no flag hides must propagate (the float64
+     * loop applies the same skip rules, so it knows where). */
+    if (poison && M > 0 && N > 0 && K > 0) {
+        *A_AT((int)(rnd() % (unsigned)M), (int)(rnd() % (unsigned)K)) = bad[rnd() % 3];
+        *at(&b, (int)(rnd() % (unsigned)K), (int)(rnd() % (unsigned)N)) = bad[rnd() % 3];
+    }
+
+    buf c2 = buf_clone(&c); /* for the scalar table's entry */
+    buf_snap(&a);
+    buf_snap(&b);
+    buf_snap(&c);
+    kt->gemm(M, N, K, alpha, a.p, rs_a, cs_a, b.p, b.ld, c.p, c.ld, flags);
+    ref_kt->gemm(M, N, K, alpha, a.p, rs_a, cs_a, b.p, b.ld, c2.p, c2.ld, flags);
+
+    int ok = 1;
+    const long ca = buf_changed(&a, 0), cb = buf_changed(&b, 0), cc = buf_changed(&c, 1);
+    if (ca || cb || cc) {
+        ok = 0;
+        report("M=%d N=%d K=%d layout=%d flags=%d: %ld/%ld/%ld elements outside the output changed (A/B/C)",
+               M, N, K, layout, flags, ca, cb, cc);
+    }
+    for (int m = 0; m < M && ok; m++)
+        for (int n = 0; n < N && ok; n++) {
+            double s = 0.0, mag = 0.0;
+            for (int k = 0; k < K; k++) {
+                const float av = *A_AT(m, k), bv = *at(&b, k, n);
+                if ((skip_a && av == 0.0f) || (skip_b && bv == 0.0f))
+                    continue;
+                s += (double)av * (double)bv;
+                mag += fabs((double)av * (double)bv);
+            }
+            const double c0 = accumulate ? (double)c.snap[c.off + (size_t)m * (size_t)c.ld + (size_t)n] : 0.0;
+            const double ref = (double)alpha * s + c0;
+            mag = fabs((double)alpha) * mag + fabs(c0);
+            const double tol = 4.0 * (K + 3) * FLT_EPSILON * mag + 1e-30;
+            const float got = *at(&c, m, n), sc = *at(&c2, m, n);
+            if (!close_to(got, ref, tol) || !close_to(got, sc, 2 * tol)) {
+                ok = 0;
+                report("M=%d N=%d K=%d layout=%d flags=%d alpha=%g: C(%d,%d) = %.9g, float64 %.9g, scalar %.9g (tol %.3g)",
+                       M, N, K, layout, flags, (double)alpha, m, n, (double)got, ref, (double)sc, tol);
+            }
+        }
+    record(ok);
+#undef A_AT
+    buf_free(&a);
+    buf_free(&b);
+    buf_free(&c);
+    buf_free(&c2);
+}
+
+static void test_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
+{
+    kernel_begin(kt->name, "gemm");
+    int combo = 0;
+    /* every M x N tail pair, a few depths, cycling through flags and layouts */
+    static const int ks[] = {0, 1, 3, 17, 64};
+    for (int i = 0; i < n_sizes; i++)
+        for (int j = 0; j < n_sizes; j++)
+            for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++, combo++)
+                check_gemm(kt, ref_kt, sizes[i], sizes[j], ks[q], combo & 1, (combo >> 1) & 7, combo % 5 == 0);
+    /* every depth, a few M x N, every flag combination and layout */
+    static const int mn[][2] = {{1, 1}, {5, 13}, {7, 64}, {13, 17}, {65, 33}};
+    for (int i = 0; i < n_sizes; i++)
+        for (size_t q = 0; q < sizeof mn / sizeof mn[0]; q++)
+            for (int f = 0; f < 16; f++)
+                check_gemm(kt, ref_kt, mn[q][0], mn[q][1], sizes[i], f & 1, f >> 1, f == 3);
+    /* the driver's shapes: S^T = K Q^T, O^T += V^T P^T, dV += P^T dO, dQ += dS K */
+    const int bq = kt->block_q, bk = kt->block_k;
+    const int shapes[][3] = {{bk, bq, 128}, {128, bq, bk}, {bk, 128, bq}, {bq, 128, bk}, {bk - 3, bq - 5, 80}};
+    for (size_t q = 0; q < sizeof shapes / sizeof shapes[0]; q++)
+        for (int f = 0; f < 16; f++)
+            check_gemm(kt, ref_kt, shapes[q][0], shapes[q][1], shapes[q][2], f & 1, f >> 1, 0);
+    kernel_end();
+}
+
+/* ------------------------------------------------------- online softmax */
+
+static double ulp_tol(double ref, double ulps)
+{
+    return ulps * FLT_EPSILON * fabs(ref) + FLT_MIN; /* FLT_MIN: the denormal cut-off */
+}
+
+static void check_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
+{
+    const ptrdiff_t lds = N + (int)(rnd() % 3) * 4;
+    buf s = buf_new(M, N, lds > 0 ? lds : 1);
+    buf m = buf_new(1, N, N > 0 ? N : 1), l = buf_new(1, N, N > 0 ? N : 1), al = buf_new(1, N, N > 0 ? N : 1);
+    /* per column: 0 first tile (m = -inf), 1 running max above the tile, 2 below,
+     * 3 fully masked so far and now, 4 finite m and a fully masked tile,
+     * 5 wide range (denormal cut-off), 6 m = -inf and a fully masked tile then finite */
+    for (int n = 0; n < N; n++) {
+        const int kind = (int)(rnd() % 7);
+        float lo = -4.0f, hi = 4.0f;
+        if (kind == 5) {
+            lo = -120.0f;
+            hi = 10.0f;
+        }
+        for (int k = 0; k < M; k++)
+            *at(&s, k, n) = (kind == 3 || kind == 4 || kind == 6 || chance(15)) ? -INFINITY : frand(lo, hi);
+        if (kind == 6 && M > 0)
+            *at(&s, (int)(rnd() % (unsigned)M), n) = frand(-3.0f, 3.0f);
+        float mo = -INFINITY;
+        if (kind == 1)
+            mo = frand(4.0f, 6.0f);
+        else if (kind == 2 || kind == 4 || kind == 5)
+            mo = frand(-6.0f, -4.0f);
+        m.p[n] = mo;
+        l.p[n] = mo == -INFINITY ? 0.0f : frand(0.5f, 40.0f);
+        al.p[n] = NAN; /* write-only */
+    }
+    buf s2 = buf_clone(&s), m2 = buf_clone(&m), l2 = buf_clone(&l), al2 = buf_clone(&al);
+    buf_snap(&s);
+    buf_snap(&m);
+    buf_snap(&l);
+    buf_snap(&al);
+    kt->online_softmax(M, N, s.p, s.ld, m.p, l.p, al.p);
+    ref_kt->online_softmax(M, N, s2.p, s2.ld, m2.p, l2.p, al2.p);
+
+    int ok = 1;
+    const long bad = buf_changed(&s, 1) + buf_changed(&m, 1) + buf_changed(&l, 1) + buf_changed(&al, 1);
+    if (bad) {
+        ok = 0;
+        report("M=%d N=%d: %ld elements outside the outputs changed", M, N, bad);
+    }
+    for (int n = 0; n < N && ok; n++) {
+        const float mo = m.snap[m.off + (size_t)n], lo = l.snap[l.off + (size_t)n];
+        float mx = mo;
+        for (int k = 0; k < M; k++) {
+            const float x = s.snap[s.off + (size_t)k * (size_t)s.ld + (size_t)n];
+            mx = x > mx ? x : mx;
+        }
+        const float mu = mx == -INFINITY ? 0.0f : mx;
+        const double a_ref = exp((double)(mo - mu));
+        double sum = 0.0;
+        for (int k = 0; k < M && ok; k++) {
+            const float x = s.snap[s.off + (size_t)k * (size_t)s.ld + (size_t)n];
+            const double p_ref = exp((double)(x - mu));
+            const float got = *at(&s, k, n);
+            sum += p_ref;
+            if ((x == -INFINITY && got != 0.0f) || !close_to(got, p_ref, ulp_tol(p_ref, 4)) ||
+                !close_to(got, *at(&s2, k, n), ulp_tol(p_ref, 4))) {
+                ok = 0;
+                report("M=%d N=%d: P(%d,%d) = %.9g for s=%.9g mu=%.9g, float64 %.9g, scalar %.9g", M, N, k, n,
+                       (double)got, (double)x, (double)mu, p_ref, (double)*at(&s2, k, n));
+            }
+        }
+        if (!ok)
+            break;
+        const double l_ref = (double)lo * a_ref + sum;
+        const double l_tol = 4.0 * (M + 3) * FLT_EPSILON * l_ref + FLT_MIN;
+        if (float_bits(m.p[n]) != float_bits(mx) || m.p[n] != m2.p[n]) {
+            ok = 0;
+            report("M=%d N=%d: m[%d] = %.9g, expected %.9g (scalar %.9g)", M, N, n, (double)m.p[n], (double)mx,
+                   (double)m2.p[n]);
+        } else if ((mo == -INFINITY && al.p[n] != 0.0f) || !close_to(al.p[n], a_ref, ulp_tol(a_ref, 4)) ||
+                   !close_to(al.p[n], al2.p[n], ulp_tol(a_ref, 4))) {
+            ok = 0;
+            report("M=%d N=%d: alpha[%d] = %.9g, float64 %.9g, scalar %.9g", M, N, n, (double)al.p[n], a_ref,
+                   (double)al2.p[n]);
+        } else if (!close_to(l.p[n], l_ref, l_tol) || !close_to(l.p[n], l2.p[n], 2 * l_tol)) {
+            ok = 0;
+            report("M=%d N=%d: l[%d] = %.9g, float64 %.9g, scalar %.9g", M, N, n, (double)l.p[n], l_ref,
+                   (double)l2.p[n]);
+        }
+    }
+    record(ok);
+    buf_free(&s);
+    buf_free(&m);
+    buf_free(&l);
+    buf_free(&al);
+    buf_free(&s2);
+    buf_free(&m2);
+    buf_free(&l2);
+    buf_free(&al2);
+}
+
+static void test_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
+{
+    kernel_begin(kt->name, "online_softmax");
+    for (int i = 0; i < n_sizes; i++)
+        for (int j = 0; j < n_sizes; j++)
+            check_softmax(kt, ref_kt, sizes[i], sizes[j]);
+    kernel_end();
+}
+
+/* -------------------------------------------------------- scale columns */
+
+static void check_scale(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
+{
+    buf c = buf_new(M, N, N + (int)(rnd() % 3) * 5 + (N == 0));
+    buf al = buf_new(1, N, N > 0 ? N : 1);
+    buf_fill(&c, -100.0f, 100.0f);
+    buf_fill(&al, 0.0f, 1.0f);
+    for (int n = 0; n < N; n++)
+        if (chance(10))
+            al.p[n] = 0.0f;
+    buf c2 = buf_clone(&c);
+    buf_snap(&c);
+    buf_snap(&al);
+    kt->scale_columns(M, N, c.p, c.ld, al.p);
+    ref_kt->scale_columns(M, N, c2.p, c2.ld, al.p);
+    int ok = 1;
+    const long bad = buf_changed(&c, 1) + buf_changed(&al, 0);
+    if (bad) {
+        ok = 0;
+        report("M=%d N=%d: %ld elements outside the output changed", M, N, bad);
+    }
+    for (int m = 0; m < M && ok; m++)
+        for (int n = 0; n < N && ok; n++) {
+            const float ref = (float)((double)c.snap[c.off + (size_t)m * (size_t)c.ld + (size_t)n] * (double)al.p[n]);
+            if (float_bits(*at(&c, m, n)) != float_bits(ref) || *at(&c, m, n) != *at(&c2, m, n)) {
+                ok = 0;
+                report("M=%d N=%d: C(%d,%d) = %.9g, expected %.9g", M, N, m, n, (double)*at(&c, m, n), (double)ref);
+            }
+        }
+    record(ok);
+    buf_free(&c);
+    buf_free(&al);
+    buf_free(&c2);
+}
+
+static void test_scale(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
+{
+    kernel_begin(kt->name, "scale_columns");
+    for (int i = 0; i < n_sizes; i++)
+        for (int j = 0; j < n_sizes; j++)
+            check_scale(kt, ref_kt, sizes[i], sizes[j]);
+    kernel_end();
+}
+
+/* ------------------------------------------------------------ bwd probs */
+
+static void check_probs(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
+{
+    buf s = buf_new(M, N, N + (int)(rnd() % 2) * 9 + (N == 0));
+    buf lse = buf_new(1, N, N > 0 ? N : 1);
+    for (int n = 0; n < N; n++) {
+        const int kind = (int)(rnd() % 5); /* 0: lse = -inf (row fully masked) */
+        lse.p[n] = kind == 0 ? -INFINITY : frand(-2.0f, 6.0f);
+        for (int k = 0; k < M; k++) {
+            float x = kind == 4 ? frand(-110.0f, 2.0f) : frand(-6.0f, 4.0f);
+            if (kind == 0 || chance(15))
+                x = chance(70) ? -INFINITY : x;
+            *at(&s, k, n) = x;
+        }
+    }
+    buf s2 = buf_clone(&s);
+    buf_snap(&s);
+    buf_snap(&lse);
+    kt->bwd_probs(M, N, s.p, s.ld, lse.p);
+    ref_kt->bwd_probs(M, N, s2.p, s2.ld, lse.p);
+    int ok = 1;
+    const long bad = buf_changed(&s, 1) + buf_changed(&lse, 0);
+    if (bad) {
+        ok = 0;
+        report("M=%d N=%d: %ld elements outside the output changed", M, N, bad);
+    }
+    for (int k = 0; k < M && ok; k++)
+        for (int n = 0; n < N && ok; n++) {
+            const float x = s.snap[s.off + (size_t)k * (size_t)s.ld + (size_t)n];
+            const float sub = lse.p[n] == -INFINITY ? INFINITY : lse.p[n];
+            const double ref = exp((double)(x - sub));
+            const float got = *at(&s, k, n);
+            if (((lse.p[n] == -INFINITY || x == -INFINITY) && got != 0.0f) || !close_to(got, ref, ulp_tol(ref, 4)) ||
+                !close_to(got, *at(&s2, k, n), ulp_tol(ref, 4))) {
+                ok = 0;
+                report("M=%d N=%d: P(%d,%d) = %.9g for s=%.9g lse=%.9g, float64 %.9g, scalar %.9g", M, N, k, n,
+                       (double)got, (double)x, (double)lse.p[n], ref, (double)*at(&s2, k, n));
+            }
+        }
+    record(ok);
+    buf_free(&s);
+    buf_free(&lse);
+    buf_free(&s2);
+}
+
+static void test_probs(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
+{
+    kernel_begin(kt->name, "bwd_probs");
+    for (int i = 0; i < n_sizes; i++)
+        for (int j = 0; j < n_sizes; j++)
+            check_probs(kt, ref_kt, sizes[i], sizes[j]);
+    kernel_end();
+}
+
+/* ---------------------------------------------------------- bwd dscores */
+
+static void check_dscores(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
+{
+    buf p = buf_new(M, N, N + (int)(rnd() % 2) * 3 + (N == 0));
+    buf dp = buf_new(M, N, N + (int)(rnd() % 2) * 5 + (N == 0));
+    buf d = buf_new(1, N, N > 0 ? N : 1);
+    buf_fill(&d, -2.0f, 2.0f);
+    for (int k = 0; k < M; k++)
+        for (int n = 0; n < N; n++) {
+            const int zero = chance(30);
+            *at(&p, k, n) = zero ? (chance(50) ? 0.0f : -0.0f) : frand(0.0f, 1.0f);
+            /* a masked V row gives NaN/Inf in dP exactly where P == 0 */
+            *at(&dp, k, n) = (zero && chance(50)) ? (chance(50) ? NAN : INFINITY) : frand(-3.0f, 3.0f);
+        }
+    buf dp2 = buf_clone(&dp);
+    buf_snap(&p);
+    buf_snap(&dp);
+    buf_snap(&d);
+    kt->bwd_dscores(M, N, p.p, p.ld, dp.p, dp.ld, d.p);
+    ref_kt->bwd_dscores(M, N, p.p, p.ld, dp2.p, dp2.ld, d.p);
+    int ok = 1;
+    const long bad = buf_changed(&p, 0) + buf_changed(&dp, 1) + buf_changed(&d, 0);
+    if (bad) {
+        ok = 0;
+        report("M=%d N=%d: %ld elements outside the output changed", M, N, bad);
+    }
+    for (int k = 0; k < M && ok; k++)
+        for (int n = 0; n < N && ok; n++) {
+            const float pv = *at(&p, k, n);
+            const float x = dp.snap[dp.off + (size_t)k * (size_t)dp.ld + (size_t)n];
+            const double ref = pv == 0.0f ? 0.0 : (double)pv * (double)(x - d.p[n]);
+            const float got = *at(&dp, k, n);
+            int good;
+            if (pv == 0.0f) /* exactly 0, whatever dP holds */
+                good = got == 0.0f && *at(&dp2, k, n) == 0.0f;
+            else {
+                const double tol = 2.0 * FLT_EPSILON * fabs((double)pv) * (fabs((double)x) + fabs((double)d.p[n])) + 1e-37;
+                good = close_to(got, ref, tol) && close_to(got, *at(&dp2, k, n), tol);
+            }
+            if (!good) {
+                ok = 0;
+                report("M=%d N=%d: dS(%d,%d) = %.9g, float64 %.9g, scalar %.9g", M, N, k, n, (double)got, ref,
+                       (double)*at(&dp2, k, n));
+            }
+        }
+    record(ok);
+    buf_free(&p);
+    buf_free(&dp);
+    buf_free(&d);
+    buf_free(&dp2);
+}
+
+static void test_dscores(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
+{
+    kernel_begin(kt->name, "bwd_dscores");
+    for (int i = 0; i < n_sizes; i++)
+        for (int j = 0; j < n_sizes; j++)
+            check_dscores(kt, ref_kt, sizes[i], sizes[j]);
+    kernel_end();
+}
+
+/* ------------------------------------------------------------ transpose */
+
+static void check_transpose(const sdpa_kernels *kt, int rows, int cols)
+{
+    buf src = buf_new(rows, cols, cols + (int)(rnd() % 3) * 3 + (cols == 0));
+    buf dst = buf_new(cols, rows, rows + (int)(rnd() % 3) * 5 + (rows == 0));
+    buf_fill(&src, -10.0f, 10.0f);
+    buf_snap(&src);
+    buf_snap(&dst);
+    kt->transpose(rows, cols, src.p, src.ld, dst.p, dst.ld);
+    int ok = 1;
+    const long bad = buf_changed(&src, 0) + buf_changed(&dst, 1);
+    if (bad) {
+        ok = 0;
+        report("rows=%d cols=%d: %ld elements outside the output changed", rows, cols, bad);
+    }
+    for (int r = 0; r < rows && ok; r++)
+        for (int c = 0; c < cols && ok; c++)
+            if (float_bits(*at(&dst, c, r)) != float_bits(*at(&src, r, c))) {
+                ok = 0;
+                report("rows=%d cols=%d: dst(%d,%d) = %.9g, expected %.9g", rows, cols, c, r,
+                       (double)*at(&dst, c, r), (double)*at(&src, r, c));
+            }
+    record(ok);
+    buf_free(&src);
+    buf_free(&dst);
+}
+
+static void test_transpose(const sdpa_kernels *kt)
+{
+    kernel_begin(kt->name, "transpose");
+    for (int i = 0; i < n_sizes; i++)
+        for (int j = 0; j < n_sizes; j++)
+            check_transpose(kt, sizes[i], sizes[j]);
+    check_transpose(kt, 64, 128);
+    check_transpose(kt, 128, 64);
+    check_transpose(kt, 96, 80);
+    kernel_end();
+}
+
+/* ----------------------------------------------------------------- main */
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        rng_state = strtoull(argv[1], NULL, 0) * 0x9E3779B97F4A7C15ull + 1;
+    const sdpa_kernels *ref_kt = sdpa_kernels_get(SDPA_ISA_SCALAR);
+    if (!ref_kt) {
+        printf("scalar kernels missing\n0 passed, 1 failed\n");
+        return 1;
+    }
+    printf("checkasm: CPU features: %s\n", sdpa_cpu_features());
+    static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        const sdpa_isa isa = isas[i];
+        if (!sdpa_isa_compiled(isa)) {
+            printf("%-7s skipped (not compiled in)\n", sdpa_isa_name(isa));
+            continue;
+        }
+        const sdpa_kernels *kt = sdpa_kernels_get(isa);
+        if (!sdpa_isa_supported(isa) || !kt) {
+            printf("%-7s skipped (not supported by this CPU/OS)\n", sdpa_isa_name(isa));
+            continue;
+        }
+        printf("%-7s table \"%s\", block_q %d, block_k %d\n", sdpa_isa_name(isa), kt->name, kt->block_q,
+               kt->block_k);
+        make_sizes(kt);
+        test_gemm(kt, ref_kt);
+        test_softmax(kt, ref_kt);
+        test_scale(kt, ref_kt);
+        test_probs(kt, ref_kt);
+        test_dscores(kt, ref_kt);
+        test_transpose(kt);
+    }
+    printf("%ld passed, %ld failed\n", n_passed, n_failed);
+    return n_failed ? 1 : 0;
+}
