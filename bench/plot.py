@@ -91,10 +91,16 @@ def main():
             for r in sel:
                 if r["impl"] == "sdpa" and r.get("peak_gflops"):
                     peaks[r["isa"]] = r["peak_gflops"]
+            labels = []  # peaks within 10% of each other share one label
             for isa, pk in sorted(peaks.items(), key=lambda kv: kv[1]):
                 c = colour.get(f"sdpa {isa}", "grey")
                 ax.axhline(pk, color=c, linestyle="--", linewidth=1.0, alpha=0.8)
-                ax.annotate(f"peak {isa} {pk:.0f}", xy=(1.0, pk), xycoords=("axes fraction", "data"),
+                if labels and pk <= labels[-1][0] * 1.1:
+                    labels[-1][1].append(f"{isa} {pk:.0f}")
+                else:
+                    labels.append((pk, [f"{isa} {pk:.0f}"], c))
+            for pk, parts, c in labels:
+                ax.annotate("peak " + ", ".join(parts), xy=(1.0, pk), xycoords=("axes fraction", "data"),
                             xytext=(-4, 2), textcoords="offset points", ha="right", va="bottom",
                             fontsize=7, color=c)
             groups = {}
