@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* arm/kernels_neon.c - the AArch64 Advanced SIMD kernels: src/simd_tmpl.h over the q-register layer.
  *
- * gemm register block 6 x 16 (6 x 4 q accumulators); tails through a small
+ * gemm register block 5 x 16 (5 x 4 q accumulators); tails through a small
  * zero-padded buffer; the skip-zero products are FMA + bit select; exp is
  * Sleef_expf4_u10advsimd. */
 #include "arm/vec_neon.h"

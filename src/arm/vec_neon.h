@@ -13,9 +13,10 @@
 #include <sleef.h>
 #include <stddef.h>
 
-/* 6 x 4 q registers = 24 accumulators + 4 B vectors + 1 broadcast of the 32. */
+/* 5 x 4 q registers = 20 accumulators + 4 B vectors + 5 A scalars (GCC hoists the
+ * broadcasts of a whole k step and uses lane FMAs) of the 32: 6 x 4 spills. */
 #define V_LANES 4
-#define V_GEMM_MR 6
+#define V_GEMM_MR 5
 #define V_GEMM_NV 4
 #define V_TRANSPOSE_BLOCK 4
 
