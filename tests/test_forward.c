@@ -992,3 +992,24 @@ Test(forward, nan_in_allowed_inputs_propagates)
     free(qp);
     free(vp);
 }
+
+/* Smallest form of the propagation contract: one query, one key, Q = NaN.
+ * O and LSE must both be NaN (an LSE of -inf would claim "fully masked" and
+ * make the backward silently return zero gradients for this row). */
+Test(forward, nan_query_gives_nan_lse)
+{
+    const float q[1] = {NAN}, k[1] = {1.0f}, v[1] = {2.0f};
+    sdpa_problem p = util_problem(1, 1, 1, 1, 1, 1, 1);
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas(isas);
+    for (int ii = 0; ii < nisa; ii++) {
+        float *o = util_galloc(1), *lse = util_galloc(1);
+        fwd(&p, isas[ii], q, k, v, o, lse);
+        cr_expect(isnan(o[0]) && !util_is_sentinel(o[0]), "[%s] O = %g, expected NaN",
+                  sdpa_isa_name(isas[ii]), (double)o[0]);
+        cr_expect(isnan(lse[0]) && !util_is_sentinel(lse[0]), "[%s] LSE = %g, expected NaN",
+                  sdpa_isa_name(isas[ii]), (double)lse[0]);
+        util_gfree(o);
+        util_gfree(lse);
+    }
+}
