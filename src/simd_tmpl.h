@@ -10,6 +10,8 @@
  * What the vector layer provides:
  *   V_LANES             fp32 lanes per vector (VL)
  *   V_GEMM_MR, _NV      gemm register block: MR rows x NV vectors of accumulators
+ *   V_GEMM_MR_SKIP      (optional) rows per pass in the SKIP_ZERO kernels, whose
+ *                       predicates need registers too (default MR)
  *   V_TRANSPOSE_BLOCK   side of the square block that V_TRANSPOSE transposes
  *   v_f32, v_mask       a vector, a per-lane predicate
  *   v_tail              a partial-vector descriptor for 1..VL leading lanes
@@ -20,15 +22,19 @@
  *   V_MAX(a,b)          a > b ? a : b (so b when either is NaN, as x86 max)
  *   V_NEZ(a)            a != 0, true for NaN;  V_EQ, V_LT (ordered: false for NaN)
  *   V_MAND(m1,m2)       and of predicates;  V_SEL(m,a,b) = m ? a : b
- *   V_FMA_M(a,b,c,m)    m ? a*b + c : c  (a masked-off lane keeps c exactly,
- *                       whatever a and b hold)
+ *   either V_FMA_M(a,b,c,m) = m ? a*b + c : c (a masked FMA, AVX-512), or
+ *   V_ZERO_UNLESS(v,m)  m ? v : +0 (a bitwise and, off the accumulator chain)
  *   V_EXP(x)            SLEEF's u10 vector expf of this ISA
  *   V_TRANSPOSE(src,lds,dst,ldd)   one V_TRANSPOSE_BLOCK square block
  *
  * Numerics: the gemm accumulates each C(m,n) with one fused multiply-add per k
  * in increasing k, then applies alpha exactly like the scalar kernel
  * (C = alpha*acc, or C = fma(alpha, acc, C)), so it gives the scalar kernel's
- * bits. Softmax sums run in increasing k per column, as in the scalar kernel.
+ * bits. A skipped term (SKIP_ZERO_A/B) either leaves the accumulator alone
+ * (masked FMA) or, without masked FMA, becomes fma(+0 or a, +0 or b, acc) with
+ * the NaN/Inf side zeroed: the product is a zero, which leaves every acc
+ * unchanged but -0 (an accumulator that starts at +0 is -0 only after an
+ * underflow below the smallest denormal; then the zero's sign may differ). Softmax sums run in increasing k per column, as in the scalar kernel.
  * exp differs from libm by the ulp or so of SLEEF u10, and results below
  * FLT_MIN (x < -87.34, where expf would return a denormal) are flushed to 0,
  * as XNNPACK does: denormals are slow and carry no weight next to the row max,
@@ -49,6 +55,11 @@
 #define TMPL_MR V_GEMM_MR
 #define TMPL_NV V_GEMM_NV
 #define TMPL_NB (V_GEMM_NV * V_LANES) /* columns per gemm register block */
+#ifdef V_GEMM_MR_SKIP
+#define TMPL_MR_SKIP V_GEMM_MR_SKIP
+#else
+#define TMPL_MR_SKIP V_GEMM_MR
+#endif
 
 #define TMPL_INLINE static inline __attribute__((always_inline))
 
@@ -84,22 +95,22 @@ TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
 
 /* ------------------------------------------------------------------ gemm */
 
-/* One MR x (nv vectors) block of C:
- *   C[i][n] (+)= alpha * sum_k A(i,k) B(k,n),   i < mr <= MR, n < columns of the block.
+/* One rb x (nv vectors) block of C:
+ *   C[i][n] (+)= alpha * sum_k A(i,k) B(k,n),   i < mr <= rb, n < columns of the block.
  * The accumulators stay in registers for the whole K loop; A is broadcast from
  * memory with its own strides, B is loaded as vectors. Rows i >= mr repeat row
  * mr - 1 (computed, never stored), so no A element outside the M rows is read.
- * `tail`: the last of the nv vectors holds only the lanes of t. nv, tail,
+ * `tail`: the last of the nv vectors holds only the lanes of t. rb, nv, tail,
  * skip_a, skip_b are compile-time constants in every instantiation. */
-TMPL_INLINE void tmpl_gemm_ukr(const int nv, const int tail, const int skip_a, const int skip_b,
-                               int mr, int K, float alpha, const float *A, ptrdiff_t rs_a,
-                               ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
-                               ptrdiff_t ldc, int accumulate, v_tail t)
+TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, const int skip_a,
+                                const int skip_b, int mr, int K, float alpha, const float *A,
+                                ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb,
+                                float *C, ptrdiff_t ldc, int accumulate, v_tail t)
 {
     v_f32 acc[TMPL_MR][TMPL_NV];
     const float *a[TMPL_MR];
     TMPL_UNROLL
-    for (int i = 0; i < TMPL_MR; i++) {
+    for (int i = 0; i < rb; i++) {
         a[i] = A + (ptrdiff_t)(i < mr ? i : mr - 1) * rs_a;
         TMPL_UNROLL
         for (int j = 0; j < nv; j++)
@@ -117,7 +128,7 @@ TMPL_INLINE void tmpl_gemm_ukr(const int nv, const int tail, const int skip_a, c
                 mb[j] = V_NEZ(b[j]);
         }
         TMPL_UNROLL
-        for (int i = 0; i < TMPL_MR; i++) {
+        for (int i = 0; i < rb; i++) {
             const v_f32 av = V_BCAST(a[i] + ka);
             if (!skip_a && !skip_b) {
                 TMPL_UNROLL
@@ -127,23 +138,35 @@ TMPL_INLINE void tmpl_gemm_ukr(const int nv, const int tail, const int skip_a, c
                 const v_mask ma = V_NEZ(av);
                 TMPL_UNROLL
                 for (int j = 0; j < nv; j++)
+#ifdef V_FMA_M
                     acc[i][j] = V_FMA_M(av, b[j], acc[i][j], ma);
+#else
+                    acc[i][j] = V_FMA(av, V_ZERO_UNLESS(b[j], ma), acc[i][j]);
+#endif
             } else if (!skip_a) {
                 TMPL_UNROLL
                 for (int j = 0; j < nv; j++)
+#ifdef V_FMA_M
                     acc[i][j] = V_FMA_M(av, b[j], acc[i][j], mb[j]);
+#else
+                    acc[i][j] = V_FMA(V_ZERO_UNLESS(av, mb[j]), b[j], acc[i][j]);
+#endif
             } else {
                 const v_mask ma = V_NEZ(av);
                 TMPL_UNROLL
                 for (int j = 0; j < nv; j++)
+#ifdef V_FMA_M
                     acc[i][j] = V_FMA_M(av, b[j], acc[i][j], V_MAND(ma, mb[j]));
+#else
+                    acc[i][j] = V_FMA(V_ZERO_UNLESS(av, mb[j]), V_ZERO_UNLESS(b[j], ma), acc[i][j]);
+#endif
             }
         }
     }
 
     const v_f32 va = V_SET1(alpha);
     TMPL_UNROLL
-    for (int i = 0; i < TMPL_MR; i++) {
+    for (int i = 0; i < rb; i++) {
         if (i >= mr)
             break;
         float *c = C + (ptrdiff_t)i * ldc;
@@ -157,6 +180,28 @@ TMPL_INLINE void tmpl_gemm_ukr(const int nv, const int tail, const int skip_a, c
                 r = V_MUL(va, acc[i][j]);
             TMPL_STORE(last, c + j * TMPL_VL, r, t);
         }
+    }
+}
+
+/* One MR x (nv vectors) block: in one pass, or for the SKIP_ZERO kernels in
+ * passes of TMPL_MR_SKIP rows. */
+TMPL_INLINE void tmpl_gemm_ukr(const int nv, const int tail, const int skip_a, const int skip_b,
+                               int mr, int K, float alpha, const float *A, ptrdiff_t rs_a,
+                               ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
+                               ptrdiff_t ldc, int accumulate, v_tail t)
+{
+    if (!skip_a && !skip_b) {
+        tmpl_gemm_rows(TMPL_MR, nv, tail, 0, 0, mr, K, alpha, A, rs_a, cs_a, B, ldb, C, ldc,
+                       accumulate, t);
+        return;
+    }
+    TMPL_UNROLL
+    for (int r0 = 0; r0 < TMPL_MR; r0 += TMPL_MR_SKIP) {
+        if (r0 >= mr)
+            break;
+        tmpl_gemm_rows(TMPL_MR_SKIP, nv, tail, skip_a, skip_b, mr - r0, K, alpha,
+                       A + (ptrdiff_t)r0 * rs_a, rs_a, cs_a, B, ldb, C + (ptrdiff_t)r0 * ldc, ldc,
+                       accumulate, t);
     }
 }
 

@@ -2,7 +2,8 @@
 /* arm/kernels_neon.c - the AArch64 Advanced SIMD kernels: src/simd_tmpl.h over the q-register layer.
  *
  * gemm register block 5 x 16 (5 x 4 q accumulators); tails through a small
- * zero-padded buffer; the skip-zero products are FMA + bit select; exp is
+ * zero-padded buffer; a skipped term (SKIP_ZERO_A/B) has its operands zeroed by a
+ * bitwise and before the FMA; exp is
  * Sleef_expf4_u10advsimd. */
 #include "arm/vec_neon.h"
 

@@ -18,6 +18,7 @@
 #define V_LANES 4
 #define V_GEMM_MR 5
 #define V_GEMM_NV 4
+#define V_GEMM_MR_SKIP 3 /* the SKIP_ZERO kernels keep 4 predicates as well */
 #define V_TRANSPOSE_BLOCK 4
 
 typedef float32x4_t v_f32;
@@ -77,7 +78,7 @@ static inline void neon_transpose4x4(const float *src, ptrdiff_t lds, float *dst
 #define V_LT(a, b) vcltq_f32((a), (b))
 #define V_MAND(m1, m2) vandq_u32((m1), (m2))
 #define V_SEL(m, a, b) vbslq_f32((m), (a), (b)) /* m ? a : b */
-#define V_FMA_M(a, b, c, m) vbslq_f32((m), vfmaq_f32((c), (a), (b)), (c))
+#define V_ZERO_UNLESS(v, m) vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), (m))) /* m ? v : +0 */
 #define V_EXP(x) Sleef_expf4_u10advsimd(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) neon_transpose4x4((src), (lds), (dst), (ldd))
 

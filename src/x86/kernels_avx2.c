@@ -2,7 +2,9 @@
 /* x86/kernels_avx2.c - the AVX2 + FMA kernels: src/simd_tmpl.h over the ymm layer.
  *
  * gemm register block 6 x 16 (6 x 2 ymm accumulators); tails through
- * maskload/maskstore; exp is Sleef_expf8_u10avx2. Built with -mavx2 -mfma only. */
+ * maskload/maskstore; a skipped term (SKIP_ZERO_A/B) has its operands zeroed by
+ * a bitwise and before the FMA (no blend on the accumulator chain); exp is
+ * Sleef_expf8_u10avx2. Built with -mavx2 -mfma only. */
 #include "x86/vec_avx2.h"
 
 #include "simd_tmpl.h"

@@ -62,6 +62,7 @@ static inline void avx2_transpose8x8(const float *src, ptrdiff_t lds, float *dst
 #define V_LANES 8
 #define V_GEMM_MR 6
 #define V_GEMM_NV 2
+#define V_GEMM_MR_SKIP 3 /* 6 x 2 with two predicates and two zeroed operands spills */
 #define V_TRANSPOSE_BLOCK 8
 
 typedef __m256 v_f32;
@@ -87,7 +88,7 @@ typedef __m256i v_tail;
 #define V_LT(a, b) _mm256_cmp_ps((a), (b), _CMP_LT_OQ)
 #define V_MAND(m1, m2) _mm256_and_ps((m1), (m2))
 #define V_SEL(m, a, b) _mm256_blendv_ps((b), (a), (m)) /* m ? a : b */
-#define V_FMA_M(a, b, c, m) _mm256_blendv_ps((c), _mm256_fmadd_ps((a), (b), (c)), (m))
+#define V_ZERO_UNLESS(v, m) _mm256_and_ps((v), (m)) /* m ? v : +0 */
 #define V_EXP(x) Sleef_expf8_u10avx2(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
 
