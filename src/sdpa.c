@@ -534,7 +534,7 @@ static void fwd_store(const plan *pl, const fwd_args *a, float *ot, const float 
             float *lb = row_out(a->lse, b, h0 + g, i0);
             for (int ii = 0; ii < nr; ii++) {
                 const int c = g * nr + ii;
-                lb[ii * a->lse->seq_stride] = l[c] > 0.0f ? m[c] + logf(l[c]) : -INFINITY;
+                lb[ii * a->lse->seq_stride] = l[c] == 0.0f ? -INFINITY : m[c] + logf(l[c]); /* NaN stays NaN */
             }
         }
     }
@@ -614,7 +614,7 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
     }
     /* O = (O^T / l)^T; a column that saw no allowed key (l = 0) is exactly 0. */
     for (int c = 0; c < ncol; c++)
-        w->alpha[c] = w->l[c] > 0.0f ? 1.0f / w->l[c] : 0.0f;
+        w->alpha[c] = w->l[c] == 0.0f ? 0.0f : 1.0f / w->l[c];
     if (Dv > 0)
         kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
     fwd_store(pl, a, w->ot, w->m, w->l, b, h0, nh, i0, nr);
@@ -656,7 +656,7 @@ static void fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
         }
     }
     for (int c = 0; c < ncol; c++)
-        w->alpha[c] = w->l[c] > 0.0f ? 1.0f / w->l[c] : 0.0f;
+        w->alpha[c] = w->l[c] == 0.0f ? 0.0f : 1.0f / w->l[c];
     if (Dv > 0)
         pl->kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
     fwd_store(pl, a, w->ot, w->m, w->l, b, h0, nh, i0, nr);
