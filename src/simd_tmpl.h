@@ -22,6 +22,7 @@
  *   V_MAX(a,b)          a > b ? a : b (so b when either is NaN, as x86 max)
  *   V_NEZ(a)            a != 0, true for NaN;  V_EQ, V_LT (ordered: false for NaN)
  *   V_MAND(m1,m2)       and of predicates;  V_SEL(m,a,b) = m ? a : b
+ *   V_ALL(m)            nonzero when the predicate holds in every lane
  *   either V_FMA_M(a,b,c,m) = m ? a*b + c : c (a masked FMA, AVX-512), or
  *   V_ZERO_UNLESS(v,m)  m ? v : +0 (a bitwise and, off the accumulator chain)
  *   V_EXP(x)            SLEEF's u10 vector expf of this ISA
@@ -85,12 +86,12 @@
 
 /* exp with the XNNPACK denormal cut-off: x < ln(FLT_MIN) gives exactly 0 (so
  * -inf gives 0), NaN stays NaN, and SLEEF never sees an input that would make
- * a denormal. */
+ * a denormal. The cut-off maps such x to -inf before the call (SLEEF's exp of
+ * -inf is exactly 0), so nothing has to live across the call. */
 TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
 {
     const v_f32 cutoff = V_SET1(-0x1.5D589Ep6f); /* -87.33654: expf(cutoff) = FLT_MIN */
-    const v_f32 r = V_EXP(V_MAX(cutoff, x));     /* V_MAX(c, NaN) = NaN */
-    return V_SEL(V_LT(x, cutoff), V_ZERO(), r);
+    return V_EXP(V_SEL(V_LT(x, cutoff), V_SET1(-INFINITY), x)); /* NaN < c is false */
 }
 
 /* ------------------------------------------------------------------ gemm */
@@ -337,17 +338,29 @@ static void tmpl_online_softmax(int M, int N, float *S, ptrdiff_t lds, float *m,
 
 /* --------------------------------------------------------- scale columns */
 
+/* Column blocks outside: a block whose factors are all exactly 1 (the running
+ * max of none of its queries moved, the common case after the first tiles) is
+ * left alone, which is what multiplying by 1 gives bit for bit. */
 static void tmpl_scale_columns(int M, int N, float *C, ptrdiff_t ldc, const float *alpha)
 {
-    const int nfull = N - N % TMPL_VL;
-    const v_tail t = V_TAIL_INIT(N > nfull ? N - nfull : TMPL_VL);
-    for (int m = 0; m < M; m++) {
-        float *c = C + (ptrdiff_t)m * ldc;
-        int n = 0;
-        for (; n < nfull; n += TMPL_VL)
-            V_STORE(c + n, V_MUL(V_LOAD(c + n), V_LOAD(alpha + n)));
-        if (n < N)
-            V_STORE_T(c + n, V_MUL(V_LOAD_T(c + n, t), V_LOAD_T(alpha + n, t)), t);
+    const v_f32 one = V_SET1(1.0f);
+    int n = 0;
+    for (; n + TMPL_VL <= N; n += TMPL_VL) {
+        const v_f32 a = V_LOAD(alpha + n);
+        if (V_ALL(V_EQ(a, one)))
+            continue;
+        for (int m = 0; m < M; m++) {
+            float *c = C + (ptrdiff_t)m * ldc + n;
+            V_STORE(c, V_MUL(V_LOAD(c), a));
+        }
+    }
+    if (n < N) {
+        const v_tail t = V_TAIL_INIT(N - n);
+        const v_f32 a = V_LOAD_T(alpha + n, t);
+        for (int m = 0; m < M; m++) {
+            float *c = C + (ptrdiff_t)m * ldc + n;
+            V_STORE_T(c, V_MUL(V_LOAD_T(c, t), a), t);
+        }
     }
 }
 

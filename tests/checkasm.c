@@ -496,9 +496,13 @@ static void check_scale(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int 
     buf al = buf_new(1, N, N > 0 ? N : 1);
     buf_fill(&c, -100.0f, 100.0f);
     buf_fill(&al, 0.0f, 1.0f);
-    for (int n = 0; n < N; n++)
-        if (chance(10))
+    const int kind = (int)(rnd() % 3); /* 1: all factors 1; 2: mostly 1 */
+    for (int n = 0; n < N; n++) {
+        if (kind == 1 || (kind == 2 && !chance(5)))
+            al.p[n] = 1.0f;
+        else if (chance(10))
             al.p[n] = 0.0f;
+    }
     buf c2 = buf_clone(&c);
     buf_snap(&c);
     buf_snap(&al);

@@ -77,6 +77,7 @@ static inline void neon_transpose4x4(const float *src, ptrdiff_t lds, float *dst
 #define V_EQ(a, b) vceqq_f32((a), (b))
 #define V_LT(a, b) vcltq_f32((a), (b))
 #define V_MAND(m1, m2) vandq_u32((m1), (m2))
+#define V_ALL(m) (vminvq_u32(m) != 0)
 #define V_SEL(m, a, b) vbslq_f32((m), (a), (b)) /* m ? a : b */
 #define V_ZERO_UNLESS(v, m) vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), (m))) /* m ? v : +0 */
 #define V_EXP(x) Sleef_expf4_u10advsimd(x)

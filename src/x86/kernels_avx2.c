@@ -14,5 +14,5 @@ void sdpa_kernels_init_avx2(sdpa_kernels *t)
     tmpl_fill_table(t);
     t->name = "avx2";
     t->block_q = 64; /* 4 column blocks of 16 */
-    t->block_k = 64;
+    t->block_k = 128; /* measured best on Zen 4 (T=2048 D=128 causal): fewer per-tile passes */
 }

@@ -13,5 +13,5 @@ void sdpa_kernels_init_avx512(sdpa_kernels *t)
     tmpl_fill_table(t);
     t->name = "avx512";
     t->block_q = 64; /* one column block of 4 zmm */
-    t->block_k = 64;
+    t->block_k = 128; /* measured best on Zen 4 (T=2048 D=128 causal): fewer per-tile passes */
 }

@@ -87,6 +87,7 @@ typedef __m256i v_tail;
 #define V_EQ(a, b) _mm256_cmp_ps((a), (b), _CMP_EQ_OQ)
 #define V_LT(a, b) _mm256_cmp_ps((a), (b), _CMP_LT_OQ)
 #define V_MAND(m1, m2) _mm256_and_ps((m1), (m2))
+#define V_ALL(m) (_mm256_movemask_ps(m) == 0xff)
 #define V_SEL(m, a, b) _mm256_blendv_ps((b), (a), (m)) /* m ? a : b */
 #define V_ZERO_UNLESS(v, m) _mm256_and_ps((v), (m)) /* m ? v : +0 */
 #define V_EXP(x) Sleef_expf8_u10avx2(x)

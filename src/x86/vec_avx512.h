@@ -42,6 +42,7 @@ typedef __mmask16 v_tail;
 #define V_EQ(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_EQ_OQ)
 #define V_LT(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_LT_OQ)
 #define V_MAND(m1, m2) ((__mmask16)((m1) & (m2)))
+#define V_ALL(m) ((m) == (__mmask16)0xffff)
 #define V_SEL(m, a, b) _mm512_mask_blend_ps((m), (b), (a)) /* m ? a : b */
 #define V_FMA_M(a, b, c, m) _mm512_mask3_fmadd_ps((a), (b), (c), (m))
 #define V_EXP(x) Sleef_expf16_u10avx512f(x)
