@@ -231,10 +231,12 @@ def supports_gqa(F):
     return _GQA
 
 
-def load_sdpa_rows(path):
+def load_sdpa_rows(paths):
     peaks, bw, scalar = {}, {}, {}
-    with open(path) as f:
-        for line in f:
+    for path in paths:
+        with open(path) as f:
+            lines = f.readlines()
+        for line in lines:
             line = line.strip()
             if not line.startswith("{"):
                 continue
@@ -265,8 +267,8 @@ def main():
     p.add_argument("--max-time", type=float, default=None,
                    help="seconds of timed runs per row, about (default 5, --quick 1)")
     p.add_argument("--quick", action="store_true", help="the small shapes of `sdpa bench --quick`")
-    p.add_argument("--from-sdpa", metavar="FILE",
-                   help="JSON lines of `sdpa bench --json`: peaks and scalar times for the rows")
+    p.add_argument("--from-sdpa", metavar="FILE", action="append",
+                   help="JSON lines of `sdpa bench --json` (repeatable): peaks and scalar times")
     args = p.parse_args()
     if args.reps is None:
         args.reps = 3 if args.quick else 5
@@ -293,7 +295,7 @@ def main():
         p.error("--threads: every count must be >= 1")
     cases = build_cases(args)
     ops = ["forward", "backward"] if args.op == "both" else [args.op]
-    peaks, bw, scalar = load_sdpa_rows(args.from_sdpa) if args.from_sdpa else ({}, {}, {})
+    peaks, bw, scalar = load_sdpa_rows(args.from_sdpa or [])
 
     # One-time initialisation (autograd engine, kernel selection) outside every row.
     wq = torch.rand(1, 1, 16, 16, requires_grad=True)
