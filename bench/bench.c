@@ -3,12 +3,15 @@
  *
  * For every shape (B, Hq, Hkv, Tq, Tk, Dk, Dv) and mask, every ISA the CPU can
  * run (forced per call through sdpa_problem.isa) and every thread count, the
- * forward and the backward pass are run once or twice to warm up and then
- * `--reps` times; the median wall time (clock_gettime(CLOCK_MONOTONIC)) is
- * reported. FLOPs: forward 2 P (Dk + Dv), backward 2 P (3 Dk + 2 Dv), where P
- * is the exact number of allowed (query, key) pairs of the mask (design notes
- * section 5); the naive rows use the same count, so every GFLOP/s is
- * "useful work per second" and comparable.
+ * forward and the backward pass are run --warmup times (default 1) and then
+ * --reps times; the median wall time (clock_gettime(CLOCK_MONOTONIC)) is
+ * reported. Long rows get fewer runs (about --max-time seconds per row); a
+ * row whose warm-up run alone exceeds --max-time reports that run. The
+ * backward rows of a shape all start from the O and LSE of one forward with
+ * the default ISA. FLOPs: forward 2 P (Dk + Dv), backward 2 P (3 Dk + 2 Dv),
+ * where P is the exact number of allowed (query, key) pairs of the mask
+ * (design notes section 5); the naive rows use the same count, so every
+ * GFLOP/s is "useful work per second" and comparable.
  *
  * The same run measures its own limits, in a forked child process so that the
  * large bandwidth buffer never shows in the parent's peak RSS:
@@ -1045,17 +1048,22 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
         for (int op = 0; op < 2; op++) {
             if ((op == 0 && !o->fwd) || (op == 1 && !o->bwd))
                 continue;
+            if (op == 1) { /* O and LSE for the backward: once, with the default ISA and threads */
+                sdpa_ctx x;
+                setup_sdpa(&x, c, &b, SDPA_ISA_AUTO, 0);
+                if (run_sdpa_forward(&x) != 0) {
+                    fprintf(stderr, "sdpa bench: error: forward: %s\n", sdpa_status_string(x.st));
+                    failed = 1;
+                    continue;
+                }
+            }
             for (int ti = 0; ti < o->n_threads; ti++)
                 for (int ii = 0; ii < o->n_isas; ii++) {
                     const sdpa_isa isa = o->isas[ii];
                     sdpa_ctx x;
                     setup_sdpa(&x, c, &b, isa, o->threads[ti]);
                     timing t;
-                    int rc = 0;
-                    if (op == 1) /* O and LSE of this ISA's forward feed its backward */
-                        rc = run_sdpa_forward(&x);
-                    if (rc == 0)
-                        rc = time_runs(op ? run_sdpa_backward : run_sdpa_forward, &x, o, &t);
+                    const int rc = time_runs(op ? run_sdpa_backward : run_sdpa_forward, &x, o, &t);
                     if (rc != 0) {
                         fprintf(stderr, "sdpa bench: error: %s %s: %s\n", sdpa_isa_name(isa),
                                 op ? "backward" : "forward", sdpa_status_string(x.st));
