@@ -65,7 +65,7 @@
 #define TMPL_INLINE static inline __attribute__((always_inline))
 
 #if defined(__clang__)
-#define TMPL_UNROLL _Pragma("unroll")
+#define TMPL_UNROLL _Pragma("clang loop unroll(full)")
 #elif defined(__GNUC__)
 #define TMPL_UNROLL _Pragma("GCC unroll 16")
 #else
@@ -168,18 +168,18 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
     const v_f32 va = V_SET1(alpha);
     TMPL_UNROLL
     for (int i = 0; i < rb; i++) {
-        if (i >= mr)
-            break;
-        float *c = C + (ptrdiff_t)i * ldc;
-        TMPL_UNROLL
-        for (int j = 0; j < nv; j++) {
-            const int last = tail && j == nv - 1;
-            v_f32 r;
-            if (accumulate)
-                r = V_FMA(va, acc[i][j], TMPL_LOAD(last, c + j * TMPL_VL, t));
-            else
-                r = V_MUL(va, acc[i][j]);
-            TMPL_STORE(last, c + j * TMPL_VL, r, t);
+        if (i < mr) {
+            float *c = C + (ptrdiff_t)i * ldc;
+            TMPL_UNROLL
+            for (int j = 0; j < nv; j++) {
+                const int last = tail && j == nv - 1;
+                v_f32 r;
+                if (accumulate)
+                    r = V_FMA(va, acc[i][j], TMPL_LOAD(last, c + j * TMPL_VL, t));
+                else
+                    r = V_MUL(va, acc[i][j]);
+                TMPL_STORE(last, c + j * TMPL_VL, r, t);
+            }
         }
     }
 }
@@ -198,11 +198,10 @@ TMPL_INLINE void tmpl_gemm_ukr(const int nv, const int tail, const int skip_a, c
     }
     TMPL_UNROLL
     for (int r0 = 0; r0 < TMPL_MR; r0 += TMPL_MR_SKIP) {
-        if (r0 >= mr)
-            break;
-        tmpl_gemm_rows(TMPL_MR_SKIP, nv, tail, skip_a, skip_b, mr - r0, K, alpha,
-                       A + (ptrdiff_t)r0 * rs_a, rs_a, cs_a, B, ldb, C + (ptrdiff_t)r0 * ldc, ldc,
-                       accumulate, t);
+        if (r0 < mr)
+            tmpl_gemm_rows(TMPL_MR_SKIP, nv, tail, skip_a, skip_b, mr - r0, K, alpha,
+                           A + (ptrdiff_t)r0 * rs_a, rs_a, cs_a, B, ldb, C + (ptrdiff_t)r0 * ldc,
+                           ldc, accumulate, t);
     }
 }
 

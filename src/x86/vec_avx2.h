@@ -11,6 +11,7 @@
 #define SDPA_X86_VEC_AVX2_H
 
 #include <immintrin.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Lane masks for maskload/maskstore: the 8 ints at avx2_tail_tbl + 8 - n have
