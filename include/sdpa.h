@@ -67,7 +67,9 @@ typedef enum sdpa_status {
     SDPA_ERR_NEGATIVE_SIZE = -3,    /**< a size (B, Hq, Hkv, Tq, Tk, Dk, Dv) is negative */
     SDPA_ERR_HEAD_GROUPING = -4,    /**< Hq is not a multiple of Hkv (or Hkv = 0 while Hq > 0) */
     SDPA_ERR_BAD_SCALE = -5,        /**< scale is NaN or infinite, or the default 1/sqrt(Dk) with Dk = 0 */
-    SDPA_ERR_BAD_STRIDE = -6,       /**< a stride is negative, or an output's strides overlap itself */
+    SDPA_ERR_BAD_STRIDE = -6,       /**< a stride is negative, or an output's strides may overlap
+                                         itself (checked conservatively: each nontrivial stride must
+                                         step over everything the smaller ones cover) */
     SDPA_ERR_BAD_WINDOW = -7,       /**< a window bound is negative and not SDPA_WINDOW_UNBOUNDED */
     SDPA_ERR_BAD_KV_LENGTH = -8,    /**< kv_lengths[b] is negative or larger than Tk */
     SDPA_ERR_ALIASING = -9,         /**< an output overlaps an input or another output */
@@ -254,8 +256,8 @@ SDPA_API int sdpa_isa_from_name(const char *name, sdpa_isa *isa);
 /** Space-separated CPU features detected at load (e.g. "avx avx2 fma avx512f ... os-zmm").
  *  Static string, valid for the life of the process. */
 SDPA_API const char *sdpa_cpu_features(void);
-/** The raw SDPA_ISA value seen at load if it was not a valid ISA name (it was
- *  ignored), else NULL. */
+/** The raw SDPA_ISA value seen at load if it was ignored (not an ISA name, or an
+ *  ISA of another architecture), else NULL. */
 SDPA_API const char *sdpa_isa_env_rejected(void);
 
 /** The library's version string, e.g. "0.1.0". */

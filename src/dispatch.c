@@ -81,26 +81,23 @@ static void init_dispatch(void)
     if (runnable[SDPA_ISA_NEON])
         best = SDPA_ISA_NEON;
 
-    /* SDPA_ISA caps the choice. An unknown value is recorded and ignored: a
-     * library must not abort or print on behalf of its caller. */
+    /* SDPA_ISA caps the choice: the best runnable ISA not above the named one
+     * (scalar < avx2 < avx512 on x86; scalar < neon on AArch64). A value that
+     * is not an ISA name, or names an ISA of another architecture, is recorded
+     * and ignored: a library must not abort or print on behalf of its caller. */
     const char *env = getenv("SDPA_ISA");
     if (env && *env) {
         sdpa_isa cap;
-        if (sdpa_isa_from_name(env, &cap) == 0 && cap != SDPA_ISA_AUTO) {
-            if (cap == SDPA_ISA_SCALAR)
-                best = SDPA_ISA_SCALAR;
-            else if (cap == SDPA_ISA_NEON)
-                best = runnable[SDPA_ISA_NEON] ? SDPA_ISA_NEON : SDPA_ISA_SCALAR;
-            else if (best != SDPA_ISA_NEON && cap < best)
-                best = cap;
-            /* a cap above the best runnable ISA changes nothing; with best
-             * already the lower one, or a cap naming the other architecture's
-             * ISA, the choice falls back to the highest runnable level below it */
-            while (!runnable[best])
-                best = (sdpa_isa)(best - 1);
-        } else if (sdpa_isa_from_name(env, &cap) != 0) {
+        const int valid = sdpa_isa_from_name(env, &cap) == 0;
+        const int other_arch = valid && ((ARCH_X86_64 && cap == SDPA_ISA_NEON) ||
+                                         (!ARCH_X86_64 && (cap == SDPA_ISA_AVX2 || cap == SDPA_ISA_AVX512)));
+        if (!valid || other_arch) {
             env_was_rejected = 1;
             strncpy(env_rejected, env, sizeof env_rejected - 1);
+        } else if (cap != SDPA_ISA_AUTO && cap < best) {
+            best = cap;
+            while (!runnable[best])
+                best = (sdpa_isa)(best - 1);
         }
     }
     load_choice = best;

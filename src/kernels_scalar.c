@@ -13,23 +13,39 @@ static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdif
                         int flags)
 {
     assert(M >= 0 && N >= 0 && K >= 0);
+    enum { NB = 64 };
     const int skip_a = flags & SDPA_GEMM_SKIP_ZERO_A;
     const int skip_b = flags & SDPA_GEMM_SKIP_ZERO_B;
+    float acc[NB];
     for (int m = 0; m < M; m++) {
         float *c = C + (ptrdiff_t)m * ldc;
-        for (int n = 0; n < N; n++) {
-            float acc = 0.0f;
+        /* n in chunks of NB so that the k loop streams rows of B; every (m, n)
+         * still sums its terms in increasing k. Plain a * b + acc, not fmaf:
+         * without -mfma fmaf is a libm call. */
+        for (int n0 = 0; n0 < N; n0 += NB) {
+            const int nb = N - n0 < NB ? N - n0 : NB;
+            for (int n = 0; n < nb; n++)
+                acc[n] = 0.0f;
             for (int k = 0; k < K; k++) {
                 const float a = A[(ptrdiff_t)m * rs_a + (ptrdiff_t)k * cs_a];
-                const float b = B[(ptrdiff_t)k * ldb + n];
-                if ((skip_a && a == 0.0f) || (skip_b && b == 0.0f))
+                if (skip_a && a == 0.0f)
                     continue;
-                acc = fmaf(a, b, acc);
+                const float *b = B + (ptrdiff_t)k * ldb + n0;
+                if (skip_b) {
+                    for (int n = 0; n < nb; n++)
+                        if (b[n] != 0.0f)
+                            acc[n] += a * b[n];
+                } else {
+                    for (int n = 0; n < nb; n++)
+                        acc[n] += a * b[n];
+                }
             }
             if (flags & SDPA_GEMM_ACCUMULATE)
-                c[n] = fmaf(alpha, acc, c[n]);
+                for (int n = 0; n < nb; n++)
+                    c[n0 + n] += alpha * acc[n];
             else
-                c[n] = alpha * acc;
+                for (int n = 0; n < nb; n++)
+                    c[n0 + n] = alpha * acc[n];
         }
     }
 }

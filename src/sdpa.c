@@ -646,13 +646,13 @@ static void fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
         for (int c = 0; c < ncol; c++) {
             /* a split that saw nothing (m_s = -inf) has l_s = 0 and O_s = 0 */
             w->alpha[c] = part[c] == -INFINITY ? 0.0f : expf(part[c] - w->m[c]);
-            w->l[c] = fmaf(part[off_l + c], w->alpha[c], w->l[c]);
+            w->l[c] += part[off_l + c] * w->alpha[c];
         }
         for (int d = 0; d < Dv; d++) {
             const float *src = part + off_o + (size_t)d * ld;
             float *dst = w->ot + (size_t)d * ld;
             for (int c = 0; c < ncol; c++)
-                dst[c] = fmaf(src[c], w->alpha[c], dst[c]);
+                dst[c] += src[c] * w->alpha[c];
         }
     }
     for (int c = 0; c < ncol; c++)
@@ -913,7 +913,7 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
                                                  i * dout->seq_stride : NULL;
             float acc = 0.0f;
             for (int64_t c = 0; c < pl.Dv; c++)
-                acc = fmaf(drow[c], orow[c], acc);
+                acc += drow[c] * orow[c];
             D[r] = acc;
         }
         for (int64_t d = 0; d < ndiag; d++) {

@@ -921,7 +921,7 @@ static int cmd_info(int argc, char **argv)
     printf("\nactive isa: %s\n", sdpa_isa_name(sdpa_isa_active()));
     rej = sdpa_isa_env_rejected();
     if (rej)
-        printf("SDPA_ISA: '%s' rejected (not scalar, avx2, avx512 or neon; ignored)\n", rej);
+        printf("SDPA_ISA: '%s' rejected (not an ISA name for this architecture; ignored)\n", rej);
     else if (getenv("SDPA_ISA"))
         printf("SDPA_ISA: '%s' (caps the choice)\n", getenv("SDPA_ISA"));
     else
