@@ -35,7 +35,8 @@
  * (masked FMA) or, without masked FMA, becomes fma(+0 or a, +0 or b, acc) with
  * the NaN/Inf side zeroed: the product is a zero, which leaves every acc
  * unchanged but -0 (an accumulator that starts at +0 is -0 only after an
- * underflow below the smallest denormal; then the zero's sign may differ). Softmax sums run in increasing k per column, as in the scalar kernel.
+ * underflow below the smallest denormal; then the zero's sign may differ).
+ * Softmax sums run in increasing k per column, as in the scalar kernel.
  * exp differs from libm by the ulp or so of SLEEF u10, and results below
  * FLT_MIN (x < -87.34, where expf would return a denormal) are flushed to 0,
  * as XNNPACK does: denormals are slow and carry no weight next to the row max,
@@ -119,12 +120,13 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
     }
 
     ptrdiff_t ka = 0; /* k * cs_a */
-    for (int k = 0; k < K; k++, ka += cs_a, B += ldb) {
+    for (int k = 0; k < K; k++, ka += cs_a) {
+        const float *bk = B + (ptrdiff_t)k * ldb;
         v_f32 b[TMPL_NV];
         v_mask mb[TMPL_NV];
         TMPL_UNROLL
         for (int j = 0; j < nv; j++) {
-            b[j] = TMPL_LOAD(tail && j == nv - 1, B + j * TMPL_VL, t);
+            b[j] = TMPL_LOAD(tail && j == nv - 1, bk + j * TMPL_VL, t);
             if (skip_b)
                 mb[j] = V_NEZ(b[j]);
         }
