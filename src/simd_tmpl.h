@@ -29,9 +29,10 @@
  *   V_TRANSPOSE(src,lds,dst,ldd)   one V_TRANSPOSE_BLOCK square block
  *
  * Numerics: the gemm accumulates each C(m,n) with one fused multiply-add per k
- * in increasing k, then applies alpha exactly like the scalar kernel
- * (C = alpha*acc, or C = fma(alpha, acc, C)), so it gives the scalar kernel's
- * bits. A skipped term (SKIP_ZERO_A/B) either leaves the accumulator alone
+ * in increasing k (the scalar kernel's order; it rounds each product, so the
+ * last bits may differ), then C = alpha*acc, or C = fma(alpha, acc, C): the
+ * same bits for any caller threading and any position of (m,n) in its block.
+ * A skipped term (SKIP_ZERO_A/B) either leaves the accumulator alone
  * (masked FMA) or, without masked FMA, becomes fma(+0 or a, +0 or b, acc) with
  * the NaN/Inf side zeroed: the product is a zero, which leaves every acc
  * unchanged but -0 (an accumulator that starts at +0 is -0 only after an
