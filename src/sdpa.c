@@ -911,10 +911,12 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
             const float *orow = o->data ? o->data + b * o->batch_stride + h * o->head_stride + i * o->seq_stride : NULL;
             const float *drow = dout->data ? dout->data + b * dout->batch_stride + h * dout->head_stride +
                                                  i * dout->seq_stride : NULL;
-            float acc = 0.0f;
-            for (int64_t c = 0; c < pl.Dv; c++)
-                acc += drow[c] * orow[c];
-            D[r] = acc;
+            /* With the ISA's own gemm, so that D rounds exactly like dP = dO . V
+             * (when P is one-hot, O = V and dP - D must cancel exactly). */
+            if (pl.Dv > 0)
+                pl.kt->gemm(1, 1, (int)pl.Dv, 1.0f, drow, 0, 1, orow, 1, &D[r], 1, 0);
+            else
+                D[r] = 0.0f;
         }
         for (int64_t d = 0; d < ndiag; d++) {
             const int64_t rmin = d - nkt + 1 > 0 ? d - nkt + 1 : 0;

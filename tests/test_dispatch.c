@@ -54,14 +54,14 @@ static sdpa_isa expected_for_env(const char *value)
     if (cap == SDPA_ISA_SCALAR)
         return SDPA_ISA_SCALAR;
 #if defined(__x86_64__)
-    if (cap == SDPA_ISA_NEON)
-        return SDPA_ISA_AUTO;
+    if (cap == SDPA_ISA_NEON) /* another architecture's ISA: rejected, ignored */
+        return best;
     sdpa_isa e = cap < best ? cap : best;
     while (e > SDPA_ISA_SCALAR && !sdpa_isa_supported(e))
         e = (sdpa_isa)(e - 1);
     return e;
 #else
-    return cap == SDPA_ISA_NEON ? best : SDPA_ISA_AUTO;
+    return best; /* neon is the best; avx2/avx512 name another architecture: ignored */
 #endif
 }
 
@@ -172,9 +172,15 @@ Test(dispatch, load_choice_follows_environment)
     if (want != SDPA_ISA_AUTO)
         cr_assert_eq(got, want, "SDPA_ISA=%s: active %s, expected %s", env ? env : "(unset)",
                      sdpa_isa_name(got), sdpa_isa_name(want));
-    /* An invalid non-empty value is ignored and reported verbatim. */
+    /* An invalid non-empty value, or an ISA of another architecture, is
+     * ignored and reported verbatim. */
     sdpa_isa parsed;
-    const int invalid = env && *env && sdpa_isa_from_name(env, &parsed) != 0;
+    int invalid = env && *env && sdpa_isa_from_name(env, &parsed) != 0;
+#if defined(__x86_64__)
+    invalid = invalid || (env && *env && !invalid && parsed == SDPA_ISA_NEON);
+#elif defined(__aarch64__)
+    invalid = invalid || (env && *env && !invalid && (parsed == SDPA_ISA_AVX2 || parsed == SDPA_ISA_AVX512));
+#endif
     const char *rej = sdpa_isa_env_rejected();
     if (invalid) {
         cr_assert_not_null(rej, "SDPA_ISA=%s was not reported as rejected", env);
