@@ -64,6 +64,15 @@ typedef void (*sdpa_bwd_probs_fn)(int M, int N, float *S, ptrdiff_t lds, const f
 typedef void (*sdpa_bwd_dscores_fn)(int M, int N, const float *P, ptrdiff_t ldp, float *dP,
                                     ptrdiff_t lddp, const float *d);
 
+/* Dot-product form, for tiles with few queries (decode):
+ *   C(m,n) = alpha * sum_k A[m*lda + k] * B[n*ldb + k],  stored at C[m*rs_c + n*cs_c]
+ * (overwrites). A holds M query rows, B holds N key rows, both with K contiguous;
+ * the driver stores S^T with rs_c = 1, cs_c = ld. K may be 0 (C = 0). Each ISA
+ * sums over k in its own fixed order. */
+typedef void (*sdpa_gemm_nt_fn)(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                                const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c,
+                                ptrdiff_t cs_c);
+
 /* dst[c][r] = src[r][c] for r < rows, c < cols (src row stride lds, dst row stride ldd). */
 typedef void (*sdpa_transpose_fn)(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
                                   ptrdiff_t ldd);
@@ -73,12 +82,15 @@ typedef struct sdpa_kernels {
     const char *name;
     int block_q; /* query rows per tile (N of the score tile) */
     int block_k; /* key rows per tile (M of the score tile) */
+    int nt_max_cols; /* tiles of at most this many query columns use gemm_nt for S^T and
+                        keep O in natural layout (0: never) */
     sdpa_gemm_fn gemm;
     sdpa_online_softmax_fn online_softmax;
     sdpa_scale_columns_fn scale_columns;
     sdpa_bwd_probs_fn bwd_probs;
     sdpa_bwd_dscores_fn bwd_dscores;
     sdpa_transpose_fn transpose;
+    sdpa_gemm_nt_fn gemm_nt;
 } sdpa_kernels;
 
 /* Fills the table for one ISA: scalar entries first, then the ISA's own

@@ -108,6 +108,19 @@ static void transpose_scalar(int rows, int cols, const float *src, ptrdiff_t lds
             dst[(ptrdiff_t)c * ldd + r] = src[(ptrdiff_t)r * lds + c];
 }
 
+static void gemm_nt_scalar(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                           const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
+{
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            const float *a = A + (ptrdiff_t)m * lda, *b = B + (ptrdiff_t)n * ldb;
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++)
+                acc += a[k] * b[k];
+            C[(ptrdiff_t)m * rs_c + (ptrdiff_t)n * cs_c] = alpha * acc;
+        }
+}
+
 void sdpa_kernels_init_scalar(sdpa_kernels *t)
 {
     t->isa = SDPA_ISA_SCALAR;
@@ -120,4 +133,6 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->bwd_probs = bwd_probs_scalar;
     t->bwd_dscores = bwd_dscores_scalar;
     t->transpose = transpose_scalar;
+    t->gemm_nt = gemm_nt_scalar;
+    t->nt_max_cols = 8; /* same driver path on every ISA for the same shape */
 }

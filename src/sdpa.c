@@ -447,6 +447,7 @@ static fwd_layout fwd_make_layout(const plan *pl)
 
 typedef struct fwd_ws {
     float *qt, *ot, *s, *m, *l, *alpha;
+    float *on; /* O in natural layout [ncol][Dv] for the few-column (gemm_nt) path */
     int64_t *lo, *hi;
 } fwd_ws;
 
@@ -455,7 +456,7 @@ static size_t fwd_ws_floats(const plan *pl)
     const size_t ld = (size_t)pl->ld;
     /* qt, ot, s, m, l, alpha, and lo/hi as int64 (2 floats each) */
     return round_floats(pl->Dk * ld) + round_floats(pl->Dv * ld) + round_floats(pl->bk * ld) +
-           3 * round_floats(ld) + 4 * round_floats(ld);
+           3 * round_floats(ld) + 4 * round_floats(ld) + round_floats((size_t)pl->kt->nt_max_cols * pl->Dv);
 }
 
 static fwd_ws fwd_ws_carve(const plan *pl, float *base)
@@ -477,6 +478,8 @@ static fwd_ws fwd_ws_carve(const plan *pl, float *base)
     w.lo = (int64_t *)(void *)base;
     base += 2 * round_floats(ld);
     w.hi = (int64_t *)(void *)base;
+    base += 2 * round_floats(ld);
+    w.on = base;
     return w;
 }
 
@@ -540,6 +543,21 @@ static void fwd_store(const plan *pl, const fwd_args *a, float *ot, const float 
     }
 }
 
+/* Asks for rows [j0, j1) of a K or V head (len floats each) to be brought into
+ * the cache ahead of use. Each row is short (head_dim floats), too short for the
+ * hardware stream prefetchers, so without this a pass whose compute per byte is
+ * low (decode: a few queries per key) waits on memory latency. */
+static inline void prefetch_rows(const float *base, ptrdiff_t stride, int64_t j0, int64_t j1, int64_t len)
+{
+    if (!base)
+        return;
+    for (int64_t j = j0; j < j1; j++) {
+        const char *row = (const char *)(base + j * stride);
+        for (int64_t off = 0; off < len * (int64_t)sizeof(float); off += 64)
+            __builtin_prefetch(row + off, 0, 2);
+    }
+}
+
 /* One (tile, split) of the forward: Alg. 1 over the tile's key tiles in the split. */
 static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int64_t split)
 {
@@ -560,8 +578,15 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
         w->m[c] = -INFINITY;
         w->l[c] = 0.0f;
     }
-    for (int c = 0; c < Dv; c++)
-        memset(w->ot + (size_t)c * ld, 0, (size_t)ncol * sizeof(float));
+    /* Few query columns (decode): dot-product S^T (gemm_nt) and O kept in
+     * natural layout, so that the vector dimension runs along head_dim instead
+     * of along a handful of queries. Chosen by shape only (never by threads). */
+    const int nt = ncol <= kt->nt_max_cols;
+    if (nt)
+        memset(w->on, 0, (size_t)ncol * Dv * sizeof(float));
+    else
+        for (int c = 0; c < Dv; c++)
+            memset(w->ot + (size_t)c * ld, 0, (size_t)ncol * sizeof(float));
 
     /* key tiles of this split, intersected with the tile's allowed keys */
     int64_t kt_first = split * L->nkt / L->nsplit, kt_end = (split + 1) * L->nkt / L->nsplit;
@@ -582,26 +607,51 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
         const int kind = classify_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, j0, j1, &ks, &ke);
         if (kind == TILE_SKIP)
             continue;
-        if (!packed) {
-            for (int g = 0; g < nh; g++)
-                kt->transpose(nr, Dk, row_in(a->q, b, h0 + g, i0), a->q->seq_stride, w->qt + g * nr, ld);
+        if (!packed) { /* Q^T [Dk][ld], or Q rows [ncol][Dk] for gemm_nt */
+            for (int g = 0; g < nh; g++) {
+                const float *qrow = row_in(a->q, b, h0 + g, i0);
+                if (!nt)
+                    kt->transpose(nr, Dk, qrow, a->q->seq_stride, w->qt + g * nr, ld);
+                else if (Dk > 0)
+                    for (int ii = 0; ii < nr; ii++)
+                        memcpy(w->qt + (size_t)(g * nr + ii) * Dk, qrow + ii * a->q->seq_stride,
+                               (size_t)Dk * sizeof(float));
+            }
             packed = 1;
         }
         const int nk = (int)(ke - ks + 1);
+        if (ktile + 1 < kt_end) { /* the next key tile, while this one computes */
+            const int64_t n0 = j1, n1 = j1 + pl->bk < pl->Tk ? j1 + pl->bk : pl->Tk;
+            prefetch_rows(kb, a->k->seq_stride, n0, n1, Dk);
+            prefetch_rows(vb, a->v->seq_stride, n0, n1, Dv);
+        }
+        const float *ktile_rows = kb ? kb + ks * a->k->seq_stride : NULL;
         /* S^T = scale K Q^T */
-        kt->gemm(nk, ncol, Dk, pl->scale, kb ? kb + ks * a->k->seq_stride : NULL, a->k->seq_stride, 1,
-                 w->qt, ld, w->s, ld, 0);
+        if (nt)
+            kt->gemm_nt(ncol, nk, Dk, pl->scale, w->qt, Dk, ktile_rows, a->k->seq_stride, w->s, 1, ld);
+        else
+            kt->gemm(nk, ncol, Dk, pl->scale, ktile_rows, a->k->seq_stride, 1, w->qt, ld, w->s, ld, 0);
         if (kind == TILE_PARTIAL)
             mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->s, ld);
         /* m, l, alpha; S^T -> P^T */
         kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha);
-        if (Dv > 0) {
+        if (Dv > 0 && !nt) {
             /* O^T = O^T * alpha + V^T P^T */
             kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
             kt->gemm(Dv, ncol, nk, 1.0f, vb + ks * a->v->seq_stride, 1, a->v->seq_stride, w->s, ld, w->ot, ld,
                      SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_B : 0));
+        } else if (Dv > 0) {
+            /* O = O * alpha + P V  (P read through P^T) */
+            for (int c = 0; c < ncol; c++)
+                if (w->alpha[c] != 1.0f)
+                    for (int d = 0; d < Dv; d++)
+                        w->on[(size_t)c * Dv + d] *= w->alpha[c];
+            kt->gemm(ncol, Dv, nk, 1.0f, w->s, 1, ld, vb + ks * a->v->seq_stride, a->v->seq_stride, w->on, Dv,
+                     SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0));
         }
     }
+    if (nt && Dv > 0)
+        kt->transpose(ncol, Dv, w->on, Dv, w->ot, ld);
 
     if (L->nsplit > 1) {
         float *part = a->partials + (size_t)(t * L->nsplit + split) * fwd_partial_floats(pl);
