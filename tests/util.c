@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* tests/util.c - shared helpers of the Criterion suite (see util.h). */
+/* tests/util.c - shared helpers of the Criterion suite (see util.h): the parts that log or
+ * expect through Criterion; the rest is in tests/util_core.c. */
 #include "util.h"
 
 #include <criterion/criterion.h>
@@ -10,10 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifndef SDPA_TEST_DATA_DIR
-#define SDPA_TEST_DATA_DIR "tests/data"
-#endif
 
 /* ------------------------------------------------------------------ RNG -- */
 
@@ -108,237 +105,24 @@ void util_fill_normal(util_rng *r, float *x, size_t n, float sigma)
 
 /* ------------------------------------------------------ guarded buffers -- */
 
-#define GUARD_MAGIC 0x53445041475244ull /* "SDPAGRD" */
-#define HEADER_BYTES 64
-
-typedef struct guard_header {
-    uint64_t magic;
-    size_t n;
-} guard_header;
-
-float util_sentinel(void)
-{
-    const uint32_t bits = UTIL_SENTINEL_BITS;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-int util_is_sentinel(float x)
-{
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    return bits == UTIL_SENTINEL_BITS;
-}
-
-static guard_header *header_of(const float *p)
-{
-    return (guard_header *)(void *)((char *)(uintptr_t)p - UTIL_GUARD_FLOATS * sizeof(float) -
-                                    HEADER_BYTES);
-}
-
-float *util_galloc_fill(size_t n, float value)
-{
-    const size_t bytes = HEADER_BYTES + (2 * (size_t)UTIL_GUARD_FLOATS + n) * sizeof(float);
-    char *base = malloc(bytes);
-    if (!base)
-        cr_assert_fail("util_galloc: out of memory (%zu floats)", n);
-    guard_header *h = (guard_header *)(void *)base;
-    h->magic = GUARD_MAGIC;
-    h->n = n;
-    float *front = (float *)(void *)(base + HEADER_BYTES);
-    float *data = front + UTIL_GUARD_FLOATS;
-    const float s = util_sentinel();
-    for (size_t i = 0; i < UTIL_GUARD_FLOATS; i++) {
-        front[i] = s;
-        data[n + i] = s;
-    }
-    for (size_t i = 0; i < n; i++)
-        data[i] = value;
-    return data;
-}
-
-float *util_galloc(size_t n)
-{
-    return util_galloc_fill(n, util_sentinel());
-}
-
-size_t util_glen(const float *p)
-{
-    return p ? header_of(p)->n : 0;
-}
-
 int util_gintact(const float *p, const char *what)
 {
-    if (!p)
+    char msg[160];
+    if (util_gcheck(p, msg, sizeof msg))
         return 1;
-    const guard_header *h = header_of(p);
-    if (h->magic != GUARD_MAGIC) {
-        cr_log_error("%s: guard header damaged (buffer underrun far before the data?)", what);
-        return 0;
-    }
-    for (size_t i = 1; i <= UTIL_GUARD_FLOATS; i++)
-        if (!util_is_sentinel(p[-(ptrdiff_t)i])) {
-            cr_log_error("%s: front guard zone written at offset -%zu", what, i);
-            return 0;
-        }
-    for (size_t i = 0; i < UTIL_GUARD_FLOATS; i++)
-        if (!util_is_sentinel(p[h->n + i])) {
-            cr_log_error("%s: back guard zone written at offset n+%zu (n = %zu)", what, i, h->n);
-            return 0;
-        }
-    return 1;
-}
-
-void util_gfree(float *p)
-{
-    if (p)
-        free(header_of(p));
-}
-
-float *util_gdup(const float *src, size_t n)
-{
-    float *p = util_galloc(n);
-    if (n)
-        memcpy(p, src, n * sizeof(float));
-    return p;
+    cr_log_error("%s: %s", what, msg);
+    return 0;
 }
 
 /* ------------------------------------------------------------- layouts -- */
 
-util_layout util_contig(int64_t B, int64_t H, int64_t T, int64_t D)
-{
-    util_layout l = {B, H, T, D, H * T * D, T * D, D};
-    return l;
-}
-
-util_layout util_bthd(int64_t B, int64_t H, int64_t T, int64_t D)
-{
-    util_layout l = {B, H, T, D, T * H * D, D, H * D};
-    return l;
-}
-
-util_layout util_padded(int64_t B, int64_t H, int64_t T, int64_t D, int64_t row_stride)
-{
-    util_layout l = {B, H, T, D, H * T * row_stride, T * row_stride, row_stride};
-    return l;
-}
-
-util_layout util_lse_layout(int64_t B, int64_t H, int64_t T)
-{
-    util_layout l = {B, H, T, 1, H * T, T, 1};
-    return l;
-}
-
-size_t util_numel(const util_layout *l)
-{
-    return (size_t)(l->B * l->H * l->T * l->D);
-}
-
-size_t util_extent(const util_layout *l)
-{
-    if (util_numel(l) == 0)
-        return 0;
-    return (size_t)((l->B - 1) * l->sb + (l->H - 1) * l->sh + (l->T - 1) * l->st + l->D);
-}
-
-int64_t util_offset(const util_layout *l, int64_t b, int64_t h, int64_t t, int64_t d)
-{
-    return b * l->sb + h * l->sh + t * l->st + d;
-}
-
-void util_pack(const util_layout *l, float *dst, const float *src)
-{
-    size_t i = 0;
-    for (int64_t b = 0; b < l->B; b++)
-        for (int64_t h = 0; h < l->H; h++)
-            for (int64_t t = 0; t < l->T; t++)
-                for (int64_t d = 0; d < l->D; d++)
-                    dst[util_offset(l, b, h, t, d)] = src[i++];
-}
-
-void util_unpack(const util_layout *l, float *dst, const float *src)
-{
-    size_t i = 0;
-    for (int64_t b = 0; b < l->B; b++)
-        for (int64_t h = 0; h < l->H; h++)
-            for (int64_t t = 0; t < l->T; t++)
-                for (int64_t d = 0; d < l->D; d++)
-                    dst[i++] = src[util_offset(l, b, h, t, d)];
-}
-
 int util_gaps_intact(const util_layout *l, const float *buf, size_t n, const char *what)
 {
-    unsigned char *in_view = calloc(n ? n : 1, 1);
-    cr_assert_not_null(in_view);
-    for (int64_t b = 0; b < l->B; b++)
-        for (int64_t h = 0; h < l->H; h++)
-            for (int64_t t = 0; t < l->T; t++)
-                for (int64_t d = 0; d < l->D; d++) {
-                    const int64_t o = util_offset(l, b, h, t, d);
-                    if (o >= 0 && (size_t)o < n)
-                        in_view[o] = 1;
-                }
-    int ok = 1;
-    for (size_t i = 0; i < n; i++)
-        if (!in_view[i] && !util_is_sentinel(buf[i])) {
-            cr_log_error("%s: gap element at offset %zu was written (%g)", what, i, (double)buf[i]);
-            ok = 0;
-            break;
-        }
-    free(in_view);
-    return ok;
-}
-
-sdpa_tensor util_view(const util_layout *l, const float *data)
-{
-    sdpa_tensor t = {data, l->sb, l->sh, l->st};
-    return t;
-}
-
-sdpa_tensor_out util_view_out(const util_layout *l, float *data)
-{
-    sdpa_tensor_out t = {data, l->sb, l->sh, l->st};
-    return t;
-}
-
-sdpa_tensor util_cview(const float *data, int64_t H, int64_t T, int64_t D)
-{
-    sdpa_tensor t = {data, H * T * D, T * D, D};
-    return t;
-}
-
-sdpa_tensor_out util_cview_out(float *data, int64_t H, int64_t T, int64_t D)
-{
-    sdpa_tensor_out t = {data, H * T * D, T * D, D};
-    return t;
-}
-
-sdpa_tensor util_lse_view(const float *data, int64_t H, int64_t T)
-{
-    sdpa_tensor t = {data, H * T, T, 1};
-    return t;
-}
-
-sdpa_tensor_out util_lse_view_out(float *data, int64_t H, int64_t T)
-{
-    sdpa_tensor_out t = {data, H * T, T, 1};
-    return t;
-}
-
-sdpa_problem util_problem(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t Dk,
-                          int64_t Dv)
-{
-    sdpa_problem p;
-    sdpa_problem_init(&p);
-    p.batch = B;
-    p.q_heads = Hq;
-    p.kv_heads = Hkv;
-    p.q_len = Tq;
-    p.kv_len = Tk;
-    p.head_dim_qk = Dk;
-    p.head_dim_v = Dv;
-    return p;
+    char msg[160];
+    if (util_gaps_check(l, buf, n, msg, sizeof msg))
+        return 1;
+    cr_log_error("%s: %s", what, msg);
+    return 0;
 }
 
 /* --------------------------------------------------------------- ISAs -- */
@@ -437,33 +221,13 @@ int util_fa_expect_slack(const char *what, const float *got, const float *naive,
     return e.ok;
 }
 
-int util_close(double got, double ref, double atol, double rtol)
-{
-    if (isnan(ref))
-        return isnan(got);
-    if (isnan(got))
-        return 0;
-    if (isinf(ref) || isinf(got))
-        return got == ref;
-    const double tol = fmax(atol, rtol * fabs(ref));
-    return fabs(got - ref) <= tol;
-}
 
 size_t util_expect_close(const char *what, const float *got, const double *ref, size_t n,
                          double atol, double rtol, int exact)
 {
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
-        int ok;
-        if (exact) {
-            const float rf = (float)ref[i];
-            ok = (isnan(rf) && isnan(got[i])) || got[i] == rf; /* == accepts 0 == -0 */
-            if (ok && got[i] == 0.0f && rf != 0.0f)
-                ok = 0;
-        } else {
-            ok = util_close((double)got[i], ref[i], atol, rtol);
-        }
-        if (!ok) {
+        if (!util_close_elem(got[i], ref[i], atol, rtol, exact)) {
             if (bad < 5)
                 cr_log_error("%s[%zu]: got %.9g, expected %.17g (%s, atol %g, rtol %g)", what, i,
                              (double)got[i], ref[i], exact ? "exact" : "tolerance", atol, rtol);
@@ -482,44 +246,6 @@ int util_has_nan(const float *x, size_t n)
     return 0;
 }
 
-/* ------------------------------------------------------------ data dir -- */
-
-const char *util_data_path(char *buf, size_t len, const char *rel)
-{
-    snprintf(buf, len, "%s/%s", SDPA_TEST_DATA_DIR, rel);
-    return buf;
-}
-
-char *util_read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return NULL;
-    }
-    const long sz = ftell(f);
-    if (sz < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return NULL;
-    }
-    char *buf = malloc((size_t)sz + 1);
-    if (!buf) {
-        fclose(f);
-        return NULL;
-    }
-    if (fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    buf[sz] = '\0';
-    if (len)
-        *len = (size_t)sz;
-    return buf;
-}
 
 /* ---------------------------------------------------------------- .npy -- */
 

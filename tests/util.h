@@ -4,7 +4,12 @@
  *
  * Everything here is plain C used from inside Criterion tests (each test runs in
  * its own forked process); nothing here calls the library at load time. Logging
- * goes through cr_log_info / cr_log_warn. */
+ * goes through cr_log_info / cr_log_warn. Two files: tests/util.c (the helpers
+ * that log or expect through Criterion) and tests/util_core.c (no Criterion, also
+ * linked into the plain-C conformance program): the guarded buffers (util_galloc*,
+ * util_glen, util_gcheck, util_gfree, util_gdup, the sentinel), the layouts and
+ * views, util_problem, util_close / util_close_elem, util_data_path and
+ * util_read_file. */
 #ifndef SDPA_TEST_UTIL_H
 #define SDPA_TEST_UTIL_H
 
@@ -53,7 +58,7 @@ int util_is_sentinel(float x);
 
 /* A buffer of n floats (n may be 0) between two guard zones of
  * UTIL_GUARD_FLOATS sentinel floats; the data is filled with the sentinel too.
- * Never returns NULL (fails the test on allocation failure). The data pointer
+ * Never returns NULL (aborts on allocation failure). The data pointer
  * is 16-byte aligned (malloc's alignment plus a multiple of 64 bytes). */
 float *util_galloc(size_t n);
 /* Same, data filled with `value` instead of the sentinel. */
@@ -63,6 +68,9 @@ size_t util_glen(const float *p);
 /* 1 if both guard zones still hold the sentinel bit pattern, else 0 (and a
  * cr_log_error naming `what` and the first damaged offset). NULL: 1. */
 int util_gintact(const float *p, const char *what);
+/* Same without Criterion: 1 if intact, else 0 with the first damage described in
+ * msg[0..len). NULL: 1. */
+int util_gcheck(const float *p, char *msg, size_t len);
 /* Frees a util_galloc buffer (NULL is fine). */
 void util_gfree(float *p);
 /* Copies n floats into a guarded buffer of its own (for inputs). */
@@ -100,6 +108,9 @@ void util_unpack(const util_layout *l, float *dst, const float *src);
 /* 1 if every float of buf[0..n) that is NOT an element of the view l is still the
  * sentinel (gaps of strided outputs untouched), else 0 with a cr_log_error. */
 int util_gaps_intact(const util_layout *l, const float *buf, size_t n, const char *what);
+/* Same without Criterion: 1 if intact, else 0 with the first written gap described
+ * in msg[0..len). */
+int util_gaps_check(const util_layout *l, const float *buf, size_t n, char *msg, size_t len);
 
 /* Views. */
 sdpa_tensor util_view(const util_layout *l, const float *data);
@@ -154,6 +165,9 @@ int util_fa_expect_slack(const char *what, const float *got, const float *naive,
 /* Elementwise rule of the edge cases: |got - ref| <= max(atol, rtol*|ref|);
  * infinities must match exactly; NaN never passes unless ref is NaN. */
 int util_close(double got, double ref, double atol, double rtol);
+/* One element of util_expect_close: exact != 0 requires bit-for-bit equality with
+ * (float)ref (zero of either sign accepted, NaN matches NaN), else util_close. */
+int util_close_elem(float got, double ref, double atol, double rtol, int exact);
 /* Array version with cr_expect and a log of the first few failures; exact != 0
  * requires bit-for-bit equality with (float)ref (zero of either sign accepted).
  * Returns the number of failing elements. */
