@@ -9,17 +9,28 @@
  * forced small, and checks O, LSE, dQ, dK, dV with the FlashAttention rule: the
  * error against float64 must be at most 2x (forward) / 3x (backward) the error of
  * a naive fp32 implementation, plus a small absolute slack. Guard zones around
- * every output must stay intact. Ends with "N passed, N failed".
+ * every output must stay intact. Then, for every ISA, every edge case of
+ * tests/data/edge_cases.json (EC-01 .. EC-13 with their tile, layout and thread
+ * variants, see ec_cases.h); each of their checks counts. Ends with "N passed,
+ * N failed".
  *
- * SDPA_TEST_REDUCED=1 runs a smaller sweep (emulation). */
+ *   conformance [edge_cases.json]   (default: SDPA_TEST_DATA_DIR/edge_cases.json)
+ *
+ * SDPA_TEST_REDUCED=1 runs a smaller random sweep (emulation); the edge cases
+ * always run in full. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ec_cases.h"
 #include "ref.h"
 #include "sdpa.h"
+
+#ifndef SDPA_TEST_DATA_DIR
+#define SDPA_TEST_DATA_DIR "tests/data"
+#endif
 
 #define GUARD 64
 static const float CANARY = 12345.678f;
@@ -92,6 +103,20 @@ static void check(int ok, const char *isa, const char *what, const char *desc, d
     }
     failed++;
     printf("FAIL [%s] %s: %s (err %.3g > bound %.3g)\n", isa, what, desc, err, bound);
+}
+
+/* Edge-case checks count like the others; failures and notes are printed. */
+static void ec_report(void *ctx, ec_event ev, const char *msg)
+{
+    const char *isa = sdpa_isa_name(*(const sdpa_isa *)ctx);
+    if (ev == EC_PASS)
+        passed++;
+    else if (ev == EC_FAIL) {
+        failed++;
+        printf("FAIL [%s] edge case: %s\n", isa, msg);
+    } else {
+        printf("note [%s] edge case: %s\n", isa, msg);
+    }
 }
 
 typedef struct shape {
@@ -228,8 +253,15 @@ static void run_case(sdpa_isa isa, const shape *s, int mask_kind, int threads, i
     free(bias);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    const char *ec_path = argc > 1 ? argv[1] : SDPA_TEST_DATA_DIR "/edge_cases.json";
+    char ec_err[1200];
+    ec_suite *ecs = ec_suite_load(ec_path, ec_err, sizeof ec_err);
+    if (!ecs) {
+        failed++;
+        printf("FAIL edge cases: %s\n", ec_err);
+    }
     const char *red = getenv("SDPA_TEST_REDUCED");
     const int reduced = red && *red && strcmp(red, "0") != 0;
     static const int dims[] = {1, 3, 8, 15, 16, 17, 63, 64, 65, 80, 96, 128, 256};
@@ -279,7 +311,17 @@ int main(void)
         }
         printf("[%s] %d checks, %d failed\n", sdpa_isa_name(isa), passed - before_p + failed - before,
                failed - before);
+        /* 4. the edge cases */
+        if (ecs) {
+            sdpa_isa ec_isa = isa;
+            const int ec_before = failed, ec_before_p = passed;
+            for (int g = 0; g < ec_group_count(); g++)
+                ec_run_group(ecs, g, isa, ec_report, &ec_isa);
+            printf("[%s] edge cases (%d): %d checks, %d failed\n", sdpa_isa_name(isa), ec_suite_size(ecs),
+                   passed - ec_before_p + failed - ec_before, failed - ec_before);
+        }
     }
+    ec_suite_free(ecs);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -1,999 +1,118 @@
 /* SPDX-License-Identifier: MIT */
 /* tests/test_edge_cases.c - the edge cases EC-01 .. EC-13 of tests/data/edge_cases.json
- * (see tests/data/edge-cases.md), forward and backward, on every ISA.
- *
- * The JSON is read at test time with cJSON. Each case becomes a problem
- * descriptor (scale null = default, causal, window, kv_len, mask / bias nested
- * lists [B or 1][Hq or 1][Tq][Tk] -> broadcast strides) and inputs (the arrays,
- * or the stated formula evaluated in float64 and rounded once to fp32; where both
- * exist they must agree bit for bit). Outputs are compared elementwise with the
- * case's atol / rtol (gradients: atol_grad / rtol_grad), bit for bit for the
- * arrays listed in `exact`; a row whose expected LSE is -inf must give exactly 0
- * in O and dQ; NaN never passes. `expect_error` cases must fail with a negative
- * status and leave every output untouched. One Criterion test per EC group;
- * messages name the sub-case, the variant and the ISA. */
-#include <cjson/cJSON.h>
+ * (see tests/data/edge-cases.md), forward and backward, on every ISA: a thin
+ * Criterion wrapper over tests/ec_cases.c (the same checks also run in the
+ * plain-C conformance program). One Criterion test per group; every failed check
+ * is a failed expectation whose message names the sub-case, the variant and the
+ * ISA. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
-#include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ec_cases.h"
 #include "util.h"
 
-/* ---------------------------------------------------------------- JSON -- */
-
-static cJSON *load_cases(void)
+static void report(void *ctx, ec_event ev, const char *msg)
 {
-    char path[1024];
+    (void)ctx;
+    if (ev == EC_FAIL)
+        cr_expect(0, "%s", msg);
+    else if (ev == EC_INFO)
+        cr_log_info("%s", msg);
+}
+
+/* Runs the group on every ISA this machine supports ("coverage" does not depend
+ * on the ISA: once). */
+static void run_group(const char *name)
+{
+    char path[1024], err[1200];
     util_data_path(path, sizeof path, "edge_cases.json");
-    size_t len = 0;
-    char *text = util_read_file(path, &len);
-    cr_assert_not_null(text, "cannot read %s", path);
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    cr_assert_not_null(root, "cannot parse %s", path);
-    cr_assert(cJSON_IsArray(root), "%s: not a JSON array", path);
-    return root;
-}
-
-static const cJSON *find_case(const cJSON *root, const char *id)
-{
-    const cJSON *c;
-    cJSON_ArrayForEach(c, root)
-    {
-        const cJSON *cid = cJSON_GetObjectItemCaseSensitive(c, "id");
-        if (cJSON_IsString(cid) && strcmp(cid->valuestring, id) == 0)
-            return c;
-    }
-    return NULL;
-}
-
-static double json_number(const cJSON *x)
-{
-    if (cJSON_IsNumber(x))
-        return x->valuedouble;
-    if (cJSON_IsString(x)) {
-        if (!strcmp(x->valuestring, "nan"))
-            return NAN;
-        if (!strcmp(x->valuestring, "inf"))
-            return INFINITY;
-        if (!strcmp(x->valuestring, "-inf"))
-            return -INFINITY;
-    }
-    if (cJSON_IsBool(x))
-        return cJSON_IsTrue(x) ? 1.0 : 0.0;
-    cr_assert_fail("unexpected JSON value (type %d)", x ? x->type : -1);
-    return 0.0;
-}
-
-/* Flattens nested lists into out[0..cap) in row-major order; returns the count. */
-static size_t flatten_rec(const cJSON *x, double *out, size_t cap, size_t n)
-{
-    if (cJSON_IsArray(x)) {
-        const cJSON *e;
-        cJSON_ArrayForEach(e, x) n = flatten_rec(e, out, cap, n);
-        return n;
-    }
-    if (n < cap && out)
-        out[n] = json_number(x);
-    return n + 1;
-}
-
-/* The array `name` of object `obj` as a malloc'd double array of exactly n
- * elements (asserts the count); NULL if absent or null. */
-static double *json_doubles(const cJSON *obj, const char *name, size_t n, const char *id)
-{
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(obj, name);
-    if (!a || cJSON_IsNull(a))
-        return NULL;
-    double *out = malloc(sizeof(double) * (n ? n : 1));
-    cr_assert_not_null(out);
-    const size_t got = flatten_rec(a, out, n, 0);
-    cr_assert_eq(got, n, "%s: array %s has %zu numbers, expected %zu", id, name, got, n);
-    return out;
-}
-
-static float *to_floats(const double *d, size_t n)
-{
-    float *f = malloc(sizeof(float) * (n ? n : 1));
-    cr_assert_not_null(f);
-    for (size_t i = 0; i < n; i++)
-        f[i] = (float)d[i];
-    return f;
-}
-
-/* Sizes of the leading dimensions of a nested list (up to 4). */
-static void json_dims(const cJSON *a, int64_t dims[4])
-{
-    for (int d = 0; d < 4; d++) {
-        dims[d] = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
-        a = cJSON_IsArray(a) ? a->child : NULL;
-    }
-}
-
-static int64_t json_int(const cJSON *obj, const char *name)
-{
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(obj, name);
-    cr_assert(cJSON_IsNumber(x), "field %s missing", name);
-    return (int64_t)x->valuedouble;
-}
-
-/* ------------------------------------------------------------- a case -- */
-
-typedef struct ec {
-    char id[16];
-    int64_t B, Hq, Hkv, Tq, Tk, Dk, Dv;
-    sdpa_problem p;
-    size_t nq, nk, nv, no, nl;
-    float *q, *k, *v, *dout; /* contiguous logical tensors; dout NULL: forward only */
-    uint8_t *mask;
-    int64_t mask_dims[4];
-    float *bias;
-    int32_t kvlen[16];
-    double *e_o, *e_lse, *e_dq, *e_dk, *e_dv;
-    double atol, rtol, atol_g, rtol_g;
-    int exact_o, exact_lse, exact_dq, exact_dk, exact_dv;
-    int expect_error;
-    int recommended;
-} ec;
-
-/* Inputs from the case's formula (float64, rounded once). Returns 1 if this
- * case has a formula implemented here. */
-static int formula_inputs(const ec *e, float *q, float *k, float *v, float *dout)
-{
-    const int64_t B = e->B, Hq = e->Hq, Hkv = e->Hkv, Tq = e->Tq, Tk = e->Tk, Dk = e->Dk, Dv = e->Dv;
-    const char *id = e->id;
-#define QI(b, h, t, c) q[(((b)*Hq + (h)) * Tq + (t)) * Dk + (c)]
-#define KI(b, h, t, c) k[(((b)*Hkv + (h)) * Tk + (t)) * Dk + (c)]
-#define VI(b, h, t, c) v[(((b)*Hkv + (h)) * Tk + (t)) * Dv + (c)]
-#define DI(b, h, t, c) dout[(((b)*Hq + (h)) * Tq + (t)) * Dv + (c)]
-    if (!strcmp(id, "EC-02b") || !strcmp(id, "EC-02c")) {
-        for (int64_t t = 0; t < Tq; t++)
-            for (int64_t c = 0; c < Dk; c++) {
-                QI(0, 0, t, c) = (float)sin(0.37 * t + 1.3 * c);
-                KI(0, 0, t, c) = (float)cos(0.23 * t - 0.7 * c);
-                VI(0, 0, t, c) = (float)sin(0.11 * t + 0.5 * c + 1);
-                DI(0, 0, t, c) = 1.0f;
-            }
-        return 1;
-    }
-    if (!strncmp(id, "EC-05", 5) && id[5] >= 'd' && id[5] <= 'q') {
-        for (int64_t i = 0; i < Tq; i++) {
-            QI(0, 0, i, 0) = 120.0f;
-            QI(0, 0, i, 1) = (float)(1 + 0.25 * (double)(i % 4));
-            DI(0, 0, i, 0) = (float)(1 + 0.5 * (double)(i % 3));
-            DI(0, 0, i, 1) = (float)(-1 + 0.25 * (double)(i % 5));
-        }
-        for (int64_t j = 0; j < Tk; j++) {
-            KI(0, 0, j, 0) = -1.0f;
-            KI(0, 0, j, 1) = (float)(-0.5 * (double)(j % 7));
-            VI(0, 0, j, 0) = (float)((j % 5) - 2);
-            VI(0, 0, j, 1) = 1.0f;
-        }
-        return 1;
-    }
-    if (!strncmp(id, "EC-08", 5)) {
-        const int bcast = id[5] == 'b';
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t h = 0; h < Hq; h++)
-                for (int64_t t = 0; t < Tq; t++)
-                    for (int64_t c = 0; c < Dk; c++) {
-                        const double x = (double)(b + 2 * h + 3 * t + 5 * c);
-                        const double xk = bcast ? (double)(b + 3 * t + 5 * c) : x;
-                        QI(b, h, t, c) = (float)sin(1 + x);
-                        KI(b, h, t, c) = (float)cos(1 + xk);
-                        VI(b, h, t, c) = (float)sin(2 + xk);
-                        DI(b, h, t, c) = (float)cos(0.5 + (double)(b + h + t + c));
-                    }
-        return 1;
-    }
-    if (!strncmp(id, "EC-09", 5)) {
-        for (size_t i = 0; i < e->nq; i++)
-            q[i] = 1.0f;
-        for (size_t i = 0; i < e->nk; i++)
-            k[i] = 0.0f;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t h = 0; h < Hkv; h++)
-                for (int64_t j = 0; j < Tk; j++)
-                    VI(b, h, j, 0) = (float)(100 * b + 10 * h + j);
-        return 1;
-    }
-    if (!strncmp(id, "EC-12", 5)) {
-        const int64_t D = Dk;
-        memset(q, 0, e->nq * sizeof(float));
-        memset(k, 0, e->nk * sizeof(float));
-        memset(v, 0, e->nv * sizeof(float));
-        for (size_t i = 0; i < e->no; i++)
-            dout[i] = 1.0f;
-        if (!strcmp(id, "EC-12b")) {
-            for (int64_t c = 64; c < D; c++) {
-                QI(0, 0, 0, c) = 0.25f;
-                KI(0, 0, 0, c) = 0.25f;
-                KI(0, 0, 1, c) = -0.25f;
-            }
-            for (int64_t c = 0; c < D; c++) {
-                VI(0, 0, 0, c) = 1.0f;
-                VI(0, 0, 1, c) = -1.0f;
-            }
-        } else { /* EC-12a (D = 9) and the sweep EC-12c..u: the signal in component D-1 */
-            QI(0, 0, 0, D - 1) = 1.0f;
-            for (int64_t j = 0; j < Tk; j++) {
-                KI(0, 0, j, D - 1) = (float)j;
-                if (D == 1) {
-                    VI(0, 0, j, 0) = (float)(j + 1);
-                } else {
-                    VI(0, 0, j, 0) = 1.0f;
-                    VI(0, 0, j, D - 1) = (float)(j + 1);
-                }
-            }
-        }
-        return 1;
-    }
-#undef QI
-#undef KI
-#undef VI
-#undef DI
-    return 0;
-}
-
-static void ec_free(ec *e)
-{
-    free(e->q);
-    free(e->k);
-    free(e->v);
-    free(e->dout);
-    free(e->mask);
-    free(e->bias);
-    free(e->e_o);
-    free(e->e_lse);
-    free(e->e_dq);
-    free(e->e_dk);
-    free(e->e_dv);
-}
-
-static int in_list(const cJSON *list, const char *name)
-{
-    const cJSON *x;
-    cJSON_ArrayForEach(x, list) if (cJSON_IsString(x) && !strcmp(x->valuestring, name)) return 1;
-    return 0;
-}
-
-/* Builds the problem, inputs, masks and expected values of case c. */
-static void ec_load(const cJSON *root, const cJSON *c, ec *e)
-{
-    memset(e, 0, sizeof *e);
-    const cJSON *cid = cJSON_GetObjectItemCaseSensitive(c, "id");
-    snprintf(e->id, sizeof e->id, "%s", cid->valuestring);
-    e->B = json_int(c, "B");
-    e->Hq = json_int(c, "Hq");
-    e->Hkv = json_int(c, "Hkv");
-    e->Tq = json_int(c, "Tq");
-    e->Tk = json_int(c, "Tk");
-    e->Dk = json_int(c, "Dk");
-    e->Dv = json_int(c, "Dv");
-    e->nq = (size_t)(e->B * e->Hq * e->Tq * e->Dk);
-    e->nk = (size_t)(e->B * e->Hkv * e->Tk * e->Dk);
-    e->nv = (size_t)(e->B * e->Hkv * e->Tk * e->Dv);
-    e->no = (size_t)(e->B * e->Hq * e->Tq * e->Dv);
-    e->nl = (size_t)(e->B * e->Hq * e->Tq);
-
-    sdpa_problem *p = &e->p;
-    *p = util_problem(e->B, e->Hq, e->Hkv, e->Tq, e->Tk, e->Dk, e->Dv);
-    const cJSON *scale = cJSON_GetObjectItemCaseSensitive(c, "scale");
-    if (cJSON_IsNumber(scale)) {
-        p->use_default_scale = 0;
-        p->scale = (float)scale->valuedouble;
-    }
-    const cJSON *causal = cJSON_GetObjectItemCaseSensitive(c, "causal");
-    if (cJSON_IsString(causal)) {
-        if (!strcmp(causal->valuestring, "top-left"))
-            p->causal = SDPA_CAUSAL_TOP_LEFT;
-        else if (!strcmp(causal->valuestring, "bottom-right"))
-            p->causal = SDPA_CAUSAL_BOTTOM_RIGHT;
-        else
-            cr_assert_str_eq(causal->valuestring, "none", "%s: unknown causal value", e->id);
-    }
-    const cJSON *wl = cJSON_GetObjectItemCaseSensitive(c, "window_left");
-    const cJSON *wr = cJSON_GetObjectItemCaseSensitive(c, "window_right");
-    if (cJSON_IsNumber(wl))
-        p->window_left = (int64_t)wl->valuedouble;
-    if (cJSON_IsNumber(wr))
-        p->window_right = (int64_t)wr->valuedouble;
-    const cJSON *kvl = cJSON_GetObjectItemCaseSensitive(c, "kv_len");
-    if (cJSON_IsArray(kvl)) {
-        cr_assert(e->B <= 16 && cJSON_GetArraySize(kvl) == e->B, "%s: kv_len", e->id);
-        int b = 0;
-        const cJSON *x;
-        cJSON_ArrayForEach(x, kvl) e->kvlen[b++] = (int32_t)x->valuedouble;
-        p->kv_lengths = e->kvlen;
-    }
-
-    /* inputs */
-    e->q = malloc(sizeof(float) * (e->nq ? e->nq : 1));
-    e->k = malloc(sizeof(float) * (e->nk ? e->nk : 1));
-    e->v = malloc(sizeof(float) * (e->nv ? e->nv : 1));
-    float *fd = malloc(sizeof(float) * (e->no ? e->no : 1));
-    const int has_formula = formula_inputs(e, e->q, e->k, e->v, fd);
-    const char *names[4] = {"q", "k", "v", "do"};
-    float *dst[4] = {e->q, e->k, e->v, fd};
-    const size_t counts[4] = {e->nq, e->nk, e->nv, e->no};
-    int json_do = 0;
-    for (int t = 0; t < 4; t++) {
-        double *d = json_doubles(c, names[t], counts[t], e->id);
-        if (!d) {
-            cr_assert(has_formula || t == 3, "%s: no %s array and no formula implemented", e->id,
-                      names[t]);
-            continue;
-        }
-        if (t == 3)
-            json_do = 1;
-        if (has_formula) { /* the formula must reproduce the listed fp32 values exactly */
-            size_t diff = 0;
-            for (size_t i = 0; i < counts[t]; i++)
-                diff += memcmp(&(float){(float)d[i]}, &dst[t][i], sizeof(float)) != 0;
-            cr_expect_eq(diff, 0, "%s: formula and JSON array %s differ in %zu of %zu values", e->id,
-                         names[t], diff, counts[t]);
-        }
-        for (size_t i = 0; i < counts[t]; i++)
-            dst[t][i] = (float)d[i];
-        free(d);
-    }
-
-    /* masks */
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(c, "mask");
-    const cJSON *mf = cJSON_GetObjectItemCaseSensitive(c, "mask_formula");
-    if (cJSON_IsArray(m)) {
-        json_dims(m, e->mask_dims);
-        const int64_t *md = e->mask_dims;
-        cr_assert((md[0] == 1 || md[0] == e->B) && (md[1] == 1 || md[1] == e->Hq) && md[2] == e->Tq &&
-                      md[3] == e->Tk,
-                  "%s: mask dims [%ld,%ld,%ld,%ld]", e->id, (long)md[0], (long)md[1], (long)md[2],
-                  (long)md[3]);
-        const size_t n = (size_t)(md[0] * md[1] * md[2] * md[3]);
-        double *d = json_doubles(c, "mask", n, e->id);
-        e->mask = malloc(n ? n : 1);
-        for (size_t i = 0; i < n; i++)
-            e->mask[i] = d[i] != 0.0;
-        free(d);
-        p->bool_mask = (sdpa_bool_mask){e->mask, md[0] == 1 ? 0 : md[1] * md[2] * md[3],
-                                        md[1] == 1 ? 0 : md[2] * md[3], md[3], 1};
-    } else if (cJSON_IsString(mf)) {
-        /* EC-02c: keep iff i - 9 <= j <= i, as a dense [1,1,Tq,Tk] mask */
-        cr_assert_str_eq(mf->valuestring, "keep iff i - 9 <= j <= i", "%s: unknown mask formula", e->id);
-        e->mask = malloc((size_t)(e->Tq * e->Tk));
-        for (int64_t i = 0; i < e->Tq; i++)
-            for (int64_t j = 0; j < e->Tk; j++)
-                e->mask[i * e->Tk + j] = i - 9 <= j && j <= i;
-        e->mask_dims[0] = e->mask_dims[1] = 1;
-        e->mask_dims[2] = e->Tq;
-        e->mask_dims[3] = e->Tk;
-        p->bool_mask = (sdpa_bool_mask){e->mask, 0, 0, e->Tk, 1};
-    }
-    const cJSON *bj = cJSON_GetObjectItemCaseSensitive(c, "bias");
-    if (cJSON_IsArray(bj)) {
-        int64_t bd[4];
-        json_dims(bj, bd);
-        cr_assert((bd[0] == 1 || bd[0] == e->B) && (bd[1] == 1 || bd[1] == e->Hq) && bd[2] == e->Tq &&
-                      bd[3] == e->Tk,
-                  "%s: bias dims", e->id);
-        const size_t n = (size_t)(bd[0] * bd[1] * bd[2] * bd[3]);
-        double *d = json_doubles(c, "bias", n, e->id);
-        e->bias = to_floats(d, n);
-        free(d);
-        p->bias = (sdpa_bias){e->bias, bd[0] == 1 ? 0 : bd[1] * bd[2] * bd[3],
-                              bd[1] == 1 ? 0 : bd[2] * bd[3], bd[3], 1};
-    }
-
-    /* expectations */
-    const cJSON *err = cJSON_GetObjectItemCaseSensitive(c, "expect_error");
-    e->expect_error = err && !cJSON_IsNull(err);
-    const cJSON *lvl = cJSON_GetObjectItemCaseSensitive(c, "level");
-    e->recommended = cJSON_IsString(lvl) && !strcmp(lvl->valuestring, "recommended");
-    const cJSON *same = cJSON_GetObjectItemCaseSensitive(c, "expected_same_as");
-    const cJSON *src = c;
-    if (cJSON_IsString(same)) {
-        src = find_case(root, same->valuestring);
-        cr_assert_not_null(src, "%s: expected_same_as %s not found", e->id, same->valuestring);
-    }
-    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(src, "expected");
-    /* dO: the listed array, or the formula's when the expected values include
-     * gradients (EC-02c: formula only, expected values of EC-02b) */
-    if (json_do || (has_formula && cJSON_IsObject(ex) && cJSON_GetObjectItemCaseSensitive(ex, "dq")))
-        e->dout = fd;
-    else
-        free(fd);
-    if (!e->expect_error) {
-        cr_assert(cJSON_IsObject(ex), "%s: no expected values", e->id);
-        e->e_o = json_doubles(ex, "o", e->no, e->id);
-        e->e_lse = json_doubles(ex, "lse", e->nl, e->id);
-        e->e_dq = json_doubles(ex, "dq", e->nq, e->id);
-        e->e_dk = json_doubles(ex, "dk", e->nk, e->id);
-        e->e_dv = json_doubles(ex, "dv", e->nv, e->id);
-        cr_assert(e->e_o && e->e_lse, "%s: expected o / lse missing", e->id);
-        if (e->dout)
-            cr_assert(e->e_dq && e->e_dk && e->e_dv, "%s: dO given but expected gradients missing",
-                      e->id);
-    }
-    e->atol = cJSON_GetObjectItemCaseSensitive(c, "atol")->valuedouble;
-    e->rtol = cJSON_GetObjectItemCaseSensitive(c, "rtol")->valuedouble;
-    e->atol_g = cJSON_GetObjectItemCaseSensitive(c, "atol_grad")->valuedouble;
-    e->rtol_g = cJSON_GetObjectItemCaseSensitive(c, "rtol_grad")->valuedouble;
-    const cJSON *exact = cJSON_GetObjectItemCaseSensitive(c, "exact");
-    e->exact_o = in_list(exact, "o");
-    e->exact_lse = in_list(exact, "lse");
-    e->exact_dq = in_list(exact, "dq");
-    e->exact_dk = in_list(exact, "dk");
-    e->exact_dv = in_list(exact, "dv");
-}
-
-/* ------------------------------------------------------------ running -- */
-
-enum {
-    LAY_CONTIG = 0,
-    LAY_BTHD = 1,          /* Q, K, V, dO stored [B,T,H,D] (permuted views) */
-    LAY_PACKED_GAPS = 2,   /* Q, K, V from one [B,T,3,H,D] buffer; dO every other batch of a
-                              [2B,H,T,D] buffer; outputs with gaps between rows */
-    LAY_BTHD_GAPS = 3      /* [B,T,H,D] inputs and outputs with gaps between rows */
-};
-static const char *const lay_names[] = {"contiguous", "[B,T,H,D] views",
-                                        "packed QKV + strided dO + gapped outputs",
-                                        "[B,T,H,D] views + gapped outputs"};
-
-typedef struct ec_opts {
-    int bq, bk;
-    int layout;
-    int kv_head_bcast; /* K, V stored once per batch entry, head stride 0 */
-    int mask_q_bcast;  /* bool mask passed with query stride 0 (row 0 of each batch) */
-    int threads;
-} ec_opts;
-
-typedef struct ec_result {
-    float *o, *lse, *dq, *dk, *dv; /* contiguous copies (malloc'd), NULL if not run */
-} ec_result;
-
-static void result_free(ec_result *r)
-{
-    free(r->o);
-    free(r->lse);
-    free(r->dq);
-    free(r->dk);
-    free(r->dv);
-    memset(r, 0, sizeof *r);
-}
-
-static float *galloc_pack(const util_layout *l, const float *src)
-{
-    float *buf = util_galloc(util_extent(l));
-    util_pack(l, buf, src);
-    return buf;
-}
-
-static int all_sentinel(const float *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!util_is_sentinel(p[i]))
-            return 0;
-    return 1;
-}
-
-/* Checks every expectation of the case on the contiguous results. */
-static void check_results(const ec *e, const ec_result *r, const char *tag)
-{
-    char what[256];
-    snprintf(what, sizeof what, "%s O", tag);
-    util_expect_close(what, r->o, e->e_o, e->no, e->atol, e->rtol, e->exact_o);
-    snprintf(what, sizeof what, "%s LSE", tag);
-    util_expect_close(what, r->lse, e->e_lse, e->nl, e->atol, e->rtol, e->exact_lse);
-    size_t zero_bad = 0;
-    for (size_t row = 0; row < e->nl; row++)
-        if (e->e_lse[row] == -INFINITY) {
-            for (int64_t c = 0; c < e->Dv; c++)
-                zero_bad += r->o[row * (size_t)e->Dv + (size_t)c] != 0.0f;
-            if (r->dq)
-                for (int64_t c = 0; c < e->Dk; c++)
-                    zero_bad += r->dq[row * (size_t)e->Dk + (size_t)c] != 0.0f;
-        }
-    cr_expect_eq(zero_bad, 0, "%s: %zu nonzero O/dQ element(s) in fully masked rows", tag, zero_bad);
-    if (!r->dq)
-        return;
-    snprintf(what, sizeof what, "%s dQ", tag);
-    util_expect_close(what, r->dq, e->e_dq, e->nq, e->atol_g, e->rtol_g, e->exact_dq);
-    snprintf(what, sizeof what, "%s dK", tag);
-    util_expect_close(what, r->dk, e->e_dk, e->nk, e->atol_g, e->rtol_g, e->exact_dk);
-    snprintf(what, sizeof what, "%s dV", tag);
-    util_expect_close(what, r->dv, e->e_dv, e->nv, e->atol_g, e->rtol_g, e->exact_dv);
-}
-
-/* Runs the case (forward, then backward when dO is given) on one ISA in one
- * layout; checks status, guard zones, gaps, and (check != 0) the expectations.
- * Fills *res with contiguous copies of the outputs when res != NULL. */
-static void ec_run(const ec *e, sdpa_isa isa, const ec_opts *opt, int check, ec_result *res)
-{
-    const int64_t B = e->B, Hq = e->Hq, Tq = e->Tq, Tk = e->Tk, Dk = e->Dk, Dv = e->Dv;
-    const int64_t Hkv = e->Hkv;
-    char tag[200];
-    snprintf(tag, sizeof tag, "%s [%s, %s%s%s, tiles %dx%d, threads %d]", e->id, sdpa_isa_name(isa),
-             lay_names[opt->layout], opt->kv_head_bcast ? ", K/V head stride 0" : "",
-             opt->mask_q_bcast ? ", mask [B,1,1,Tk]" : "", opt->bq, opt->bk, opt->threads);
-
-    sdpa_problem p = e->p;
-    p.isa = isa;
-    p.block_q = opt->bq;
-    p.block_k = opt->bk;
-    p.num_threads = opt->threads;
-    if (opt->mask_q_bcast)
-        p.bool_mask.query_stride = 0;
-
-    const float *k = e->k, *v = e->v;
-
-    /* input layouts */
-    util_layout lq, lk, lv, ldo;
-    float *qbuf = NULL, *kbuf = NULL, *vbuf = NULL, *dobuf = NULL;
-    sdpa_tensor tq, tk, tv, tdo;
-    const int bthd = opt->layout == LAY_BTHD || opt->layout == LAY_BTHD_GAPS;
-    if (opt->layout == LAY_PACKED_GAPS) {
-        cr_assert(Tq == Tk && Hq == Hkv && Dk == Dv && !opt->kv_head_bcast, "%s: packed QKV", tag);
-        const int64_t H = Hq, T = Tq, D = Dk;
-        lq = lk = lv = (util_layout){B, H, T, D, T * 3 * H * D, D, 3 * H * D};
-        qbuf = util_galloc((size_t)(B * T * 3 * H * D));
-        util_pack(&lq, qbuf, e->q);
-        util_pack(&lq, qbuf + H * D, k);
-        util_pack(&lq, qbuf + 2 * H * D, v);
-        tq = util_view(&lq, qbuf);
-        tk = util_view(&lq, qbuf + H * D);
-        tv = util_view(&lq, qbuf + 2 * H * D);
-        ldo = (util_layout){B, Hq, Tq, Dv, 2 * Hq * Tq * Dv, Tq * Dv, Dv};
-    } else {
-        lq = bthd ? util_bthd(B, Hq, Tq, Dk) : util_contig(B, Hq, Tq, Dk);
-        qbuf = galloc_pack(&lq, e->q);
-        tq = util_view(&lq, qbuf);
-        if (opt->kv_head_bcast) {
-            /* K, V identical across heads: store head 0 once, head stride 0 */
-            const util_layout k1l = util_contig(B, 1, Tk, Dk), v1l = util_contig(B, 1, Tk, Dv);
-            float *kh = malloc(sizeof(float) * (size_t)(B * Tk * Dk + 1));
-            float *vh = malloc(sizeof(float) * (size_t)(B * Tk * Dv + 1));
-            for (int64_t b = 0; b < B; b++) {
-                memcpy(kh + b * Tk * Dk, k + b * Hkv * Tk * Dk, sizeof(float) * (size_t)(Tk * Dk));
-                memcpy(vh + b * Tk * Dv, v + b * Hkv * Tk * Dv, sizeof(float) * (size_t)(Tk * Dv));
-            }
-            kbuf = galloc_pack(&k1l, kh);
-            vbuf = galloc_pack(&v1l, vh);
-            free(kh);
-            free(vh);
-            lk = util_contig(B, Hkv, Tk, Dk);
-            lv = util_contig(B, Hkv, Tk, Dv);
-            lk.sh = lv.sh = 0;
-            lk.sb = Tk * Dk;
-            lv.sb = Tk * Dv;
-        } else {
-            lk = bthd ? util_bthd(B, Hkv, Tk, Dk) : util_contig(B, Hkv, Tk, Dk);
-            lv = bthd ? util_bthd(B, Hkv, Tk, Dv) : util_contig(B, Hkv, Tk, Dv);
-            kbuf = galloc_pack(&lk, k);
-            vbuf = galloc_pack(&lv, v);
-        }
-        tk = util_view(&lk, kbuf);
-        tv = util_view(&lv, vbuf);
-        ldo = bthd ? util_bthd(B, Hq, Tq, Dv) : util_contig(B, Hq, Tq, Dv);
-    }
-    if (e->dout) {
-        dobuf = util_galloc(util_extent(&ldo));
-        util_pack(&ldo, dobuf, e->dout);
-        tdo = util_view(&ldo, dobuf);
-    }
-
-    /* output layouts (gaps pre-filled with the sentinel NaN pattern) */
-    const int gaps = opt->layout == LAY_PACKED_GAPS || opt->layout == LAY_BTHD_GAPS;
-    util_layout lo, ll, ldq, ldk, ldv;
-    if (opt->layout == LAY_BTHD_GAPS) {
-        lo = util_bthd(B, Hq, Tq, Dv);
-        ldq = util_bthd(B, Hq, Tq, Dk);
-        ldk = util_bthd(B, Hkv, Tk, Dk);
-        ldv = util_bthd(B, Hkv, Tk, Dv);
-        /* widen the token stride to leave a gap after every token's heads */
-        lo.st += 3;
-        lo.sb = Tq * lo.st;
-        ldq.st += 1;
-        ldq.sb = Tq * ldq.st;
-        ldk.st += 2;
-        ldk.sb = Tk * ldk.st;
-        ldv.st += 5;
-        ldv.sb = Tk * ldv.st;
-    } else if (gaps) {
-        lo = util_padded(B, Hq, Tq, Dv, Dv + 3);
-        ldq = util_padded(B, Hq, Tq, Dk, Dk + 1);
-        ldk = util_padded(B, Hkv, Tk, Dk, Dk + 2);
-        ldv = util_padded(B, Hkv, Tk, Dv, Dv + 5);
-    } else {
-        lo = util_contig(B, Hq, Tq, Dv);
-        ldq = util_contig(B, Hq, Tq, Dk);
-        ldk = util_contig(B, Hkv, Tk, Dk);
-        ldv = util_contig(B, Hkv, Tk, Dv);
-    }
-    ll = gaps ? (util_layout){B, Hq, Tq, 1, Hq * Tq * 2, Tq * 2, 2} : util_lse_layout(B, Hq, Tq);
-    const size_t no_buf = util_extent(&lo), nl_buf = util_extent(&ll);
-    float *obuf = util_galloc(no_buf), *lbuf = util_galloc(nl_buf);
-    const sdpa_tensor_out to = util_view_out(&lo, obuf), tl = util_view_out(&ll, lbuf);
-
-    if (e->expect_error) {
-        const sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
-        cr_expect_lt((int)st, 0, "%s: forward must fail, returned %s", tag, sdpa_status_string(st));
-        cr_expect(all_sentinel(obuf, no_buf) && all_sentinel(lbuf, nl_buf) && util_gintact(obuf, "O") &&
-                      util_gintact(lbuf, "LSE"),
-                  "%s: a failing forward wrote to its outputs", tag);
-        /* the backward with the same descriptor must fail the same way */
-        const size_t nq_l = (size_t)(B * Hq * Tq * Dk), nk_l = (size_t)(B * Hkv * Tk * Dk),
-                     nv_l = (size_t)(B * Hkv * Tk * Dv);
-        float *zo = util_galloc_fill(no_buf, 0.0f), *zl = util_galloc_fill(nl_buf, 0.0f);
-        float *zdo = util_galloc_fill(no_buf, 1.0f);
-        float *dq = util_galloc(nq_l), *dk = util_galloc(nk_l), *dv = util_galloc(nv_l);
-        const sdpa_tensor so = util_view(&lo, zo), sl = util_view(&ll, zl), sdo = util_view(&lo, zdo);
-        const util_layout cq = util_contig(B, Hq, Tq, Dk), ck = util_contig(B, Hkv, Tk, Dk),
-                          cv = util_contig(B, Hkv, Tk, Dv);
-        const sdpa_tensor_out tdq = util_view_out(&cq, dq), tdk = util_view_out(&ck, dk),
-                              tdv = util_view_out(&cv, dv);
-        const sdpa_status sb = sdpa_backward(&p, &tq, &tk, &tv, &so, &sl, &sdo, &tdq, &tdk, &tdv);
-        cr_expect_lt((int)sb, 0, "%s: backward must fail, returned %s", tag, sdpa_status_string(sb));
-        cr_expect(all_sentinel(dq, nq_l) && all_sentinel(dk, nk_l) && all_sentinel(dv, nv_l) &&
-                      util_gintact(dq, "dQ") && util_gintact(dk, "dK") && util_gintact(dv, "dV"),
-                  "%s: a failing backward wrote to its outputs", tag);
-        util_gfree(zo);
-        util_gfree(zl);
-        util_gfree(zdo);
-        util_gfree(dq);
-        util_gfree(dk);
-        util_gfree(dv);
-    } else {
-        ec_result r;
-        memset(&r, 0, sizeof r);
-        const sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
-        cr_assert_eq(st, SDPA_OK, "%s: forward returned %s", tag, sdpa_status_string(st));
-        cr_expect(util_gintact(obuf, "O") && util_gintact(lbuf, "LSE"), "%s: forward guard zone", tag);
-        cr_expect(util_gaps_intact(&lo, obuf, no_buf, "O gaps") &&
-                      util_gaps_intact(&ll, lbuf, nl_buf, "LSE gaps"),
-                  "%s: forward wrote into the gaps between rows", tag);
-        r.o = malloc(sizeof(float) * (e->no + 1));
-        r.lse = malloc(sizeof(float) * (e->nl + 1));
-        util_unpack(&lo, r.o, obuf);
-        util_unpack(&ll, r.lse, lbuf);
-        if (e->dout) {
-            const size_t nq_b = util_extent(&ldq), nk_b = util_extent(&ldk), nv_b = util_extent(&ldv);
-            float *dq = util_galloc(nq_b), *dk = util_galloc(nk_b), *dv = util_galloc(nv_b);
-            const sdpa_tensor so = util_view(&lo, obuf), sl = util_view(&ll, lbuf);
-            const sdpa_tensor_out tdq = util_view_out(&ldq, dq), tdk = util_view_out(&ldk, dk),
-                                  tdv = util_view_out(&ldv, dv);
-            const sdpa_status sb = sdpa_backward(&p, &tq, &tk, &tv, &so, &sl, &tdo, &tdq, &tdk, &tdv);
-            cr_assert_eq(sb, SDPA_OK, "%s: backward returned %s", tag, sdpa_status_string(sb));
-            cr_expect(util_gintact(dq, "dQ") && util_gintact(dk, "dK") && util_gintact(dv, "dV"),
-                      "%s: backward guard zone", tag);
-            cr_expect(util_gaps_intact(&ldq, dq, nq_b, "dQ gaps") &&
-                          util_gaps_intact(&ldk, dk, nk_b, "dK gaps") &&
-                          util_gaps_intact(&ldv, dv, nv_b, "dV gaps"),
-                      "%s: backward wrote into the gaps between rows", tag);
-            r.dq = malloc(sizeof(float) * (util_numel(&ldq) + 1));
-            r.dk = malloc(sizeof(float) * (util_numel(&ldk) + 1));
-            r.dv = malloc(sizeof(float) * (util_numel(&ldv) + 1));
-            util_unpack(&ldq, r.dq, dq);
-            util_unpack(&ldk, r.dk, dk);
-            util_unpack(&ldv, r.dv, dv);
-            util_gfree(dq);
-            util_gfree(dk);
-            util_gfree(dv);
-        }
-        if (check)
-            check_results(e, &r, tag);
-        if (res)
-            *res = r;
-        else
-            result_free(&r);
-    }
-    util_gfree(obuf);
-    util_gfree(lbuf);
-    util_gfree(qbuf);
-    util_gfree(kbuf);
-    util_gfree(vbuf);
-    util_gfree(dobuf);
-}
-
-/* Runs every sub-case whose id starts with `prefix` in the contiguous layout
- * on every ISA; returns how many sub-cases ran. */
-static int run_group(const char *prefix)
-{
-    cJSON *root = load_cases();
+    ec_suite *s = ec_suite_load(path, err, sizeof err);
+    cr_assert_not_null(s, "%s", err);
+    const int g = ec_group_index(name);
+    cr_assert(g >= 0, "no edge-case group %s", name);
     sdpa_isa isas[SDPA_ISA_COUNT];
     const int nisa = util_isas(isas);
-    int ran = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, root)
-    {
-        const char *id = cJSON_GetObjectItemCaseSensitive(c, "id")->valuestring;
-        if (strncmp(id, prefix, strlen(prefix)) != 0)
-            continue;
-        ec e;
-        ec_load(root, c, &e);
-        if (e.recommended)
-            cr_log_info("%s: level 'recommended' (run and required here)", e.id);
-        for (int ii = 0; ii < nisa; ii++) {
-            const ec_opts opt = {0, 0, LAY_CONTIG, 0, 0, 0};
-            ec_run(&e, isas[ii], &opt, 1, NULL);
-        }
-        ec_free(&e);
-        ran++;
-    }
-    cJSON_Delete(root);
-    cr_log_info("%s: %d sub-case(s) on %d ISA(s)", prefix, ran, nisa);
-    return ran;
+    const int nrun = strcmp(name, "coverage") ? nisa : 1;
+    int failed = 0;
+    for (int ii = 0; ii < nrun; ii++)
+        failed += ec_run_group(s, g, isas[ii], report, NULL);
+    ec_suite_free(s);
+    cr_log_info("%s: %d ISA(s), %d failed check(s)", name, nrun, failed);
 }
-
-/* ------------------------------------------------------------- groups -- */
 
 Test(edge_cases, ec01_fully_masked_row)
 {
-    cr_expect_eq(run_group("EC-01"), 4);
+    run_group("EC-01");
 }
 
 Test(edge_cases, ec02_leading_blocks_masked, .timeout = 120)
 {
-    /* EC-02a with every tile size pair from {1, 2, 4, 8, 16, 64} (and the
-     * default); EC-02b and EC-02c (formula, 600 tokens) with the default tiles
-     * and a few small ones. */
-    cJSON *root = load_cases();
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
-    static const int blocks[] = {0, 1, 2, 4, 8, 16, 64};
-    const int nb = (int)(sizeof blocks / sizeof blocks[0]);
-    ec e;
-    ec_load(root, find_case(root, "EC-02a"), &e);
-    for (int ii = 0; ii < nisa; ii++)
-        for (int a = 0; a < nb; a++)
-            for (int b = 0; b < nb; b++) {
-                if ((blocks[a] == 0) != (blocks[b] == 0))
-                    continue;
-                const ec_opts opt = {blocks[a], blocks[b], LAY_CONTIG, 0, 0, 0};
-                ec_run(&e, isas[ii], &opt, 1, NULL);
-            }
-    ec_free(&e);
-    static const int big_blocks[][2] = {{0, 0}, {8, 8}, {16, 64}, {64, 16}, {3, 5}};
-    const char *ids[] = {"EC-02b", "EC-02c"};
-    for (int t = 0; t < 2; t++) {
-        ec_load(root, find_case(root, ids[t]), &e);
-        for (int ii = 0; ii < nisa; ii++)
-            for (int bi = 0; bi < 5; bi++) {
-                const ec_opts opt = {big_blocks[bi][0], big_blocks[bi][1], LAY_CONTIG, 0, 0, 0};
-                ec_run(&e, isas[ii], &opt, 1, NULL);
-            }
-        ec_free(&e);
-    }
-    /* the summary values of the document, as an independent check of EC-02b */
-    ec_load(root, find_case(root, "EC-02b"), &e);
-    for (int ii = 0; ii < nisa; ii++) {
-        const ec_opts opt = {0, 0, LAY_CONTIG, 0, 0, 0};
-        ec_result r;
-        ec_run(&e, isas[ii], &opt, 0, &r);
-        double sum_o = 0, sum_dv = 0, sum_dk = 0;
-        for (size_t i = 0; i < e.no; i++)
-            sum_o += r.o[i];
-        for (size_t i = 0; i < e.nv; i++)
-            sum_dv += r.dv[i];
-        for (size_t i = 0; i < e.nk; i++)
-            sum_dk += r.dk[i];
-        cr_expect(fabs(sum_o - (-44.4844631)) < 1e-3, "[%s] EC-02b sum(O) = %.7f", sdpa_isa_name(isas[ii]),
-                  sum_o);
-        cr_expect(fabs(sum_dv - 4800.0) < 1e-2, "[%s] EC-02b sum(dV) = %.5f", sdpa_isa_name(isas[ii]),
-                  sum_dv);
-        cr_expect(fabs(sum_dk) < 1e-3, "[%s] EC-02b sum(dK) = %.7f", sdpa_isa_name(isas[ii]), sum_dk);
-        result_free(&r);
-    }
-    ec_free(&e);
-    cJSON_Delete(root);
+    run_group("EC-02");
 }
 
 Test(edge_cases, ec03_masked_keys_no_influence)
 {
-    cr_expect_eq(run_group("EC-03"), 4);
+    run_group("EC-03");
 }
 
 Test(edge_cases, ec04_causal_alignment)
 {
-    cr_expect_eq(run_group("EC-04"), 6);
+    run_group("EC-04");
 }
 
 Test(edge_cases, ec05_tile_tails_negative_logits, .timeout = 120)
 {
-    /* default tiles, then a few small and odd tile sizes on the tail sweep */
-    cr_expect_eq(run_group("EC-05"), 17);
-    cJSON *root = load_cases();
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
-    const char *ids[] = {"EC-05a", "EC-05b", "EC-05g", "EC-05i", "EC-05m", "EC-05o"};
-    static const int tiles[][2] = {{4, 4}, {8, 8}, {7, 3}, {16, 128}};
-    for (size_t t = 0; t < sizeof ids / sizeof ids[0]; t++) {
-        ec e;
-        ec_load(root, find_case(root, ids[t]), &e);
-        for (int ii = 0; ii < nisa; ii++)
-            for (int bi = 0; bi < 4; bi++) {
-                const ec_opts opt = {tiles[bi][0], tiles[bi][1], LAY_CONTIG, 0, 0, 0};
-                ec_run(&e, isas[ii], &opt, 1, NULL);
-            }
-        ec_free(&e);
-    }
-    cJSON_Delete(root);
+    run_group("EC-05");
 }
 
 Test(edge_cases, ec06_scale)
 {
-    cr_expect_eq(run_group("EC-06"), 10);
+    run_group("EC-06");
 }
 
 Test(edge_cases, ec07_gqa_mapping)
 {
-    cr_expect_eq(run_group("EC-07"), 3);
+    run_group("EC-07");
 }
 
 Test(edge_cases, ec08_strided_packed_broadcast)
 {
-    /* Every layout of the document: [B,T,H,D] views, packed QKV, dO taken as
-     * every other batch entry of a [2B,H,T,D] buffer, outputs with gaps (the
-     * gaps hold a NaN pattern that must stay), K/V head stride 0 (EC-08b, also as
-     * Hkv = 1), the mask passed once with batch and head strides 0 (EC-08c).
-     * Each layout is compared with the expected values and with the contiguous
-     * call. */
-    cJSON *root = load_cases();
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
-    const char *ids[] = {"EC-08a", "EC-08b", "EC-08c"};
-    for (int t = 0; t < 3; t++) {
-        ec e;
-        ec_load(root, find_case(root, ids[t]), &e);
-        for (int ii = 0; ii < nisa; ii++) {
-            const ec_opts base = {0, 0, LAY_CONTIG, 0, 0, 0};
-            ec_result r0;
-            ec_run(&e, isas[ii], &base, 1, &r0);
-            for (int lay = LAY_BTHD; lay <= LAY_BTHD_GAPS; lay++)
-                for (int bc = 0; bc <= (t == 1); bc++) {
-                    if (bc && lay == LAY_PACKED_GAPS)
-                        continue; /* a packed buffer holds every head */
-                    const ec_opts opt = {0, 0, lay, bc, 0, 0};
-                    ec_result r;
-                    ec_run(&e, isas[ii], &opt, 1, &r);
-                    const int same = !memcmp(r.o, r0.o, e.no * sizeof(float)) &&
-                                     !memcmp(r.lse, r0.lse, e.nl * sizeof(float)) &&
-                                     !memcmp(r.dq, r0.dq, e.nq * sizeof(float)) &&
-                                     !memcmp(r.dk, r0.dk, e.nk * sizeof(float)) &&
-                                     !memcmp(r.dv, r0.dv, e.nv * sizeof(float));
-                    if (!same)
-                        cr_log_info("%s [%s, %s]: not bitwise equal to the contiguous call (within "
-                                    "tolerance)",
-                                    e.id, sdpa_isa_name(isas[ii]), lay_names[lay]);
-                    result_free(&r);
-                }
-            result_free(&r0);
-        }
-        if (t == 1) {
-            /* EC-08b as Hkv = 1: same O, dK and dV = sum over the two heads */
-            ec e1 = e;
-            e1.Hkv = 1;
-            e1.p.kv_heads = 1;
-            e1.nk = e.nk / 2;
-            e1.nv = e.nv / 2;
-            double *dk1 = malloc(sizeof(double) * e1.nk), *dv1 = malloc(sizeof(double) * e1.nv);
-            float *k1 = malloc(sizeof(float) * e1.nk), *v1 = malloc(sizeof(float) * e1.nv);
-            const int64_t Tk = e.Tk, Dk = e.Dk, Dv = e.Dv;
-            for (int64_t b = 0; b < e.B; b++) { /* kv head 0 of each batch entry */
-                memcpy(k1 + b * Tk * Dk, e.k + b * 2 * Tk * Dk, sizeof(float) * (size_t)(Tk * Dk));
-                memcpy(v1 + b * Tk * Dv, e.v + b * 2 * Tk * Dv, sizeof(float) * (size_t)(Tk * Dv));
-            }
-            e1.k = k1;
-            e1.v = v1;
-            for (int64_t b = 0; b < e.B; b++) {
-                for (int64_t x = 0; x < Tk * Dk; x++)
-                    dk1[b * Tk * Dk + x] = e.e_dk[(b * 2 + 0) * Tk * Dk + x] + e.e_dk[(b * 2 + 1) * Tk * Dk + x];
-                for (int64_t x = 0; x < Tk * Dv; x++)
-                    dv1[b * Tk * Dv + x] = e.e_dv[(b * 2 + 0) * Tk * Dv + x] + e.e_dv[(b * 2 + 1) * Tk * Dv + x];
-            }
-            e1.e_dk = dk1;
-            e1.e_dv = dv1;
-            snprintf(e1.id, sizeof e1.id, "EC-08b/Hkv=1");
-            for (int ii = 0; ii < nisa; ii++) {
-                const ec_opts opt = {0, 0, LAY_CONTIG, 0, 0, 0};
-                ec_run(&e1, isas[ii], &opt, 1, NULL);
-                const ec_opts opt2 = {0, 0, LAY_BTHD_GAPS, 0, 0, 0};
-                ec_run(&e1, isas[ii], &opt2, 1, NULL);
-            }
-            free(dk1);
-            free(dv1);
-            free(k1);
-            free(v1);
-        }
-        ec_free(&e);
-    }
-    cJSON_Delete(root);
+    run_group("EC-08");
 }
 
 Test(edge_cases, ec09_key_padding_b_ne_h)
 {
-    cr_expect_eq(run_group("EC-09"), 4);
-    /* EC-09c with the padding mask broadcast over Tq too ([B,1,1,Tk]) */
-    cJSON *root = load_cases();
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
-    ec e;
-    ec_load(root, find_case(root, "EC-09c"), &e);
-    for (int64_t b = 0; b < e.B; b++) /* the rows of each batch entry are identical */
-        for (int64_t i = 1; i < e.Tq; i++)
-            cr_assert(!memcmp(e.mask + (b * e.Tq + i) * e.Tk, e.mask + b * e.Tq * e.Tk, (size_t)e.Tk));
-    for (int ii = 0; ii < nisa; ii++) {
-        const ec_opts opt = {0, 0, LAY_CONTIG, 0, 1, 0};
-        ec_run(&e, isas[ii], &opt, 1, NULL);
-    }
-    ec_free(&e);
-    cJSON_Delete(root);
+    run_group("EC-09");
 }
 
 Test(edge_cases, ec10_zero_sized)
 {
-    cr_expect_eq(run_group("EC-10"), 7);
+    run_group("EC-10");
 }
 
 Test(edge_cases, ec11_gqa_backward_dk_ne_dv)
 {
-    cr_expect_eq(run_group("EC-11"), 2);
+    run_group("EC-11");
 }
 
 Test(edge_cases, ec12_head_dim_tails)
 {
-    cr_expect_eq(run_group("EC-12"), 21);
+    run_group("EC-12");
 }
 
 Test(edge_cases, ec13_dk_ne_dv_default_scale)
 {
-    cr_expect_eq(run_group("EC-13"), 1);
+    run_group("EC-13");
 }
 
 Test(edge_cases, all_cases_covered)
 {
-    /* every case of the file belongs to one of the groups above */
-    cJSON *root = load_cases();
-    int n = 0, known = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, root)
-    {
-        const char *id = cJSON_GetObjectItemCaseSensitive(c, "id")->valuestring;
-        n++;
-        int g = 0;
-        if (sscanf(id, "EC-%d", &g) == 1 && g >= 1 && g <= 13)
-            known++;
-        else
-            cr_log_error("edge case %s belongs to no group", id);
-    }
-    cr_expect_eq(n, 85, "edge_cases.json holds %d cases, the suite expects 85", n);
-    cr_expect_eq(known, n);
-    cJSON_Delete(root);
+    run_group("coverage");
 }
 
-/* thread counts: one mid-size case must give the same bits with 1, 2 and 3 threads */
 Test(edge_cases, ec05_thread_count_bitwise)
 {
-    cJSON *root = load_cases();
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
-    ec e;
-    ec_load(root, find_case(root, "EC-05p"), &e);
-    for (int ii = 0; ii < nisa; ii++) {
-        ec_result r[3];
-        for (int t = 0; t < 3; t++) {
-            const ec_opts opt = {0, 0, LAY_CONTIG, 0, 0, t + 1};
-            ec_run(&e, isas[ii], &opt, t == 0, &r[t]);
-        }
-        for (int t = 1; t < 3; t++)
-            cr_expect(!memcmp(r[t].o, r[0].o, e.no * 4) && !memcmp(r[t].lse, r[0].lse, e.nl * 4) &&
-                          !memcmp(r[t].dq, r[0].dq, e.nq * 4) && !memcmp(r[t].dk, r[0].dk, e.nk * 4) &&
-                          !memcmp(r[t].dv, r[0].dv, e.nv * 4),
-                      "[%s] EC-05p: %d threads differ bitwise from 1 thread", sdpa_isa_name(isas[ii]), t + 1);
-        for (int t = 0; t < 3; t++)
-            result_free(&r[t]);
-    }
-    ec_free(&e);
-    cJSON_Delete(root);
+    run_group("threads");
 }
