@@ -786,13 +786,14 @@ sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa
 
 typedef struct bwd_ws {
     float *qt, *dot, *p, *dp, *lse, *dd;
+    float *qn, *don; /* Q and dO rows packed [ncol][D] when a tile spans several heads */
     int64_t *lo, *hi;
 } bwd_ws;
 
 static size_t bwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
-    return round_floats(pl->Dk * ld) + round_floats(pl->Dv * ld) + 2 * round_floats(pl->bk * ld) +
+    return 2 * round_floats(pl->Dk * ld) + 2 * round_floats(pl->Dv * ld) + 2 * round_floats(pl->bk * ld) +
            2 * round_floats(ld) + 4 * round_floats(ld);
 }
 
@@ -802,7 +803,11 @@ static bwd_ws bwd_ws_carve(const plan *pl, float *base)
     bwd_ws w;
     w.qt = base;
     base += round_floats(pl->Dk * ld);
+    w.qn = base;
+    base += round_floats(pl->Dk * ld);
     w.dot = base;
+    base += round_floats(pl->Dv * ld);
+    w.don = base;
     base += round_floats(pl->Dv * ld);
     w.p = base;
     base += round_floats(pl->bk * ld);
@@ -824,63 +829,78 @@ typedef struct bwd_args {
     const float *D; /* [B, Hq, Tq] contiguous */
 } bwd_args;
 
-/* One (query tile, key tile) pair of the backward. */
-static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, int64_t h, int64_t i0,
-                     int nq, int64_t j0)
+/* Rows [i0, i0+nr) of heads [h0, h0+nh) packed as [ncol][len] (column g*nr+ii). */
+static const float *pack_rows(const sdpa_tensor *t, int64_t b, int64_t h0, int nh, int64_t i0, int nr,
+                              int len, float *dst)
+{
+    for (int g = 0; g < nh; g++)
+        for (int ii = 0; ii < nr; ii++)
+            memcpy(dst + (size_t)(g * nr + ii) * len, row_in(t, b, h0 + g, i0 + ii), (size_t)len * sizeof(float));
+    return dst;
+}
+
+/* One (query tile, key tile) pair of the backward. The query tile holds rows
+ * [i0, i0+nr) of the heads [h0, h0+nh) of one GQA group, as in the forward. */
+static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, int64_t h0, int nh,
+                     int64_t i0, int nr, int64_t j0)
 {
     const sdpa_kernels *kt = pl->kt;
     const int ld = pl->ld, Dk = (int)pl->Dk, Dv = (int)pl->Dv;
-    const int64_t hk = h / pl->G;
+    const int ncol = nh * nr;
+    const int64_t hk = h0 / pl->G;
     const int64_t tkb = keys_of_batch(pl, b);
-    for (int ii = 0; ii < nq; ii++)
+    for (int ii = 0; ii < nr; ii++)
         row_range(pl, tkb, i0 + ii, &w->lo[ii], &w->hi[ii]);
     const int64_t j1 = j0 + pl->bk < pl->Tk ? j0 + pl->bk : pl->Tk;
     int64_t ks, ke;
-    const int kind = classify_tile(pl, b, h, 1, i0, nq, w->lo, w->hi, j0, j1, &ks, &ke);
+    const int kind = classify_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, j0, j1, &ks, &ke);
     if (kind == TILE_SKIP)
         return;
     const int nk = (int)(ke - ks + 1);
     const int skip = kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0;
-
-    const float *qb = a->q->data + b * a->q->batch_stride + h * a->q->head_stride + i0 * a->q->seq_stride;
-    const float *kb = a->k->data + b * a->k->batch_stride + hk * a->k->head_stride + ks * a->k->seq_stride;
-    float *dqb = a->dq->data + b * a->dq->batch_stride + h * a->dq->head_stride + i0 * a->dq->seq_stride;
-    float *dkb = a->dk->data + b * a->dk->batch_stride + hk * a->dk->head_stride + ks * a->dk->seq_stride;
+    const float *kb = Dk > 0 ? a->k->data + b * a->k->batch_stride + hk * a->k->head_stride + ks * a->k->seq_stride : NULL;
 
     /* S^T = scale K Q^T, masked; P^T = exp(S^T - LSE) */
-    kt->transpose(nq, Dk, qb, a->q->seq_stride, w->qt, ld);
-    kt->gemm(nk, nq, Dk, pl->scale, kb, a->k->seq_stride, 1, w->qt, ld, w->p, ld, 0);
+    for (int g = 0; g < nh; g++) {
+        kt->transpose(nr, Dk, row_in(a->q, b, h0 + g, i0), a->q->seq_stride, w->qt + g * nr, ld);
+        const float *lb = row_in(a->lse, b, h0 + g, i0);
+        const float *Db = a->D + (b * pl->Hq + h0 + g) * pl->Tq + i0;
+        for (int ii = 0; ii < nr; ii++) {
+            w->lse[g * nr + ii] = lb[ii * a->lse->seq_stride];
+            w->dd[g * nr + ii] = Db[ii];
+        }
+    }
+    kt->gemm(nk, ncol, Dk, pl->scale, kb, a->k->seq_stride, 1, w->qt, ld, w->p, ld, 0);
     if (kind == TILE_PARTIAL)
-        mask_tile(pl, b, h, 1, i0, nq, w->lo, w->hi, ks, nk, w->p, ld);
-    const float *lb = a->lse->data + b * a->lse->batch_stride + h * a->lse->head_stride + i0 * a->lse->seq_stride;
-    for (int ii = 0; ii < nq; ii++)
-        w->lse[ii] = lb[ii * a->lse->seq_stride];
-    kt->bwd_probs(nk, nq, w->p, ld, w->lse);
+        mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->p, ld);
+    kt->bwd_probs(nk, ncol, w->p, ld, w->lse);
 
     if (Dv > 0) {
         const float *vb = a->v->data + b * a->v->batch_stride + hk * a->v->head_stride + ks * a->v->seq_stride;
-        const float *dob = a->dout->data + b * a->dout->batch_stride + h * a->dout->head_stride +
-                           i0 * a->dout->seq_stride;
         float *dvb = a->dv->data + b * a->dv->batch_stride + hk * a->dv->head_stride + ks * a->dv->seq_stride;
+        const float *dob = nh == 1 ? row_in(a->dout, b, h0, i0) : pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don);
+        const ptrdiff_t lddo = nh == 1 ? a->dout->seq_stride : Dv;
         /* dV += P^T dO */
-        kt->gemm(nk, Dv, nq, 1.0f, w->p, ld, 1, dob, a->dout->seq_stride, dvb, a->dv->seq_stride,
-                 SDPA_GEMM_ACCUMULATE | skip);
+        kt->gemm(nk, Dv, ncol, 1.0f, w->p, ld, 1, dob, lddo, dvb, a->dv->seq_stride, SDPA_GEMM_ACCUMULATE | skip);
         /* dP^T = V dO^T */
-        kt->transpose(nq, Dv, dob, a->dout->seq_stride, w->dot, ld);
-        kt->gemm(nk, nq, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0);
+        kt->transpose(ncol, Dv, dob, lddo, w->dot, ld);
+        kt->gemm(nk, ncol, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0);
     } else {
         for (int jj = 0; jj < nk; jj++)
-            memset(w->dp + (size_t)jj * ld, 0, (size_t)nq * sizeof(float));
+            memset(w->dp + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
     }
     /* dS^T = P^T * (dP^T - D) */
-    const float *Db = a->D + (b * pl->Hq + h) * pl->Tq + i0;
-    kt->bwd_dscores(nk, nq, w->p, ld, w->dp, ld, Db);
+    kt->bwd_dscores(nk, ncol, w->p, ld, w->dp, ld, w->dd);
     if (Dk > 0) {
-        /* dK += scale dS^T Q ; dQ += scale dS K */
-        kt->gemm(nk, Dk, nq, pl->scale, w->dp, ld, 1, qb, a->q->seq_stride, dkb, a->dk->seq_stride,
+        float *dkb = a->dk->data + b * a->dk->batch_stride + hk * a->dk->head_stride + ks * a->dk->seq_stride;
+        const float *qsrc = nh == 1 ? row_in(a->q, b, h0, i0) : pack_rows(a->q, b, h0, nh, i0, nr, Dk, w->qn);
+        const ptrdiff_t ldq = nh == 1 ? a->q->seq_stride : Dk;
+        /* dK += scale dS^T Q ; dQ += scale dS K (per head of the tile) */
+        kt->gemm(nk, Dk, ncol, pl->scale, w->dp, ld, 1, qsrc, ldq, dkb, a->dk->seq_stride,
                  SDPA_GEMM_ACCUMULATE | skip);
-        kt->gemm(nq, Dk, nk, pl->scale, w->dp, 1, ld, kb, a->k->seq_stride, dqb, a->dq->seq_stride,
-                 SDPA_GEMM_ACCUMULATE | skip);
+        for (int g = 0; g < nh; g++)
+            kt->gemm(nr, Dk, nk, pl->scale, w->dp + g * nr, 1, ld, kb, a->k->seq_stride,
+                     row_out(a->dq, b, h0 + g, i0), a->dq->seq_stride, SDPA_GEMM_ACCUMULATE | skip);
     }
 }
 
@@ -924,9 +944,11 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
     if ((st = check_tensors(&pl, t, 9)) != SDPA_OK)
         return st;
 
-    const int64_t nqt = (pl.Tq + pl.bq - 1) / pl.bq;
-    const int64_t nkt = (pl.Tk + pl.bk - 1) / pl.bk;
-    const int64_t R = pl.G * nqt; /* rows of the wavefront: (head in group, query tile) */
+    /* Query tiles as in the forward (several heads of a group per tile when Tq
+     * is short); the wavefront's rows are (head tile, row tile). */
+    const fwd_layout L = fwd_make_layout(&pl);
+    const int64_t nkt = L.nkt;
+    const int64_t R = L.ngt * L.nrt;
     const int64_t BH = pl.B * pl.Hkv;
     int nthreads = pl.nthreads;
     const size_t per = bwd_ws_floats(&pl);
@@ -977,11 +999,11 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
 #endif
             for (int64_t it = 0; it < BH * cnt; it++) {
                 const int64_t bh = it / cnt, r = rmin + it % cnt, c = d - r;
-                const int64_t b = bh / pl.Hkv, hk = bh % pl.Hkv;
-                const int64_t g = r / nqt, qt = r % nqt;
-                const int64_t i0 = qt * pl.bq;
-                const int nq = (int)(pl.Tq - i0 < pl.bq ? pl.Tq - i0 : pl.bq);
-                bwd_pair(&pl, &w, &a, b, hk * pl.G + g, i0, nq, c * pl.bk);
+                const int64_t tile = (bh * L.ngt + r / L.nrt) * L.nrt + r % L.nrt;
+                int64_t tb, thk, h0, i0;
+                int nh, nr;
+                fwd_tile_coords(&pl, &L, tile, &tb, &thk, &h0, &nh, &i0, &nr);
+                bwd_pair(&pl, &w, &a, tb, h0, nh, i0, nr, c * pl.bk);
             }
         }
     }
