@@ -753,7 +753,7 @@ sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa
     const int64_t nsplit = a.L.nsplit, nrt = a.L.nrt;
 
 #if HAVE_OPENMP
-#pragma omp parallel num_threads(nthreads)
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
 #endif
     {
         int tid = 0;
@@ -966,7 +966,7 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
     const int64_t ndiag = (R > 0 && nkt > 0) ? R + nkt - 1 : 0;
 
 #if HAVE_OPENMP
-#pragma omp parallel num_threads(nthreads)
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
 #endif
     {
         int tid = 0;

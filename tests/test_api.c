@@ -10,6 +10,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -929,4 +930,101 @@ Test(api, scale_zero_and_negative_are_computed)
     util_gfree(k);
     util_gfree(v);
     util_gfree(dout);
+}
+
+/* ---------------------------------------------- many callers, one thread each */
+
+/* An inference server calls the library from many threads at once, each call
+ * with num_threads = 1. Every call must give the bits of a lone serial call
+ * (no shared mutable state, no oversubscription needed). */
+enum { CC_THREADS = 6, CC_B = 2, CC_H = 4, CC_HKV = 2, CC_T = 70, CC_D = 24 };
+#define CC_NQ ((size_t)CC_B * CC_H * CC_T * CC_D)
+#define CC_NK ((size_t)CC_B * CC_HKV * CC_T * CC_D)
+
+typedef struct cc_job {
+    const float *q, *k, *v, *dout;
+    sdpa_isa isa;
+    float o[CC_NQ], lse[CC_B * CC_H * CC_T], dq[CC_NQ], dk[CC_NK], dv[CC_NK];
+    int status;
+} cc_job;
+
+static void cc_run(cc_job *j)
+{
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.batch = CC_B;
+    p.q_heads = CC_H;
+    p.kv_heads = CC_HKV;
+    p.q_len = p.kv_len = CC_T;
+    p.head_dim_qk = p.head_dim_v = CC_D;
+    p.causal = SDPA_CAUSAL_TOP_LEFT;
+    p.num_threads = 1;
+    p.isa = j->isa;
+    const sdpa_tensor tq = util_cview(j->q, CC_H, CC_T, CC_D), tk = util_cview(j->k, CC_HKV, CC_T, CC_D),
+                      tv = util_cview(j->v, CC_HKV, CC_T, CC_D);
+    const sdpa_tensor_out to = util_cview_out(j->o, CC_H, CC_T, CC_D), tl = util_lse_view_out(j->lse, CC_H, CC_T);
+    j->status = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
+    if (j->status != SDPA_OK)
+        return;
+    const sdpa_tensor too = util_cview(j->o, CC_H, CC_T, CC_D), tli = util_lse_view(j->lse, CC_H, CC_T),
+                      tdo = util_cview(j->dout, CC_H, CC_T, CC_D);
+    const sdpa_tensor_out tdq = util_cview_out(j->dq, CC_H, CC_T, CC_D),
+                          tdk = util_cview_out(j->dk, CC_HKV, CC_T, CC_D),
+                          tdv = util_cview_out(j->dv, CC_HKV, CC_T, CC_D);
+    j->status = sdpa_backward(&p, &tq, &tk, &tv, &too, &tli, &tdo, &tdq, &tdk, &tdv);
+}
+
+static void *cc_thread(void *arg)
+{
+    for (int rep = 0; rep < 3; rep++)
+        cc_run(arg);
+    return NULL;
+}
+
+Test(api, concurrent_callers_single_thread_each, .timeout = 120)
+{
+    util_rng r;
+    util_rng_seed(&r, "api/concurrent_callers", 77);
+    float *q = malloc(sizeof(float) * CC_NQ), *dout = malloc(sizeof(float) * CC_NQ);
+    float *k = malloc(sizeof(float) * CC_NK), *v = malloc(sizeof(float) * CC_NK);
+    cr_assert(q && dout && k && v);
+    for (size_t i = 0; i < CC_NQ; i++) {
+        q[i] = (float)(util_rng_double(&r) * 2 - 1);
+        dout[i] = (float)(util_rng_double(&r) * 2 - 1);
+    }
+    for (size_t i = 0; i < CC_NK; i++) {
+        k[i] = (float)(util_rng_double(&r) * 2 - 1);
+        v[i] = (float)(util_rng_double(&r) * 2 - 1);
+    }
+    sdpa_isa isas[4];
+    const int ni = util_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        cc_job *serial = calloc(1, sizeof *serial);
+        cc_job *jobs = calloc(CC_THREADS, sizeof *jobs);
+        cr_assert(serial && jobs);
+        *serial = (cc_job){.q = q, .k = k, .v = v, .dout = dout, .isa = isas[ii]};
+        cc_run(serial);
+        cr_assert_eq(serial->status, SDPA_OK);
+        pthread_t th[CC_THREADS];
+        for (int t = 0; t < CC_THREADS; t++) {
+            jobs[t] = (cc_job){.q = q, .k = k, .v = v, .dout = dout, .isa = isas[ii]};
+            cr_assert_eq(pthread_create(&th[t], NULL, cc_thread, &jobs[t]), 0);
+        }
+        for (int t = 0; t < CC_THREADS; t++)
+            pthread_join(th[t], NULL);
+        for (int t = 0; t < CC_THREADS; t++) {
+            cr_assert_eq(jobs[t].status, SDPA_OK);
+            cr_expect(memcmp(jobs[t].o, serial->o, sizeof serial->o) == 0, "%s: caller %d O differs", sdpa_isa_name(isas[ii]), t);
+            cr_expect(memcmp(jobs[t].lse, serial->lse, sizeof serial->lse) == 0, "%s: caller %d LSE differs", sdpa_isa_name(isas[ii]), t);
+            cr_expect(memcmp(jobs[t].dq, serial->dq, sizeof serial->dq) == 0, "%s: caller %d dQ differs", sdpa_isa_name(isas[ii]), t);
+            cr_expect(memcmp(jobs[t].dk, serial->dk, sizeof serial->dk) == 0, "%s: caller %d dK differs", sdpa_isa_name(isas[ii]), t);
+            cr_expect(memcmp(jobs[t].dv, serial->dv, sizeof serial->dv) == 0, "%s: caller %d dV differs", sdpa_isa_name(isas[ii]), t);
+        }
+        free(serial);
+        free(jobs);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
 }
