@@ -209,6 +209,12 @@ static sdpa_status make_plan(const sdpa_problem *p, plan *pl)
                        (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT);
     pl->wl = p->window_left;
     pl->wr = p->window_right;
+    /* |i + d| <= Tq + Tk, so a wider window limits nothing: treat it as
+     * unbounded (this also keeps i + d +- window from overflowing). */
+    if (pl->wl > pl->Tq && pl->wl - pl->Tq > pl->Tk)
+        pl->wl = SDPA_WINDOW_UNBOUNDED;
+    if (pl->wr > pl->Tq && pl->wr - pl->Tq > pl->Tk)
+        pl->wr = SDPA_WINDOW_UNBOUNDED;
     if (p->causal != SDPA_CAUSAL_NONE)
         pl->wr = (pl->wr == SDPA_WINDOW_UNBOUNDED || pl->wr > 0) ? 0 : pl->wr;
     pl->kv_lengths = p->kv_lengths;

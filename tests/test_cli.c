@@ -1062,7 +1062,8 @@ Test(cli, bad_missing_file)
 Test(cli, bad_magic)
 {
     valid_inputs();
-    write_bytes(P("bad.npy"), "PK\x03\x04 this is a zip, not an npy file at all..........", 56);
+    static const char zip[] = "PK\x03\x04 this is a zip, not an npy file at all..........";
+    write_bytes(P("bad.npy"), zip, sizeof zip - 1);
     expect_forward_failure(NULL, P("bad.npy"), NULL, NULL, P("bad.npy"));
 }
 
