@@ -654,6 +654,122 @@ static void test_dscores(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     kernel_end();
 }
 
+/* -------------------------------------------------------------- gemm_nt */
+
+/* A buffer whose last row ends exactly at the end of its allocation (no canary
+ * behind it), so that AddressSanitizer sees any read past the last element. */
+static buf buf_new_exact(int rows, int cols, ptrdiff_t ld)
+{
+    tail_guard_toggle = 1; /* buf_new flips it to 0: no tail guard */
+    return buf_new(rows, cols, ld);
+}
+
+/* C(m,n) = alpha sum_k A[m*lda+k] B[n*ldb+k] at C[m*rs_c + n*cs_c].
+ * layout 0: rs_c = 1, cs_c = ld (S^T, as the driver stores it); layout 1: rs_c = ld, cs_c = 1.
+ * Row padding of A and B holds NaN canaries (a kernel that used them would
+ * show NaN); A and B end exactly at their last element. */
+static void check_gemm_nt(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N, int K,
+                          int layout, int poison)
+{
+    static const float alphas[] = {1.0f, 0.125f, -0.7f, 3.0f};
+    const float alpha = alphas[rnd() % 4];
+    const int pad_a = (int)(rnd() % 3) * 3, pad_b = (int)(rnd() % 4) * 5, pad_c = (int)(rnd() % 2) * 7;
+    const ptrdiff_t lda = K + pad_a, ldb = K + pad_b;
+    buf a = buf_new_exact(M, K, lda > 0 ? lda : 1);
+    buf b = buf_new_exact(N, K, ldb > 0 ? ldb : 1);
+    buf c = layout == 0 ? buf_new(N, M, M + pad_c > 0 ? M + pad_c : 1) : buf_new(M, N, N + pad_c > 0 ? N + pad_c : 1);
+    const ptrdiff_t rs_c = layout == 0 ? 1 : c.ld, cs_c = layout == 0 ? c.ld : 1;
+#define C_AT(cb, m, n) (layout == 0 ? at((cb), (n), (m)) : at((cb), (m), (n)))
+    buf_fill(&a, -1.0f, 1.0f);
+    buf_fill(&b, -1.0f, 1.0f);
+    for (int m = 0; m < M; m++) /* zeros of both signs */
+        for (int k = 0; k < K; k++)
+            if (chance(5))
+                *at(&a, m, k) = chance(50) ? 0.0f : -0.0f;
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++)
+            if (chance(5))
+                *at(&b, n, k) = chance(50) ? 0.0f : -0.0f;
+    for (int m = 0; m < M; m++) /* must be overwritten without being read */
+        for (int n = 0; n < N; n++)
+            *C_AT(&c, m, n) = NAN;
+    static const float bad[] = {NAN, INFINITY, -INFINITY};
+    if (poison && M > 0 && N > 0 && K > 0) { /* NaN/Inf must propagate */
+        *at(&a, (int)(rnd() % (unsigned)M), (int)(rnd() % (unsigned)K)) = bad[rnd() % 3];
+        *at(&b, (int)(rnd() % (unsigned)N), (int)(rnd() % (unsigned)K)) = bad[rnd() % 3];
+    }
+
+    buf c2 = buf_clone(&c); /* for the scalar table's entry */
+    buf_snap(&a);
+    buf_snap(&b);
+    buf_snap(&c);
+    kt->gemm_nt(M, N, K, alpha, a.p, lda, b.p, ldb, c.p, rs_c, cs_c);
+    ref_kt->gemm_nt(M, N, K, alpha, a.p, lda, b.p, ldb, c2.p, rs_c, cs_c);
+
+    int ok = 1;
+    const long ca = buf_changed(&a, 0), cb = buf_changed(&b, 0), cc = buf_changed(&c, 1);
+    if (ca || cb || cc) {
+        ok = 0;
+        report("M=%d N=%d K=%d layout=%d: %ld/%ld/%ld elements outside the output changed (A/B/C)", M, N, K,
+               layout, ca, cb, cc);
+    }
+    for (int m = 0; m < M && ok; m++)
+        for (int n = 0; n < N && ok; n++) {
+            double s = 0.0, mag = 0.0;
+            for (int k = 0; k < K; k++) {
+                const double p = (double)*at(&a, m, k) * (double)*at(&b, n, k);
+                s += p;
+                mag += fabs(p);
+            }
+            const double ref = (double)alpha * s;
+            const double tol = 4.0 * (K + 3) * FLT_EPSILON * fabs((double)alpha) * mag + 1e-30;
+            const float got = *C_AT(&c, m, n), sc = *C_AT(&c2, m, n);
+            if (!close_to(got, ref, tol) || !close_to(got, sc, 2 * tol)) {
+                ok = 0;
+                report("M=%d N=%d K=%d layout=%d alpha=%g lda=%td ldb=%td: C(%d,%d) = %.9g, float64 %.9g, scalar %.9g (tol %.3g)",
+                       M, N, K, layout, (double)alpha, lda, ldb, m, n, (double)got, ref, (double)sc, tol);
+            }
+        }
+    /* Fixed order: one element alone gives the same bits as inside the block. */
+    if (ok && M > 0 && N > 0) {
+        const int m = (int)(rnd() % (unsigned)M), n = (int)(rnd() % (unsigned)N);
+        float one = NAN;
+        kt->gemm_nt(1, 1, K, alpha, at(&a, m, 0), lda, at(&b, n, 0), ldb, &one, 1, 1);
+        if (float_bits(one) != float_bits(*C_AT(&c, m, n)) && !(isnan(one) && isnan(*C_AT(&c, m, n)))) {
+            ok = 0;
+            report("M=%d N=%d K=%d layout=%d: C(%d,%d) = %.9g in the block, %.9g alone", M, N, K, layout, m, n,
+                   (double)*C_AT(&c, m, n), (double)one);
+        }
+    }
+    record(ok);
+#undef C_AT
+    buf_free(&a);
+    buf_free(&b);
+    buf_free(&c);
+    buf_free(&c2);
+}
+
+static void test_gemm_nt(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
+{
+    kernel_begin(kt->name, "gemm_nt");
+    static const int ms[] = {0, 1, 2, 3, 4, 5, 7, 8};
+    static const int ns[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 17, 63, 64, 65, 127, 128, 129};
+    static const int ks[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 255, 256};
+    int combo = 0;
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+            for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++, combo++)
+                check_gemm_nt(kt, ref_kt, ms[i], ns[j], ks[q], combo & 1, combo % 7 == 0);
+    /* the driver's shapes: up to nt_max_cols query rows, a key tile, typical head_dims */
+    const int mmax = kt->nt_max_cols > 1 ? kt->nt_max_cols : 1;
+    static const int dks[] = {64, 80, 96, 128, 256};
+    for (int m = 1; m <= mmax; m++)
+        for (size_t q = 0; q < sizeof dks / sizeof dks[0]; q++)
+            for (int layout = 0; layout < 2; layout++)
+                check_gemm_nt(kt, ref_kt, m, kt->block_k - (int)(rnd() % 2), dks[q], layout, 0);
+    kernel_end();
+}
+
 /* ------------------------------------------------------------ transpose */
 
 static void check_transpose(const sdpa_kernels *kt, int rows, int cols)
@@ -727,6 +843,7 @@ int main(int argc, char **argv)
         test_probs(kt, ref_kt);
         test_dscores(kt, ref_kt);
         test_transpose(kt);
+        test_gemm_nt(kt, ref_kt);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;

@@ -20,6 +20,9 @@
 #define V_GEMM_NV 4
 #define V_GEMM_MR_SKIP 3 /* the SKIP_ZERO kernels keep 4 predicates as well */
 #define V_TRANSPOSE_BLOCK 4
+/* gemm_nt register block: 4 rows x 4 keys = 16 q accumulators + 4 key vectors
+ * + 1 row vector of the 32 registers. */
+#define V_NT_MR 4
 
 typedef float32x4_t v_f32;
 typedef uint32x4_t v_mask;
@@ -60,6 +63,13 @@ static inline void neon_transpose4x4(const float *src, ptrdiff_t lds, float *dst
     vst1q_f32(dst + 3 * ldd, vcombine_f32(vget_high_f32(t01.val[1]), vget_high_f32(t23.val[1])));
 }
 
+/* Horizontal sums of four q registers at once (pairwise adds):
+ *   out[j] = (a_j[0] + a_j[1]) + (a_j[2] + a_j[3]), the same order for every j. */
+static inline void neon_reduce4(float32x4_t a0, float32x4_t a1, float32x4_t a2, float32x4_t a3, float *out)
+{
+    vst1q_f32(out, vpaddq_f32(vpaddq_f32(a0, a1), vpaddq_f32(a2, a3)));
+}
+
 #define V_ZERO() vdupq_n_f32(0.0f)
 #define V_SET1(x) vdupq_n_f32(x)
 #define V_LOAD(p) vld1q_f32(p)
@@ -82,5 +92,6 @@ static inline void neon_transpose4x4(const float *src, ptrdiff_t lds, float *dst
 #define V_ZERO_UNLESS(v, m) vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), (m))) /* m ? v : +0 */
 #define V_EXP(x) Sleef_expf4_u10advsimd(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) neon_transpose4x4((src), (lds), (dst), (ldd))
+#define V_REDUCE4(a0, a1, a2, a3, out) neon_reduce4((a0), (a1), (a2), (a3), (out))
 
 #endif /* SDPA_ARM_VEC_NEON_H */

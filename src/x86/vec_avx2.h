@@ -51,6 +51,19 @@ static inline void avx2_transpose8x8(const float *src, ptrdiff_t lds, float *dst
     _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(s3, s7, 0x31));
 }
 
+/* Horizontal sums of four ymm at once (transpose-and-add):
+ *   out[j] = ((a_j[0] + a_j[2]) + (a_j[1] + a_j[3])) + ((a_j[4] + a_j[6]) + (a_j[5] + a_j[7])),
+ * the same order for every j. */
+static inline void avx2_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *out)
+{
+    /* per 128-bit lane: [a0[0]+a0[2], a1[0]+a1[2], a0[1]+a0[3], a1[1]+a1[3]] */
+    const __m256 t0 = _mm256_add_ps(_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+    const __m256 t1 = _mm256_add_ps(_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+    /* per 128-bit lane: the four-element sums of a0, a1, a2, a3 */
+    const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t0, t1, 0x44), _mm256_shuffle_ps(t0, t1, 0xEE));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+}
+
 #endif /* SDPA_X86_VEC_AVX2_H */
 
 #ifndef SDPA_VEC_ISA
@@ -65,6 +78,10 @@ static inline void avx2_transpose8x8(const float *src, ptrdiff_t lds, float *dst
 #define V_GEMM_NV 2
 #define V_GEMM_MR_SKIP 3 /* 6 x 2 with two predicates and two zeroed operands spills */
 #define V_TRANSPOSE_BLOCK 8
+/* gemm_nt register block: 3 rows x 4 keys = 12 ymm accumulators + 4 key vectors
+ * of the 16 registers (the row vector is the FMA's memory operand); measured
+ * ~1.3x faster than 2 x 4 on Zen 4 for 3..8 rows. */
+#define V_NT_MR 3
 
 typedef __m256 v_f32;
 typedef __m256 v_mask; /* all-ones / all-zeros lanes */
@@ -93,5 +110,6 @@ typedef __m256i v_tail;
 #define V_ZERO_UNLESS(v, m) _mm256_and_ps((v), (m)) /* m ? v : +0 */
 #define V_EXP(x) Sleef_expf8_u10avx2(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
+#define V_REDUCE4(a0, a1, a2, a3, out) avx2_reduce4((a0), (a1), (a2), (a3), (out))
 
 #endif /* SDPA_VEC_ISA */

@@ -19,10 +19,27 @@
 #define V_GEMM_MR 6
 #define V_GEMM_NV 4
 #define V_TRANSPOSE_BLOCK 8
+/* gemm_nt register block: 4 rows x 4 keys = 16 zmm accumulators + 4 key vectors
+ * + 1 row vector of the 32 registers. */
+#define V_NT_MR 4
 
 typedef __m512 v_f32;
 typedef __mmask16 v_mask;
 typedef __mmask16 v_tail;
+
+/* Horizontal sums of four zmm at once (transpose-and-add): with q_i the sum of
+ * 128-bit lane i, q_i = (a[4i] + a[4i+2]) + (a[4i+1] + a[4i+3]),
+ *   out[j] = (q_0 + q_2) + (q_1 + q_3)   of a_j, the same order for every j. */
+static inline void avx512_reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float *out)
+{
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    /* per 128-bit lane: the four-element sums of a0, a1, a2, a3 */
+    const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));
+    const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(u),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}
 
 #define V_ZERO() _mm512_setzero_ps()
 #define V_SET1(x) _mm512_set1_ps(x)
@@ -47,5 +64,6 @@ typedef __mmask16 v_tail;
 #define V_FMA_M(a, b, c, m) _mm512_mask3_fmadd_ps((a), (b), (c), (m))
 #define V_EXP(x) Sleef_expf16_u10avx512f(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
+#define V_REDUCE4(a0, a1, a2, a3, out) avx512_reduce4((a0), (a1), (a2), (a3), (out))
 
 #endif /* SDPA_X86_VEC_AVX512_H */
