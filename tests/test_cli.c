@@ -1313,3 +1313,39 @@ Test(cli, usage_errors)
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         expect_failure(all[i], outs, NULL, 1);
 }
+
+/* ------------------------------------------------------------------ bench */
+
+/* `sdpa bench --json` emits one JSON object per line with the documented
+ * fields (an interface scripts depend on); a tiny shape keeps it quick. */
+Test(cli, bench_json_fields)
+{
+    const char *args[] = {"bench", "--no-limits", "--no-naive", "--isa", "scalar", "--threads", "1",
+                          "--shape", "1,2,1,8,9,4,3", "--mask", "causal", "--op", "both", "--reps", "1",
+                          "--json", NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "bench failed: %s", r->err);
+    static const char *const fields[] = {"\"impl\":\"sdpa\"", "\"isa\":\"scalar\"", "\"threads\":1", "\"B\":1",
+                                         "\"Hq\":2", "\"Hkv\":1", "\"Tq\":8", "\"Tk\":9", "\"Dk\":4", "\"Dv\":3",
+                                         "\"mask\":\"causal\"", "\"ms\":", "\"gflops\":", "\"peak_gflops\":"};
+    int rows = 0, fwd = 0, bwd = 0;
+    for (const char *line = r->out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *end = strchr(line, '\n');
+        const size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (len == 0)
+            continue;
+        char buf[2048];
+        cr_assert_lt(len, sizeof buf);
+        memcpy(buf, line, len);
+        buf[len] = '\0';
+        cr_assert(buf[0] == '{' && buf[len - 1] == '}', "not a JSON object line: %s", buf);
+        for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+            cr_expect_not_null(strstr(buf, fields[f]), "field %s missing in: %s", fields[f], buf);
+        fwd += strstr(buf, "\"op\":\"forward\"") != NULL;
+        bwd += strstr(buf, "\"op\":\"backward\"") != NULL;
+        rows++;
+    }
+    cr_expect_eq(rows, 2, "expected one forward and one backward row, got %d:\n%s", rows, r->out);
+    cr_expect_eq(fwd, 1);
+    cr_expect_eq(bwd, 1);
+}
