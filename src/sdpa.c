@@ -564,6 +564,9 @@ static inline void prefetch_rows(const float *base, ptrdiff_t stride, int64_t j0
     }
 }
 
+/* V bytes per P.V call in the few-column path (half of a 32 KiB L1). */
+#define NT_PV_CHUNK_BYTES 16384
+
 /* One (tile, split) of the forward: Alg. 1 over the tile's key tiles in the split. */
 static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int64_t split)
 {
@@ -652,8 +655,13 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
                 if (w->alpha[c] != 1.0f)
                     for (int d = 0; d < Dv; d++)
                         w->on[(size_t)c * Dv + d] *= w->alpha[c];
-            kt->gemm(ncol, Dv, nk, 1.0f, w->s, 1, ld, vb + ks * a->v->seq_stride, a->v->seq_stride, w->on, Dv,
-                     SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0));
+            /* in chunks of keys whose V rows stay in L1 across the gemm's passes over head_dim */
+            const int chunk = NT_PV_CHUNK_BYTES / (Dv * (int)sizeof(float)) > 8
+                                  ? NT_PV_CHUNK_BYTES / (Dv * (int)sizeof(float)) : 8;
+            for (int c0 = 0; c0 < nk; c0 += chunk)
+                kt->gemm(ncol, Dv, nk - c0 < chunk ? nk - c0 : chunk, 1.0f, w->s + (size_t)c0 * ld, 1, ld,
+                         vb + (ks + c0) * a->v->seq_stride, a->v->seq_stride, w->on, Dv,
+                         SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0));
         }
     }
     if (nt && Dv > 0)
