@@ -195,22 +195,22 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
     }
 }
 
-/* One MR x (nv vectors) block: in one pass, or for the SKIP_ZERO kernels in
- * passes of TMPL_MR_SKIP rows. */
-TMPL_INLINE void tmpl_gemm_ukr(const int nv, const int tail, const int skip_a, const int skip_b,
-                               int mr, int K, float alpha, const float *A, ptrdiff_t rs_a,
-                               ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
-                               ptrdiff_t ldc, int accumulate, v_tail t)
+/* One rb x (nv vectors) block (rb <= MR): in one pass, or for the SKIP_ZERO
+ * kernels in passes of at most TMPL_MR_SKIP rows. */
+TMPL_INLINE void tmpl_gemm_ukr(const int rb, const int nv, const int tail, const int skip_a,
+                               const int skip_b, int mr, int K, float alpha, const float *A,
+                               ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb,
+                               float *C, ptrdiff_t ldc, int accumulate, v_tail t)
 {
     if (!skip_a && !skip_b) {
-        tmpl_gemm_rows(TMPL_MR, nv, tail, 0, 0, mr, K, alpha, A, rs_a, cs_a, B, ldb, C, ldc,
-                       accumulate, t);
+        tmpl_gemm_rows(rb, nv, tail, 0, 0, mr, K, alpha, A, rs_a, cs_a, B, ldb, C, ldc, accumulate, t);
         return;
     }
+    const int pass = rb < TMPL_MR_SKIP ? rb : TMPL_MR_SKIP;
     TMPL_UNROLL
-    for (int r0 = 0; r0 < TMPL_MR; r0 += TMPL_MR_SKIP) {
+    for (int r0 = 0; r0 < rb; r0 += pass) {
         if (r0 < mr)
-            tmpl_gemm_rows(TMPL_MR_SKIP, nv, tail, skip_a, skip_b, mr - r0, K, alpha,
+            tmpl_gemm_rows(pass, nv, tail, skip_a, skip_b, mr - r0, K, alpha,
                            A + (ptrdiff_t)r0 * rs_a, rs_a, cs_a, B, ldb, C + (ptrdiff_t)r0 * ldc,
                            ldc, accumulate, t);
     }
@@ -220,43 +220,57 @@ typedef void (*tmpl_ukr_fn)(int mr, int K, float alpha, const float *A, ptrdiff_
                             ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
                             int accumulate, v_tail t);
 
-#define TMPL_UKR(name, nv, tail, sa, sb)                                                           \
+#define TMPL_UKR(name, rb, nv, tail, sa, sb)                                                       \
     static void name(int mr, int K, float alpha, const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a,   \
                      const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int accumulate,       \
                      v_tail t)                                                                     \
     {                                                                                              \
-        tmpl_gemm_ukr(nv, tail, sa, sb, mr, K, alpha, A, rs_a, cs_a, B, ldb, C, ldc, accumulate,   \
-                      t);                                                                          \
+        tmpl_gemm_ukr(rb, nv, tail, sa, sb, mr, K, alpha, A, rs_a, cs_a, B, ldb, C, ldc,           \
+                      accumulate, t);                                                              \
     }
 
-/* Per skip mode (sa, sb): the full block, and blocks of 1..NV vectors whose
- * last vector is partial. */
+/* Row-block heights: the full MR, and smaller ones for the last rows of M
+ * (computing a full MR block for 2 or 4 leftover rows wastes FMAs: e.g. the
+ * 128-key score tile is 21 blocks of 6 and one of 2, few-column P.V is 4 rows). */
+#define TMPL_RB_SMALL 2
+#if TMPL_MR > 4
+#define TMPL_RB_MID 4
+#else
+#define TMPL_RB_MID TMPL_MR
+#endif
+
+/* Per skip mode (sa, sb) and row height: the full block, and blocks of 1..NV
+ * vectors whose last vector is partial. */
+#define TMPL_UKR_MODE_RB(sfx, tag, rb, sa, sb)                                                     \
+    TMPL_UKR(tmpl_ukr_full_##sfx##_##tag, rb, TMPL_NV, 0, sa, sb)                                  \
+    TMPL_UKR(tmpl_ukr_t1_##sfx##_##tag, rb, 1, 1, sa, sb)                                          \
+    TMPL_UKR_T2(sfx##_##tag, rb, sa, sb)                                                           \
+    TMPL_UKR_T3(sfx##_##tag, rb, sa, sb)                                                           \
+    TMPL_UKR_T4(sfx##_##tag, rb, sa, sb)
 #define TMPL_UKR_MODE(sfx, sa, sb)                                                                 \
-    TMPL_UKR(tmpl_ukr_full_##sfx, TMPL_NV, 0, sa, sb)                                              \
-    TMPL_UKR(tmpl_ukr_t1_##sfx, 1, 1, sa, sb)                                                      \
-    TMPL_UKR_T2(sfx, sa, sb)                                                                       \
-    TMPL_UKR_T3(sfx, sa, sb)                                                                       \
-    TMPL_UKR_T4(sfx, sa, sb)
+    TMPL_UKR_MODE_RB(sfx, hmr, TMPL_MR, sa, sb)                                                    \
+    TMPL_UKR_MODE_RB(sfx, hmid, TMPL_RB_MID, sa, sb)                                               \
+    TMPL_UKR_MODE_RB(sfx, hsmall, TMPL_RB_SMALL, sa, sb)
 
 #if TMPL_NV >= 2
-#define TMPL_UKR_T2(sfx, sa, sb) TMPL_UKR(tmpl_ukr_t2_##sfx, 2, 1, sa, sb)
+#define TMPL_UKR_T2(sfx, rb, sa, sb) TMPL_UKR(tmpl_ukr_t2_##sfx, rb, 2, 1, sa, sb)
 #define TMPL_T2(sfx) , tmpl_ukr_t2_##sfx
 #else
-#define TMPL_UKR_T2(sfx, sa, sb)
+#define TMPL_UKR_T2(sfx, rb, sa, sb)
 #define TMPL_T2(sfx)
 #endif
 #if TMPL_NV >= 3
-#define TMPL_UKR_T3(sfx, sa, sb) TMPL_UKR(tmpl_ukr_t3_##sfx, 3, 1, sa, sb)
+#define TMPL_UKR_T3(sfx, rb, sa, sb) TMPL_UKR(tmpl_ukr_t3_##sfx, rb, 3, 1, sa, sb)
 #define TMPL_T3(sfx) , tmpl_ukr_t3_##sfx
 #else
-#define TMPL_UKR_T3(sfx, sa, sb)
+#define TMPL_UKR_T3(sfx, rb, sa, sb)
 #define TMPL_T3(sfx)
 #endif
 #if TMPL_NV >= 4
-#define TMPL_UKR_T4(sfx, sa, sb) TMPL_UKR(tmpl_ukr_t4_##sfx, 4, 1, sa, sb)
+#define TMPL_UKR_T4(sfx, rb, sa, sb) TMPL_UKR(tmpl_ukr_t4_##sfx, rb, 4, 1, sa, sb)
 #define TMPL_T4(sfx) , tmpl_ukr_t4_##sfx
 #else
-#define TMPL_UKR_T4(sfx, sa, sb)
+#define TMPL_UKR_T4(sfx, rb, sa, sb)
 #define TMPL_T4(sfx)
 #endif
 #if TMPL_NV > 4
@@ -269,10 +283,12 @@ TMPL_UKR_MODE(zb, 0, 1)
 TMPL_UKR_MODE(zab, 1, 1)
 
 #define TMPL_ROW(sfx) {tmpl_ukr_full_##sfx, tmpl_ukr_t1_##sfx TMPL_T2(sfx) TMPL_T3(sfx) TMPL_T4(sfx)}
+#define TMPL_ROWS(sfx) {TMPL_ROW(sfx##_hmr), TMPL_ROW(sfx##_hmid), TMPL_ROW(sfx##_hsmall)}
 
-/* [skip mode: bit 0 = SKIP_ZERO_A, bit 1 = SKIP_ZERO_B][0: full block, v: v vectors, last partial] */
-static const tmpl_ukr_fn tmpl_ukr_tab[4][TMPL_NV + 1] = {
-    TMPL_ROW(plain), TMPL_ROW(za), TMPL_ROW(zb), TMPL_ROW(zab)};
+/* [skip mode: bit 0 = SKIP_ZERO_A, bit 1 = SKIP_ZERO_B][height: MR, mid, small]
+ * [0: full block, v: v vectors, last partial] */
+static const tmpl_ukr_fn tmpl_ukr_tab[4][3][TMPL_NV + 1] = {
+    TMPL_ROWS(plain), TMPL_ROWS(za), TMPL_ROWS(zb), TMPL_ROWS(zab)};
 
 /* C = alpha A B (or C += with ACCUMULATE), see sdpa_gemm_fn. Column blocks of
  * NB = NV*VL outside, MR-row blocks inside: one K x NB panel of B serves every
@@ -289,17 +305,17 @@ static void tmpl_gemm(int M, int N, int K, float alpha, const float *A, ptrdiff_
     const int accumulate = (flags & SDPA_GEMM_ACCUMULATE) != 0;
     for (int n0 = 0; n0 < N; n0 += TMPL_NB) {
         const int nb = N - n0 < TMPL_NB ? N - n0 : TMPL_NB;
-        tmpl_ukr_fn f = tmpl_ukr_tab[mode][0];
+        int nv = 0; /* 0: full block */
         v_tail t = V_TAIL_INIT(TMPL_VL);
         if (nb < TMPL_NB) {
-            const int nv = (nb + TMPL_VL - 1) / TMPL_VL;
-            f = tmpl_ukr_tab[mode][nv];
+            nv = (nb + TMPL_VL - 1) / TMPL_VL;
             t = V_TAIL_INIT(nb - (nv - 1) * TMPL_VL);
         }
         for (int m0 = 0; m0 < M; m0 += TMPL_MR) {
             const int mr = M - m0 < TMPL_MR ? M - m0 : TMPL_MR;
-            f(mr, K, alpha, A + (ptrdiff_t)m0 * rs_a, rs_a, cs_a, B + n0, ldb,
-              C + (ptrdiff_t)m0 * ldc + n0, ldc, accumulate, t);
+            const int h = mr <= TMPL_RB_SMALL ? 2 : mr <= TMPL_RB_MID ? 1 : 0;
+            tmpl_ukr_tab[mode][h][nv](mr, K, alpha, A + (ptrdiff_t)m0 * rs_a, rs_a, cs_a, B + n0, ldb,
+                                      C + (ptrdiff_t)m0 * ldc + n0, ldc, accumulate, t);
         }
     }
 }
