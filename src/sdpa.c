@@ -918,6 +918,17 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, in
     }
 }
 
+/* Pair (row r, key tile c) of the wave order of (batch, kv head) bh. */
+static void bwd_wave_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const fwd_layout *L, int64_t bh,
+                          int64_t r, int64_t c)
+{
+    const int64_t tile = (bh * L->ngt + r / L->nrt) * L->nrt + r % L->nrt;
+    int64_t b, hk, h0, i0;
+    int nh, nr;
+    fwd_tile_coords(pl, L, tile, &b, &hk, &h0, &nh, &i0, &nr);
+    bwd_pair(pl, w, a, b, h0, nh, i0, nr, c * pl->bk);
+}
+
 static void zero_rows(float *data, const int64_t n[3], const int64_t s[3], int64_t len)
 {
     if (!data || len == 0)
@@ -1004,20 +1015,31 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
             else
                 D[r] = 0.0f;
         }
-        for (int64_t d = 0; d < ndiag; d++) {
-            const int64_t rmin = d - nkt + 1 > 0 ? d - nkt + 1 : 0;
-            const int64_t rmax = d < R - 1 ? d : R - 1;
-            const int64_t cnt = rmax - rmin + 1;
+        if (BH >= 2 * (int64_t)nthreads) {
+            /* Enough (batch, kv head) pairs to keep every thread busy: each
+             * thread runs whole heads, in the same wave order as below, so the
+             * bits are the same as with the parallel waves (and a head's
+             * Q, K, V, dO stay in cache). */
 #if HAVE_OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-            for (int64_t it = 0; it < BH * cnt; it++) {
-                const int64_t bh = it / cnt, r = rmin + it % cnt, c = d - r;
-                const int64_t tile = (bh * L.ngt + r / L.nrt) * L.nrt + r % L.nrt;
-                int64_t tb, thk, h0, i0;
-                int nh, nr;
-                fwd_tile_coords(&pl, &L, tile, &tb, &thk, &h0, &nh, &i0, &nr);
-                bwd_pair(&pl, &w, &a, tb, h0, nh, i0, nr, c * pl.bk);
+            for (int64_t bh = 0; bh < BH; bh++)
+                for (int64_t d = 0; d < ndiag; d++) {
+                    const int64_t rmin = d - nkt + 1 > 0 ? d - nkt + 1 : 0;
+                    const int64_t rmax = d < R - 1 ? d : R - 1;
+                    for (int64_t r = rmin; r <= rmax; r++)
+                        bwd_wave_pair(&pl, &w, &a, &L, bh, r, d - r);
+                }
+        } else {
+            for (int64_t d = 0; d < ndiag; d++) {
+                const int64_t rmin = d - nkt + 1 > 0 ? d - nkt + 1 : 0;
+                const int64_t rmax = d < R - 1 ? d : R - 1;
+                const int64_t cnt = rmax - rmin + 1;
+#if HAVE_OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+                for (int64_t it = 0; it < BH * cnt; it++)
+                    bwd_wave_pair(&pl, &w, &a, &L, it / cnt, rmin + it % cnt, d - (rmin + it % cnt));
             }
         }
     }
