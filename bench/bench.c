@@ -1325,7 +1325,7 @@ static void print_header(FILE *f, const options *o, const limits *L)
             fprintf(f, " GFLOP/s; memory read %.1f GB/s (%.0f MiB buffer)\n", L->bw[ti], L->bw_mib);
         }
         fprintf(f, "# (peaks: best of many 2 ms register-resident FMA loops; the scalar one chains "
-                   "fmaf() as the scalar kernels do, a libm call on baseline x86-64)\n");
+                   "non-vectorised a*b+c, as the scalar kernels do)\n");
         /* A multi-thread peak far below n x the 1-thread one means other processes held cores. */
         int ti1 = -1;
         for (int ti = 0; ti < o->n_threads; ti++)
