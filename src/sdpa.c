@@ -365,6 +365,30 @@ static int classify_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t 
 static void mask_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr,
                       const int64_t *lo, const int64_t *hi, int64_t ks, int nk, float *S, ptrdiff_t lds)
 {
+    if (!pl->elem_mask) {
+        /* Interval masks only (causal, window, key lengths): since lo and hi are
+         * nondecreasing in the row, the rows that allow key j are one run
+         * [a, z]; both ends only move forward as j grows. Only the masked
+         * entries are touched. */
+        int a = 0, z = -1;
+        for (int jj = 0; jj < nk; jj++) {
+            const int64_t j = ks + jj;
+            while (a < nr && hi[a] < j)
+                a++;
+            while (z + 1 < nr && lo[z + 1] <= j)
+                z++;
+            float *srow = S + (ptrdiff_t)jj * lds;
+            for (int g = 0; g < nh; g++) {
+                float *seg = srow + g * nr;
+                const int stop = a < z + 1 ? a : z + 1; /* empty run: mask the whole row */
+                for (int ii = 0; ii < stop; ii++)
+                    seg[ii] = -INFINITY;
+                for (int ii = stop > z + 1 ? stop : z + 1; ii < nr; ii++)
+                    seg[ii] = -INFINITY;
+            }
+        }
+        return;
+    }
     for (int jj = 0; jj < nk; jj++) {
         const int64_t j = ks + jj;
         float *srow = S + (ptrdiff_t)jj * lds;
