@@ -262,6 +262,62 @@ static sdpa_status mask_spans(const plan *pl, span sp[3])
     return SDPA_OK;
 }
 
+/* 1 if delta (elements) = sum_k d_k s_k + e with |d_k| <= n_k - 1 over the
+ * dimensions [0, k] (sorted by stride, each stride stepping over everything the
+ * smaller ones cover) and |e| < len: i.e. two rows of the layout, one shifted
+ * by delta, share an element. Only d_k in {floor, floor + 1} of delta / s_k can
+ * leave a remainder the smaller dimensions can reach, so this visits at most
+ * 2^3 paths. */
+static int layout_reaches(int64_t delta, const int64_t (*dims)[2], int k, int64_t len)
+{
+    if (k < 0)
+        return delta > -len && delta < len;
+    const int64_t st = dims[k][0], n = dims[k][1];
+    int64_t q = delta / st;
+    if (delta % st != 0 && delta < 0)
+        q--; /* floor */
+    for (int64_t d = q; d <= q + 1; d++)
+        if (d >= -(n - 1) && d <= n - 1 && layout_reaches(delta - d * st, dims, k - 1, len))
+            return 1;
+    return 0;
+}
+
+/* Exact test for two views with the same sizes, strides and row length whose
+ * byte spans overlap, e.g. dQ, dK, dV interleaved in one packed [B,T,3,H,D]
+ * buffer: 1 if they share no element. Views of different layouts are not
+ * analysed (0: treated as overlapping). */
+static int interleaved_disjoint(const tensor_desc *x, const tensor_desc *y)
+{
+    if (!x->present || !y->present || x->elem != y->elem || x->len != y->len)
+        return 0;
+    for (int i = 0; i < 3; i++)
+        if (x->n[i] != y->n[i] || (x->n[i] > 1 && x->strides[i] != y->strides[i]))
+            return 0;
+    const intptr_t bytes = (intptr_t)((const char *)y->data - (const char *)x->data);
+    if (bytes % (intptr_t)x->elem)
+        return 0; /* misaligned relative offset: not analysed */
+    int64_t dims[3][2];
+    int nd = 0;
+    for (int i = 0; i < 3; i++)
+        if (x->n[i] > 1) {
+            dims[nd][0] = x->strides[i];
+            dims[nd][1] = x->n[i];
+            nd++;
+        }
+    for (int i = 1; i < nd; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && dims[j][0] < dims[j - 1][0]; j--) {
+            int64_t t0 = dims[j][0], t1 = dims[j][1];
+            dims[j][0] = dims[j - 1][0];
+            dims[j][1] = dims[j - 1][1];
+            dims[j - 1][0] = t0;
+            dims[j - 1][1] = t1;
+        }
+    for (int i = 0; i < nd; i++)
+        if (dims[i][0] <= 0)
+            return 0;
+    return !layout_reaches((int64_t)(bytes / (intptr_t)x->elem), (const int64_t(*)[2])dims, nd - 1, x->len);
+}
+
 /* Checks every tensor (NULL, strides, overflow, self-overlap) and aliasing
  * between outputs and inputs / other outputs. */
 static sdpa_status check_tensors(const plan *pl, tensor_desc *t, int nt)
@@ -283,7 +339,7 @@ static sdpa_status check_tensors(const plan *pl, tensor_desc *t, int nt)
         if (!t[i].is_output)
             continue;
         for (int j = 0; j < nt; j++)
-            if (j != i && spans_overlap(sp[i], sp[j]))
+            if (j != i && spans_overlap(sp[i], sp[j]) && !interleaved_disjoint(&t[i], &t[j]))
                 return SDPA_ERR_ALIASING;
         for (int j = 0; j < 3; j++)
             if (spans_overlap(sp[i], ms[j]))

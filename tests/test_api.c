@@ -1028,3 +1028,70 @@ Test(api, concurrent_callers_single_thread_each, .timeout = 120)
     free(v);
     free(dout);
 }
+
+/* ------------------------------------------ interleaved, disjoint outputs */
+
+/* dQ, dK, dV written straight into one packed [B,T,3,H,D] buffer (and O into
+ * the 4th slot of a packed [B,T,4,H,D] activation holding Q, K, V): the views
+ * interleave but share no element, so they are accepted and give the bits of
+ * separate buffers. One element of overlap is still refused. */
+Test(api, packed_interleaved_outputs)
+{
+    enum { B = 2, T = 33, H = 4, D = 16 };
+    const int64_t bs4 = (int64_t)T * 4 * H * D, ss4 = 4 * H * D; /* [B,T,4,H,D] */
+    const int64_t bs3 = (int64_t)T * 3 * H * D, ss3 = 3 * H * D; /* [B,T,3,H,D] */
+    float *act = calloc((size_t)B * bs4, sizeof(float));
+    float *dqkv = calloc((size_t)B * bs3, sizeof(float));
+    float *dout = calloc((size_t)B * T * H * D, sizeof(float));
+    float *lse = calloc((size_t)B * H * T, sizeof(float));
+    float *sep = calloc((size_t)3 * B * H * T * D, sizeof(float));
+    cr_assert(act && dqkv && dout && lse && sep);
+    util_rng r;
+    util_rng_seed(&r, "api/packed_interleaved_outputs", 5);
+    for (int64_t i = 0; i < B * bs4; i++)
+        act[i] = (float)(util_rng_double(&r) * 2 - 1);
+    for (int64_t i = 0; i < (int64_t)B * T * H * D; i++)
+        dout[i] = (float)(util_rng_double(&r) * 2 - 1);
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.batch = B;
+    p.q_heads = p.kv_heads = H;
+    p.q_len = p.kv_len = T;
+    p.head_dim_qk = p.head_dim_v = D;
+    p.causal = SDPA_CAUSAL_TOP_LEFT;
+    const sdpa_tensor q = {act, bs4, D, ss4}, k = {act + H * D, bs4, D, ss4}, v = {act + 2 * H * D, bs4, D, ss4};
+    const sdpa_tensor_out o = {act + 3 * H * D, bs4, D, ss4}, l = {lse, (int64_t)H * T, T, 1};
+    cr_assert_eq(sdpa_forward(&p, &q, &k, &v, &o, &l), SDPA_OK, "O in the 4th slot of packed QKVO refused");
+    const sdpa_tensor oi = {act + 3 * H * D, bs4, D, ss4}, li = {lse, (int64_t)H * T, T, 1},
+                      doi = {dout, (int64_t)T * H * D, D, (int64_t)H * D};
+    const sdpa_tensor_out dq = {dqkv, bs3, D, ss3}, dk = {dqkv + H * D, bs3, D, ss3}, dv = {dqkv + 2 * H * D, bs3, D, ss3};
+    cr_assert_eq(sdpa_backward(&p, &q, &k, &v, &oi, &li, &doi, &dq, &dk, &dv), SDPA_OK, "packed dQKV refused");
+    /* the same into separate contiguous [B,T,H,D] buffers */
+    float *sq = sep, *sk = sep + B * H * T * D, *sv = sep + 2 * B * H * T * D;
+    const sdpa_tensor_out dq2 = {sq, (int64_t)T * H * D, D, (int64_t)H * D}, dk2 = {sk, (int64_t)T * H * D, D, (int64_t)H * D},
+                          dv2 = {sv, (int64_t)T * H * D, D, (int64_t)H * D};
+    cr_assert_eq(sdpa_backward(&p, &q, &k, &v, &oi, &li, &doi, &dq2, &dk2, &dv2), SDPA_OK);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                for (int c = 0; c < D; c++) {
+                    const int64_t pk = b * bs3 + t * ss3 + h * D + c, sp = ((int64_t)(b * T + t) * H + h) * D + c;
+                    cr_assert(memcmp(&dqkv[pk], &sq[sp], 4) == 0 && memcmp(&dqkv[pk + H * D], &sk[sp], 4) == 0 &&
+                                  memcmp(&dqkv[pk + 2 * H * D], &sv[sp], 4) == 0,
+                              "packed and separate gradients differ at b=%d t=%d h=%d c=%d", b, t, h, c);
+                }
+    /* dK shifted by one element into dQ's rows: overlap, refused, nothing written */
+    memset(dqkv, 0x7f, (size_t)B * bs3 * sizeof(float));
+    const sdpa_tensor_out dk_bad = {dqkv + H * D - 1, bs3, D, ss3};
+    cr_assert_eq(sdpa_backward(&p, &q, &k, &v, &oi, &li, &doi, &dq, &dk_bad, &dv), SDPA_ERR_ALIASING);
+    for (int64_t i = 0; i < B * bs3; i++) {
+        uint32_t bits;
+        memcpy(&bits, &dqkv[i], 4);
+        cr_assert_eq(bits, 0x7f7f7f7fu, "output written although the call was refused");
+    }
+    free(act);
+    free(dqkv);
+    free(dout);
+    free(lse);
+    free(sep);
+}
