@@ -66,7 +66,8 @@ typedef enum sdpa_status {
                                          nonzero reserved field, or unknown enum value */
     SDPA_ERR_NEGATIVE_SIZE = -3,    /**< a size (B, Hq, Hkv, Tq, Tk, Dk, Dv) is negative */
     SDPA_ERR_HEAD_GROUPING = -4,    /**< Hq is not a multiple of Hkv (or Hkv = 0 while Hq > 0) */
-    SDPA_ERR_BAD_SCALE = -5,        /**< scale is NaN or infinite, or the default 1/sqrt(Dk) with Dk = 0 */
+    SDPA_ERR_BAD_SCALE = -5,        /**< scale is NaN or infinite; or the default 1/sqrt(Dk) with Dk = 0;
+                                         or use_default_scale = 1 while .scale was set (not 0) */
     SDPA_ERR_BAD_STRIDE = -6,       /**< a stride is negative, or an output's strides may overlap
                                          itself (checked conservatively: each nontrivial stride must
                                          step over everything the smaller ones cover) */
@@ -161,8 +162,10 @@ typedef struct sdpa_problem {
     int64_t kv_len;        /**< Tk: key/value rows in memory (per-batch lengths: kv_lengths) */
     int64_t head_dim_qk;   /**< Dk: head_dim of Q and K */
     int64_t head_dim_v;    /**< Dv: head_dim of V, O */
-    int use_default_scale; /**< 1 (default): scale = 1/sqrt(Dk); 0: use scale as given */
-    float scale;           /**< any finite value, 0 and negative included */
+    int use_default_scale; /**< 1 (default): scale = 1/sqrt(Dk), and .scale must stay 0;
+                                0: use .scale as given */
+    float scale;           /**< with use_default_scale = 0: any finite value, 0 and negative
+                                included (multiplies Q K^T; the bias is not scaled) */
     sdpa_causal causal;    /**< default SDPA_CAUSAL_NONE */
     sdpa_alignment window_alignment; /**< used only when causal == SDPA_CAUSAL_NONE */
     int64_t window_left;   /**< keys j >= i + d - window_left are allowed; SDPA_WINDOW_UNBOUNDED (default) */

@@ -171,7 +171,9 @@ static sdpa_status make_plan(const sdpa_problem *p, plan *pl)
     /* Never divide by kv_heads before this check (Hq = Hkv = 0 is legal). */
     if ((p->kv_heads == 0 && p->q_heads > 0) || (p->kv_heads > 0 && p->q_heads % p->kv_heads))
         return SDPA_ERR_HEAD_GROUPING;
-    if (p->use_default_scale ? p->head_dim_qk == 0 : !isfinite(p->scale))
+    /* With the default scale, .scale must stay 0 as sdpa_problem_init() left it:
+     * a value set there while use_default_scale is still 1 would be ignored. */
+    if (p->use_default_scale ? (p->head_dim_qk == 0 || p->scale != 0.0f) : !isfinite(p->scale))
         return SDPA_ERR_BAD_SCALE;
     if (p->window_left < SDPA_WINDOW_UNBOUNDED || p->window_right < SDPA_WINDOW_UNBOUNDED)
         return SDPA_ERR_BAD_WINDOW;

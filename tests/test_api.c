@@ -348,7 +348,8 @@ MUT(scale_negzero, (f->p.use_default_scale = 0, f->p.scale = -0.0f))
 MUT(scale_negative, (f->p.use_default_scale = 0, f->p.scale = -0.75f))
 MUT(scale_huge, (f->p.use_default_scale = 0, f->p.scale = 3.0e38f))
 MUT(explicit_scale_dk0, (f->p.head_dim_qk = 0, f->p.use_default_scale = 0, f->p.scale = 1.0f))
-MUT(default_nan_ignored, (f->p.use_default_scale = 1, f->p.scale = NAN))
+MUT(default_nan_set, (f->p.use_default_scale = 1, f->p.scale = NAN))
+MUT(default_with_scale_set, (f->p.use_default_scale = 1, f->p.scale = 0.01f))
 
 Test(api, scale)
 {
@@ -362,7 +363,9 @@ Test(api, scale)
         {"scale -0.75", mut_scale_negative, BOTH, SDPA_OK},
         {"scale 3e38 (finite)", mut_scale_huge, BOTH, SDPA_OK},
         {"explicit scale with Dk = 0", mut_explicit_scale_dk0, BOTH, SDPA_OK},
-        {"default scale ignores a NaN in .scale", mut_default_nan_ignored, BOTH, SDPA_OK},
+        /* a scale set while use_default_scale is still 1 would be silently ignored: refused */
+        {"default scale with a NaN in .scale", mut_default_nan_set, BOTH, SDPA_ERR_BAD_SCALE},
+        {"default scale with .scale = 0.01 set", mut_default_with_scale_set, BOTH, SDPA_ERR_BAD_SCALE},
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }
