@@ -26,6 +26,13 @@
  * Thread-safety: every function may be called from any number of threads at
  * once, except sdpa_force_isa(), which changes the process-wide default ISA
  * (calls already running keep the kernels they started with).
+ *
+ * Threads: sdpa_forward / sdpa_backward run an OpenMP team of num_threads
+ * threads (0: omp_get_max_threads()). A server that calls the library from N
+ * threads of its own should pass num_threads = 1 (no team is started at all)
+ * or split its cores between callers; with 0, N calls start N full teams. Inside
+ * a caller's own OpenMP parallel region the call runs on one thread unless
+ * nested parallelism is enabled. Results do not depend on the thread count.
  */
 #ifndef SDPA_H
 #define SDPA_H
@@ -110,8 +117,9 @@ typedef enum sdpa_alignment {
 /** Largest block_q / block_k accepted. */
 #define SDPA_MAX_BLOCK 512
 
-/** Read-only view of a [B, H, T, D] fp32 tensor (D contiguous). Strides are in
- *  elements; 0 broadcasts. The caller owns the memory. */
+/** Read-only view of a [B, H, T, D] fp32 tensor (D contiguous), or of the
+ *  [B, H, T] LSE passed to sdpa_backward (seq_stride between rows). Strides are
+ *  in elements; 0 broadcasts. The caller owns the memory. */
 typedef struct sdpa_tensor {
     const float *data;
     int64_t batch_stride;
@@ -121,7 +129,11 @@ typedef struct sdpa_tensor {
 
 /** Writable view of a [B, H, T, D] fp32 tensor (or [B, H, T] for LSE, whose
  *  seq_stride is the distance between consecutive query rows). Outputs must not
- *  overlap each other, any input, or themselves. The caller owns the memory. */
+ *  share an element with each other, any input, or themselves. Views that
+ *  interleave without sharing elements are accepted when they have the same
+ *  sizes and strides (e.g. dQ, dK, dV inside one packed [B, T, 3, H, D] buffer);
+ *  views of different layouts must occupy disjoint address ranges. The caller
+ *  owns the memory. */
 typedef struct sdpa_tensor_out {
     float *data;
     int64_t batch_stride;
@@ -146,9 +158,11 @@ typedef struct sdpa_bias {
 
 /** The problem descriptor: sizes, scale, the mask description, threads.
  *  Always fill it with sdpa_problem_init() first, then set fields: that keeps
- *  callers source- and binary-compatible when fields are added (struct_size
- *  tells the library which version of the struct it was given).
- *  Query key j is allowed for query i only if every active mask allows it:
+ *  callers source-compatible when fields are added. struct_size records which
+ *  version of the struct the caller was compiled with; this version accepts
+ *  exactly its own size (SDPA_ERR_BAD_DESCRIPTOR otherwise), later versions
+ *  will also accept the sizes of earlier ones.
+ *  Key j is allowed for query i only if every active mask allows it:
  *  window (causal included) on the aligned diagonal, kv_lengths, bool_mask,
  *  and a bias entry that is not -inf. The same descriptor drives
  *  sdpa_forward() and sdpa_backward(), so both apply identical masks. */
@@ -168,6 +182,9 @@ typedef struct sdpa_problem {
                                 included (multiplies Q K^T; the bias is not scaled) */
     sdpa_causal causal;    /**< default SDPA_CAUSAL_NONE */
     sdpa_alignment window_alignment; /**< used only when causal == SDPA_CAUSAL_NONE */
+    /* Window around the aligned diagonal key i + d of query i, where d = 0 for
+     * top-left alignment and d = Tk_b - Tq for bottom-right (Tk_b = kv_lengths[b],
+     * or Tk without them). Causal masking is window_right = 0 on that diagonal. */
     int64_t window_left;   /**< keys j >= i + d - window_left are allowed; SDPA_WINDOW_UNBOUNDED (default) */
     int64_t window_right;  /**< keys j <= i + d + window_right are allowed; SDPA_WINDOW_UNBOUNDED (default) */
     const int32_t *kv_lengths; /**< NULL, or B key lengths: key j allowed only if j < kv_lengths[b]
@@ -199,8 +216,10 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * A row with no allowed key gets O = 0 and LSE = -inf. NaN/Inf in an allowed
  * input propagates; masked keys, masked bias entries are never read.
  * Results are bitwise identical for every thread count.
- * Workspace: per thread about 4 * (block_q * (Dk + Dv + block_k + 3)) bytes,
- * allocated per call; failure returns SDPA_ERR_OUT_OF_MEMORY.
+ * Workspace, allocated per call: per thread about 4 * block_q * (Dk + Dv +
+ * block_k + 10) bytes, plus, when the keys are split (fewer than 64 query tiles,
+ * e.g. decode), 4 * block_q * (Dv + 2) bytes per (tile, split), at most 64 of
+ * them; failure returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with Tq x Tk.
  * @return SDPA_OK, or SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_BAD_DESCRIPTOR,
  *   SDPA_ERR_NEGATIVE_SIZE, SDPA_ERR_HEAD_GROUPING, SDPA_ERR_BAD_SCALE,
  *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_BAD_WINDOW, SDPA_ERR_BAD_KV_LENGTH,
@@ -230,8 +249,9 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * Rows with LSE = -inf (fully masked) contribute exactly 0.
  * Determinism: tiles are processed in an anti-diagonal wavefront so that every
  * accumulation happens in a fixed order: bitwise identical for every thread count.
- * Workspace: B * Hq * Tq floats for D, plus per thread
- * 4 * block_q * (Dk + Dv + 2 * block_k + 2) bytes.
+ * Workspace, allocated per call: B * Hq * Tq floats for D, plus per thread
+ * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 8) bytes; failure returns
+ * SDPA_ERR_OUT_OF_MEMORY before any output is written.
  * @return the same codes as sdpa_forward(); on error nothing is written.
  */
 SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tensor *q,
