@@ -1349,3 +1349,31 @@ Test(cli, bench_json_fields)
     cr_expect_eq(fwd, 1);
     cr_expect_eq(bwd, 1);
 }
+
+/* An output that names an input file (directly or through another path to the
+ * same file) is a usage error: the input is left as it was. */
+Test(cli, output_names_an_input)
+{
+    valid_inputs();
+    char before[256], after[256];
+    FILE *f = fopen(P("K.npy"), "rb");
+    cr_assert_not_null(f);
+    const size_t nb = fread(before, 1, sizeof before, f);
+    fclose(f);
+    char alias[256];
+    snprintf(alias, sizeof alias, "%s/./K.npy", g_dir);
+    const char *args[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", alias, NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 2, "exit %d; stderr: %s", r->status, r->err);
+    cr_assert_not_null(strstr(r->err, "is also an input"), "stderr: %s", r->err);
+    f = fopen(P("K.npy"), "rb");
+    cr_assert_not_null(f);
+    const size_t na = fread(after, 1, sizeof after, f);
+    fclose(f);
+    cr_assert(na == nb && memcmp(before, after, nb) == 0, "K.npy was modified");
+    const char *bargs[] = {"backward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "--do", P("Q.npy"),
+                           "--dq", P("dq.npy"), "--dk", P("dk.npy"), "--dv", P("V.npy"), NULL};
+    r = run(bargs);
+    cr_assert_eq(r->status, 2, "backward: exit %d; stderr: %s", r->status, r->err);
+    cr_assert_not_null(strstr(r->err, "is also an input"), "stderr: %s", r->err);
+}

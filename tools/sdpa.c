@@ -521,13 +521,37 @@ static int out_commit(out_file *outs, int n)
     return 0;
 }
 
+/* Two paths name the same file: the same string, or the same existing file
+ * (device and inode) reached by different names. */
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (!a || !b)
+        return 0;
+    if (strcmp(a, b) == 0)
+        return 1;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 static int same_paths(const char *const *paths, int n)
 {
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++)
-            if (paths[i] && paths[j] && strcmp(paths[i], paths[j]) == 0)
+            if (same_file(paths[i], paths[j]))
                 return 1;
     return 0;
+}
+
+/* The first output path that names one of the input files, or NULL (an output
+ * must never replace an input by accident). */
+static const char *output_clobbers_input(const cli_opts *o, const char *const *outs, int nout)
+{
+    const char *ins[] = {o->q, o->k, o->v, o->dout, o->kvlen, o->mask, o->bias};
+    for (int i = 0; i < nout; i++)
+        for (size_t j = 0; j < sizeof ins / sizeof ins[0]; j++)
+            if (same_file(outs[i], ins[j]))
+                return outs[i];
+    return NULL;
 }
 
 /* ------------------------------------------------------------ forward / backward */
@@ -720,6 +744,9 @@ static int cmd_forward(int argc, char **argv)
         const char *outp[2] = {j.opt.o, j.opt.lse};
         if (same_paths(outp, 2))
             return usage_error(CMD_FORWARD, "-o and --lse name the same file");
+        const char *clob = output_clobbers_input(&j.opt, outp, j.opt.lse ? 2 : 1);
+        if (clob)
+            return usage_error(CMD_FORWARD, "output %s is also an input", clob);
     }
     if ((rc = load_common(&j)))
         goto done;
@@ -793,6 +820,13 @@ static int cmd_backward(int argc, char **argv)
         const char *outp[3] = {op->dq, op->dk, op->dv};
         if (same_paths(outp, 3))
             return usage_error(CMD_BACKWARD, "--dq, --dk and --dv must name different files");
+        const char *clob = output_clobbers_input(op, outp, 3);
+        if (!clob && op->o && (same_file(op->o, op->dq) || same_file(op->o, op->dk) || same_file(op->o, op->dv)))
+            clob = op->o;
+        if (!clob && op->lse && (same_file(op->lse, op->dq) || same_file(op->lse, op->dk) || same_file(op->lse, op->dv)))
+            clob = op->lse;
+        if (clob)
+            return usage_error(CMD_BACKWARD, "output %s is also an input", clob);
     }
     if ((rc = load_common(&j)))
         goto done;
