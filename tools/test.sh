@@ -18,6 +18,6 @@ ninja -C "$builddir" >/dev/null
 echo "== checkasm: every ISA's micro-kernels against scalar and float64 =="
 "$builddir/tests/checkasm" | tail -n 4
 echo "== conformance: every ISA end to end against the float64 reference =="
-"$builddir/tests/conformance" | grep -E "^\[|passed, .* failed"
+"$builddir/tests/conformance" | grep -E "^\[|^FAIL|passed, .* failed"
 echo "== Criterion suite =="
 exec "$builddir/tests/sdpa_tests" "$@"
