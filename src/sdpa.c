@@ -673,6 +673,8 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
      * natural layout, so that the vector dimension runs along head_dim instead
      * of along a handful of queries. Chosen by shape only (never by threads). */
     const int nt = ncol <= kt->nt_max_cols;
+    /* row stride of the score tile: dense for few columns (fewer cache lines per key) */
+    const int lds = nt ? (ncol + 15) & ~15 : ld;
     if (nt)
         memset(w->on, 0, (size_t)ncol * Dv * sizeof(float));
     else
@@ -719,13 +721,13 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
         const float *ktile_rows = kb ? kb + ks * a->k->seq_stride : NULL;
         /* S^T = scale K Q^T */
         if (nt)
-            kt->gemm_nt(ncol, nk, Dk, pl->scale, w->qt, Dk, ktile_rows, a->k->seq_stride, w->s, 1, ld);
+            kt->gemm_nt(ncol, nk, Dk, pl->scale, w->qt, Dk, ktile_rows, a->k->seq_stride, w->s, 1, lds);
         else
             kt->gemm(nk, ncol, Dk, pl->scale, ktile_rows, a->k->seq_stride, 1, w->qt, ld, w->s, ld, 0);
         if (kind == TILE_PARTIAL)
-            mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->s, ld);
+            mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->s, lds);
         /* m, l, alpha; S^T -> P^T */
-        kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha);
+        kt->online_softmax(nk, ncol, w->s, lds, w->m, w->l, w->alpha);
         if (Dv > 0 && !nt) {
             /* O^T = O^T * alpha + V^T P^T */
             kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
@@ -741,7 +743,7 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
             const int chunk = NT_PV_CHUNK_BYTES / (Dv * (int)sizeof(float)) > 8
                                   ? NT_PV_CHUNK_BYTES / (Dv * (int)sizeof(float)) : 8;
             for (int c0 = 0; c0 < nk; c0 += chunk)
-                kt->gemm(ncol, Dv, nk - c0 < chunk ? nk - c0 : chunk, 1.0f, w->s + (size_t)c0 * ld, 1, ld,
+                kt->gemm(ncol, Dv, nk - c0 < chunk ? nk - c0 : chunk, 1.0f, w->s + (size_t)c0 * lds, 1, lds,
                          vb + (ks + c0) * a->v->seq_stride, a->v->seq_stride, w->on, Dv,
                          SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0));
         }
