@@ -718,6 +718,30 @@ Test(adversarial, extreme_scales)
     cr_expect_eq(bad, 0);
 }
 
+/* Inputs near 1e18 (scores near 1e36, still finite in fp32) and signed zeros:
+ * one-hot softmax rows, the same on every ISA as in float64. */
+Test(adversarial, huge_magnitude_and_signed_zero_inputs)
+{
+    enum { TQ = 7, TK = 40, D = 4 };
+    util_rng r;
+    util_rng_seed(&r, "adversarial.huge_magnitude", 13);
+    float q[TQ * D], k[TK * D], v[TK * D];
+    util_fill_normal(&r, q, TQ * D, 1e18f);
+    util_fill_normal(&r, k, TK * D, 1e18f);
+    util_fill_normal(&r, v, TK * D, 1.0f);
+    for (int i = 0; i < D; i++) {
+        q[i] = -0.0f;         /* row 0: all scores are zeros of either sign: uniform */
+        k[5 * D + i] = -0.0f; /* key 5: score -0 or +0 for every row */
+    }
+    sdpa_problem p = prob(1, 1, 1, TQ, TK, D, D);
+    p.use_default_scale = 0;
+    p.scale = 1.0f;
+    cr_expect_eq(check_all_isas(p, q, k, v, 1e-5, "|x| ~ 1e18"), 0);
+    p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+    p.block_k = 3;
+    cr_expect_eq(check_all_isas(p, q, k, v, 1e-5, "|x| ~ 1e18, causal, block_k 3"), 0);
+}
+
 /* Denormal inputs must not be flushed to zero by any ISA (no FTZ/DAZ). */
 Test(adversarial, denormal_values_not_flushed)
 {
