@@ -57,10 +57,15 @@ typedef struct plan {
 
 /* ---------------------------------------------------------------- validation */
 
+/* Threads for a call: the request (0: OpenMP's default), at most 4 per
+ * processor: more never helps, and asking libgomp for thousands of threads can
+ * make it print and exit the process when it cannot create them. */
 static int64_t clamp_threads(int n)
 {
 #if HAVE_OPENMP
-    return n > 0 ? n : omp_get_max_threads();
+    int64_t t = n > 0 ? n : omp_get_max_threads();
+    const int64_t most = 4 * (int64_t)(omp_get_num_procs() > 0 ? omp_get_num_procs() : 1);
+    return t < 1 ? 1 : t > most ? most : t;
 #else
     (void)n;
     return 1;
@@ -457,10 +462,17 @@ static void mask_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0,
                 int ok = j >= lo[ii] && j <= hi[ii];
                 if (ok && pl->bm.data)
                     ok = mask_at(pl, b, h, i, j) != 0;
+                if (ok && pl->bias.data) {
+                    /* a -inf bias masks the key: store -inf, never add it (a NaN
+                     * score of a masked NaN key + -inf would stay NaN) */
+                    const float bv = bias_at(pl, b, h, i, j);
+                    if (bv == -INFINITY)
+                        ok = 0;
+                    else
+                        *sv += bv;
+                }
                 if (!ok)
                     *sv = -INFINITY;
-                else if (pl->bias.data)
-                    *sv += bias_at(pl, b, h, i, j);
             }
     }
 }
@@ -518,10 +530,10 @@ static fwd_layout fwd_make_layout(const plan *pl)
         if (L.hpt < 1)
             L.hpt = 1;
     }
-    L.nrt = L.rows ? (pl->Tq + L.rows - 1) / L.rows : 0;
+    L.nrt = L.rows ? pl->Tq / L.rows + (pl->Tq % L.rows != 0) : 0;
     L.ngt = pl->G ? (pl->G + L.hpt - 1) / L.hpt : 0;
     L.tiles = pl->B * pl->Hkv * L.ngt * L.nrt;
-    L.nkt = (pl->Tk + pl->bk - 1) / pl->bk;
+    L.nkt = pl->Tk / pl->bk + (pl->Tk % pl->bk != 0); /* no Tk + bk overflow */
     L.nsplit = 1;
     if (L.tiles > 0 && L.tiles < SPLIT_TARGET_ITEMS) {
         int64_t want = (SPLIT_TARGET_ITEMS + L.tiles - 1) / L.tiles;
@@ -682,7 +694,10 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
             memset(w->ot + (size_t)c * ld, 0, (size_t)ncol * sizeof(float));
 
     /* key tiles of this split, intersected with the tile's allowed keys */
-    int64_t kt_first = split * L->nkt / L->nsplit, kt_end = (split + 1) * L->nkt / L->nsplit;
+    /* split s covers key tiles [s*base + min(s, rem), ...): no s * nkt overflow */
+    const int64_t base = L->nkt / L->nsplit, rem = L->nkt % L->nsplit;
+    int64_t kt_first = split * base + (split < rem ? split : rem);
+    int64_t kt_end = (split + 1) * base + (split + 1 < rem ? split + 1 : rem);
     const int64_t first = w->lo[0] > 0 ? w->lo[0] : 0, last = w->hi[nr - 1];
     if (first <= last) {
         if (kt_first < first / pl->bk)
@@ -695,7 +710,7 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
     int packed = 0;
     for (int64_t ktile = kt_first; ktile < kt_end; ktile++) {
         const int64_t j0 = ktile * pl->bk;
-        const int64_t j1 = j0 + pl->bk < pl->Tk ? j0 + pl->bk : pl->Tk;
+        const int64_t j1 = pl->Tk - j0 > pl->bk ? j0 + pl->bk : pl->Tk;
         int64_t ks, ke;
         const int kind = classify_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, j0, j1, &ks, &ke);
         if (kind == TILE_SKIP)
@@ -714,13 +729,16 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
         }
         const int nk = (int)(ke - ks + 1);
         if (ktile + 1 < kt_end) { /* the next key tile, while this one computes */
-            const int64_t n0 = j1, n1 = j1 + pl->bk < pl->Tk ? j1 + pl->bk : pl->Tk;
+            const int64_t n0 = j1, n1 = pl->Tk - j1 > pl->bk ? j1 + pl->bk : pl->Tk;
             prefetch_rows(kb, a->k->seq_stride, n0, n1, Dk);
             prefetch_rows(vb, a->v->seq_stride, n0, n1, Dv);
         }
         const float *ktile_rows = kb ? kb + ks * a->k->seq_stride : NULL;
         /* S^T = scale K Q^T */
-        if (nt)
+        if (Dk == 0) /* no features: every score is 0 (K may have no data at all) */
+            for (int jj = 0; jj < nk; jj++)
+                memset(w->s + (size_t)jj * lds, 0, (size_t)ncol * sizeof(float));
+        else if (nt)
             kt->gemm_nt(ncol, nk, Dk, pl->scale, w->qt, Dk, ktile_rows, a->k->seq_stride, w->s, 1, lds);
         else
             kt->gemm(nk, ncol, Dk, pl->scale, ktile_rows, a->k->seq_stride, 1, w->qt, ld, w->s, ld, 0);
@@ -740,8 +758,8 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
                     for (int d = 0; d < Dv; d++)
                         w->on[(size_t)c * Dv + d] *= w->alpha[c];
             /* in chunks of keys whose V rows stay in L1 across the gemm's passes over head_dim */
-            const int chunk = NT_PV_CHUNK_BYTES / (Dv * (int)sizeof(float)) > 8
-                                  ? NT_PV_CHUNK_BYTES / (Dv * (int)sizeof(float)) : 8;
+            const int64_t fit = NT_PV_CHUNK_BYTES / ((int64_t)Dv * (int64_t)sizeof(float));
+            const int chunk = fit > 8 ? (int)fit : 8;
             for (int c0 = 0; c0 < nk; c0 += chunk)
                 kt->gemm(ncol, Dv, nk - c0 < chunk ? nk - c0 : chunk, 1.0f, w->s + (size_t)c0 * lds, 1, lds,
                          vb + (ks + c0) * a->v->seq_stride, a->v->seq_stride, w->on, Dv,
@@ -835,6 +853,8 @@ sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa
     if ((st = check_tensors(&pl, t, 5)) != SDPA_OK)
         return st;
 
+    if (pl.Dv == 0 && !(lse && lse->data))
+        return SDPA_OK; /* nothing to write */
     fwd_args a = {q, k, v, o, lse, fwd_make_layout(&pl), NULL};
     const int64_t items = a.L.tiles * a.L.nsplit;
     if (items == 0)
@@ -949,7 +969,7 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, in
     const int64_t tkb = keys_of_batch(pl, b);
     for (int ii = 0; ii < nr; ii++)
         row_range(pl, tkb, i0 + ii, &w->lo[ii], &w->hi[ii]);
-    const int64_t j1 = j0 + pl->bk < pl->Tk ? j0 + pl->bk : pl->Tk;
+    const int64_t j1 = pl->Tk - j0 > pl->bk ? j0 + pl->bk : pl->Tk;
     int64_t ks, ke;
     const int kind = classify_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, j0, j1, &ks, &ke);
     if (kind == TILE_SKIP)
@@ -960,7 +980,8 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, in
 
     /* S^T = scale K Q^T, masked; P^T = exp(S^T - LSE) */
     for (int g = 0; g < nh; g++) {
-        kt->transpose(nr, Dk, row_in(a->q, b, h0 + g, i0), a->q->seq_stride, w->qt + g * nr, ld);
+        if (Dk > 0)
+            kt->transpose(nr, Dk, row_in(a->q, b, h0 + g, i0), a->q->seq_stride, w->qt + g * nr, ld);
         const float *lb = row_in(a->lse, b, h0 + g, i0);
         const float *Db = a->D + (b * pl->Hq + h0 + g) * pl->Tq + i0;
         for (int ii = 0; ii < nr; ii++) {
@@ -968,7 +989,11 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, in
             w->dd[g * nr + ii] = Db[ii];
         }
     }
-    kt->gemm(nk, ncol, Dk, pl->scale, kb, a->k->seq_stride, 1, w->qt, ld, w->p, ld, 0);
+    if (Dk == 0) /* no features: every score is 0 (K may have no data at all) */
+        for (int jj = 0; jj < nk; jj++)
+            memset(w->p + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
+    else
+        kt->gemm(nk, ncol, Dk, pl->scale, kb, a->k->seq_stride, 1, w->qt, ld, w->p, ld, 0);
     if (kind == TILE_PARTIAL)
         mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->p, ld);
     kt->bwd_probs(nk, ncol, w->p, ld, w->lse);
@@ -1015,7 +1040,7 @@ static void bwd_wave_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const fw
 
 static void zero_rows(float *data, const int64_t n[3], const int64_t s[3], int64_t len)
 {
-    if (!data || len == 0)
+    if (!data || len == 0 || n[0] == 0 || n[1] == 0 || n[2] == 0)
         return;
     for (int64_t x = 0; x < n[0]; x++)
         for (int64_t y = 0; y < n[1]; y++)
@@ -1053,6 +1078,15 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
     if ((st = check_tensors(&pl, t, 9)) != SDPA_OK)
         return st;
 
+    /* With Dv = 0 nothing flows back (dS = P * (0 - 0) = 0): the gradients are
+     * zero. With Dk = Dv = 0, or no query or key rows, there is nothing else to
+     * compute either; this also keeps empty problems of huge B x H instant. */
+    if (pl.Dv == 0 || pl.B == 0 || pl.Hq == 0 || pl.Tq == 0 || pl.Tk == 0) {
+        zero_rows(dq->data, nq3, sdq, pl.Dk);
+        zero_rows(dk->data, nk3, sdk, pl.Dk);
+        zero_rows(dv->data, nk3, sdv, pl.Dv);
+        return SDPA_OK;
+    }
     /* Query tiles as in the forward (several heads of a group per tile when Tq
      * is short); the wavefront's rows are (head tile, row tile). */
     const fwd_layout L = fwd_make_layout(&pl);
