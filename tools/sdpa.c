@@ -249,7 +249,8 @@ static int parse_options(int cmd, int argc, char **argv, cli_opts *o, int *help)
             float s;
             errno = 0;
             s = strtof(val, &end);
-            if (errno == ERANGE || end == val || *end || !isfinite(s))
+            /* ERANGE on underflow (a denormal or 0) is fine; only overflow is not */
+            if (end == val || *end || !isfinite(s) || (errno == ERANGE && fabsf(s) == HUGE_VALF))
                 return usage_error(cmd, "--scale '%s' is not a finite number", val);
             o->scale = s;
             o->have_scale = 1;
@@ -460,17 +461,27 @@ static int out_prepare(out_file *of)
     struct stat st;
     int fd;
     mode_t mask;
-    size_t n = strlen(of->path) + 16;
     if (stat(of->path, &st) == 0 && S_ISDIR(st.st_mode)) {
         file_error(of->path, "is a directory");
         return EXIT_BAD;
     }
+    /* Only regular files are replaced: renaming over a FIFO or a device node
+     * (e.g. /dev/null, as root) would destroy it. */
+    if (stat(of->path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        file_error(of->path, "exists and is not a regular file");
+        return EXIT_BAD;
+    }
+    /* The temporary file lives in the output's directory (rename() stays on one
+     * file system) under a short name, so long output names still fit. */
+    const char *slash = strrchr(of->path, '/');
+    const size_t dirlen = slash ? (size_t)(slash - of->path) + 1 : 0;
+    const size_t n = dirlen + 32;
     of->tmp = malloc(n);
     if (!of->tmp) {
         file_error(of->path, "out of memory");
         return EXIT_BAD;
     }
-    snprintf(of->tmp, n, "%s.tmp.XXXXXX", of->path);
+    snprintf(of->tmp, n, "%.*s.sdpa-out.XXXXXX", (int)dirlen, of->path);
     temps_track(of->tmp, 1);
     fd = mkstemp(of->tmp);
     if (fd < 0) {
@@ -523,14 +534,41 @@ static int out_commit(out_file *outs, int n)
 
 /* Two paths name the same file: the same string, or the same existing file
  * (device and inode) reached by different names. */
+/* Canonical form of a path that may not exist yet: realpath() of its directory
+ * plus its last component. Returns 0 on success. */
+static int canonical_path(const char *path, char *out, size_t cap)
+{
+    char dir[PATH_MAX], real[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (slash) {
+        const size_t len = slash == path ? 1 : (size_t)(slash - path);
+        if (len >= sizeof dir)
+            return -1;
+        memcpy(dir, path, len);
+        dir[len] = '\0';
+    } else {
+        strcpy(dir, ".");
+    }
+    if (!realpath(dir, real))
+        return -1;
+    if ((size_t)snprintf(out, cap, "%s/%s", real, base) >= cap)
+        return -1;
+    return 0;
+}
+
 static int same_file(const char *a, const char *b)
 {
     struct stat sa, sb;
+    char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
     if (!a || !b)
         return 0;
     if (strcmp(a, b) == 0)
         return 1;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    /* one of them does not exist yet: compare the names they would have */
+    return canonical_path(a, ca, sizeof ca) == 0 && canonical_path(b, cb, sizeof cb) == 0 && strcmp(ca, cb) == 0;
 }
 
 static int same_paths(const char *const *paths, int n)
@@ -697,9 +735,9 @@ static int load_common(job *j)
                 x = y;
             } else
                 memcpy(&x, (const char *)a->data + 8 * i, 8);
-            if (x < 0 || x > k->t) {
-                file_error(o->kvlen, "kv length [%zu] = %lld is outside [0, Tk = %lld]", i, (long long)x,
-                           (long long)k->t);
+            if (x < 0 || x > k->t || x > INT32_MAX) {
+                file_error(o->kvlen, "kv length [%zu] = %lld is outside [0, min(Tk = %lld, 2^31 - 1)]", i,
+                           (long long)x, (long long)k->t);
                 return EXIT_BAD;
             }
             j->kvlen[i] = (int32_t)x;
