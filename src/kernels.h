@@ -13,6 +13,14 @@
  *
  * Every kernel reads and writes exactly the elements its arguments describe
  * (tails are masked, never over-read), allocates nothing and uses no OpenMP.
+ *
+ * The masked sentinel: a masked score is -inf; the kernels turn it into the
+ * probability -0.0 (negative zero, bit pattern 0x80000000), while every
+ * probability computed by exp() is +0 or positive, and dS of an allowed entry
+ * is never -0.0 (see bwd_dscores). So "-0.0" means "masked" and nothing else:
+ * the SKIP flags skip exactly the masked terms (a NaN in a masked K/V row is
+ * never read into a result), while a probability that underflowed to +0 still
+ * multiplies its V or dO row (a NaN there propagates, whatever the tiling).
  */
 #ifndef SDPA_KERNELS_H
 #define SDPA_KERNELS_H
@@ -24,8 +32,9 @@
 /* gemm flags */
 enum {
     SDPA_GEMM_ACCUMULATE = 1,  /* C += alpha*A*B (else C = alpha*A*B) */
-    SDPA_GEMM_SKIP_ZERO_A = 2, /* a term with A(m,k) == 0 adds nothing, even if B(k,n) is NaN/Inf */
-    SDPA_GEMM_SKIP_ZERO_B = 4  /* a term with B(k,n) == 0 adds nothing, even if A(m,k) is NaN/Inf */
+    SDPA_GEMM_SKIP_ZERO_A = 2, /* a term whose A(m,k) is the masked sentinel -0.0 adds nothing,
+                                  even if B(k,n) is NaN/Inf (+0.0 is an ordinary value) */
+    SDPA_GEMM_SKIP_ZERO_B = 4  /* the same for B(k,n) == -0.0 */
 };
 
 /* C[M x N] (+)= alpha * A[M x K] * B[K x N]
@@ -45,7 +54,7 @@ typedef void (*sdpa_gemm_fn)(int M, int N, int K, float alpha, const float *A, p
  *   mx       = max(m[n], max_k S[k][n])
  *   mu       = (mx == -inf) ? 0 : mx            (fully masked so far: no NaN)
  *   alpha[n] = exp(m[n] - mu)
- *   S[k][n]  = exp(S[k][n] - mu)                 (now P^T; masked -> exactly 0)
+ *   S[k][n]  = S[k][n] == -inf ? -0.0 : exp(S[k][n] - mu)   (now P^T; masked -> the sentinel)
  *   l[n]     = l[n] * alpha[n] + sum_k S[k][n]
  *   m[n]     = mx */
 typedef void (*sdpa_online_softmax_fn)(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
@@ -55,12 +64,14 @@ typedef void (*sdpa_online_softmax_fn)(int M, int N, float *S, ptrdiff_t lds, fl
 typedef void (*sdpa_scale_columns_fn)(int M, int N, float *C, ptrdiff_t ldc, const float *alpha);
 
 /* Backward: S^T (M keys x N queries) -> P^T in place: S[k][n] = exp(S[k][n] - lse[n]);
- * where lse[n] == -inf (row fully masked) the column becomes exactly 0. */
+ * masked entries (S = -inf) and whole columns with lse[n] == -inf (row fully
+ * masked) become the masked sentinel -0.0. */
 typedef void (*sdpa_bwd_probs_fn)(int M, int N, float *S, ptrdiff_t lds, const float *lse);
 
-/* Backward: dS = P * (dP - D), in place in dP, with exactly 0 where P == 0
- * (masked or fully masked: a NaN in dP from a masked V row must not leak).
- *   dP[k][n] = (P[k][n] == 0) ? 0 : P[k][n] * (dP[k][n] - d[n]) */
+/* Backward: dS = P * (dP - D), in place in dP; masked entries stay the sentinel
+ * whatever dP holds (a NaN in dP from a masked V row must not leak):
+ *   dP[k][n] = (P[k][n] is -0.0) ? -0.0 : P[k][n] * (dP[k][n] - d[n]) + 0.0
+ * (+ 0.0 turns an arithmetic -0 into +0, so -0.0 keeps meaning "masked"). */
 typedef void (*sdpa_bwd_dscores_fn)(int M, int N, const float *P, ptrdiff_t ldp, float *dP,
                                     ptrdiff_t lddp, const float *d);
 

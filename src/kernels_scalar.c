@@ -8,6 +8,12 @@
 
 #include "kernels.h"
 
+/* The masked-entry sentinel: -0.0 exactly (a probability that underflows is +0). */
+static inline int is_masked(float x)
+{
+    return x == 0.0f && signbit(x);
+}
+
 static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdiff_t rs_a,
                         ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
                         int flags)
@@ -28,12 +34,12 @@ static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdif
                 acc[n] = 0.0f;
             for (int k = 0; k < K; k++) {
                 const float a = A[(ptrdiff_t)m * rs_a + (ptrdiff_t)k * cs_a];
-                if (skip_a && a == 0.0f)
+                if (skip_a && is_masked(a))
                     continue;
                 const float *b = B + (ptrdiff_t)k * ldb + n0;
                 if (skip_b) {
                     for (int n = 0; n < nb; n++)
-                        if (b[n] != 0.0f)
+                        if (!is_masked(b[n]))
                             acc[n] += a * b[n];
                 } else {
                     for (int n = 0; n < nb; n++)
@@ -62,7 +68,7 @@ static void online_softmax_scalar(int M, int N, float *S, ptrdiff_t lds, float *
         float sum = 0.0f;
         for (int k = 0; k < M; k++) {
             float *s = &S[(ptrdiff_t)k * lds + n];
-            *s = expf(*s - mu);
+            *s = *s == -INFINITY ? -0.0f : expf(*s - mu); /* masked: the sentinel */
             sum += *s;
         }
         alpha[n] = a;
@@ -83,9 +89,8 @@ static void bwd_probs_scalar(int M, int N, float *S, ptrdiff_t lds, const float 
     for (int k = 0; k < M; k++)
         for (int n = 0; n < N; n++) {
             float *s = &S[(ptrdiff_t)k * lds + n];
-            /* lse = -inf: use +inf so that exp(s - inf) = 0 for every finite or -inf s. */
-            const float x = (lse[n] == -INFINITY) ? INFINITY : lse[n];
-            *s = expf(*s - x);
+            /* masked entries and fully masked rows (lse = -inf): the sentinel -0.0 */
+            *s = (*s == -INFINITY || lse[n] == -INFINITY) ? -0.0f : expf(*s - lse[n]);
         }
 }
 
@@ -96,7 +101,8 @@ static void bwd_dscores_scalar(int M, int N, const float *P, ptrdiff_t ldp, floa
         for (int n = 0; n < N; n++) {
             const float p = P[(ptrdiff_t)k * ldp + n];
             float *dp = &dP[(ptrdiff_t)k * lddp + n];
-            *dp = (p == 0.0f) ? 0.0f : p * (*dp - d[n]);
+            /* + 0.0f turns an arithmetic -0 into +0: -0.0 only ever marks masked */
+            *dp = is_masked(p) ? -0.0f : p * (*dp - d[n]) + 0.0f;
         }
 }
 

@@ -21,6 +21,7 @@
  *   V_ADD V_SUB V_MUL, V_FMA(a,b,c) = a*b + c (fused)
  *   V_MAX(a,b)          a > b ? a : b (so b when either is NaN, as x86 max)
  *   V_NEZ(a)            a != 0, true for NaN;  V_EQ, V_LT (ordered: false for NaN)
+ *   V_ISMASKED(a), V_NOTMASKED(a)  a is / is not the masked sentinel -0.0 (bitwise)
  *   V_MAND(m1,m2)       and of predicates;  V_SEL(m,a,b) = m ? a : b
  *   V_ALL(m)            nonzero when the predicate holds in every lane
  *   either V_FMA_M(a,b,c,m) = m ? a*b + c : c (a masked FMA, AVX-512), or
@@ -137,7 +138,7 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
         for (int j = 0; j < nv; j++) {
             b[j] = TMPL_LOAD(tail && j == nv - 1, bk + j * TMPL_VL, t);
             if (skip_b)
-                mb[j] = V_NEZ(b[j]);
+                mb[j] = V_NOTMASKED(b[j]);
         }
         TMPL_UNROLL
         for (int i = 0; i < rb; i++) {
@@ -147,7 +148,7 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
                 for (int j = 0; j < nv; j++)
                     acc[i][j] = V_FMA(av, b[j], acc[i][j]);
             } else if (skip_a && !skip_b) {
-                const v_mask ma = V_NEZ(av);
+                const v_mask ma = V_NOTMASKED(av);
                 TMPL_UNROLL
                 for (int j = 0; j < nv; j++)
 #ifdef V_FMA_M
@@ -164,7 +165,7 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
                     acc[i][j] = V_FMA(V_ZERO_UNLESS(av, mb[j]), b[j], acc[i][j]);
 #endif
             } else {
-                const v_mask ma = V_NEZ(av);
+                const v_mask ma = V_NOTMASKED(av);
                 TMPL_UNROLL
                 for (int j = 0; j < nv; j++)
 #ifdef V_FMA_M
@@ -343,7 +344,10 @@ TMPL_INLINE void tmpl_softmax_block(const int tail, v_tail t, int M, float *S, p
     v_f32 sum = V_ZERO();
     for (k = 0; k < M; k++) {
         float *s = S + (ptrdiff_t)k * lds;
-        const v_f32 p = tmpl_exp(V_SUB(TMPL_LOAD(tail, s, t), mu)); /* masked: exactly 0 */
+        const v_f32 sv = TMPL_LOAD(tail, s, t);
+        /* masked (-inf): the sentinel -0.0, so that the P.V product can tell it
+         * from a probability that underflowed to +0 */
+        const v_f32 p = V_SEL(V_EQ(sv, V_SET1(-INFINITY)), V_SET1(-0.0f), tmpl_exp(V_SUB(sv, mu)));
         TMPL_STORE(tail, s, p, t);
         sum = V_ADD(sum, p);
     }
@@ -395,12 +399,16 @@ static void tmpl_scale_columns(int M, int N, float *C, ptrdiff_t ldc, const floa
 TMPL_INLINE void tmpl_probs_block(const int tail, v_tail t, int M, float *S, ptrdiff_t lds,
                                   const float *lse)
 {
-    /* lse = -inf (row fully masked): subtract +inf, so every entry becomes exp(-inf) = 0 */
+    /* masked entries (-inf) and rows fully masked (lse = -inf) become the
+     * masked sentinel -0.0; everything else exp(s - lse) >= +0 */
     const v_f32 lv = TMPL_LOAD(tail, lse, t);
-    const v_f32 x = V_SEL(V_EQ(lv, V_SET1(-INFINITY)), V_SET1(INFINITY), lv);
+    const v_mask row_masked = V_EQ(lv, V_SET1(-INFINITY));
     for (int k = 0; k < M; k++) {
         float *s = S + (ptrdiff_t)k * lds;
-        TMPL_STORE(tail, s, tmpl_exp(V_SUB(TMPL_LOAD(tail, s, t), x)), t);
+        const v_f32 sv = TMPL_LOAD(tail, s, t);
+        const v_f32 e = tmpl_exp(V_SUB(sv, lv));
+        const v_f32 p = V_SEL(V_EQ(sv, V_SET1(-INFINITY)), V_SET1(-0.0f), e);
+        TMPL_STORE(tail, s, V_SEL(row_masked, V_SET1(-0.0f), p), t);
     }
 }
 
@@ -417,8 +425,10 @@ static void tmpl_bwd_probs(int M, int N, float *S, ptrdiff_t lds, const float *l
 
 TMPL_INLINE v_f32 tmpl_dscore(v_f32 p, v_f32 dp, v_f32 d)
 {
-    /* exactly 0 where P == 0, whatever dP holds (NaN from a masked V row) */
-    return V_SEL(V_EQ(p, V_ZERO()), V_ZERO(), V_MUL(p, V_SUB(dp, d)));
+    /* masked (P = -0.0): the sentinel again, whatever dP holds (NaN from a masked
+     * V row); otherwise P (dP - D) + 0, which turns an arithmetic -0 into +0 so
+     * that -0.0 keeps meaning "masked" for the gemms that skip it */
+    return V_SEL(V_ISMASKED(p), V_SET1(-0.0f), V_ADD(V_MUL(p, V_SUB(dp, d)), V_ZERO()));
 }
 
 static void tmpl_bwd_dscores(int M, int N, const float *P, ptrdiff_t ldp, float *dP,

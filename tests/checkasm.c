@@ -276,21 +276,23 @@ static void check_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M
             for (int n = 0; n < N; n++)
                 *at(&c, m, n) = NAN;
 
-    /* Hidden poison: a k whose A column is all zeros carries NaN/Inf in B
-     * (SKIP_ZERO_A), a k whose B row is all zeros carries NaN/Inf in A
-     * (SKIP_ZERO_B), like masked keys in the driver. Plus isolated zeros. */
+    /* Hidden poison: a k whose A column is the masked sentinel -0.0 carries
+     * NaN/Inf in B (SKIP_ZERO_A), a k whose B row is -0.0 carries NaN/Inf in A
+     * (SKIP_ZERO_B), like masked keys in the driver. A +0.0 is an ordinary
+     * value (an underflowed probability): NaN behind it must propagate, so it
+     * only appears away from the poison. Plus isolated zeros of both signs. */
     static const float bad[] = {NAN, INFINITY, -INFINITY};
     for (int k = 0; k < K; k++) {
         const int r = (int)(rnd() % 100);
         if (skip_a && r < 20) {
             for (int m = 0; m < M; m++)
-                *A_AT(m, k) = chance(50) ? 0.0f : -0.0f;
+                *A_AT(m, k) = -0.0f;
             for (int n = 0; n < N; n++)
                 if (chance(50))
                     *at(&b, k, n) = bad[rnd() % 3];
         } else if (skip_b && r >= 20 && r < 40) {
             for (int n = 0; n < N; n++)
-                *at(&b, k, n) = chance(50) ? 0.0f : -0.0f;
+                *at(&b, k, n) = -0.0f;
             for (int m = 0; m < M; m++)
                 if (chance(50))
                     *A_AT(m, k) = bad[rnd() % 3];
@@ -329,7 +331,7 @@ static void check_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M
             double s = 0.0, mag = 0.0;
             for (int k = 0; k < K; k++) {
                 const float av = *A_AT(m, k), bv = *at(&b, k, n);
-                if ((skip_a && av == 0.0f) || (skip_b && bv == 0.0f))
+                if ((skip_a && av == 0.0f && signbit(av)) || (skip_b && bv == 0.0f && signbit(bv)))
                     continue;
                 s += (double)av * (double)bv;
                 mag += fabs((double)av * (double)bv);
@@ -442,7 +444,8 @@ static void check_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, in
             const double p_ref = exp((double)(x - mu));
             const float got = *at(&s, k, n);
             sum += p_ref;
-            if ((x == -INFINITY && got != 0.0f) || !close_to(got, p_ref, ulp_tol(p_ref, 4)) ||
+            if ((x == -INFINITY && !(got == 0.0f && signbit(got))) || (x != -INFINITY && got == 0.0f && signbit(got)) ||
+                !close_to(got, p_ref, ulp_tol(p_ref, 4)) ||
                 !close_to(got, *at(&s2, k, n), ulp_tol(p_ref, 4))) {
                 ok = 0;
                 report("M=%d N=%d: P(%d,%d) = %.9g for s=%.9g mu=%.9g, float64 %.9g, scalar %.9g", M, N, k, n,
@@ -570,7 +573,8 @@ static void check_probs(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int 
             const float sub = lse.p[n] == -INFINITY ? INFINITY : lse.p[n];
             const double ref = exp((double)(x - sub));
             const float got = *at(&s, k, n);
-            if (((lse.p[n] == -INFINITY || x == -INFINITY) && got != 0.0f) || !close_to(got, ref, ulp_tol(ref, 4)) ||
+            if (((lse.p[n] == -INFINITY || x == -INFINITY) && !(got == 0.0f && signbit(got))) ||
+                (lse.p[n] != -INFINITY && x != -INFINITY && got == 0.0f && signbit(got)) || !close_to(got, ref, ulp_tol(ref, 4)) ||
                 !close_to(got, *at(&s2, k, n), ulp_tol(ref, 4))) {
                 ok = 0;
                 report("M=%d N=%d: P(%d,%d) = %.9g for s=%.9g lse=%.9g, float64 %.9g, scalar %.9g", M, N, k, n,
@@ -602,10 +606,12 @@ static void check_dscores(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, in
     buf_fill(&d, -2.0f, 2.0f);
     for (int k = 0; k < M; k++)
         for (int n = 0; n < N; n++) {
-            const int zero = chance(30);
-            *at(&p, k, n) = zero ? (chance(50) ? 0.0f : -0.0f) : frand(0.0f, 1.0f);
-            /* a masked V row gives NaN/Inf in dP exactly where P == 0 */
-            *at(&dp, k, n) = (zero && chance(50)) ? (chance(50) ? NAN : INFINITY) : frand(-3.0f, 3.0f);
+            /* P: the masked sentinel -0.0, an underflowed +0, or a probability */
+            const int masked = chance(30), under = !masked && chance(10);
+            *at(&p, k, n) = masked ? -0.0f : under ? 0.0f : frand(0.0f, 1.0f);
+            /* a masked V row gives NaN/Inf in dP exactly where P is masked; an
+             * underflowed +0 times a NaN/Inf dP must stay NaN (it is allowed) */
+            *at(&dp, k, n) = ((masked || under) && chance(50)) ? (chance(50) ? NAN : INFINITY) : frand(-3.0f, 3.0f);
         }
     buf dp2 = buf_clone(&dp);
     buf_snap(&p);
@@ -623,11 +629,14 @@ static void check_dscores(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, in
         for (int n = 0; n < N && ok; n++) {
             const float pv = *at(&p, k, n);
             const float x = dp.snap[dp.off + (size_t)k * (size_t)dp.ld + (size_t)n];
-            const double ref = pv == 0.0f ? 0.0 : (double)pv * (double)(x - d.p[n]);
+            const int pmasked = pv == 0.0f && signbit(pv);
+            const double ref = pmasked ? 0.0 : (double)pv * (double)(x - d.p[n]);
             const float got = *at(&dp, k, n);
             int good;
-            if (pv == 0.0f) /* exactly 0, whatever dP holds */
-                good = got == 0.0f && *at(&dp2, k, n) == 0.0f;
+            if (pmasked) /* the sentinel -0.0, whatever dP holds */
+                good = got == 0.0f && signbit(got) && *at(&dp2, k, n) == 0.0f && signbit(*at(&dp2, k, n));
+            else if (pv == 0.0f) /* +0 (underflow): NaN if dP is not finite, else +0 exactly, never -0 */
+                good = isfinite(x) ? (got == 0.0f && !signbit(got)) : isnan(got);
             else {
                 const double tol = 2.0 * FLT_EPSILON * fabs((double)pv) * (fabs((double)x) + fabs((double)d.p[n])) + 1e-37;
                 good = close_to(got, ref, tol) && close_to(got, *at(&dp2, k, n), tol);

@@ -84,6 +84,9 @@ static inline void neon_reduce4(float32x4_t a0, float32x4_t a1, float32x4_t a2, 
 #define V_FMA(a, b, c) vfmaq_f32((c), (a), (b))
 #define V_MAX(a, b) neon_max((a), (b))
 #define V_NEZ(a) vmvnq_u32(vceqq_f32((a), vdupq_n_f32(0.0f))) /* NaN: true */
+/* the masked-entry sentinel -0.0 (bit pattern 0x80000000), and its negation */
+#define V_ISMASKED(a) vceqq_u32(vreinterpretq_u32_f32(a), vdupq_n_u32(0x80000000u))
+#define V_NOTMASKED(a) vmvnq_u32(V_ISMASKED(a))
 #define V_EQ(a, b) vceqq_f32((a), (b))
 #define V_LT(a, b) vcltq_f32((a), (b))
 #define V_MAND(m1, m2) vandq_u32((m1), (m2))

@@ -102,6 +102,10 @@ typedef __m256i v_tail;
 /* a > b ? a : b: the result is b when either is NaN (x86 max semantics) */
 #define V_MAX(a, b) _mm256_max_ps((a), (b))
 #define V_NEZ(a) _mm256_cmp_ps((a), _mm256_setzero_ps(), _CMP_NEQ_UQ) /* NaN: true */
+/* the masked-entry sentinel -0.0 (bit pattern 0x80000000), and its negation */
+#define V_ISMASKED(a)                                                                              \
+    _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_castps_si256(a), _mm256_set1_epi32((int)0x80000000u)))
+#define V_NOTMASKED(a) _mm256_xor_ps(V_ISMASKED(a), _mm256_castsi256_ps(_mm256_set1_epi32(-1)))
 #define V_EQ(a, b) _mm256_cmp_ps((a), (b), _CMP_EQ_OQ)
 #define V_LT(a, b) _mm256_cmp_ps((a), (b), _CMP_LT_OQ)
 #define V_MAND(m1, m2) _mm256_and_ps((m1), (m2))

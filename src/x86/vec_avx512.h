@@ -56,6 +56,9 @@ static inline void avx512_reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, fl
 /* a > b ? a : b: the result is b when either is NaN (x86 max semantics) */
 #define V_MAX(a, b) _mm512_max_ps((a), (b))
 #define V_NEZ(a) _mm512_cmp_ps_mask((a), _mm512_setzero_ps(), _CMP_NEQ_UQ) /* NaN: true */
+/* the masked-entry sentinel -0.0 (bit pattern 0x80000000), and its negation */
+#define V_ISMASKED(a) _mm512_cmpeq_epi32_mask(_mm512_castps_si512(a), _mm512_set1_epi32((int)0x80000000u))
+#define V_NOTMASKED(a) _mm512_cmpneq_epi32_mask(_mm512_castps_si512(a), _mm512_set1_epi32((int)0x80000000u))
 #define V_EQ(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_EQ_OQ)
 #define V_LT(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_LT_OQ)
 #define V_MAND(m1, m2) ((__mmask16)((m1) & (m2)))
