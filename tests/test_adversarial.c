@@ -6,9 +6,9 @@
  * against an independent float64 reference written here (IEEE semantics: a NaN
  * in an allowed input propagates, masked positions are never read).
  *
- * Tests whose name starts with "bug_" reproduce a confirmed bug and are
- * EXPECTED TO FAIL until it is fixed (each says where the bug is). All other
- * tests pass today and guard behaviour that held up under attack. */
+ * Tests whose name starts with "bug_" reproduce bugs this review found (each
+ * comment says where the bug was); they are fixed and stay as regression
+ * tests. The other tests guard behaviour that held up under attack. */
 #include "sdpa.h"
 
 #include <criterion/criterion.h>
@@ -1320,7 +1320,7 @@ Test(adversarial, interleaved_outputs_random_layouts, .timeout = 120)
 
 /* ============================================================ bugs ===== */
 
-/* BUG (EXPECTED TO FAIL until fixed): a key disallowed by a -inf bias entry is
+/* REGRESSION (a bug found by the adversarial review, now fixed): a key disallowed by a -inf bias entry is
  * still read. src/sdpa.c mask_tile() (element-wise branch) computes the score
  * from K, then does `*sv += bias_at(...)` when the interval and boolean masks
  * allow the key, relying on x + (-inf) = -inf; but NaN + (-inf) = NaN, so a
@@ -1365,7 +1365,7 @@ Test(adversarial, bug_nan_key_masked_by_bias)
     }
 }
 
-/* BUG (EXPECTED TO FAIL until fixed): a NaN in an ALLOWED V row disappears when
+/* REGRESSION (a bug found by the adversarial review, now fixed): a NaN in an ALLOWED V row disappears when
  * its probability underflows to 0 and the key tile is "partial". src/sdpa.c
  * fwd_item passes SDPA_GEMM_SKIP_ZERO_B / _A to the P.V gemm on every partial
  * tile (sdpa.c, the two kt->gemm calls after online_softmax), and a tile is
@@ -1400,7 +1400,7 @@ Test(adversarial, bug_nan_in_allowed_v_hidden_by_neutral_mask)
         }
 }
 
-/* BUG (EXPECTED TO FAIL until fixed): the same in the backward. dS is forced to
+/* REGRESSION (a bug found by the adversarial review, now fixed): the same in the backward. dS is forced to
  * exactly 0 wherever P == 0 (kernels bwd_dscores: "exactly 0 where P == 0"),
  * and the dV / dK / dQ gemms skip zero terms on partial tiles, so a NaN dO row
  * of an allowed query whose P to key 0 underflowed never reaches dV[0] (with a
@@ -1433,7 +1433,7 @@ Test(adversarial, bug_nan_in_allowed_dout_hidden_by_underflow)
         }
 }
 
-/* BUG (EXPECTED TO FAIL until fixed): Tk near INT64_MAX is legal with
+/* REGRESSION (a bug found by the adversarial review, now fixed): Tk near INT64_MAX is legal with
  * broadcast K/V (seq_stride 0) and a small allowed range (kv_lengths, causal,
  * or a window), but src/sdpa.c fwd_make_layout computes
  * L.nkt = (Tk + bk - 1) / bk, which overflows: the forward then sees no key
@@ -1464,7 +1464,7 @@ Test(adversarial, bug_kv_len_int64_max_with_broadcast_keys)
     }
 }
 
-/* BUG (EXPECTED TO FAIL until fixed): with a huge but legal Tk (2^60, broadcast
+/* REGRESSION (a bug found by the adversarial review, now fixed): with a huge but legal Tk (2^60, broadcast
  * K/V) and block_k = 1, src/sdpa.c fwd_item's `split * L->nkt / L->nsplit`
  * (and `(split + 1) * L->nkt`) overflows int64: splits then cover the same key
  * tiles several times and LSE counts keys twice or more (UBSan: signed integer
@@ -1486,7 +1486,7 @@ Test(adversarial, bug_huge_kv_len_small_block_k_split_overflow)
               "LSE = (%.7g, %.7g), want (2, %.7g)", (double)l[0], (double)l[1], 2.0 + log(2.0));
 }
 
-/* BUG (EXPECTED TO FAIL until fixed; fails by timeout): a backward whose every
+/* REGRESSION (a bug found by the adversarial review, now fixed; it failed by timeout): a backward whose every
  * tensor is empty (Tq = Tk = 0) still loops over B * Hq and B * Hkv: src/sdpa.c
  * zero_rows() walks every (b, h) with an empty innermost loop, and the
  * per-head wave loop runs B * Hkv dynamic-schedule iterations with no wave in
@@ -1548,7 +1548,7 @@ static void backward_4000_threads_tiny(void)
     _exit(st == SDPA_OK || st == SDPA_ERR_OUT_OF_MEMORY ? 0 : 4);
 }
 
-/* BUG (EXPECTED TO FAIL until fixed): sdpa_backward never caps num_threads
+/* REGRESSION (a bug found by the adversarial review, now fixed): sdpa_backward never caps num_threads
  * (sdpa_forward caps it at its work items): num_threads = 4000 on a problem
  * with one (batch, kv head) pair allocates 4000 workspaces and asks libgomp for
  * 4000 threads. Where they cannot be created (address-space or pid limits of a
@@ -1871,7 +1871,7 @@ Test(adversarial, cli_output_safety, .init = cli_setup, .fini = cli_teardown, .t
     expect_bad(a4, P("badk.npy"), "backward with a bad dO");
 }
 
-/* BUG (EXPECTED TO FAIL until fixed): tools/sdpa.c same_paths() / same_file()
+/* REGRESSION (a bug found by the adversarial review, now fixed): tools/sdpa.c same_paths() / same_file()
  * compare the output paths as strings, or by st_dev/st_ino only when both
  * files already exist; for new outputs "-o DIR/X --lse DIR/./X" passes the
  * check, both temporaries are renamed onto the same file and O is silently
@@ -1895,7 +1895,7 @@ Test(adversarial, bug_cli_output_alias_via_dot_slash, .init = cli_setup, .fini =
     cr_expect_eq(r2.status, 2, "backward --dq X --dk <dir>/./X: exit %d (dQ overwritten by dK)", r2.status);
 }
 
-/* BUG (EXPECTED TO FAIL until fixed): tools/sdpa.c load_common() checks a
+/* REGRESSION (a bug found by the adversarial review, now fixed): tools/sdpa.c load_common() checks a
  * per-batch key length only against [0, Tk] and then stores (int32_t)x, so an
  * int64 length above INT32_MAX is silently truncated when Tk is that large
  * (legal with head_dim 0: the arrays hold no data). 2^32 + 1 becomes 1:
@@ -1914,7 +1914,7 @@ Test(adversarial, bug_cli_kv_len_above_int32_truncated, .init = cli_setup, .fini
     cr_expect_eq(count_files("out"), 0);
 }
 
-/* BUG (EXPECTED TO FAIL until fixed, low severity): tools/sdpa.c K_SCALE
+/* REGRESSION (a low-severity bug found by the adversarial review, now fixed): tools/sdpa.c K_SCALE
  * parsing rejects a denormal or underflowing --scale: strtof sets ERANGE for
  * 1e-40 (and for 1e-38 < FLT_MIN), and the check reports "'1e-38' is not a
  * finite number" although the library accepts any finite scale. */
@@ -1927,7 +1927,7 @@ Test(adversarial, bug_cli_denormal_scale_rejected, .init = cli_setup, .fini = cl
     cr_expect_eq(r.status, 0, "--scale 1e-40: %s", r.err);
 }
 
-/* BUG (EXPECTED TO FAIL until fixed, low severity): tools/sdpa.c out_prepare()
+/* REGRESSION (a low-severity bug found by the adversarial review, now fixed): tools/sdpa.c out_prepare()
  * creates "<path>.tmp.XXXXXX" next to the output, 11 bytes longer than the
  * name: an output whose name has 245..255 bytes (legal on Linux, NAME_MAX 255)
  * fails with "cannot create: File name too long". */
@@ -1942,7 +1942,7 @@ Test(adversarial, bug_cli_long_output_name, .init = cli_setup, .fini = cli_teard
     cr_expect_eq(r.status, 0, "a 254-byte output name: %s", r.err);
 }
 
-/* BUG (EXPECTED TO FAIL until fixed): `sdpa backward --threads 4096` on a tiny
+/* REGRESSION (a bug found by the adversarial review, now fixed): `sdpa backward --threads 4096` on a tiny
  * problem asks libgomp for 4096 threads (see bug_backward_thread_count_not_capped);
  * where they cannot be created libgomp prints its own message and exits 1,
  * and the three "<out>.tmp.XXXXXX" temporaries are left behind, breaking the
