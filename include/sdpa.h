@@ -215,7 +215,9 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * @param lse LSE [B, Hq, Tq] (written, natural log), or NULL / data NULL if not wanted.
  * A row with no allowed key gets O = 0 and LSE = -inf. NaN/Inf in an allowed
  * input propagates; masked keys, masked bias entries are never read.
- * Results are bitwise identical for every thread count.
+ * Results are bitwise identical for every thread count (for a given ISA and
+ * block sizes). Thread-safety: any number of calls may run at once; the inputs
+ * are only read, so they may be shared between concurrent calls.
  * Workspace, allocated per call: per thread about 4 * block_q * (Dk + Dv +
  * block_k + 10) bytes, plus, when the keys are split (fewer than 64 query tiles,
  * e.g. decode), 4 * block_q * (Dv + 2) bytes per (tile, split), at most 64 of
@@ -245,10 +247,14 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * @param dout dO [B, Hq, Tq, Dv].
  * @param dq dQ [B, Hq, Tq, Dk], @param dk dK [B, Hkv, Tk, Dk], @param dv dV [B, Hkv, Tk, Dv]:
  *   overwritten in full (rows of masked keys get exactly 0). None of them may
- *   overlap any input or each other (SDPA_ERR_ALIASING).
- * Rows with LSE = -inf (fully masked) contribute exactly 0.
+ *   share an element with any input or each other (SDPA_ERR_ALIASING); dQ, dK,
+ *   dV interleaved in one packed [B, T, 3, H, D] buffer are fine.
+ * Rows with LSE = -inf (fully masked) contribute exactly 0; NaN in the dO or O
+ * of such a row, or in masked K/V rows, never reaches a gradient. NaN/Inf in
+ * allowed inputs propagates. Dv = 0 gives dQ = dK = 0 (nothing flows back).
  * Determinism: tiles are processed in an anti-diagonal wavefront so that every
  * accumulation happens in a fixed order: bitwise identical for every thread count.
+ * Thread-safety: as sdpa_forward(); the inputs are only read.
  * Workspace, allocated per call: B * Hq * Tq floats for D, plus per thread
  * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 8) bytes; failure returns
  * SDPA_ERR_OUT_OF_MEMORY before any output is written.
