@@ -906,6 +906,8 @@ typedef struct bwd_ws {
     float *qt, *dot, *p, *dp, *lse, *dd;
     float *qn, *don; /* Q and dO rows packed [ncol][D] when a tile spans several heads */
     int64_t *lo, *hi;
+    int64_t packed_tile; /* the query tile whose Q^T, dO^T, LSE, D (and packed rows) are in
+                            qt, dot, lse, dd, qn, don; -1: none */
 } bwd_ws;
 
 static size_t bwd_ws_floats(const plan *pl)
@@ -938,6 +940,7 @@ static bwd_ws bwd_ws_carve(const plan *pl, float *base)
     w.lo = (int64_t *)(void *)base;
     base += 2 * round_floats(ld);
     w.hi = (int64_t *)(void *)base;
+    w.packed_tile = -1;
     return w;
 }
 
@@ -959,8 +962,8 @@ static const float *pack_rows(const sdpa_tensor *t, int64_t b, int64_t h0, int n
 
 /* One (query tile, key tile) pair of the backward. The query tile holds rows
  * [i0, i0+nr) of the heads [h0, h0+nh) of one GQA group, as in the forward. */
-static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, int64_t h0, int nh,
-                     int64_t i0, int nr, int64_t j0)
+static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile, int64_t b, int64_t h0,
+                     int nh, int64_t i0, int nr, int64_t j0)
 {
     const sdpa_kernels *kt = pl->kt;
     const int ld = pl->ld, Dk = (int)pl->Dk, Dv = (int)pl->Dv;
@@ -978,8 +981,11 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, in
     const int skip = kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0;
     const float *kb = Dk > 0 ? a->k->data + b * a->k->batch_stride + hk * a->k->head_stride + ks * a->k->seq_stride : NULL;
 
+    /* The query tile's packed operands are reused while the same thread stays
+     * on the same query tile (row-major order in bwd_head). */
+    const int fresh = w->packed_tile != tile;
     /* S^T = scale K Q^T, masked; P^T = exp(S^T - LSE) */
-    for (int g = 0; g < nh; g++) {
+    for (int g = 0; g < nh && fresh; g++) {
         if (Dk > 0)
             kt->transpose(nr, Dk, row_in(a->q, b, h0 + g, i0), a->q->seq_stride, w->qt + g * nr, ld);
         const float *lb = row_in(a->lse, b, h0 + g, i0);
@@ -1001,12 +1007,14 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, in
     if (Dv > 0) {
         const float *vb = a->v->data + b * a->v->batch_stride + hk * a->v->head_stride + ks * a->v->seq_stride;
         float *dvb = a->dv->data + b * a->dv->batch_stride + hk * a->dv->head_stride + ks * a->dv->seq_stride;
-        const float *dob = nh == 1 ? row_in(a->dout, b, h0, i0) : pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don);
+        const float *dob = nh == 1 ? row_in(a->dout, b, h0, i0)
+                                   : fresh ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don) : w->don;
         const ptrdiff_t lddo = nh == 1 ? a->dout->seq_stride : Dv;
         /* dV += P^T dO */
         kt->gemm(nk, Dv, ncol, 1.0f, w->p, ld, 1, dob, lddo, dvb, a->dv->seq_stride, SDPA_GEMM_ACCUMULATE | skip);
         /* dP^T = V dO^T */
-        kt->transpose(ncol, Dv, dob, lddo, w->dot, ld);
+        if (fresh)
+            kt->transpose(ncol, Dv, dob, lddo, w->dot, ld);
         kt->gemm(nk, ncol, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0);
     } else {
         for (int jj = 0; jj < nk; jj++)
@@ -1016,7 +1024,8 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, in
     kt->bwd_dscores(nk, ncol, w->p, ld, w->dp, ld, w->dd);
     if (Dk > 0) {
         float *dkb = a->dk->data + b * a->dk->batch_stride + hk * a->dk->head_stride + ks * a->dk->seq_stride;
-        const float *qsrc = nh == 1 ? row_in(a->q, b, h0, i0) : pack_rows(a->q, b, h0, nh, i0, nr, Dk, w->qn);
+        const float *qsrc = nh == 1 ? row_in(a->q, b, h0, i0)
+                                    : fresh ? pack_rows(a->q, b, h0, nh, i0, nr, Dk, w->qn) : w->qn;
         const ptrdiff_t ldq = nh == 1 ? a->q->seq_stride : Dk;
         /* dK += scale dS^T Q ; dQ += scale dS K (per head of the tile) */
         kt->gemm(nk, Dk, ncol, pl->scale, w->dp, ld, 1, qsrc, ldq, dkb, a->dk->seq_stride,
@@ -1025,6 +1034,7 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, in
             kt->gemm(nr, Dk, nk, pl->scale, w->dp + g * nr, 1, ld, kb, a->k->seq_stride,
                      row_out(a->dq, b, h0 + g, i0), a->dq->seq_stride, SDPA_GEMM_ACCUMULATE | skip);
     }
+    w->packed_tile = tile;
 }
 
 /* Pair (row r, key tile c) of the wave order of (batch, kv head) bh. */
@@ -1035,7 +1045,7 @@ static void bwd_wave_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const fw
     int64_t b, hk, h0, i0;
     int nh, nr;
     fwd_tile_coords(pl, L, tile, &b, &hk, &h0, &nh, &i0, &nr);
-    bwd_pair(pl, w, a, b, h0, nh, i0, nr, c * pl->bk);
+    bwd_pair(pl, w, a, tile, b, h0, nh, i0, nr, c * pl->bk);
 }
 
 static void zero_rows(float *data, const int64_t n[3], const int64_t s[3], int64_t len)
@@ -1135,19 +1145,18 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
         }
         if (BH >= 2 * (int64_t)nthreads) {
             /* Enough (batch, kv head) pairs to keep every thread busy: each
-             * thread runs whole heads, in the same wave order as below, so the
-             * bits are the same as with the parallel waves (and a head's
-             * Q, K, V, dO stay in cache). */
+             * thread runs whole heads, row by row (query tile r outer, key
+             * tile c inner). Every dQ tile still receives its contributions
+             * in increasing c and every dK/dV tile in increasing r, exactly as
+             * in the waves below, so the bits are the same; and a head stays
+             * in cache, each query tile is packed once per row. */
 #if HAVE_OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
             for (int64_t bh = 0; bh < BH; bh++)
-                for (int64_t d = 0; d < ndiag; d++) {
-                    const int64_t rmin = d - nkt + 1 > 0 ? d - nkt + 1 : 0;
-                    const int64_t rmax = d < R - 1 ? d : R - 1;
-                    for (int64_t r = rmin; r <= rmax; r++)
-                        bwd_wave_pair(&pl, &w, &a, &L, bh, r, d - r);
-                }
+                for (int64_t r = 0; r < R; r++)
+                    for (int64_t c = 0; c < nkt; c++)
+                        bwd_wave_pair(&pl, &w, &a, &L, bh, r, c);
         } else {
             for (int64_t d = 0; d < ndiag; d++) {
                 const int64_t rmin = d - nkt + 1 > 0 ? d - nkt + 1 : 0;
