@@ -4,12 +4,5 @@
 # main job on the bundled default input (`sdpa demo`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/install-deps.sh
-builddir=${BUILD_DIR:-build}
-if [[ -f "$builddir/build.ninja" ]]; then
-  meson setup --reconfigure "$builddir" >/dev/null
-else
-  meson setup "$builddir" >/dev/null
-fi
-ninja -C "$builddir" >/dev/null
+builddir=$(tools/build.sh)
 exec "$builddir/tools/sdpa" demo "$@"

@@ -7,14 +7,7 @@
 # is Criterion's "Synthesis:" summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/install-deps.sh
-builddir=${BUILD_DIR:-build}
-if [[ -f "$builddir/build.ninja" ]]; then
-  meson setup --reconfigure "$builddir" >/dev/null
-else
-  meson setup "$builddir" >/dev/null
-fi
-ninja -C "$builddir" >/dev/null
+builddir=$(tools/build.sh)
 echo "== checkasm: every ISA's micro-kernels against scalar and float64 =="
 "$builddir/tests/checkasm" | tail -n 4
 echo "== conformance: every ISA end to end against the float64 reference =="
