@@ -60,6 +60,16 @@ typedef void (*sdpa_gemm_fn)(int M, int N, int K, float alpha, const float *A, p
 typedef void (*sdpa_online_softmax_fn)(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
                                        float *alpha);
 
+/* The same update for a score tile in natural layout (few-column tiles): S is
+ * M queries x N keys (row stride lds, N a multiple of 16; the caller fills keys
+ * past the tile with -inf), and every statistic is per row m:
+ *   mx = max(m[r], max_n S[r][n]), mu = (mx == -inf) ? 0 : mx, alpha[r] = exp(m[r] - mu),
+ *   S[r][n] = S[r][n] == -inf ? -0.0 : exp(S[r][n] - mu),
+ *   l[r] = l[r] * alpha[r] + sum_n S[r][n],  m[r] = mx.
+ * Each ISA sums a row in its own fixed order. */
+typedef void (*sdpa_online_softmax_rows_fn)(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
+                                            float *alpha);
+
 /* C[m][n] *= alpha[n] for m < M, n < N (rescale of the transposed accumulator). */
 typedef void (*sdpa_scale_columns_fn)(int M, int N, float *C, ptrdiff_t ldc, const float *alpha);
 
@@ -102,6 +112,7 @@ typedef struct sdpa_kernels {
     sdpa_bwd_dscores_fn bwd_dscores;
     sdpa_transpose_fn transpose;
     sdpa_gemm_nt_fn gemm_nt;
+    sdpa_online_softmax_rows_fn online_softmax_rows;
 } sdpa_kernels;
 
 /* Fills the table for one ISA: scalar entries first, then the ISA's own

@@ -77,6 +77,27 @@ static void online_softmax_scalar(int M, int N, float *S, ptrdiff_t lds, float *
     }
 }
 
+static void online_softmax_rows_scalar(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
+                                       float *alpha)
+{
+    for (int r = 0; r < M; r++) {
+        float *s = S + (ptrdiff_t)r * lds;
+        float mx = m[r];
+        for (int n = 0; n < N; n++)
+            mx = fmaxf(mx, s[n]);
+        const float mu = (mx == -INFINITY) ? 0.0f : mx;
+        const float a = expf(m[r] - mu);
+        float sum = 0.0f;
+        for (int n = 0; n < N; n++) {
+            s[n] = s[n] == -INFINITY ? -0.0f : expf(s[n] - mu); /* masked: the sentinel */
+            sum += s[n];
+        }
+        alpha[r] = a;
+        l[r] = l[r] * a + sum;
+        m[r] = mx;
+    }
+}
+
 static void scale_columns_scalar(int M, int N, float *C, ptrdiff_t ldc, const float *alpha)
 {
     for (int m = 0; m < M; m++)
@@ -140,5 +161,6 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->bwd_dscores = bwd_dscores_scalar;
     t->transpose = transpose_scalar;
     t->gemm_nt = gemm_nt_scalar;
+    t->online_softmax_rows = online_softmax_rows_scalar;
     t->nt_max_cols = 8; /* same driver path on every ISA for the same shape */
 }

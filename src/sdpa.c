@@ -426,7 +426,8 @@ static int classify_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t 
 /* Applies every mask to S^T (keys ks.. x the tile's columns): -inf where
  * disallowed, + bias where allowed. Disallowed bias entries are never read. */
 static void mask_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr,
-                      const int64_t *lo, const int64_t *hi, int64_t ks, int nk, float *S, ptrdiff_t lds)
+                      const int64_t *lo, const int64_t *hi, int64_t ks, int nk, float *S, ptrdiff_t rs_key,
+                      ptrdiff_t cs_col)
 {
     if (!pl->elem_mask) {
         /* Interval masks only (causal, window, key lengths): since lo and hi are
@@ -440,25 +441,25 @@ static void mask_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0,
                 a++;
             while (z + 1 < nr && lo[z + 1] <= j)
                 z++;
-            float *srow = S + (ptrdiff_t)jj * lds;
+            float *srow = S + (ptrdiff_t)jj * rs_key;
             for (int g = 0; g < nh; g++) {
-                float *seg = srow + g * nr;
+                float *seg = srow + (ptrdiff_t)g * nr * cs_col;
                 const int stop = a < z + 1 ? a : z + 1; /* empty run: mask the whole row */
                 for (int ii = 0; ii < stop; ii++)
-                    seg[ii] = -INFINITY;
+                    seg[ii * cs_col] = -INFINITY;
                 for (int ii = stop > z + 1 ? stop : z + 1; ii < nr; ii++)
-                    seg[ii] = -INFINITY;
+                    seg[ii * cs_col] = -INFINITY;
             }
         }
         return;
     }
     for (int jj = 0; jj < nk; jj++) {
         const int64_t j = ks + jj;
-        float *srow = S + (ptrdiff_t)jj * lds;
+        float *srow = S + (ptrdiff_t)jj * rs_key;
         for (int g = 0; g < nh; g++)
             for (int ii = 0; ii < nr; ii++) {
                 const int64_t i = i0 + ii, h = h0 + g;
-                float *sv = &srow[g * nr + ii];
+                float *sv = &srow[(ptrdiff_t)(g * nr + ii) * cs_col];
                 int ok = j >= lo[ii] && j <= hi[ii];
                 if (ok && pl->bm.data)
                     ok = mask_at(pl, b, h, i, j) != 0;
@@ -545,6 +546,15 @@ static fwd_layout fwd_make_layout(const plan *pl)
     return L;
 }
 
+/* Score tile: S^T [block_k][ld], or for few-column tiles S [nt_max_cols][round16(block_k)]. */
+static size_t fwd_s_floats(const plan *pl)
+{
+    const size_t transposed = (size_t)pl->bk * (size_t)pl->ld;
+    const size_t cols = pl->kt->nt_max_cols > 16 ? (size_t)pl->kt->nt_max_cols : 16;
+    const size_t natural = cols * (((size_t)pl->bk + 15) & ~(size_t)15);
+    return transposed > natural ? transposed : natural;
+}
+
 typedef struct fwd_ws {
     float *qt, *ot, *s, *m, *l, *alpha;
     float *on; /* O in natural layout [ncol][Dv] for the few-column (gemm_nt) path */
@@ -555,7 +565,7 @@ static size_t fwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
     /* qt, ot, s, m, l, alpha, and lo/hi as int64 (2 floats each) */
-    return round_floats(pl->Dk * ld) + round_floats(pl->Dv * ld) + round_floats(pl->bk * ld) +
+    return round_floats(pl->Dk * ld) + round_floats(pl->Dv * ld) + round_floats(fwd_s_floats(pl)) +
            3 * round_floats(ld) + 4 * round_floats(ld) + round_floats((size_t)pl->kt->nt_max_cols * pl->Dv);
 }
 
@@ -568,7 +578,7 @@ static fwd_ws fwd_ws_carve(const plan *pl, float *base)
     w.ot = base;
     base += round_floats(pl->Dv * ld);
     w.s = base;
-    base += round_floats(pl->bk * ld);
+    base += round_floats(fwd_s_floats(pl));
     w.m = base;
     base += round_floats(ld);
     w.l = base;
@@ -685,8 +695,9 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
      * natural layout, so that the vector dimension runs along head_dim instead
      * of along a handful of queries. Chosen by shape only (never by threads). */
     const int nt = ncol <= kt->nt_max_cols;
-    /* row stride of the score tile: dense for few columns (fewer cache lines per key) */
-    const int lds = nt ? (ncol + 15) & ~15 : ld;
+    /* Few-column tiles keep S in natural layout [ncol][ldn] (keys contiguous, so the
+     * softmax runs along full vectors); the others S^T [keys][ld]. */
+    const int ldn = (pl->bk + 15) & ~15;
     if (nt)
         memset(w->on, 0, (size_t)ncol * Dv * sizeof(float));
     else
@@ -734,25 +745,40 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
             prefetch_rows(vb, a->v->seq_stride, n0, n1, Dv);
         }
         const float *ktile_rows = kb ? kb + ks * a->k->seq_stride : NULL;
-        /* S^T = scale K Q^T */
-        if (Dk == 0) /* no features: every score is 0 (K may have no data at all) */
-            for (int jj = 0; jj < nk; jj++)
-                memset(w->s + (size_t)jj * lds, 0, (size_t)ncol * sizeof(float));
-        else if (nt)
-            kt->gemm_nt(ncol, nk, Dk, pl->scale, w->qt, Dk, ktile_rows, a->k->seq_stride, w->s, 1, lds);
-        else
-            kt->gemm(nk, ncol, Dk, pl->scale, ktile_rows, a->k->seq_stride, 1, w->qt, ld, w->s, ld, 0);
-        if (kind == TILE_PARTIAL)
-            mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->s, lds);
-        /* m, l, alpha; S^T -> P^T */
-        kt->online_softmax(nk, ncol, w->s, lds, w->m, w->l, w->alpha);
+        const int nkp = (nk + 15) & ~15; /* keys padded to whole vectors (few-column path) */
+        if (nt) {
+            /* S = scale Q K^T, natural layout; keys past the tile masked (-inf) */
+            if (Dk == 0) /* no features: every score is 0 (K may have no data at all) */
+                for (int c = 0; c < ncol; c++)
+                    memset(w->s + (size_t)c * ldn, 0, (size_t)nk * sizeof(float));
+            else
+                kt->gemm_nt(ncol, nk, Dk, pl->scale, w->qt, Dk, ktile_rows, a->k->seq_stride, w->s, ldn, 1);
+            for (int c = 0; c < ncol; c++)
+                for (int jj = nk; jj < nkp; jj++)
+                    w->s[(size_t)c * ldn + jj] = -INFINITY;
+            if (kind == TILE_PARTIAL)
+                mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->s, 1, ldn);
+            /* m, l, alpha; S -> P */
+            kt->online_softmax_rows(ncol, nkp, w->s, ldn, w->m, w->l, w->alpha);
+        } else {
+            /* S^T = scale K Q^T */
+            if (Dk == 0)
+                for (int jj = 0; jj < nk; jj++)
+                    memset(w->s + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
+            else
+                kt->gemm(nk, ncol, Dk, pl->scale, ktile_rows, a->k->seq_stride, 1, w->qt, ld, w->s, ld, 0);
+            if (kind == TILE_PARTIAL)
+                mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->s, ld, 1);
+            /* m, l, alpha; S^T -> P^T */
+            kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha);
+        }
         if (Dv > 0 && !nt) {
             /* O^T = O^T * alpha + V^T P^T */
             kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
             kt->gemm(Dv, ncol, nk, 1.0f, vb + ks * a->v->seq_stride, 1, a->v->seq_stride, w->s, ld, w->ot, ld,
                      SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_B : 0));
         } else if (Dv > 0) {
-            /* O = O * alpha + P V  (P read through P^T) */
+            /* O = O * alpha + P V */
             for (int c = 0; c < ncol; c++)
                 if (w->alpha[c] != 1.0f)
                     for (int d = 0; d < Dv; d++)
@@ -761,7 +787,7 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
             const int64_t fit = NT_PV_CHUNK_BYTES / ((int64_t)Dv * (int64_t)sizeof(float));
             const int chunk = fit > 8 ? (int)fit : 8;
             for (int c0 = 0; c0 < nk; c0 += chunk)
-                kt->gemm(ncol, Dv, nk - c0 < chunk ? nk - c0 : chunk, 1.0f, w->s + (size_t)c0 * lds, 1, lds,
+                kt->gemm(ncol, Dv, nk - c0 < chunk ? nk - c0 : chunk, 1.0f, w->s + c0, ldn, 1,
                          vb + (ks + c0) * a->v->seq_stride, a->v->seq_stride, w->on, Dv,
                          SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0));
         }
@@ -1001,7 +1027,7 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
     else
         kt->gemm(nk, ncol, Dk, pl->scale, kb, a->k->seq_stride, 1, w->qt, ld, w->p, ld, 0);
     if (kind == TILE_PARTIAL)
-        mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->p, ld);
+        mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->p, ld, 1);
     kt->bwd_probs(nk, ncol, w->p, ld, w->lse);
 
     if (Dv > 0) {

@@ -366,6 +366,42 @@ static void tmpl_online_softmax(int M, int N, float *S, ptrdiff_t lds, float *m,
         tmpl_softmax_block(1, V_TAIL_INIT(N - n0), M, S + n0, lds, m + n0, l + n0, alpha + n0);
 }
 
+/* Row-wise update for few-column tiles (natural layout, N a multiple of VL):
+ * vector max and sum along the keys, then the VL lanes combined in lane order
+ * (a fixed order), so a row needs N/VL exp calls instead of N. */
+static void tmpl_online_softmax_rows(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
+                                     float *alpha)
+{
+    float lanes[TMPL_VL];
+    for (int r = 0; r < M; r++) {
+        float *s = S + (ptrdiff_t)r * lds;
+        v_f32 mxv = V_SET1(m[r]);
+        for (int n = 0; n < N; n += TMPL_VL)
+            mxv = V_MAX(V_LOAD(s + n), mxv); /* NaN scores are skipped here, as fmaxf does */
+        V_STORE(lanes, mxv);
+        float mx = m[r];
+        for (int i = 0; i < TMPL_VL; i++)
+            mx = lanes[i] > mx ? lanes[i] : mx;
+        const float mu = (mx == -INFINITY) ? 0.0f : mx;
+        const v_f32 muv = V_SET1(mu);
+        v_f32 sum = V_ZERO();
+        for (int n = 0; n < N; n += TMPL_VL) {
+            const v_f32 sv = V_LOAD(s + n);
+            const v_f32 p = V_SEL(V_EQ(sv, V_SET1(-INFINITY)), V_SET1(-0.0f), tmpl_exp(V_SUB(sv, muv)));
+            V_STORE(s + n, p);
+            sum = V_ADD(sum, p);
+        }
+        V_STORE(lanes, sum);
+        float tot = 0.0f;
+        for (int i = 0; i < TMPL_VL; i++)
+            tot += lanes[i];
+        V_STORE(lanes, tmpl_exp(V_SET1(m[r] - mu))); /* m[r] = -inf: exactly 0 */
+        alpha[r] = lanes[0];
+        l[r] = l[r] * lanes[0] + tot;
+        m[r] = mx;
+    }
+}
+
 /* --------------------------------------------------------- scale columns */
 
 /* Column blocks outside: a block whose factors are all exactly 1 (the running
@@ -639,6 +675,7 @@ static inline void tmpl_fill_table(sdpa_kernels *t)
     t->bwd_dscores = tmpl_bwd_dscores;
     t->transpose = tmpl_transpose;
     t->gemm_nt = tmpl_gemm_nt;
+    t->online_softmax_rows = tmpl_online_softmax_rows;
 }
 
 #endif /* SDPA_SIMD_TMPL_H */

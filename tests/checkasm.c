@@ -491,6 +491,109 @@ static void test_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     kernel_end();
 }
 
+
+/* online_softmax_rows: the same update per row of a natural-layout tile whose
+ * width N is a multiple of 16 (the driver pads with -inf). */
+static void check_softmax_rows(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
+{
+    const ptrdiff_t lds = N + (int)(rnd() % 3) * 16;
+    buf s = buf_new(M, N, lds > 0 ? lds : 1);
+    buf m = buf_new(1, M, M > 0 ? M : 1), l = buf_new(1, M, M > 0 ? M : 1), al = buf_new(1, M, M > 0 ? M : 1);
+    for (int r = 0; r < M; r++) {
+        const int kind = (int)(rnd() % 7); /* as in check_softmax, per row */
+        float lo = -4.0f, hi = 4.0f;
+        if (kind == 5) {
+            lo = -120.0f;
+            hi = 10.0f;
+        }
+        for (int n = 0; n < N; n++)
+            *at(&s, r, n) = (kind == 3 || kind == 4 || kind == 6 || chance(15)) ? -INFINITY : frand(lo, hi);
+        if (kind == 6 && N > 0)
+            *at(&s, r, (int)(rnd() % (unsigned)N)) = frand(-3.0f, 3.0f);
+        float mo = -INFINITY;
+        if (kind == 1)
+            mo = frand(4.0f, 6.0f);
+        else if (kind == 2 || kind == 4 || kind == 5)
+            mo = frand(-6.0f, -4.0f);
+        m.p[r] = mo;
+        l.p[r] = mo == -INFINITY ? 0.0f : frand(0.5f, 40.0f);
+        al.p[r] = NAN; /* write-only */
+    }
+    buf s2 = buf_clone(&s), m2 = buf_clone(&m), l2 = buf_clone(&l), al2 = buf_clone(&al);
+    buf_snap(&s);
+    buf_snap(&m);
+    buf_snap(&l);
+    buf_snap(&al);
+    kt->online_softmax_rows(M, N, s.p, s.ld, m.p, l.p, al.p);
+    ref_kt->online_softmax_rows(M, N, s2.p, s2.ld, m2.p, l2.p, al2.p);
+    int ok = 1;
+    const long bad = buf_changed(&s, 1) + buf_changed(&m, 1) + buf_changed(&l, 1) + buf_changed(&al, 1);
+    if (bad) {
+        ok = 0;
+        report("rows M=%d N=%d: %ld elements outside the outputs changed", M, N, bad);
+    }
+    for (int r = 0; r < M && ok; r++) {
+        const float mo = m.snap[m.off + (size_t)r], lo = l.snap[l.off + (size_t)r];
+        float mx = mo;
+        for (int n = 0; n < N; n++) {
+            const float x = s.snap[s.off + (size_t)r * (size_t)s.ld + (size_t)n];
+            mx = x > mx ? x : mx;
+        }
+        const float mu = mx == -INFINITY ? 0.0f : mx;
+        const double a_ref = exp((double)(mo - mu));
+        double sum = 0.0;
+        for (int n = 0; n < N && ok; n++) {
+            const float x = s.snap[s.off + (size_t)r * (size_t)s.ld + (size_t)n];
+            const double p_ref = exp((double)(x - mu));
+            const float got = *at(&s, r, n);
+            sum += p_ref;
+            if ((x == -INFINITY && !(got == 0.0f && signbit(got))) || (x != -INFINITY && got == 0.0f && signbit(got)) ||
+                !close_to(got, p_ref, ulp_tol(p_ref, 4)) || !close_to(got, *at(&s2, r, n), ulp_tol(p_ref, 4))) {
+                ok = 0;
+                report("rows M=%d N=%d: P(%d,%d) = %.9g for s=%.9g, float64 %.9g, scalar %.9g", M, N, r, n,
+                       (double)got, (double)x, p_ref, (double)*at(&s2, r, n));
+            }
+        }
+        if (!ok)
+            break;
+        const double l_ref = (double)lo * a_ref + sum;
+        const double l_tol = 4.0 * (N + 3) * FLT_EPSILON * l_ref + FLT_MIN;
+        if (float_bits(m.p[r]) != float_bits(mx) || m.p[r] != m2.p[r]) {
+            ok = 0;
+            report("rows M=%d N=%d: m[%d] = %.9g, expected %.9g", M, N, r, (double)m.p[r], (double)mx);
+        } else if ((mo == -INFINITY && al.p[r] != 0.0f) || !close_to(al.p[r], a_ref, ulp_tol(a_ref, 4)) ||
+                   !close_to(al.p[r], al2.p[r], ulp_tol(a_ref, 4))) {
+            ok = 0;
+            report("rows M=%d N=%d: alpha[%d] = %.9g, float64 %.9g", M, N, r, (double)al.p[r], a_ref);
+        } else if (!close_to(l.p[r], l_ref, l_tol) || !close_to(l.p[r], l2.p[r], 2 * l_tol)) {
+            ok = 0;
+            report("rows M=%d N=%d: l[%d] = %.9g, float64 %.9g, scalar %.9g", M, N, r, (double)l.p[r], l_ref,
+                   (double)l2.p[r]);
+        }
+    }
+    record(ok);
+    buf_free(&s);
+    buf_free(&m);
+    buf_free(&l);
+    buf_free(&al);
+    buf_free(&s2);
+    buf_free(&m2);
+    buf_free(&l2);
+    buf_free(&al2);
+}
+
+static void test_softmax_rows(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
+{
+    static const int rows[] = {0, 1, 2, 3, 4, 5, 7, 8, 12, 16};
+    static const int widths[] = {0, 16, 32, 48, 64, 128, 144, 256, 512};
+    kernel_begin(kt->name, "online_softmax_rows");
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        for (size_t j = 0; j < sizeof widths / sizeof widths[0]; j++)
+            for (int rep = 0; rep < 3; rep++)
+                check_softmax_rows(kt, ref_kt, rows[i], widths[j]);
+    kernel_end();
+}
+
 /* -------------------------------------------------------- scale columns */
 
 static void check_scale(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
@@ -848,6 +951,7 @@ int main(int argc, char **argv)
         make_sizes(kt);
         test_gemm(kt, ref_kt);
         test_softmax(kt, ref_kt);
+        test_softmax_rows(kt, ref_kt);
         test_scale(kt, ref_kt);
         test_probs(kt, ref_kt);
         test_dscores(kt, ref_kt);
