@@ -387,90 +387,104 @@ static double ulp_tol(double ref, double ulps)
     return ulps * FLT_EPSILON * fabs(ref) + FLT_MIN; /* FLT_MIN: the denormal cut-off */
 }
 
-static void check_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
+/* online_softmax (rows = 0: S^T is M keys x N queries, one statistic per column)
+ * and online_softmax_rows (rows = 1: S is M queries x N keys, one per row; N a
+ * multiple of 16, as the driver pads). nstat statistics, each over len scores. */
+static void check_softmax_layout(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N, int rows)
 {
-    const ptrdiff_t lds = N + (int)(rnd() % 3) * 4;
+    const int nstat = rows ? M : N, len = rows ? N : M;
+    const ptrdiff_t lds = N + (int)(rnd() % 3) * (rows ? 16 : 4);
     buf s = buf_new(M, N, lds > 0 ? lds : 1);
-    buf m = buf_new(1, N, N > 0 ? N : 1), l = buf_new(1, N, N > 0 ? N : 1), al = buf_new(1, N, N > 0 ? N : 1);
-    /* per column: 0 first tile (m = -inf), 1 running max above the tile, 2 below,
+    buf m = buf_new(1, nstat, nstat > 0 ? nstat : 1), l = buf_new(1, nstat, nstat > 0 ? nstat : 1),
+        al = buf_new(1, nstat, nstat > 0 ? nstat : 1);
+#define S_AT(b, st, i) (rows ? at((b), (st), (i)) : at((b), (i), (st)))
+#define S_SNAP(st, i) (s.snap[s.off + (rows ? (size_t)(st) * (size_t)s.ld + (size_t)(i) : (size_t)(i) * (size_t)s.ld + (size_t)(st))])
+    /* per statistic: 0 first tile (m = -inf), 1 running max above the tile, 2 below,
      * 3 fully masked so far and now, 4 finite m and a fully masked tile,
      * 5 wide range (denormal cut-off), 6 m = -inf and a fully masked tile then finite */
-    for (int n = 0; n < N; n++) {
+    for (int st = 0; st < nstat; st++) {
         const int kind = (int)(rnd() % 7);
         float lo = -4.0f, hi = 4.0f;
         if (kind == 5) {
             lo = -120.0f;
             hi = 10.0f;
         }
-        for (int k = 0; k < M; k++)
-            *at(&s, k, n) = (kind == 3 || kind == 4 || kind == 6 || chance(15)) ? -INFINITY : frand(lo, hi);
-        if (kind == 6 && M > 0)
-            *at(&s, (int)(rnd() % (unsigned)M), n) = frand(-3.0f, 3.0f);
+        for (int i = 0; i < len; i++)
+            *S_AT(&s, st, i) = (kind == 3 || kind == 4 || kind == 6 || chance(15)) ? -INFINITY : frand(lo, hi);
+        if (kind == 6 && len > 0)
+            *S_AT(&s, st, (int)(rnd() % (unsigned)len)) = frand(-3.0f, 3.0f);
         float mo = -INFINITY;
         if (kind == 1)
             mo = frand(4.0f, 6.0f);
         else if (kind == 2 || kind == 4 || kind == 5)
             mo = frand(-6.0f, -4.0f);
-        m.p[n] = mo;
-        l.p[n] = mo == -INFINITY ? 0.0f : frand(0.5f, 40.0f);
-        al.p[n] = NAN; /* write-only */
+        m.p[st] = mo;
+        l.p[st] = mo == -INFINITY ? 0.0f : frand(0.5f, 40.0f);
+        al.p[st] = NAN; /* write-only */
     }
     buf s2 = buf_clone(&s), m2 = buf_clone(&m), l2 = buf_clone(&l), al2 = buf_clone(&al);
     buf_snap(&s);
     buf_snap(&m);
     buf_snap(&l);
     buf_snap(&al);
-    kt->online_softmax(M, N, s.p, s.ld, m.p, l.p, al.p);
-    ref_kt->online_softmax(M, N, s2.p, s2.ld, m2.p, l2.p, al2.p);
-
+    if (rows) {
+        kt->online_softmax_rows(M, N, s.p, s.ld, m.p, l.p, al.p);
+        ref_kt->online_softmax_rows(M, N, s2.p, s2.ld, m2.p, l2.p, al2.p);
+    } else {
+        kt->online_softmax(M, N, s.p, s.ld, m.p, l.p, al.p);
+        ref_kt->online_softmax(M, N, s2.p, s2.ld, m2.p, l2.p, al2.p);
+    }
+    const char *what = rows ? "rows " : "";
     int ok = 1;
     const long bad = buf_changed(&s, 1) + buf_changed(&m, 1) + buf_changed(&l, 1) + buf_changed(&al, 1);
     if (bad) {
         ok = 0;
-        report("M=%d N=%d: %ld elements outside the outputs changed", M, N, bad);
+        report("%sM=%d N=%d: %ld elements outside the outputs changed", what, M, N, bad);
     }
-    for (int n = 0; n < N && ok; n++) {
-        const float mo = m.snap[m.off + (size_t)n], lo = l.snap[l.off + (size_t)n];
+    for (int st = 0; st < nstat && ok; st++) {
+        const float mo = m.snap[m.off + (size_t)st], lo = l.snap[l.off + (size_t)st];
         float mx = mo;
-        for (int k = 0; k < M; k++) {
-            const float x = s.snap[s.off + (size_t)k * (size_t)s.ld + (size_t)n];
+        for (int i = 0; i < len; i++) {
+            const float x = S_SNAP(st, i);
             mx = x > mx ? x : mx;
         }
         const float mu = mx == -INFINITY ? 0.0f : mx;
         const double a_ref = exp((double)(mo - mu));
         double sum = 0.0;
-        for (int k = 0; k < M && ok; k++) {
-            const float x = s.snap[s.off + (size_t)k * (size_t)s.ld + (size_t)n];
+        for (int i = 0; i < len && ok; i++) {
+            const float x = S_SNAP(st, i);
             const double p_ref = exp((double)(x - mu));
-            const float got = *at(&s, k, n);
+            const float got = *S_AT(&s, st, i), sc = *S_AT(&s2, st, i);
             sum += p_ref;
+            /* masked (-inf): exactly the sentinel -0.0; anything else never -0.0 */
             if ((x == -INFINITY && !(got == 0.0f && signbit(got))) || (x != -INFINITY && got == 0.0f && signbit(got)) ||
-                !close_to(got, p_ref, ulp_tol(p_ref, 4)) ||
-                !close_to(got, *at(&s2, k, n), ulp_tol(p_ref, 4))) {
+                !close_to(got, p_ref, ulp_tol(p_ref, 4)) || !close_to(got, sc, ulp_tol(p_ref, 4))) {
                 ok = 0;
-                report("M=%d N=%d: P(%d,%d) = %.9g for s=%.9g mu=%.9g, float64 %.9g, scalar %.9g", M, N, k, n,
-                       (double)got, (double)x, (double)mu, p_ref, (double)*at(&s2, k, n));
+                report("%sM=%d N=%d: P(stat %d, %d) = %.9g for s=%.9g mu=%.9g, float64 %.9g, scalar %.9g", what, M,
+                       N, st, i, (double)got, (double)x, (double)mu, p_ref, (double)sc);
             }
         }
         if (!ok)
             break;
         const double l_ref = (double)lo * a_ref + sum;
-        const double l_tol = 4.0 * (M + 3) * FLT_EPSILON * l_ref + FLT_MIN;
-        if (float_bits(m.p[n]) != float_bits(mx) || m.p[n] != m2.p[n]) {
+        const double l_tol = 4.0 * (len + 3) * FLT_EPSILON * l_ref + FLT_MIN;
+        if (float_bits(m.p[st]) != float_bits(mx) || m.p[st] != m2.p[st]) {
             ok = 0;
-            report("M=%d N=%d: m[%d] = %.9g, expected %.9g (scalar %.9g)", M, N, n, (double)m.p[n], (double)mx,
-                   (double)m2.p[n]);
-        } else if ((mo == -INFINITY && al.p[n] != 0.0f) || !close_to(al.p[n], a_ref, ulp_tol(a_ref, 4)) ||
-                   !close_to(al.p[n], al2.p[n], ulp_tol(a_ref, 4))) {
+            report("%sM=%d N=%d: m[%d] = %.9g, expected %.9g (scalar %.9g)", what, M, N, st, (double)m.p[st],
+                   (double)mx, (double)m2.p[st]);
+        } else if ((mo == -INFINITY && al.p[st] != 0.0f) || !close_to(al.p[st], a_ref, ulp_tol(a_ref, 4)) ||
+                   !close_to(al.p[st], al2.p[st], ulp_tol(a_ref, 4))) {
             ok = 0;
-            report("M=%d N=%d: alpha[%d] = %.9g, float64 %.9g, scalar %.9g", M, N, n, (double)al.p[n], a_ref,
-                   (double)al2.p[n]);
-        } else if (!close_to(l.p[n], l_ref, l_tol) || !close_to(l.p[n], l2.p[n], 2 * l_tol)) {
+            report("%sM=%d N=%d: alpha[%d] = %.9g, float64 %.9g, scalar %.9g", what, M, N, st, (double)al.p[st],
+                   a_ref, (double)al2.p[st]);
+        } else if (!close_to(l.p[st], l_ref, l_tol) || !close_to(l.p[st], l2.p[st], 2 * l_tol)) {
             ok = 0;
-            report("M=%d N=%d: l[%d] = %.9g, float64 %.9g, scalar %.9g", M, N, n, (double)l.p[n], l_ref,
-                   (double)l2.p[n]);
+            report("%sM=%d N=%d: l[%d] = %.9g, float64 %.9g, scalar %.9g", what, M, N, st, (double)l.p[st], l_ref,
+                   (double)l2.p[st]);
         }
     }
+#undef S_AT
+#undef S_SNAP
     record(ok);
     buf_free(&s);
     buf_free(&m);
@@ -480,6 +494,11 @@ static void check_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, in
     buf_free(&m2);
     buf_free(&l2);
     buf_free(&al2);
+}
+
+static void check_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
+{
+    check_softmax_layout(kt, ref_kt, M, N, 0);
 }
 
 static void test_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
@@ -492,96 +511,6 @@ static void test_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
 }
 
 
-/* online_softmax_rows: the same update per row of a natural-layout tile whose
- * width N is a multiple of 16 (the driver pads with -inf). */
-static void check_softmax_rows(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
-{
-    const ptrdiff_t lds = N + (int)(rnd() % 3) * 16;
-    buf s = buf_new(M, N, lds > 0 ? lds : 1);
-    buf m = buf_new(1, M, M > 0 ? M : 1), l = buf_new(1, M, M > 0 ? M : 1), al = buf_new(1, M, M > 0 ? M : 1);
-    for (int r = 0; r < M; r++) {
-        const int kind = (int)(rnd() % 7); /* as in check_softmax, per row */
-        float lo = -4.0f, hi = 4.0f;
-        if (kind == 5) {
-            lo = -120.0f;
-            hi = 10.0f;
-        }
-        for (int n = 0; n < N; n++)
-            *at(&s, r, n) = (kind == 3 || kind == 4 || kind == 6 || chance(15)) ? -INFINITY : frand(lo, hi);
-        if (kind == 6 && N > 0)
-            *at(&s, r, (int)(rnd() % (unsigned)N)) = frand(-3.0f, 3.0f);
-        float mo = -INFINITY;
-        if (kind == 1)
-            mo = frand(4.0f, 6.0f);
-        else if (kind == 2 || kind == 4 || kind == 5)
-            mo = frand(-6.0f, -4.0f);
-        m.p[r] = mo;
-        l.p[r] = mo == -INFINITY ? 0.0f : frand(0.5f, 40.0f);
-        al.p[r] = NAN; /* write-only */
-    }
-    buf s2 = buf_clone(&s), m2 = buf_clone(&m), l2 = buf_clone(&l), al2 = buf_clone(&al);
-    buf_snap(&s);
-    buf_snap(&m);
-    buf_snap(&l);
-    buf_snap(&al);
-    kt->online_softmax_rows(M, N, s.p, s.ld, m.p, l.p, al.p);
-    ref_kt->online_softmax_rows(M, N, s2.p, s2.ld, m2.p, l2.p, al2.p);
-    int ok = 1;
-    const long bad = buf_changed(&s, 1) + buf_changed(&m, 1) + buf_changed(&l, 1) + buf_changed(&al, 1);
-    if (bad) {
-        ok = 0;
-        report("rows M=%d N=%d: %ld elements outside the outputs changed", M, N, bad);
-    }
-    for (int r = 0; r < M && ok; r++) {
-        const float mo = m.snap[m.off + (size_t)r], lo = l.snap[l.off + (size_t)r];
-        float mx = mo;
-        for (int n = 0; n < N; n++) {
-            const float x = s.snap[s.off + (size_t)r * (size_t)s.ld + (size_t)n];
-            mx = x > mx ? x : mx;
-        }
-        const float mu = mx == -INFINITY ? 0.0f : mx;
-        const double a_ref = exp((double)(mo - mu));
-        double sum = 0.0;
-        for (int n = 0; n < N && ok; n++) {
-            const float x = s.snap[s.off + (size_t)r * (size_t)s.ld + (size_t)n];
-            const double p_ref = exp((double)(x - mu));
-            const float got = *at(&s, r, n);
-            sum += p_ref;
-            if ((x == -INFINITY && !(got == 0.0f && signbit(got))) || (x != -INFINITY && got == 0.0f && signbit(got)) ||
-                !close_to(got, p_ref, ulp_tol(p_ref, 4)) || !close_to(got, *at(&s2, r, n), ulp_tol(p_ref, 4))) {
-                ok = 0;
-                report("rows M=%d N=%d: P(%d,%d) = %.9g for s=%.9g, float64 %.9g, scalar %.9g", M, N, r, n,
-                       (double)got, (double)x, p_ref, (double)*at(&s2, r, n));
-            }
-        }
-        if (!ok)
-            break;
-        const double l_ref = (double)lo * a_ref + sum;
-        const double l_tol = 4.0 * (N + 3) * FLT_EPSILON * l_ref + FLT_MIN;
-        if (float_bits(m.p[r]) != float_bits(mx) || m.p[r] != m2.p[r]) {
-            ok = 0;
-            report("rows M=%d N=%d: m[%d] = %.9g, expected %.9g", M, N, r, (double)m.p[r], (double)mx);
-        } else if ((mo == -INFINITY && al.p[r] != 0.0f) || !close_to(al.p[r], a_ref, ulp_tol(a_ref, 4)) ||
-                   !close_to(al.p[r], al2.p[r], ulp_tol(a_ref, 4))) {
-            ok = 0;
-            report("rows M=%d N=%d: alpha[%d] = %.9g, float64 %.9g", M, N, r, (double)al.p[r], a_ref);
-        } else if (!close_to(l.p[r], l_ref, l_tol) || !close_to(l.p[r], l2.p[r], 2 * l_tol)) {
-            ok = 0;
-            report("rows M=%d N=%d: l[%d] = %.9g, float64 %.9g, scalar %.9g", M, N, r, (double)l.p[r], l_ref,
-                   (double)l2.p[r]);
-        }
-    }
-    record(ok);
-    buf_free(&s);
-    buf_free(&m);
-    buf_free(&l);
-    buf_free(&al);
-    buf_free(&s2);
-    buf_free(&m2);
-    buf_free(&l2);
-    buf_free(&al2);
-}
-
 static void test_softmax_rows(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
 {
     static const int rows[] = {0, 1, 2, 3, 4, 5, 7, 8, 12, 16};
@@ -590,7 +519,7 @@ static void test_softmax_rows(const sdpa_kernels *kt, const sdpa_kernels *ref_kt
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         for (size_t j = 0; j < sizeof widths / sizeof widths[0]; j++)
             for (int rep = 0; rep < 3; rep++)
-                check_softmax_rows(kt, ref_kt, rows[i], widths[j]);
+                check_softmax_layout(kt, ref_kt, rows[i], widths[j], 1);
     kernel_end();
 }
 
