@@ -16,13 +16,15 @@
  * The same run measures its own limits, in a forked child process so that the
  * large bandwidth buffer never shows in the parent's peak RSS:
  *   - the fp32 FMA peak per ISA and thread count: register-resident FMA chains
- *     (bench/peak_*.c; the scalar one uses fmaf(), as the scalar kernels do);
+ *     (bench/peak_*.c; the scalar one chains non-vectorised a*b+c, as the scalar kernels do);
  *   - the memory read bandwidth of a buffer much larger than the last-level
  *     cache (256 MiB by default) per thread count.
  * "% of peak" divides by the peak of the row's ISA at the row's thread count
  * (naive-blas: the best ISA's). Decode-like shapes (Tq <= 16) also report
  * GB/s = bytes of K and V that some query may read (each once) / time, against
- * the measured bandwidth.
+ * the measured bandwidth; their timed runs each start with the caches evicted
+ * (64 MiB written, untimed), so that a K/V that would fit in the L3 between
+ * repetitions is still read from memory, as in a real decode step.
  *
  * "naive-blas" is the same problem done the way a NumPy user would: S = scale
  * Q K^T materialised with OpenBLAS cblas_sgemm per head, row softmax with the
@@ -594,11 +596,28 @@ typedef struct timing {
     int reps;
 } timing;
 
+/* Evicts the caches: writes a buffer twice the size of a large L3 (64 MiB),
+ * untimed. Decode-like rows (their GB/s is compared with the memory read
+ * bandwidth) call it before every run, so that K and V come from memory, not
+ * from a cache that a small K/V would fit in between repetitions. */
+#define FLUSH_BYTES ((size_t)64 << 20)
+static void flush_caches(void)
+{
+    static unsigned char *buf;
+    static unsigned char round;
+    if (!buf && !(buf = malloc(FLUSH_BYTES)))
+        return; /* no flush without memory: the row is then cache-warm */
+    round++;
+    for (size_t i = 0; i < FLUSH_BYTES; i += 64)
+        buf[i] = round;
+}
+
 /* Warm-up, then the median of up to o->reps timed runs (fewer when one run is
  * long: about o->max_time seconds per row, at least one run). When the last
  * warm-up run alone exceeds o->max_time it is the measurement (reps = 1): at
- * that length cold-start effects are negligible and the row costs half. */
-static int time_runs(run_fn fn, void *ctx, const options *o, timing *t)
+ * that length cold-start effects are negligible and the row costs half.
+ * flush: evict the caches before each timed run (decode-like rows). */
+static int time_runs(run_fn fn, void *ctx, const options *o, int flush, timing *t)
 {
     double last = 0.0;
     for (int w = 0; w < o->warmup; w++) {
@@ -620,6 +639,8 @@ static int time_runs(run_fn fn, void *ctx, const options *o, timing *t)
         reps = 1;
     double times[MAX_REPS];
     for (int r = 0; r < reps; r++) {
+        if (flush)
+            flush_caches();
         const double t0 = now_s();
         if (fn(ctx) != 0)
             return -1;
@@ -1069,7 +1090,7 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                     sdpa_ctx x;
                     setup_sdpa(&x, c, &b, isa, o->threads[ti]);
                     timing t;
-                    const int rc = time_runs(op ? run_sdpa_backward : run_sdpa_forward, &x, o, &t);
+                    const int rc = time_runs(op ? run_sdpa_backward : run_sdpa_forward, &x, o, is_decode(c), &t);
                     if (rc != 0) {
                         fprintf(stderr, "sdpa bench: error: %s %s: %s\n", sdpa_isa_name(isa),
                                 op ? "backward" : "forward", sdpa_status_string(x.st));
@@ -1275,7 +1296,7 @@ static int naive_pass(const options *o, const limits *L, out_state *st, const do
                     timing t;
                     if (op == 1)
                         run_naive_forward(&x); /* P for the backward */
-                    if (time_runs(op ? run_naive_backward : run_naive_forward, &x, o, &t) != 0)
+                    if (time_runs(op ? run_naive_backward : run_naive_forward, &x, o, is_decode(c), &t) != 0)
                         continue;
                     row r;
                     memset(&r, 0, sizeof r);
