@@ -10,15 +10,20 @@
  *     O^T       <- O^T * alpha + V_tile^T P^T           Dv x BQ
  *     O = (O^T / l)^T,  LSE = m + log(l)   (l = 0: O = 0, LSE = -inf)
  * Scores are kept transposed (keys x queries) so that everything per query is a
- * vector along the contiguous dimension (see kernels.h).
+ * vector along the contiguous dimension (see kernels.h). Tiles with few query
+ * columns (decode) use the natural layout instead: S = Q K^T by dot products
+ * (kernels.gemm_nt), a row-wise softmax, O += P V. Short Tq packs several heads
+ * of a GQA group into one tile; few tiles split the keys (split-KV) and merge
+ * the partial (m, l, O) in a fixed order.
  *
  * Backward (Alg. 2) works on (query tile, key tile) pairs of each
  * (batch, kv head); the query tiles of every head of a GQA group form the rows.
  * Pair (r, c) adds to dQ[r] and to dK[c], dV[c]. Pairs are run in anti-diagonal
  * waves d = r + c: the pairs of one wave touch distinct dQ and dK/dV tiles, so
  * they run in parallel without atomics, and every tile receives its
- * contributions in increasing order of the other index. The result is bitwise
- * identical for any thread count.
+ * contributions in increasing order of the other index. With enough heads,
+ * each thread runs whole heads row by row instead, which keeps that per-tile
+ * order. The result is bitwise identical for any thread count.
  *
  * Masks: the window (causal included), kv_lengths and alignment give each query
  * row one contiguous allowed key interval [lo_i, hi_i], nondecreasing in i.
