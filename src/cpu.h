@@ -4,6 +4,7 @@
 #define SDPA_CPU_H
 
 #include <stddef.h>
+#include <string.h>
 
 enum {
     SDPA_X86_CPU_FLAG_AVX2 = 1u << 0,   /* AVX + AVX2 + FMA, and the OS saves YMM state */
@@ -13,6 +14,18 @@ enum {
     SDPA_ARM_CPU_FLAG_FP16 = 1u << 10,  /* reserved for later kernels */
     SDPA_ARM_CPU_FLAG_SVE = 1u << 11    /* reserved for later kernels */
 };
+
+/* Appends a feature name to the space-separated list names[cap] (dropped if it
+ * does not fit). */
+static inline void sdpa_cpu_add_name(char *names, size_t cap, const char *n)
+{
+    size_t len = strlen(names);
+    if (len + strlen(n) + 2 > cap)
+        return;
+    if (len)
+        names[len++] = ' ';
+    strcpy(names + len, n);
+}
 
 /* Probes the CPU (and OS support of its register state). Fills names with a
  * space-separated list of what was seen (for `sdpa info`). Returns the flags. */

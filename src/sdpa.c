@@ -1089,6 +1089,19 @@ static void zero_rows(float *data, const int64_t n[3], const int64_t s[3], int64
                 memset(data + x * s[0] + y * s[1] + z * s[2], 0, (size_t)len * sizeof(float));
 }
 
+/* dQ, dK, dV = 0 in full (the backward accumulates into them). */
+static void zero_grads(const plan *pl, const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
+                       const sdpa_tensor_out *dv)
+{
+    const int64_t nq3[3] = {pl->B, pl->Hq, pl->Tq}, nk3[3] = {pl->B, pl->Hkv, pl->Tk};
+    const int64_t sdq[3] = {dq->batch_stride, dq->head_stride, dq->seq_stride};
+    const int64_t sdk[3] = {dk->batch_stride, dk->head_stride, dk->seq_stride};
+    const int64_t sdv[3] = {dv->batch_stride, dv->head_stride, dv->seq_stride};
+    zero_rows(dq->data, nq3, sdq, pl->Dk);
+    zero_rows(dk->data, nk3, sdk, pl->Dk);
+    zero_rows(dv->data, nk3, sdv, pl->Dv);
+}
+
 sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
                           const sdpa_tensor *v, const sdpa_tensor *o, const sdpa_tensor *lse,
                           const sdpa_tensor *dout, const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
@@ -1123,9 +1136,7 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
      * zero. With Dk = Dv = 0, or no query or key rows, there is nothing else to
      * compute either; this also keeps empty problems of huge B x H instant. */
     if (pl.Dv == 0 || pl.B == 0 || pl.Hq == 0 || pl.Tq == 0 || pl.Tk == 0) {
-        zero_rows(dq->data, nq3, sdq, pl.Dk);
-        zero_rows(dk->data, nk3, sdk, pl.Dk);
-        zero_rows(dv->data, nk3, sdv, pl.Dv);
+        zero_grads(&pl, dq, dk, dv);
         return SDPA_OK;
     }
     /* Query tiles as in the forward (several heads of a group per tile when Tq
@@ -1143,9 +1154,7 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
     float *D = ws + (size_t)nthreads * per;
 
     /* From here on the outputs are written. */
-    zero_rows(dq->data, nq3, sdq, pl.Dk);
-    zero_rows(dk->data, nk3, sdk, pl.Dk);
-    zero_rows(dv->data, nk3, sdv, pl.Dv);
+    zero_grads(&pl, dq, dk, dv);
     const bwd_args a = {q, k, v, o, lse, dout, dq, dk, dv, D};
     const int64_t ndiag = (R > 0 && nkt > 0) ? R + nkt - 1 : 0;
 

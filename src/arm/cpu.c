@@ -33,16 +33,6 @@
 #include <sys/sysctl.h>
 #endif
 
-static void add_name(char *names, size_t cap, const char *n)
-{
-    size_t len = strlen(names);
-    if (len + strlen(n) + 2 > cap)
-        return;
-    if (len)
-        names[len++] = ' ';
-    strcpy(names + len, n);
-}
-
 unsigned sdpa_cpu_detect_arm(char *names, size_t cap)
 {
     if (cap)
@@ -51,23 +41,23 @@ unsigned sdpa_cpu_detect_arm(char *names, size_t cap)
     unsigned flags = SDPA_ARM_CPU_FLAG_NEON; /* baseline on AArch64 */
 #if defined(__linux__)
     const unsigned long hw = getauxval(AT_HWCAP);
-    if (hw & HWCAP_ASIMD) add_name(names, cap, "asimd");
-    if ((hw & HWCAP_ASIMDDP)) { flags |= SDPA_ARM_CPU_FLAG_DOTPROD; add_name(names, cap, "asimddp"); }
-    if ((hw & HWCAP_FPHP) && (hw & HWCAP_ASIMDHP)) { flags |= SDPA_ARM_CPU_FLAG_FP16; add_name(names, cap, "asimdhp"); }
-    if (hw & HWCAP_SVE) { flags |= SDPA_ARM_CPU_FLAG_SVE; add_name(names, cap, "sve"); }
+    if (hw & HWCAP_ASIMD) sdpa_cpu_add_name(names, cap, "asimd");
+    if ((hw & HWCAP_ASIMDDP)) { flags |= SDPA_ARM_CPU_FLAG_DOTPROD; sdpa_cpu_add_name(names, cap, "asimddp"); }
+    if ((hw & HWCAP_FPHP) && (hw & HWCAP_ASIMDHP)) { flags |= SDPA_ARM_CPU_FLAG_FP16; sdpa_cpu_add_name(names, cap, "asimdhp"); }
+    if (hw & HWCAP_SVE) { flags |= SDPA_ARM_CPU_FLAG_SVE; sdpa_cpu_add_name(names, cap, "sve"); }
 #elif defined(__APPLE__)
     int v = 0;
     size_t len = sizeof(v);
-    add_name(names, cap, "asimd");
+    sdpa_cpu_add_name(names, cap, "asimd");
     if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, NULL, 0) == 0 && v) {
-        flags |= SDPA_ARM_CPU_FLAG_DOTPROD; add_name(names, cap, "asimddp");
+        flags |= SDPA_ARM_CPU_FLAG_DOTPROD; sdpa_cpu_add_name(names, cap, "asimddp");
     }
     len = sizeof(v); v = 0;
     if (sysctlbyname("hw.optional.arm.FEAT_FP16", &v, &len, NULL, 0) == 0 && v) {
-        flags |= SDPA_ARM_CPU_FLAG_FP16; add_name(names, cap, "asimdhp");
+        flags |= SDPA_ARM_CPU_FLAG_FP16; sdpa_cpu_add_name(names, cap, "asimdhp");
     }
 #else
-    add_name(names, cap, "asimd(baseline)");
+    sdpa_cpu_add_name(names, cap, "asimd(baseline)");
 #endif
     return flags;
 #else

@@ -30,16 +30,6 @@ static unsigned long long read_xcr0(void)
     return ((unsigned long long)edx << 32) | eax;
 }
 
-static void add_name(char *names, size_t cap, const char *n)
-{
-    size_t len = strlen(names);
-    if (len + strlen(n) + 2 > cap)
-        return;
-    if (len)
-        names[len++] = ' ';
-    strcpy(names + len, n);
-}
-
 unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
 {
     unsigned r[4];
@@ -58,9 +48,9 @@ unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
     const int fma = (ecx1 >> 12) & 1;
     const int osxsave = (ecx1 >> 27) & 1; /* the OS uses XSAVE: XGETBV is legal */
     const int avx = (ecx1 >> 28) & 1;
-    if (sse42) add_name(names, cap, "sse4.2");
-    if (avx) add_name(names, cap, "avx");
-    if (fma) add_name(names, cap, "fma");
+    if (sse42) sdpa_cpu_add_name(names, cap, "sse4.2");
+    if (avx) sdpa_cpu_add_name(names, cap, "avx");
+    if (fma) sdpa_cpu_add_name(names, cap, "fma");
 
     unsigned ebx7 = 0;
     if (max_leaf >= 7) {
@@ -72,23 +62,23 @@ unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
     const int avx512dq = (ebx7 >> 17) & 1;
     const int avx512bw = (ebx7 >> 30) & 1;
     const int avx512vl = (ebx7 >> 31) & 1;
-    if (avx2) add_name(names, cap, "avx2");
-    if (avx512f) add_name(names, cap, "avx512f");
-    if (avx512dq) add_name(names, cap, "avx512dq");
-    if (avx512bw) add_name(names, cap, "avx512bw");
-    if (avx512vl) add_name(names, cap, "avx512vl");
+    if (avx2) sdpa_cpu_add_name(names, cap, "avx2");
+    if (avx512f) sdpa_cpu_add_name(names, cap, "avx512f");
+    if (avx512dq) sdpa_cpu_add_name(names, cap, "avx512dq");
+    if (avx512bw) sdpa_cpu_add_name(names, cap, "avx512bw");
+    if (avx512vl) sdpa_cpu_add_name(names, cap, "avx512vl");
 
     unsigned long long xcr0 = 0;
     if (osxsave) {
-        add_name(names, cap, "osxsave");
+        sdpa_cpu_add_name(names, cap, "osxsave");
         xcr0 = read_xcr0();
     }
     /* XCR0 bits 1 (SSE) and 2 (AVX upper halves): the OS saves YMM registers. */
     const int os_ymm = (xcr0 & 0x6) == 0x6;
     /* XCR0 bits 5, 6, 7 (opmask, ZMM0-15 upper halves, ZMM16-31): ZMM state. */
     const int os_zmm = os_ymm && (xcr0 & 0xe0) == 0xe0;
-    if (os_ymm) add_name(names, cap, "os-ymm");
-    if (os_zmm) add_name(names, cap, "os-zmm");
+    if (os_ymm) sdpa_cpu_add_name(names, cap, "os-ymm");
+    if (os_zmm) sdpa_cpu_add_name(names, cap, "os-zmm");
 
     if (avx && avx2 && fma && os_ymm)
         flags |= SDPA_X86_CPU_FLAG_AVX2;
