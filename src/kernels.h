@@ -94,6 +94,37 @@ typedef void (*sdpa_gemm_nt_fn)(int M, int N, int K, float alpha, const float *A
                                 const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c,
                                 ptrdiff_t cs_c);
 
+/* P.V for few-column tiles (decode), with the online-softmax rescale:
+ *   C[m*ldc + n] = C[m*ldc + n] * row_scale[m] + sum_k A[m*lda + k] * B[k*ldb + n]
+ * for m < M, n < N (row_scale NULL: no rescale): the sum is accumulated from
+ * zero, one fused multiply-add per term in increasing k, then added to the
+ * scaled C with one fused multiply-add (the blocked fallback: C scaled, then
+ * the gemm's ACCUMULATE). skip_masked: a term whose A(m,k) is the
+ * masked sentinel -0.0 adds nothing even if B(k,n) is NaN/Inf, and a row of B
+ * whose terms are all skipped is not read. Each row of B is read whole, front
+ * to back, before the next (rows of C in registers, or for long rows in an L1
+ * buffer): the order the hardware prefetchers follow (a register-blocked gemm
+ * reads B in column panels, which on Zen 4 gets about half the memory
+ * bandwidth). K may be 0. */
+typedef void (*sdpa_gemm_stream_fn)(int M, int N, int K, const float *A, ptrdiff_t lda, const float *B,
+                                    ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked,
+                                    const float *row_scale);
+
+/* Few-column forward over N keys that are all allowed (decode; optional per ISA):
+ * for steps of 16 keys, S = scale Q K^T, the row-wise online softmax update of
+ * m, l (as online_softmax_rows), then O = alpha O + P V (as gemm_stream), with
+ * Q M x Dk (row stride ldq), K and V N rows (ldk, ldv), O M x Dv (ldo), all in
+ * one call so that the per-step work stays in registers and K and V are read
+ * row by row, interleaved 16 keys at a time. scratch: SDPA_ATTEND_SCRATCH
+ * floats. Returns 0 and does nothing when the shape is not one the ISA
+ * handles here (the caller then composes the same steps from the kernels
+ * above); 1 when done. */
+#define SDPA_ATTEND_MAX_ROWS 16
+#define SDPA_ATTEND_SCRATCH (SDPA_ATTEND_MAX_ROWS * 16 + 16)
+typedef int (*sdpa_attend_rows_fn)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                                   const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
+                                   float *l, float *O, ptrdiff_t ldo, float *scratch);
+
 /* dst[c][r] = src[r][c] for r < rows, c < cols (src row stride lds, dst row stride ldd). */
 typedef void (*sdpa_transpose_fn)(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
                                   ptrdiff_t ldd);
@@ -113,6 +144,8 @@ typedef struct sdpa_kernels {
     sdpa_transpose_fn transpose;
     sdpa_gemm_nt_fn gemm_nt;
     sdpa_online_softmax_rows_fn online_softmax_rows;
+    sdpa_gemm_stream_fn gemm_stream;
+    sdpa_attend_rows_fn attend_rows; /* NULL: not provided */
 } sdpa_kernels;
 
 /* Fills the table for one ISA: scalar entries first, then the ISA's own

@@ -135,6 +135,18 @@ static void transpose_scalar(int rows, int cols, const float *src, ptrdiff_t lds
             dst[(ptrdiff_t)c * ldd + r] = src[(ptrdiff_t)r * lds + c];
 }
 
+static void gemm_stream_scalar(int M, int N, int K, const float *A, ptrdiff_t lda, const float *B,
+                               ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked,
+                               const float *row_scale)
+{
+    if (row_scale)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++)
+                C[(ptrdiff_t)m * ldc + n] *= row_scale[m];
+    gemm_scalar(M, N, K, 1.0f, A, lda, 1, B, ldb, C, ldc,
+                SDPA_GEMM_ACCUMULATE | (skip_masked ? SDPA_GEMM_SKIP_ZERO_A : 0));
+}
+
 static void gemm_nt_scalar(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
                            const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
 {
@@ -161,6 +173,7 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->bwd_dscores = bwd_dscores_scalar;
     t->transpose = transpose_scalar;
     t->gemm_nt = gemm_nt_scalar;
+    t->gemm_stream = gemm_stream_scalar;
     t->online_softmax_rows = online_softmax_rows_scalar;
     t->nt_max_cols = 8; /* same driver path on every ISA for the same shape */
 }

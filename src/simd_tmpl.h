@@ -28,9 +28,11 @@
  *   V_ZERO_UNLESS(v,m)  m ? v : +0 (a bitwise and, off the accumulator chain)
  *   V_EXP(x)            SLEEF's u10 vector expf of this ISA
  *   V_TRANSPOSE(src,lds,dst,ldd)   one V_TRANSPOSE_BLOCK square block
- *   V_NT_MR             gemm_nt register block: V_NT_MR rows x 4 keys of accumulators
+ *   V_NT_QREGS          vector registers for query rows (gemm_nt) and output rows
+ *                       (gemm_stream): 8 or 16
  *   V_REDUCE4(a0,a1,a2,a3,out)     out[j] = sum of the lanes of a_j (float out[4]), in
  *                       one fixed order that is the same for every j
+ *   V_HMAX(a)           the largest lane of a (no lane is NaN where it is used)
  *
  * Numerics: the gemm accumulates each C(m,n) with one fused multiply-add per k
  * in increasing k (the scalar kernel's order; it rounds each product, so the
@@ -41,11 +43,19 @@
  * the NaN/Inf side zeroed: the product is a zero, which leaves every acc
  * unchanged but -0 (an accumulator that starts at +0 is -0 only after an
  * underflow below the smallest denormal; then the zero's sign may differ).
- * gemm_nt keeps one vector accumulator per (m,n): lane l sums the products of
- * k = l, l + VL, l + 2VL, ... (fused, in increasing k; the tail's missing
- * lanes add +0 products), then V_REDUCE4 adds the lanes in its fixed tree
- * and C = alpha*sum. Each C(m,n) thus depends only on row m of A, row n of B,
- * K and alpha, not on M, N or where (m,n) falls in a block.
+ * gemm_nt keeps vector accumulators per (m,n): where the query rows fit in
+ * registers (K <= V_NT_QREGS vectors), two, one for the even and one for the
+ * odd vectors of k, added before the reduction; else one. Lane l sums the
+ * products of its k (fused, in increasing k; the tail's missing lanes add +0
+ * products), then V_REDUCE4 adds the lanes in its fixed tree and C =
+ * alpha*sum. Each C(m,n) thus depends only on row m of A, row n of B, K and
+ * alpha, not on M, N or where (m,n) falls in a block.
+ * Streams (decode): the few-column kernels (gemm_nt, gemm_stream,
+ * attend_rows) read each K and V row whole, front to back, and load full
+ * vectors with plain loads; the masked forms are for real tails only. On
+ * Zen 4 either a row order that reads several rows side by side, or masked
+ * loads of full vectors, costs 20-50% of the memory bandwidth a decode pass
+ * gets (the hardware prefetchers do not follow them).
  * Softmax sums run in increasing k per column, as in the scalar kernel.
  * exp differs from libm by the ulp or so of SLEEF u10, and results below
  * FLT_MIN (x < -87.34, where expf would return a denormal) are flushed to 0,
@@ -60,6 +70,8 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -367,38 +379,51 @@ static void tmpl_online_softmax(int M, int N, float *S, ptrdiff_t lds, float *m,
 }
 
 /* Row-wise update for few-column tiles (natural layout, N a multiple of VL):
- * vector max and sum along the keys, then the VL lanes combined in lane order
- * (a fixed order), so a row needs N/VL exp calls instead of N. */
+ * vector max and sum along the keys; the VL lanes are then combined by V_HMAX
+ * and V_REDUCE4 (four rows at a time, a fixed order), and the four rows' alpha
+ * come from one vector exp. */
 static void tmpl_online_softmax_rows(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
                                      float *alpha)
 {
-    float lanes[TMPL_VL];
-    for (int r = 0; r < M; r++) {
-        float *s = S + (ptrdiff_t)r * lds;
-        v_f32 mxv = V_SET1(m[r]);
-        for (int n = 0; n < N; n += TMPL_VL)
-            mxv = V_MAX(V_LOAD(s + n), mxv); /* NaN scores are skipped here, as fmaxf does */
-        V_STORE(lanes, mxv);
-        float mx = m[r];
-        for (int i = 0; i < TMPL_VL; i++)
-            mx = lanes[i] > mx ? lanes[i] : mx;
-        const float mu = (mx == -INFINITY) ? 0.0f : mx;
-        const v_f32 muv = V_SET1(mu);
-        v_f32 sum = V_ZERO();
-        for (int n = 0; n < N; n += TMPL_VL) {
-            const v_f32 sv = V_LOAD(s + n);
-            const v_f32 p = V_SEL(V_EQ(sv, V_SET1(-INFINITY)), V_SET1(-0.0f), tmpl_exp(V_SUB(sv, muv)));
-            V_STORE(s + n, p);
-            sum = V_ADD(sum, p);
+    for (int r0 = 0; r0 < M; r0 += 4) {
+        const int rn = M - r0 < 4 ? M - r0 : 4;
+        v_f32 sums[4];
+        float mxs[4], dm[TMPL_VL > 4 ? TMPL_VL : 4] = {0}, tot[4], al[TMPL_VL > 4 ? TMPL_VL : 4];
+        for (int q = 0; q < 4; q++) {
+            sums[q] = V_ZERO();
+            if (q >= rn)
+                continue;
+            const int r = r0 + q;
+            float *s = S + (ptrdiff_t)r * lds;
+            v_f32 mxv = V_SET1(m[r]);
+            for (int n = 0; n < N; n += TMPL_VL)
+                mxv = V_MAX(V_LOAD(s + n), mxv); /* NaN scores are skipped here, as fmaxf does */
+            const float mx = V_HMAX(mxv);        /* m[r] is one of the candidates */
+            const float mu = (mx == -INFINITY) ? 0.0f : mx;
+            const v_f32 muv = V_SET1(mu);
+            v_f32 sum = V_ZERO();
+            for (int n = 0; n < N; n += TMPL_VL) {
+                const v_f32 sv = V_LOAD(s + n);
+                const v_f32 p = V_SEL(V_EQ(sv, V_SET1(-INFINITY)), V_SET1(-0.0f), tmpl_exp(V_SUB(sv, muv)));
+                V_STORE(s + n, p);
+                sum = V_ADD(sum, p);
+            }
+            sums[q] = sum;
+            mxs[q] = mx;
+            dm[q] = m[r] - mu; /* m[r] = -inf: exp gives exactly 0 */
         }
-        V_STORE(lanes, sum);
-        float tot = 0.0f;
-        for (int i = 0; i < TMPL_VL; i++)
-            tot += lanes[i];
-        V_STORE(lanes, tmpl_exp(V_SET1(m[r] - mu))); /* m[r] = -inf: exactly 0 */
-        alpha[r] = lanes[0];
-        l[r] = l[r] * lanes[0] + tot;
-        m[r] = mx;
+        V_REDUCE4(sums[0], sums[1], sums[2], sums[3], tot);
+#if TMPL_VL >= 4
+        V_STORE(al, tmpl_exp(V_LOAD(dm)));
+#else
+#error "the row softmax needs at least 4 lanes"
+#endif
+        for (int q = 0; q < rn; q++) {
+            const int r = r0 + q;
+            alpha[r] = al[q];
+            l[r] = l[r] * al[q] + tot[q];
+            m[r] = mxs[q];
+        }
     }
 }
 
@@ -486,134 +511,149 @@ static void tmpl_bwd_dscores(int M, int N, const float *P, ptrdiff_t ldp, float 
 
 /* --------------------------------------------------------------- gemm_nt */
 
-#define TMPL_NT_MR V_NT_MR
-#define TMPL_NT_NR 4 /* keys per block: one V_REDUCE4 per row */
-/* Keys ahead that a block prefetches, into L2 (locality 2). Measured on Zen 4
- * (decode, D = 64..256): 12..16 keys ahead take B=1 Hq=32 Hkv=8 Tk=4096 D=128
- * from ~3.5 ms to ~2.5 ms on one core, and cost nothing visible in cache. */
-#define TMPL_NT_PF (4 * TMPL_NT_NR)
-#define TMPL_NT_PF_LOCALITY 2
-
-/* One mb x 4 block: C(i,j) = alpha * sum_k A[i*lda + k] * B[j*ldb + k] for
- * i < mb, j < nr <= 4. Keys j >= nr repeat key nr - 1 (computed, never stored),
- * so no B element outside the N rows is read; only the K leading elements of a
- * row are touched (the last vector is a masked load). With `pf`, each vector
- * step also prefetches the same columns of the key rows pf_rows[0..3] (rows of
- * a later block, clamped to the call's last row). mb and pf are compile-time
- * constants in every instantiation; K > 0. */
-TMPL_INLINE void tmpl_gemm_nt_block(const int mb, const int pf, int nr, int K, float alpha,
-                                    const float *A, ptrdiff_t lda, const float *B, ptrdiff_t ldb,
-                                    float *C, ptrdiff_t rs_c, ptrdiff_t cs_c,
-                                    const float *const *pf_rows)
+/* Row n of B against rows 0..rb-1 of A (rb compile-time, 1..4), for head_dims
+ * too long to keep query rows in registers: C(i, n) = alpha * sum_k A[i*lda + k] B[k]
+ * for i < rb. The key row is read once, front to back (see tmpl_nt_reg), and
+ * each query row's vector comes from L1; one accumulator per row, then
+ * V_REDUCE4. */
+TMPL_INLINE void tmpl_nt_key(const int rb, int K, float alpha, const float *A, ptrdiff_t lda,
+                             const float *b, float *c, ptrdiff_t rs_c)
 {
-    v_f32 acc[TMPL_NT_MR][TMPL_NT_NR];
-    const float *a[TMPL_NT_MR], *b[TMPL_NT_NR];
+    v_f32 acc[4];
     TMPL_UNROLL
-    for (int j = 0; j < TMPL_NT_NR; j++)
-        b[j] = B + (ptrdiff_t)(j < nr ? j : nr - 1) * ldb;
-    TMPL_UNROLL
-    for (int i = 0; i < mb; i++) {
-        a[i] = A + (ptrdiff_t)i * lda;
-        TMPL_UNROLL
-        for (int j = 0; j < TMPL_NT_NR; j++)
-            acc[i][j] = V_ZERO();
-    }
+    for (int i = 0; i < 4; i++)
+        acc[i] = V_ZERO();
     int k = 0;
     for (; k + TMPL_VL <= K; k += TMPL_VL) {
-        v_f32 bv[TMPL_NT_NR];
+        const v_f32 bv = V_LOAD(b + k);
         TMPL_UNROLL
-        for (int j = 0; j < TMPL_NT_NR; j++) {
-            if (pf)
-                __builtin_prefetch(pf_rows[j] + k, 0, TMPL_NT_PF_LOCALITY);
-            bv[j] = V_LOAD(b[j] + k);
-        }
-        TMPL_UNROLL
-        for (int i = 0; i < mb; i++) {
-            const v_f32 av = V_LOAD(a[i] + k);
-            TMPL_UNROLL
-            for (int j = 0; j < TMPL_NT_NR; j++)
-                acc[i][j] = V_FMA(av, bv[j], acc[i][j]);
-        }
+        for (int i = 0; i < rb; i++)
+            acc[i] = V_FMA(V_LOAD(A + (ptrdiff_t)i * lda + k), bv, acc[i]);
     }
     if (k < K) {
         const v_tail t = V_TAIL_INIT(K - k);
-        v_f32 bv[TMPL_NT_NR];
+        const v_f32 bv = V_LOAD_T(b + k, t);
         TMPL_UNROLL
-        for (int j = 0; j < TMPL_NT_NR; j++) {
-            if (pf)
-                __builtin_prefetch(pf_rows[j] + k, 0, TMPL_NT_PF_LOCALITY);
-            bv[j] = V_LOAD_T(b[j] + k, t);
-        }
-        TMPL_UNROLL
-        for (int i = 0; i < mb; i++) {
-            const v_f32 av = V_LOAD_T(a[i] + k, t);
-            TMPL_UNROLL
-            for (int j = 0; j < TMPL_NT_NR; j++)
-                acc[i][j] = V_FMA(av, bv[j], acc[i][j]);
-        }
+        for (int i = 0; i < rb; i++)
+            acc[i] = V_FMA(V_LOAD_T(A + (ptrdiff_t)i * lda + k, t), bv, acc[i]);
     }
+    float s[4];
+    V_REDUCE4(acc[0], acc[1], acc[2], acc[3], s);
     TMPL_UNROLL
-    for (int i = 0; i < mb; i++) {
-        float s[TMPL_NT_NR];
-        V_REDUCE4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], s);
-        float *c = C + (ptrdiff_t)i * rs_c;
-        for (int j = 0; j < nr; j++)
-            c[(ptrdiff_t)j * cs_c] = alpha * s[j];
+    for (int i = 0; i < rb; i++)
+        c[(ptrdiff_t)i * rs_c] = alpha * s[i];
+}
+
+typedef void (*tmpl_nt_fn)(int N, int K, float alpha, const float *A, ptrdiff_t lda, const float *B,
+                           ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c);
+#define TMPL_NT_KEYS(rb)                                                                           \
+    static void tmpl_nt_keys_##rb(int N, int K, float alpha, const float *A, ptrdiff_t lda,        \
+                                  const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c,         \
+                                  ptrdiff_t cs_c)                                                  \
+    {                                                                                              \
+        for (int n = 0; n < N; n++)                                                                \
+            tmpl_nt_key(rb, K, alpha, A, lda, B + (ptrdiff_t)n * ldb, C + (ptrdiff_t)n * cs_c, rs_c); \
+    }
+TMPL_NT_KEYS(1)
+TMPL_NT_KEYS(2)
+TMPL_NT_KEYS(3)
+TMPL_NT_KEYS(4)
+static const tmpl_nt_fn tmpl_nt_keys_tab[5] = {NULL, tmpl_nt_keys_1, tmpl_nt_keys_2, tmpl_nt_keys_3,
+                                               tmpl_nt_keys_4};
+
+/* Register-resident query rows, for head_dim up to V_NT_QREGS vectors (decode).
+ * rb (1 or 2) query rows of nv vectors stay in registers, and keys are taken
+ * 4/rb at a time, each key row read whole, front to back, before the next:
+ * the hardware prefetchers follow that order (on Zen 4, reading 4 key rows
+ * side by side, as the blocked kernel above does, gets half the memory
+ * bandwidth). Each (row, key) sums even and odd vectors in two chains, then
+ * V_REDUCE4 of their sum: C(m,n) depends only on row m, row n, K and alpha,
+ * the same for rb = 1 and 2. rb, nv compile-time; the last vector is partial
+ * when K % VL != 0. */
+TMPL_INLINE void tmpl_nt_reg(const int rb, const int nv, int mr, int N, int K, float alpha,
+                             const float *A, ptrdiff_t lda, const float *B, ptrdiff_t ldb, float *C,
+                             ptrdiff_t rs_c, ptrdiff_t cs_c)
+{
+    const int kpi = 4 / rb; /* keys per iteration: one V_REDUCE4 */
+    const int tailn = K - (nv - 1) * TMPL_VL;
+    const v_tail t = V_TAIL_INIT(tailn);
+    const int part = tailn < TMPL_VL; /* the last vector is partial: masked loads */
+    v_f32 q[2][V_NT_QREGS];
+    TMPL_UNROLL
+    for (int i = 0; i < rb; i++) {
+        const float *a = A + (ptrdiff_t)(i < mr ? i : mr - 1) * lda;
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++)
+            q[i][v] = (v == nv - 1 && part) ? V_LOAD_T(a + v * TMPL_VL, t) : V_LOAD(a + v * TMPL_VL);
+    }
+    for (int n0 = 0; n0 < N; n0 += kpi) {
+        v_f32 acc[4][2];
+        TMPL_UNROLL
+        for (int j = 0; j < kpi; j++) {
+            const float *b = B + (ptrdiff_t)(n0 + j < N ? n0 + j : N - 1) * ldb;
+            TMPL_UNROLL
+            for (int i = 0; i < rb; i++)
+                acc[j * rb + i][0] = acc[j * rb + i][1] = V_ZERO();
+            TMPL_UNROLL
+            for (int v = 0; v < nv; v++) {
+                const v_f32 bv = (v == nv - 1 && part) ? V_LOAD_T(b + v * TMPL_VL, t) : V_LOAD(b + v * TMPL_VL);
+                TMPL_UNROLL
+                for (int i = 0; i < rb; i++)
+                    acc[j * rb + i][v & 1] = V_FMA(q[i][v], bv, acc[j * rb + i][v & 1]);
+            }
+        }
+        float s[4];
+        V_REDUCE4(V_ADD(acc[0][0], acc[0][1]), V_ADD(acc[1][0], acc[1][1]), V_ADD(acc[2][0], acc[2][1]),
+                  V_ADD(acc[3][0], acc[3][1]), s);
+        TMPL_UNROLL
+        for (int j = 0; j < kpi; j++)
+            if (n0 + j < N)
+                TMPL_UNROLL
+                for (int i = 0; i < rb; i++)
+                    if (i < mr)
+                        C[(ptrdiff_t)i * rs_c + (ptrdiff_t)(n0 + j) * cs_c] = alpha * s[j * rb + i];
     }
 }
 
-typedef void (*tmpl_nt_fn)(int nr, int K, float alpha, const float *A, ptrdiff_t lda, const float *B,
-                           ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c,
-                           const float *const *pf_rows);
-
-#define TMPL_NT_UKR(mb, pf)                                                                        \
-    static void tmpl_nt_ukr_##mb##_##pf(int nr, int K, float alpha, const float *A, ptrdiff_t lda, \
-                                        const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c,   \
-                                        ptrdiff_t cs_c, const float *const *pf_rows)               \
+typedef void (*tmpl_nt_reg_fn)(int mr, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                               const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c);
+#define TMPL_NT_REG(rb, nv)                                                                        \
+    static void tmpl_nt_reg_##rb##_##nv(int mr, int N, int K, float alpha, const float *A,         \
+                                        ptrdiff_t lda, const float *B, ptrdiff_t ldb, float *C,    \
+                                        ptrdiff_t rs_c, ptrdiff_t cs_c)                            \
     {                                                                                              \
-        tmpl_gemm_nt_block(mb, pf, nr, K, alpha, A, lda, B, ldb, C, rs_c, cs_c, pf_rows);          \
+        tmpl_nt_reg(rb, nv, mr, N, K, alpha, A, lda, B, ldb, C, rs_c, cs_c);                       \
     }
-
-TMPL_NT_UKR(1, 0)
-TMPL_NT_UKR(1, 1)
-TMPL_NT_UKR(2, 0)
-TMPL_NT_UKR(2, 1)
-#if TMPL_NT_MR >= 3
-TMPL_NT_UKR(3, 0)
-TMPL_NT_UKR(3, 1)
+/* rb = 1 up to V_NT_QREGS vectors, rb = 2 up to half of them */
+TMPL_NT_REG(1, 1) TMPL_NT_REG(1, 2) TMPL_NT_REG(1, 3) TMPL_NT_REG(1, 4)
+TMPL_NT_REG(1, 5) TMPL_NT_REG(1, 6) TMPL_NT_REG(1, 7) TMPL_NT_REG(1, 8)
+TMPL_NT_REG(2, 1) TMPL_NT_REG(2, 2) TMPL_NT_REG(2, 3) TMPL_NT_REG(2, 4)
+#if V_NT_QREGS >= 16
+TMPL_NT_REG(1, 9) TMPL_NT_REG(1, 10) TMPL_NT_REG(1, 11) TMPL_NT_REG(1, 12)
+TMPL_NT_REG(1, 13) TMPL_NT_REG(1, 14) TMPL_NT_REG(1, 15) TMPL_NT_REG(1, 16)
+TMPL_NT_REG(2, 5) TMPL_NT_REG(2, 6) TMPL_NT_REG(2, 7) TMPL_NT_REG(2, 8)
 #endif
-#if TMPL_NT_MR >= 4
-TMPL_NT_UKR(4, 0)
-TMPL_NT_UKR(4, 1)
+#if V_NT_QREGS != 8 && V_NT_QREGS != 16
+#error "V_NT_QREGS must be 8 or 16"
 #endif
-#if TMPL_NT_MR > 4 || TMPL_NT_MR < 2
-#error "V_NT_MR must be 2, 3 or 4"
-#endif
-
-/* [prefetch][rows in the block] */
-static const tmpl_nt_fn tmpl_nt_tab[2][TMPL_NT_MR + 1] = {
-    {NULL, tmpl_nt_ukr_1_0, tmpl_nt_ukr_2_0
-#if TMPL_NT_MR >= 3
-     , tmpl_nt_ukr_3_0
-#endif
-#if TMPL_NT_MR >= 4
-     , tmpl_nt_ukr_4_0
+/* [rows - 1][vectors] */
+static const tmpl_nt_reg_fn tmpl_nt_reg_tab[2][V_NT_QREGS + 1] = {
+    {NULL, tmpl_nt_reg_1_1, tmpl_nt_reg_1_2, tmpl_nt_reg_1_3, tmpl_nt_reg_1_4, tmpl_nt_reg_1_5,
+     tmpl_nt_reg_1_6, tmpl_nt_reg_1_7, tmpl_nt_reg_1_8
+#if V_NT_QREGS >= 16
+     , tmpl_nt_reg_1_9, tmpl_nt_reg_1_10, tmpl_nt_reg_1_11, tmpl_nt_reg_1_12, tmpl_nt_reg_1_13,
+     tmpl_nt_reg_1_14, tmpl_nt_reg_1_15, tmpl_nt_reg_1_16
 #endif
     },
-    {NULL, tmpl_nt_ukr_1_1, tmpl_nt_ukr_2_1
-#if TMPL_NT_MR >= 3
-     , tmpl_nt_ukr_3_1
-#endif
-#if TMPL_NT_MR >= 4
-     , tmpl_nt_ukr_4_1
+    {NULL, tmpl_nt_reg_2_1, tmpl_nt_reg_2_2, tmpl_nt_reg_2_3, tmpl_nt_reg_2_4
+#if V_NT_QREGS >= 16
+     , tmpl_nt_reg_2_5, tmpl_nt_reg_2_6, tmpl_nt_reg_2_7, tmpl_nt_reg_2_8
 #endif
     }};
 
-/* C(m,n) = alpha * sum_k A[m*lda + k] B[n*ldb + k], see sdpa_gemm_nt_fn. Key
- * blocks of 4 outside, row blocks of V_NT_MR inside: the 4 key rows come from
- * memory once and stay in L1 for every row block. The first row block of each
- * key block prefetches the key rows TMPL_NT_PF ahead (a decode pass streams K
- * once, with few FLOPs per byte: without it the loads wait on memory). */
+/* C(m,n) = alpha * sum_k A[m*lda + k] B[n*ldb + k], see sdpa_gemm_nt_fn. Blocks
+ * of 16 key rows: each row is read from memory once, whole and in order, by the
+ * first pass over the block; the other passes (query rows) find it in L1. */
 static void tmpl_gemm_nt(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
                          const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
 {
@@ -625,22 +665,336 @@ static void tmpl_gemm_nt(int M, int N, int K, float alpha, const float *A, ptrdi
                 C[(ptrdiff_t)m * rs_c + (ptrdiff_t)n * cs_c] = alpha * 0.0f;
         return;
     }
-    for (int n0 = 0; n0 < N; n0 += TMPL_NT_NR) {
-        const int nr = N - n0 < TMPL_NT_NR ? N - n0 : TMPL_NT_NR;
-        const float *b = B + (ptrdiff_t)n0 * ldb;
-        float *c = C + (ptrdiff_t)n0 * cs_c;
-        const float *pf_rows[TMPL_NT_NR];
-        const int pf = n0 + TMPL_NT_PF < N;
-        for (int j = 0; j < TMPL_NT_NR; j++) {
-            const int r = n0 + TMPL_NT_PF + j;
-            pf_rows[j] = B + (ptrdiff_t)(r < N ? r : N - 1) * ldb;
+    const int nvk = (K + TMPL_VL - 1) / TMPL_VL;
+    if (nvk <= V_NT_QREGS) { /* query rows in registers: key blocks of 16, row pairs inside */
+        const int two = 2 * nvk <= V_NT_QREGS;
+        for (int n0 = 0; n0 < N; n0 += 16) {
+            const int nb = N - n0 < 16 ? N - n0 : 16;
+            for (int m0 = 0; m0 < M; m0 += 1 + two) {
+                const int mr = M - m0 < 1 + two ? M - m0 : 1 + two;
+                tmpl_nt_reg_tab[mr - 1][nvk](mr, nb, K, alpha, A + (ptrdiff_t)m0 * lda, lda,
+                                             B + (ptrdiff_t)n0 * ldb, ldb,
+                                             C + (ptrdiff_t)m0 * rs_c + (ptrdiff_t)n0 * cs_c, rs_c, cs_c);
+            }
         }
-        for (int m0 = 0; m0 < M; m0 += TMPL_NT_MR) {
-            const int mr = M - m0 < TMPL_NT_MR ? M - m0 : TMPL_NT_MR;
-            tmpl_nt_tab[pf && m0 == 0][mr](nr, K, alpha, A + (ptrdiff_t)m0 * lda, lda, b, ldb,
-                                           c + (ptrdiff_t)m0 * rs_c, rs_c, cs_c, pf_rows);
+        return;
+    }
+    /* query rows from L1, up to 4 per pass over a block of 16 key rows */
+    for (int n0 = 0; n0 < N; n0 += 16) {
+        const int nb = N - n0 < 16 ? N - n0 : 16;
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            const int mr = M - m0 < 4 ? M - m0 : 4;
+            tmpl_nt_keys_tab[mr](nb, K, alpha, A + (ptrdiff_t)m0 * lda, lda, B + (ptrdiff_t)n0 * ldb, ldb,
+                                 C + (ptrdiff_t)m0 * rs_c + (ptrdiff_t)n0 * cs_c, rs_c, cs_c);
         }
     }
+}
+
+/* ----------------------------------------------------------- gemm_stream */
+
+/* rb (1 or 2) rows of accumulators, nv vectors each, in registers for the
+ * whole call; per key, the row of B is read whole before the next. A term whose A(i,k)
+ * is the sentinel leaves the accumulator alone (skip_masked); a key whose
+ * terms are all skipped is not read. The last vector is partial when
+ * N % VL != 0. rb, nv compile-time. */
+TMPL_INLINE void tmpl_stream_reg(const int rb, const int nv, const int skip_masked, int mr, int N, int K,
+                                 const float *A, ptrdiff_t lda, const float *B, ptrdiff_t ldb, float *C,
+                                 ptrdiff_t ldc, const float *row_scale)
+{
+    const v_tail t = V_TAIL_INIT(N - (nv - 1) * TMPL_VL);
+    const int part = N - (nv - 1) * TMPL_VL < TMPL_VL; /* the last vector is partial: masked */
+    v_f32 acc[2][V_NT_QREGS];
+    const float *a[2];
+    TMPL_UNROLL
+    for (int i = 0; i < rb; i++) {
+        a[i] = A + (ptrdiff_t)(i < mr ? i : mr - 1) * lda;
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++)
+            acc[i][v] = V_ZERO();
+    }
+    const unsigned all = (1u << rb) - 1u;
+    for (int k = 0; k < K; k++) {
+        const float *b = B + (ptrdiff_t)k * ldb;
+        v_f32 p[2];
+        unsigned live = all;
+        TMPL_UNROLL
+        for (int i = 0; i < rb; i++) {
+            const float x = a[i][k];
+            p[i] = V_SET1(x);
+            if (skip_masked) {
+                uint32_t u;
+                memcpy(&u, &x, sizeof u);
+                if (u == 0x80000000u)
+                    live &= ~(1u << i);
+            }
+        }
+        if (live == all) {
+            TMPL_UNROLL
+            for (int v = 0; v < nv; v++) {
+                const v_f32 bv = (v == nv - 1 && part) ? V_LOAD_T(b + v * TMPL_VL, t) : V_LOAD(b + v * TMPL_VL);
+                TMPL_UNROLL
+                for (int i = 0; i < rb; i++)
+                    acc[i][v] = V_FMA(p[i], bv, acc[i][v]);
+            }
+        } else if (live) {
+            TMPL_UNROLL
+            for (int v = 0; v < nv; v++) {
+                const v_f32 bv = (v == nv - 1 && part) ? V_LOAD_T(b + v * TMPL_VL, t) : V_LOAD(b + v * TMPL_VL);
+                TMPL_UNROLL
+                for (int i = 0; i < rb; i++)
+                    if (live >> i & 1u)
+                        acc[i][v] = V_FMA(p[i], bv, acc[i][v]);
+            }
+        }
+    }
+    /* C = row_scale * C + acc: the step's products are summed on their own
+     * first (as the gemm does), then added with one rounding */
+    TMPL_UNROLL
+    for (int i = 0; i < rb; i++)
+        if (i < mr) {
+            float *c = C + (ptrdiff_t)i * ldc;
+            const v_f32 sc = V_SET1(row_scale ? row_scale[i] : 1.0f);
+            TMPL_UNROLL
+            for (int v = 0; v < nv; v++) {
+                if (v == nv - 1 && part)
+                    V_STORE_T(c + v * TMPL_VL, V_FMA(sc, V_LOAD_T(c + v * TMPL_VL, t), acc[i][v]), t);
+                else
+                    V_STORE(c + v * TMPL_VL, V_FMA(sc, V_LOAD(c + v * TMPL_VL), acc[i][v]));
+            }
+        }
+}
+
+typedef void (*tmpl_stream_fn)(int mr, int N, int K, const float *A, ptrdiff_t lda, const float *B,
+                               ptrdiff_t ldb, float *C, ptrdiff_t ldc, const float *row_scale);
+#define TMPL_STREAM1(rb, nv, sk)                                                                   \
+    static void tmpl_stream_##rb##_##nv##_##sk(int mr, int N, int K, const float *A, ptrdiff_t lda, \
+                                               const float *B, ptrdiff_t ldb, float *C,            \
+                                               ptrdiff_t ldc, const float *row_scale)              \
+    {                                                                                              \
+        tmpl_stream_reg(rb, nv, sk, mr, N, K, A, lda, B, ldb, C, ldc, row_scale);                  \
+    }
+#define TMPL_STREAM(rb, nv) TMPL_STREAM1(rb, nv, 0) TMPL_STREAM1(rb, nv, 1)
+TMPL_STREAM(1, 1) TMPL_STREAM(1, 2) TMPL_STREAM(1, 3) TMPL_STREAM(1, 4)
+TMPL_STREAM(1, 5) TMPL_STREAM(1, 6) TMPL_STREAM(1, 7) TMPL_STREAM(1, 8)
+TMPL_STREAM(2, 1) TMPL_STREAM(2, 2) TMPL_STREAM(2, 3) TMPL_STREAM(2, 4)
+#if V_NT_QREGS >= 16
+TMPL_STREAM(1, 9) TMPL_STREAM(1, 10) TMPL_STREAM(1, 11) TMPL_STREAM(1, 12)
+TMPL_STREAM(1, 13) TMPL_STREAM(1, 14) TMPL_STREAM(1, 15) TMPL_STREAM(1, 16)
+TMPL_STREAM(2, 5) TMPL_STREAM(2, 6) TMPL_STREAM(2, 7) TMPL_STREAM(2, 8)
+#endif
+#if V_NT_QREGS >= 16
+#define TMPL_STREAM_ROW(rb, sk)                                                                    \
+    {NULL, tmpl_stream_##rb##_1_##sk, tmpl_stream_##rb##_2_##sk, tmpl_stream_##rb##_3_##sk,       \
+     tmpl_stream_##rb##_4_##sk, TMPL_STREAM_HI##rb(sk)}
+#define TMPL_STREAM_HI1(sk)                                                                        \
+    tmpl_stream_1_5_##sk, tmpl_stream_1_6_##sk, tmpl_stream_1_7_##sk, tmpl_stream_1_8_##sk,        \
+        tmpl_stream_1_9_##sk, tmpl_stream_1_10_##sk, tmpl_stream_1_11_##sk, tmpl_stream_1_12_##sk, \
+        tmpl_stream_1_13_##sk, tmpl_stream_1_14_##sk, tmpl_stream_1_15_##sk, tmpl_stream_1_16_##sk
+#define TMPL_STREAM_HI2(sk)                                                                        \
+    tmpl_stream_2_5_##sk, tmpl_stream_2_6_##sk, tmpl_stream_2_7_##sk, tmpl_stream_2_8_##sk
+#else
+#define TMPL_STREAM_ROW(rb, sk)                                                                    \
+    {NULL, tmpl_stream_##rb##_1_##sk, tmpl_stream_##rb##_2_##sk, tmpl_stream_##rb##_3_##sk,       \
+     tmpl_stream_##rb##_4_##sk, TMPL_STREAM_HI##rb(sk)}
+#define TMPL_STREAM_HI1(sk)                                                                        \
+    tmpl_stream_1_5_##sk, tmpl_stream_1_6_##sk, tmpl_stream_1_7_##sk, tmpl_stream_1_8_##sk
+#define TMPL_STREAM_HI2(sk) NULL
+#endif
+/* [skip_masked][rows - 1][vectors] (unused entries NULL) */
+static const tmpl_stream_fn tmpl_stream_tab[2][2][V_NT_QREGS + 1] = {
+    {TMPL_STREAM_ROW(1, 0), TMPL_STREAM_ROW(2, 0)}, {TMPL_STREAM_ROW(1, 1), TMPL_STREAM_ROW(2, 1)}};
+
+/* For rows of C too long for registers: rb rows (compile-time 1..4) of at most
+ * TMPL_STREAM_NMAX columns, with the accumulators in an L1 buffer. Same order
+ * as tmpl_stream_reg: each row of B read whole before the next, the sums from
+ * zero in increasing k, then C = row_scale * C + sum. */
+#define TMPL_STREAM_NMAX 512
+TMPL_INLINE void tmpl_stream_l1(const int rb, const int skip_masked, int N, int K, const float *A,
+                                ptrdiff_t lda, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
+                                const float *row_scale)
+{
+    float acc[4][TMPL_STREAM_NMAX] __attribute__((aligned(64)));
+    const int nfull = N - N % TMPL_VL;
+    const v_tail t = V_TAIL_INIT(N > nfull ? N - nfull : TMPL_VL);
+    TMPL_UNROLL
+    for (int i = 0; i < rb; i++)
+        for (int n = 0; n < N; n++)
+            acc[i][n] = 0.0f;
+    for (int k = 0; k < K; k++) {
+        const float *b = B + (ptrdiff_t)k * ldb;
+        v_f32 p[4];
+        int live[4];
+        int any = 0;
+        TMPL_UNROLL
+        for (int i = 0; i < rb; i++) {
+            const float x = A[(ptrdiff_t)i * lda + k];
+            p[i] = V_SET1(x);
+            live[i] = 1;
+            if (skip_masked) {
+                uint32_t u;
+                memcpy(&u, &x, sizeof u);
+                live[i] = u != 0x80000000u;
+            }
+            any |= live[i];
+        }
+        if (!any)
+            continue;
+        int n = 0;
+        for (; n < nfull; n += TMPL_VL) {
+            const v_f32 bv = V_LOAD(b + n);
+            TMPL_UNROLL
+            for (int i = 0; i < rb; i++)
+                if (live[i])
+                    V_STORE(&acc[i][n], V_FMA(p[i], bv, V_LOAD(&acc[i][n])));
+        }
+        if (n < N) {
+            const v_f32 bv = V_LOAD_T(b + n, t);
+            TMPL_UNROLL
+            for (int i = 0; i < rb; i++)
+                if (live[i])
+                    V_STORE_T(&acc[i][n], V_FMA(p[i], bv, V_LOAD_T(&acc[i][n], t)), t);
+        }
+    }
+    TMPL_UNROLL
+    for (int i = 0; i < rb; i++) {
+        float *c = C + (ptrdiff_t)i * ldc;
+        const v_f32 sc = V_SET1(row_scale ? row_scale[i] : 1.0f);
+        int n = 0;
+        for (; n < nfull; n += TMPL_VL)
+            V_STORE(c + n, V_FMA(sc, V_LOAD(c + n), V_LOAD(&acc[i][n])));
+        if (n < N)
+            V_STORE_T(c + n, V_FMA(sc, V_LOAD_T(c + n, t), V_LOAD_T(&acc[i][n], t)), t);
+    }
+}
+
+#define TMPL_STREAM_L1(rb, sk)                                                                     \
+    static void tmpl_stream_l1_##rb##_##sk(int N, int K, const float *A, ptrdiff_t lda,             \
+                                           const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,  \
+                                           const float *row_scale)                                  \
+    {                                                                                              \
+        tmpl_stream_l1(rb, sk, N, K, A, lda, B, ldb, C, ldc, row_scale);                           \
+    }
+TMPL_STREAM_L1(1, 0) TMPL_STREAM_L1(2, 0) TMPL_STREAM_L1(3, 0) TMPL_STREAM_L1(4, 0)
+TMPL_STREAM_L1(1, 1) TMPL_STREAM_L1(2, 1) TMPL_STREAM_L1(3, 1) TMPL_STREAM_L1(4, 1)
+typedef void (*tmpl_stream_l1_fn)(int N, int K, const float *A, ptrdiff_t lda, const float *B,
+                                  ptrdiff_t ldb, float *C, ptrdiff_t ldc, const float *row_scale);
+static const tmpl_stream_l1_fn tmpl_stream_l1_tab[2][5] = {
+    {NULL, tmpl_stream_l1_1_0, tmpl_stream_l1_2_0, tmpl_stream_l1_3_0, tmpl_stream_l1_4_0},
+    {NULL, tmpl_stream_l1_1_1, tmpl_stream_l1_2_1, tmpl_stream_l1_3_1, tmpl_stream_l1_4_1}};
+
+/* See sdpa_gemm_stream_fn: rows of C in registers when N fits V_NT_QREGS
+ * vectors (two rows per pass when it fits half), else in an L1 buffer. */
+static void tmpl_gemm_stream(int M, int N, int K, const float *A, ptrdiff_t lda, const float *B,
+                             ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked,
+                             const float *row_scale)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K < 0)
+        K = 0;
+    const int nv = (N + TMPL_VL - 1) / TMPL_VL;
+    if (nv > V_NT_QREGS) { /* accumulators in L1: passes of 4 rows, column chunks */
+        for (int n0 = 0; n0 < N; n0 += TMPL_STREAM_NMAX) {
+            const int nc = N - n0 < TMPL_STREAM_NMAX ? N - n0 : TMPL_STREAM_NMAX;
+            for (int m0 = 0; m0 < M; m0 += 4) {
+                const int mr = M - m0 < 4 ? M - m0 : 4;
+                tmpl_stream_l1_tab[skip_masked != 0][mr](nc, K, A + (ptrdiff_t)m0 * lda, lda, B + n0, ldb,
+                                                          C + (ptrdiff_t)m0 * ldc + n0, ldc,
+                                                          row_scale ? row_scale + m0 : NULL);
+            }
+        }
+        return;
+    }
+    const int step = 2 * nv <= V_NT_QREGS ? 2 : 1;
+    for (int m0 = 0; m0 < M; m0 += step) {
+        const int mr = M - m0 < step ? M - m0 : step;
+        tmpl_stream_tab[skip_masked != 0][mr - 1][nv](mr, N, K, A + (ptrdiff_t)m0 * lda, lda, B, ldb,
+                                                      C + (ptrdiff_t)m0 * ldc, ldc,
+                                                      row_scale ? row_scale + m0 : NULL);
+    }
+}
+
+/* ------------------------------------------------------------ attend_rows */
+
+/* Keys per step of attend_rows (and of the driver's few-column path). */
+#define TMPL_ATTEND_STEP 16
+
+/* One compile-time head_dim size (nv vectors for both Q.K and O): steps of 16
+ * keys, each S = scale Q K^T (query rows in registers, two at a time when two
+ * fit V_NT_QREGS, else one), the row softmax, O = alpha O + P V (O rows in
+ * registers, likewise); the pieces are the kernels above, inlined. */
+TMPL_INLINE void tmpl_attend(const int nv, int M, int N, int Dk, int Dv, float scale, const float *Q,
+                             ptrdiff_t ldq, const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv,
+                             float *m, float *l, float *O, ptrdiff_t ldo, float *S, float *alpha)
+{
+    const int pairs = 2 * nv <= V_NT_QREGS;
+    for (int j = 0; j < N; j += TMPL_ATTEND_STEP) {
+        const int n = N - j < TMPL_ATTEND_STEP ? N - j : TMPL_ATTEND_STEP;
+        const float *kj = K + (ptrdiff_t)j * ldk, *vj = V + (ptrdiff_t)j * ldv;
+        int m0 = 0;
+        if (pairs)
+            for (; m0 + 2 <= M; m0 += 2)
+                tmpl_nt_reg(2, nv, 2, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk,
+                            S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, 1);
+        for (; m0 < M; m0++)
+            tmpl_nt_reg(1, nv, 1, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk,
+                        S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, 1);
+        if (n < TMPL_ATTEND_STEP)
+            for (int r = 0; r < M; r++)
+                for (int jj = n; jj < TMPL_ATTEND_STEP; jj++)
+                    S[r * TMPL_ATTEND_STEP + jj] = -INFINITY;
+        tmpl_online_softmax_rows(M, TMPL_ATTEND_STEP, S, TMPL_ATTEND_STEP, m, l, alpha);
+        m0 = 0;
+        if (pairs)
+            for (; m0 + 2 <= M; m0 += 2)
+                tmpl_stream_reg(2, nv, 0, 2, Dv, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, vj, ldv,
+                                O + (ptrdiff_t)m0 * ldo, ldo, alpha + m0);
+        for (; m0 < M; m0++)
+            tmpl_stream_reg(1, nv, 0, 1, Dv, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, vj, ldv,
+                            O + (ptrdiff_t)m0 * ldo, ldo, alpha + m0);
+    }
+}
+
+typedef void (*tmpl_attend_fn)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                               const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
+                               float *l, float *O, ptrdiff_t ldo, float *S, float *alpha);
+#define TMPL_ATTEND(nv)                                                                            \
+    static void tmpl_attend_##nv(int M, int N, int Dk, int Dv, float scale, const float *Q,         \
+                                 ptrdiff_t ldq, const float *K, ptrdiff_t ldk, const float *V,      \
+                                 ptrdiff_t ldv, float *m, float *l, float *O, ptrdiff_t ldo,        \
+                                 float *S, float *alpha)                                            \
+    {                                                                                              \
+        tmpl_attend(nv, M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, S, alpha);      \
+    }
+TMPL_ATTEND(1) TMPL_ATTEND(2) TMPL_ATTEND(3) TMPL_ATTEND(4)
+TMPL_ATTEND(5) TMPL_ATTEND(6) TMPL_ATTEND(7) TMPL_ATTEND(8)
+#if V_NT_QREGS >= 16
+TMPL_ATTEND(9) TMPL_ATTEND(10) TMPL_ATTEND(11) TMPL_ATTEND(12)
+TMPL_ATTEND(13) TMPL_ATTEND(14) TMPL_ATTEND(15) TMPL_ATTEND(16)
+#endif
+static const tmpl_attend_fn tmpl_attend_tab[V_NT_QREGS + 1] = {
+    NULL, tmpl_attend_1, tmpl_attend_2, tmpl_attend_3, tmpl_attend_4,
+    tmpl_attend_5, tmpl_attend_6, tmpl_attend_7, tmpl_attend_8
+#if V_NT_QREGS >= 16
+    , tmpl_attend_9, tmpl_attend_10, tmpl_attend_11, tmpl_attend_12,
+    tmpl_attend_13, tmpl_attend_14, tmpl_attend_15, tmpl_attend_16
+#endif
+};
+
+/* See sdpa_attend_rows_fn. Returns 0 (nothing done) unless head_dim_qk and
+ * head_dim_v take the same number of vectors, a row of each fits V_NT_QREGS
+ * registers, and 0 < M <= SDPA_ATTEND_MAX_ROWS. */
+static int tmpl_attend_rows(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                            const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
+                            float *l, float *O, ptrdiff_t ldo, float *scratch)
+{
+    const int nvk = (Dk + TMPL_VL - 1) / TMPL_VL, nvv = (Dv + TMPL_VL - 1) / TMPL_VL;
+    if (Dk <= 0 || Dv <= 0 || nvk != nvv || nvk > V_NT_QREGS || M <= 0 || M > SDPA_ATTEND_MAX_ROWS)
+        return 0;
+    if (N > 0)
+        tmpl_attend_tab[nvk](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch,
+                             scratch + SDPA_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP);
+    return 1;
 }
 
 /* ------------------------------------------------------------- transpose */
@@ -676,6 +1030,8 @@ static inline void tmpl_fill_table(sdpa_kernels *t)
     t->transpose = tmpl_transpose;
     t->gemm_nt = tmpl_gemm_nt;
     t->online_softmax_rows = tmpl_online_softmax_rows;
+    t->gemm_stream = tmpl_gemm_stream;
+    t->attend_rows = tmpl_attend_rows;
 }
 
 #endif /* SDPA_SIMD_TMPL_H */

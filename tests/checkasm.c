@@ -795,7 +795,8 @@ static void test_gemm_nt(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     kernel_begin(kt->name, "gemm_nt");
     static const int ms[] = {0, 1, 2, 3, 4, 5, 7, 8};
     static const int ns[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 17, 63, 64, 65, 127, 128, 129};
-    static const int ks[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 255, 256};
+    /* up to 256: query rows in registers (AVX-512); above: the blocked kernel */
+    static const int ks[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300};
     int combo = 0;
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
         for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
@@ -808,6 +809,206 @@ static void test_gemm_nt(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
         for (size_t q = 0; q < sizeof dks / sizeof dks[0]; q++)
             for (int layout = 0; layout < 2; layout++)
                 check_gemm_nt(kt, ref_kt, m, kt->block_k - (int)(rnd() % 2), dks[q], layout, 0);
+    kernel_end();
+}
+
+/* ---------------------------------------------------------- gemm_stream */
+
+/* C = row_scale * C + A B (A: M x K, row stride lda; B: K x N; C: M x N), with
+ * SKIP_ZERO_A semantics when skip: a k whose A column holds the sentinel -0.0
+ * hides NaN/Inf in its B row; isolated -0.0 / +0.0 elsewhere are ordinary
+ * (only skip hides anything). Compared with float64 and the scalar entry. */
+static void check_gemm_stream(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N, int K,
+                              int skip, int scaled, int poison)
+{
+    const int pad_a = (int)(rnd() % 3) * 3, pad_b = (int)(rnd() % 3) * 5, pad_c = (int)(rnd() % 2) * 7;
+    buf a = buf_new_exact(M, K, K + pad_a > 0 ? K + pad_a : 1);
+    buf b = buf_new_exact(K, N, N + pad_b > 0 ? N + pad_b : 1);
+    buf c = buf_new(M, N, N + pad_c > 0 ? N + pad_c : 1);
+    buf_fill(&a, 0.0f, 1.0f);
+    buf_fill(&b, -1.0f, 1.0f);
+    buf_fill(&c, -1.0f, 1.0f);
+    float scale[32];
+    for (int m = 0; m < M && m < 32; m++)
+        scale[m] = chance(30) ? 1.0f : frand(0.0f, 1.0f);
+    static const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (int k = 0; k < K; k++) {
+        const int r = (int)(rnd() % 100);
+        if (skip && r < 20) { /* a masked key: every row's P is the sentinel */
+            for (int m = 0; m < M; m++)
+                *at(&a, m, k) = -0.0f;
+            for (int n = 0; n < N; n++)
+                if (chance(50))
+                    *at(&b, k, n) = bad[rnd() % 3];
+        } else if (skip && r < 30 && M > 1) { /* masked for some rows only */
+            for (int m = 0; m < M; m++)
+                if (chance(50))
+                    *at(&a, m, k) = -0.0f;
+        } else {
+            for (int m = 0; m < M; m++)
+                if (chance(8))
+                    *at(&a, m, k) = 0.0f; /* an underflowed probability: ordinary */
+        }
+    }
+    if (poison && M > 0 && N > 0 && K > 0) { /* visible: must propagate */
+        int k = (int)(rnd() % (unsigned)K), m = (int)(rnd() % (unsigned)M);
+        if (!(skip && float_bits(*at(&a, m, k)) == 0x80000000u))
+            *at(&b, k, (int)(rnd() % (unsigned)N)) = bad[rnd() % 3];
+    }
+    buf c2 = buf_clone(&c);
+    buf_snap(&a);
+    buf_snap(&b);
+    buf_snap(&c);
+    kt->gemm_stream(M, N, K, a.p, a.ld, b.p, b.ld, c.p, c.ld, skip, scaled ? scale : NULL);
+    ref_kt->gemm_stream(M, N, K, a.p, a.ld, b.p, b.ld, c2.p, c2.ld, skip, scaled ? scale : NULL);
+    int ok = 1;
+    const long ca = buf_changed(&a, 0), cb = buf_changed(&b, 0), cc = buf_changed(&c, 1);
+    if (ca || cb || cc) {
+        ok = 0;
+        report("M=%d N=%d K=%d skip=%d: %ld/%ld/%ld elements outside the output changed (A/B/C)", M, N, K,
+               skip, ca, cb, cc);
+    }
+    for (int m = 0; m < M && ok; m++)
+        for (int n = 0; n < N && ok; n++) {
+            const double c0 = (double)c.snap[c.off + (size_t)m * (size_t)c.ld + (size_t)n];
+            const double sc = scaled ? (double)scale[m] : 1.0;
+            double s = sc * c0, mag = fabs(sc * c0);
+            for (int k = 0; k < K; k++) {
+                const float av = *at(&a, m, k), bv = *at(&b, k, n);
+                if (skip && float_bits(av) == 0x80000000u)
+                    continue;
+                s += (double)av * (double)bv;
+                mag += fabs((double)av * (double)bv);
+            }
+            const double tol = 4.0 * (K + 3) * FLT_EPSILON * mag + 1e-30;
+            const float got = *at(&c, m, n), ref_s = *at(&c2, m, n);
+            if (!close_to(got, s, tol) || !close_to(got, ref_s, 2 * tol)) {
+                ok = 0;
+                report("M=%d N=%d K=%d skip=%d scaled=%d: C(%d,%d) = %.9g, float64 %.9g, scalar %.9g (tol %.3g)",
+                       M, N, K, skip, scaled, m, n, (double)got, s, (double)ref_s, tol);
+            }
+        }
+    record(ok);
+    buf_free(&a);
+    buf_free(&b);
+    buf_free(&c);
+    buf_free(&c2);
+}
+
+static void test_gemm_stream(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
+{
+    kernel_begin(kt->name, "gemm_stream");
+    static const int ms[] = {0, 1, 2, 3, 4, 5, 7, 8, 16};
+    /* head_dims around the vector length and the register budget (AVX-512: up to
+     * 256 in registers, 128 for two rows), and above it (blocked gemm) */
+    static const int ns[] = {0, 1, 7, 8, 9, 15, 16, 17, 33, 64, 80, 127, 128, 129, 255, 256, 257, 300, 600};
+    static const int ks[] = {0, 1, 2, 5, 16, 17, 32};
+    int combo = 0;
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+            for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++, combo++)
+                check_gemm_stream(kt, ref_kt, ms[i], ns[j], ks[q], combo & 1, (combo >> 1) & 1, combo % 7 == 0);
+    kernel_end();
+}
+
+/* ---------------------------------------------------------- attend_rows */
+
+/* attend_rows over N keys from a fresh state (m = -inf, l = 0, O = 0), in two
+ * calls when split > 0 (the state carries over): O / l must be softmax(scale
+ * Q K^T) V and m + log l the logsumexp, against float64; a shape the ISA does
+ * not take must return 0 and touch nothing. */
+static void check_attend(const sdpa_kernels *kt, int M, int N, int Dk, int Dv, int split)
+{
+    const float scale = 1.0f / sqrtf((float)(Dk > 0 ? Dk : 1));
+    buf q = buf_new_exact(M, Dk, Dk + 3), k = buf_new_exact(N, Dk, Dk + 5), v = buf_new_exact(N, Dv, Dv);
+    buf o = buf_new(M, Dv, Dv + 2), st = buf_new(3, M, M);
+    float scratch[SDPA_ATTEND_SCRATCH];
+    buf_fill(&q, -2.0f, 2.0f);
+    buf_fill(&k, -2.0f, 2.0f);
+    buf_fill(&v, -1.0f, 1.0f);
+    for (int r = 0; r < M; r++) {
+        for (int c = 0; c < Dv; c++)
+            *at(&o, r, c) = 0.0f;
+        *at(&st, 0, r) = -INFINITY;
+        *at(&st, 1, r) = 0.0f;
+    }
+    buf_snap(&q);
+    buf_snap(&k);
+    buf_snap(&v);
+    buf_snap(&o);
+    buf_snap(&st);
+    const int n1 = split > 0 && split < N ? split : N;
+    int done = kt->attend_rows(M, n1, Dk, Dv, scale, q.p, q.ld, k.p, k.ld, v.p, v.ld, at(&st, 0, 0),
+                               at(&st, 1, 0), o.p, o.ld, scratch);
+    if (done && n1 < N)
+        done = kt->attend_rows(M, N - n1, Dk, Dv, scale, q.p, q.ld, at(&k, n1, 0), k.ld, at(&v, n1, 0), v.ld,
+                               at(&st, 0, 0), at(&st, 1, 0), o.p, o.ld, scratch);
+    int ok = 1;
+    const long cq = buf_changed(&q, 0), ck = buf_changed(&k, 0), cv = buf_changed(&v, 0);
+    const long co = buf_changed(&o, done), cs = buf_changed(&st, done);
+    if (cq || ck || cv || co || cs) {
+        ok = 0;
+        report("M=%d N=%d Dk=%d Dv=%d: %ld/%ld/%ld/%ld/%ld elements outside the outputs changed (Q/K/V/O/m,l)",
+               M, N, Dk, Dv, cq, ck, cv, co, cs);
+    }
+    const int vl = kt->isa == SDPA_ISA_AVX512 ? 16 : kt->isa == SDPA_ISA_AVX2 ? 8 : 4;
+    if (ok && !done && N > 0 && Dk == Dv && Dk <= 8 * vl && M <= SDPA_ATTEND_MAX_ROWS &&
+        kt->isa == SDPA_ISA_AVX512) {
+        ok = 0;
+        report("M=%d N=%d Dk=%d Dv=%d: not handled", M, N, Dk, Dv);
+    }
+    for (int r = 0; r < M && ok && done && N > 0; r++) {
+        double mx = -INFINITY, sum = 0.0;
+        double *sc = malloc((size_t)N * sizeof(double));
+        for (int j = 0; j < N; j++) {
+            double d = 0.0;
+            for (int c = 0; c < Dk; c++)
+                d += (double)*at(&q, r, c) * (double)*at(&k, j, c);
+            sc[j] = d * scale;
+            mx = sc[j] > mx ? sc[j] : mx;
+        }
+        for (int j = 0; j < N; j++)
+            sum += exp(sc[j] - mx);
+        const double lse = mx + log(sum);
+        const double got_lse = (double)*at(&st, 0, r) + log((double)*at(&st, 1, r));
+        if (!close_to(got_lse, lse, 1e-5 * (fabs(lse) + 1.0))) {
+            ok = 0;
+            report("M=%d N=%d Dk=%d Dv=%d: row %d lse %.9g, float64 %.9g", M, N, Dk, Dv, r, got_lse, lse);
+        }
+        for (int c = 0; c < Dv && ok; c++) {
+            double ref = 0.0;
+            for (int j = 0; j < N; j++)
+                ref += exp(sc[j] - mx) / sum * (double)*at(&v, j, c);
+            const double got = (double)*at(&o, r, c) / (double)*at(&st, 1, r);
+            if (!close_to(got, ref, 1e-5 + 8.0 * (N + Dk) * FLT_EPSILON)) {
+                ok = 0;
+                report("M=%d N=%d Dk=%d Dv=%d split=%d: O(%d,%d) = %.9g, float64 %.9g", M, N, Dk, Dv, split, r, c,
+                       got, ref);
+            }
+        }
+        free(sc);
+    }
+    record(ok);
+    buf_free(&q);
+    buf_free(&k);
+    buf_free(&v);
+    buf_free(&o);
+    buf_free(&st);
+}
+
+static void test_attend(const sdpa_kernels *kt)
+{
+    if (!kt->attend_rows)
+        return;
+    kernel_begin(kt->name, "attend_rows");
+    static const int ms[] = {1, 2, 3, 4, 5, 8, 16};
+    static const int ns[] = {0, 1, 5, 15, 16, 17, 33, 100};
+    static const int ds[] = {1, 4, 7, 8, 15, 16, 17, 32, 33, 64, 80, 100, 128, 129, 200, 256, 257};
+    int combo = 0;
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+            for (size_t d = 0; d < sizeof ds / sizeof ds[0]; d++, combo++)
+                check_attend(kt, ms[i], ns[j], ds[d], combo % 11 == 0 ? ds[d] + 16 : ds[d], combo % 3 ? 0 : ns[j] / 2 + 1);
     kernel_end();
 }
 
@@ -886,6 +1087,8 @@ int main(int argc, char **argv)
         test_dscores(kt, ref_kt);
         test_transpose(kt);
         test_gemm_nt(kt, ref_kt);
+        test_gemm_stream(kt, ref_kt);
+        test_attend(kt);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;

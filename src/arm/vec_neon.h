@@ -20,9 +20,9 @@
 #define V_GEMM_NV 4
 #define V_GEMM_MR_SKIP 3 /* the SKIP_ZERO kernels keep 4 predicates as well */
 #define V_TRANSPOSE_BLOCK 4
-/* gemm_nt register block: 4 rows x 4 keys = 16 q accumulators + 4 key vectors
- * + 1 row vector of the 32 registers. */
-#define V_NT_MR 4
+/* gemm_nt with query rows in registers: 16 q = 1 row of head_dim <= 64 or 2
+ * rows of head_dim <= 32. */
+#define V_NT_QREGS 16
 
 typedef float32x4_t v_f32;
 typedef uint32x4_t v_mask;
@@ -96,5 +96,6 @@ static inline void neon_reduce4(float32x4_t a0, float32x4_t a1, float32x4_t a2, 
 #define V_EXP(x) Sleef_expf4_u10advsimd(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) neon_transpose4x4((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) neon_reduce4((a0), (a1), (a2), (a3), (out))
+#define V_HMAX(a) vmaxvq_f32(a)
 
 #endif /* SDPA_ARM_VEC_NEON_H */

@@ -78,10 +78,9 @@ static inline void avx2_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, floa
 #define V_GEMM_NV 2
 #define V_GEMM_MR_SKIP 3 /* 6 x 2 with two predicates and two zeroed operands spills */
 #define V_TRANSPOSE_BLOCK 8
-/* gemm_nt register block: 3 rows x 4 keys = 12 ymm accumulators + 4 key vectors
- * of the 16 registers (the row vector is the FMA's memory operand); measured
- * ~1.3x faster than 2 x 4 on Zen 4 for 3..8 rows. */
-#define V_NT_MR 3
+/* gemm_nt with query rows in registers: 8 ymm = 1 row of head_dim <= 64 or 2
+ * rows of head_dim <= 32; larger head_dims take the blocked kernel. */
+#define V_NT_QREGS 8
 
 typedef __m256 v_f32;
 typedef __m256 v_mask; /* all-ones / all-zeros lanes */
@@ -89,6 +88,15 @@ typedef __m256i v_tail;
 
 #define V_ZERO() _mm256_setzero_ps()
 #define V_SET1(x) _mm256_set1_ps(x)
+/* The largest lane (lanes are never NaN where it is used). */
+static inline float avx2_hmax(__m256 a)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
 #define V_LOAD(p) _mm256_loadu_ps(p)
 #define V_STORE(p, v) _mm256_storeu_ps((p), (v))
 #define V_BCAST(p) _mm256_broadcast_ss(p)
@@ -115,5 +123,6 @@ typedef __m256i v_tail;
 #define V_EXP(x) Sleef_expf8_u10avx2(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) avx2_reduce4((a0), (a1), (a2), (a3), (out))
+#define V_HMAX(a) avx2_hmax(a)
 
 #endif /* SDPA_VEC_ISA */

@@ -19,9 +19,9 @@
 #define V_GEMM_MR 6
 #define V_GEMM_NV 4
 #define V_TRANSPOSE_BLOCK 8
-/* gemm_nt register block: 4 rows x 4 keys = 16 zmm accumulators + 4 key vectors
- * + 1 row vector of the 32 registers. */
-#define V_NT_MR 4
+/* gemm_nt with query rows in registers: 16 zmm = 2 rows of head_dim <= 128 or
+ * 1 row of head_dim <= 256. */
+#define V_NT_QREGS 16
 
 typedef __m512 v_f32;
 typedef __mmask16 v_mask;
@@ -68,5 +68,6 @@ static inline void avx512_reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, fl
 #define V_EXP(x) Sleef_expf16_u10avx512f(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) avx512_reduce4((a0), (a1), (a2), (a3), (out))
+#define V_HMAX(a) _mm512_reduce_max_ps(a)
 
 #endif /* SDPA_X86_VEC_AVX512_H */
