@@ -596,28 +596,73 @@ typedef struct timing {
     int reps;
 } timing;
 
-/* Evicts the caches: writes a buffer twice the size of a large L3 (64 MiB),
- * untimed. Decode-like rows (their GB/s is compared with the memory read
- * bandwidth) call it before every run, so that K and V come from memory, not
- * from a cache that a small K/V would fit in between repetitions. */
-#define FLUSH_BYTES ((size_t)64 << 20)
-static void flush_caches(void)
+/* The buffers of one row, to evict from the caches before each timed run. */
+typedef struct evict_list {
+    const void *p[12];
+    size_t bytes[12];
+    int n;
+} evict_list;
+
+static void evict_add(evict_list *e, const void *p, int64_t floats)
 {
+    if (p && floats > 0 && e->n < 12) {
+        e->p[e->n] = p;
+        e->bytes[e->n] = (size_t)floats * sizeof(float);
+        e->n++;
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <emmintrin.h>
+#define CACHE_FLUSH_LINE(p) _mm_clflush(p)
+#define CACHE_FLUSH_FENCE() _mm_mfence()
+#elif defined(__aarch64__)
+#define CACHE_FLUSH_LINE(p) __asm__ volatile("dc civac, %0" : : "r"(p) : "memory")
+#define CACHE_FLUSH_FENCE() __asm__ volatile("dsb ish" : : : "memory")
+#endif
+
+/* Evicts a row's buffers from every cache level, untimed: clflush (x86) or
+ * dc civac (aarch64) on each of their lines, so that the timed run reads them
+ * from memory and the caches hold no dirty line of them; elsewhere, a read of
+ * 256 MiB. Decode-like rows (their GB/s is compared with the memory read
+ * bandwidth) call it before every run: K and V of the default decode shape
+ * (33.5 MB) are about the size of a large L3, and evicting them by writing or
+ * reading another buffer leaves part of them cached (the L3 keeps lines that
+ * are reused) and, for a write, dirty lines to write back during the run. */
+static void flush_caches(const evict_list *e)
+{
+#ifdef CACHE_FLUSH_LINE
+    for (int i = 0; i < e->n; i++) {
+        const char *p = (const char *)e->p[i];
+        for (size_t off = 0; off < e->bytes[i]; off += 64)
+            CACHE_FLUSH_LINE(p + off);
+        CACHE_FLUSH_LINE(p + e->bytes[i] - 1);
+    }
+    CACHE_FLUSH_FENCE();
+#else
+    (void)e;
+    enum { BYTES = 256 << 20 };
     static unsigned char *buf;
-    static unsigned char round;
-    if (!buf && !(buf = malloc(FLUSH_BYTES)))
-        return; /* no flush without memory: the row is then cache-warm */
-    round++;
-    for (size_t i = 0; i < FLUSH_BYTES; i += 64)
-        buf[i] = round;
+    static volatile unsigned sink;
+    if (!buf) {
+        if (!(buf = malloc(BYTES)))
+            return; /* no eviction without memory: the row is then cache-warm */
+        memset(buf, 1, BYTES);
+    }
+    unsigned x = 0;
+    for (size_t i = 0; i < BYTES; i += 64)
+        x += buf[i];
+    sink = x;
+#endif
 }
 
 /* Warm-up, then the median of up to o->reps timed runs (fewer when one run is
  * long: about o->max_time seconds per row, at least one run). When the last
  * warm-up run alone exceeds o->max_time it is the measurement (reps = 1): at
  * that length cold-start effects are negligible and the row costs half.
- * flush: evict the caches before each timed run (decode-like rows). */
-static int time_runs(run_fn fn, void *ctx, const options *o, int flush, timing *t)
+ * evict: buffers to evict from the caches before each timed run (decode-like
+ * rows), or NULL. */
+static int time_runs(run_fn fn, void *ctx, const options *o, const evict_list *evict, timing *t)
 {
     double last = 0.0;
     for (int w = 0; w < o->warmup; w++) {
@@ -639,8 +684,8 @@ static int time_runs(run_fn fn, void *ctx, const options *o, int flush, timing *
         reps = 1;
     double times[MAX_REPS];
     for (int r = 0; r < reps; r++) {
-        if (flush)
-            flush_caches();
+        if (evict)
+            flush_caches(evict);
         const double t0 = now_s();
         if (fn(ctx) != 0)
             return -1;
@@ -949,6 +994,14 @@ typedef struct bufs {
     int64_t nq, nk, nv, no, nl;
 } bufs;
 
+/* A row's inputs and outputs, for flush_caches. */
+static void evict_bufs(evict_list *e, const bufs *b)
+{
+    evict_add(e, b->q, b->nq), evict_add(e, b->k, b->nk), evict_add(e, b->v, b->nv);
+    evict_add(e, b->o, b->no), evict_add(e, b->lse, b->nl), evict_add(e, b->dout, b->no);
+    evict_add(e, b->dq, b->nq), evict_add(e, b->dk, b->nk), evict_add(e, b->dv, b->nv);
+}
+
 static void free_bufs(bufs *b)
 {
     free(b->q), free(b->k), free(b->v), free(b->o), free(b->lse);
@@ -1090,7 +1143,10 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                     sdpa_ctx x;
                     setup_sdpa(&x, c, &b, isa, o->threads[ti]);
                     timing t;
-                    const int rc = time_runs(op ? run_sdpa_backward : run_sdpa_forward, &x, o, is_decode(c), &t);
+                    evict_list ev = {0};
+                    evict_bufs(&ev, &b);
+                    const int rc = time_runs(op ? run_sdpa_backward : run_sdpa_forward, &x, o,
+                                             is_decode(c) ? &ev : NULL, &t);
                     if (rc != 0) {
                         fprintf(stderr, "sdpa bench: error: %s %s: %s\n", sdpa_isa_name(isa),
                                 op ? "backward" : "forward", sdpa_status_string(x.st));
@@ -1296,7 +1352,10 @@ static int naive_pass(const options *o, const limits *L, out_state *st, const do
                     timing t;
                     if (op == 1)
                         run_naive_forward(&x); /* P for the backward */
-                    if (time_runs(op ? run_naive_backward : run_naive_forward, &x, o, is_decode(c), &t) != 0)
+                    evict_list ev = {0};
+                    evict_bufs(&ev, &b);
+                    if (time_runs(op ? run_naive_backward : run_naive_forward, &x, o, is_decode(c) ? &ev : NULL,
+                                  &t) != 0)
                         continue;
                     row r;
                     memset(&r, 0, sizeof r);
