@@ -11,10 +11,14 @@
  *     O = (O^T / l)^T,  LSE = m + log(l)   (l = 0: O = 0, LSE = -inf)
  * Scores are kept transposed (keys x queries) so that everything per query is a
  * vector along the contiguous dimension (see kernels.h). Tiles with few query
- * columns (decode) use the natural layout instead: S = Q K^T by dot products
- * (kernels.gemm_nt), a row-wise softmax, O += P V. Short Tq packs several heads
- * of a GQA group into one tile; few tiles split the keys (split-KV) and merge
- * the partial (m, l, O) in a fixed order.
+ * columns (decode) use the natural layout instead and go through the keys in
+ * steps of 16: S = Q K^T by dot products (kernels.gemm_nt), a row-wise softmax,
+ * O = alpha O + P V (kernels.gemm_stream), or all three in one call
+ * (kernels.attend_rows) over a run of unmasked tiles; these kernels read every
+ * K and V row whole, in address order, which is what keeps decode at the
+ * memory bandwidth (fwd_nt_run). Short Tq packs several heads of a GQA group
+ * into one tile; few tiles split the keys (split-KV) and merge the partial
+ * (m, l, O) in a fixed order.
  *
  * Backward (Alg. 2) works on (query tile, key tile) pairs of each
  * (batch, kv head); the query tiles of every head of a GQA group form the rows.
