@@ -28,8 +28,9 @@
  *   V_ZERO_UNLESS(v,m)  m ? v : +0 (a bitwise and, off the accumulator chain)
  *   V_EXP(x)            SLEEF's u10 vector expf of this ISA
  *   V_TRANSPOSE(src,lds,dst,ldd)   one V_TRANSPOSE_BLOCK square block
- *   V_NT_QREGS          vector registers for query rows (gemm_nt) and output rows
- *                       (gemm_stream): 8 or 16
+ *   V_NT_QREGS          vector registers for query rows (gemm_nt) and for two output
+ *                       rows (gemm_stream): 8 or 16
+ *   V_STREAM_HREGS      vector registers for one output row (gemm_stream): 12 or 24
  *   V_REDUCE4(a0,a1,a2,a3,out)     out[j] = sum of the lanes of a_j (float out[4]), in
  *                       one fixed order that is the same for every j
  *   V_HMAX(a)           the largest lane of a (no lane is NaN where it is used)
@@ -703,7 +704,7 @@ TMPL_INLINE void tmpl_stream_reg(const int rb, const int nv, const int skip_mask
 {
     const v_tail t = V_TAIL_INIT(N - (nv - 1) * TMPL_VL);
     const int part = N - (nv - 1) * TMPL_VL < TMPL_VL; /* the last vector is partial: masked */
-    v_f32 acc[2][V_NT_QREGS];
+    v_f32 acc[2][V_STREAM_HREGS];
     const float *a[2];
     TMPL_UNROLL
     for (int i = 0; i < rb; i++) {
@@ -774,41 +775,111 @@ typedef void (*tmpl_stream_fn)(int mr, int N, int K, const float *A, ptrdiff_t l
         tmpl_stream_reg(rb, nv, sk, mr, N, K, A, lda, B, ldb, C, ldc, row_scale);                  \
     }
 #define TMPL_STREAM(rb, nv) TMPL_STREAM1(rb, nv, 0) TMPL_STREAM1(rb, nv, 1)
+/* one row: up to V_STREAM_HREGS vectors; two rows: up to V_NT_QREGS / 2 each */
 TMPL_STREAM(1, 1) TMPL_STREAM(1, 2) TMPL_STREAM(1, 3) TMPL_STREAM(1, 4)
 TMPL_STREAM(1, 5) TMPL_STREAM(1, 6) TMPL_STREAM(1, 7) TMPL_STREAM(1, 8)
-TMPL_STREAM(2, 1) TMPL_STREAM(2, 2) TMPL_STREAM(2, 3) TMPL_STREAM(2, 4)
-#if V_NT_QREGS >= 16
 TMPL_STREAM(1, 9) TMPL_STREAM(1, 10) TMPL_STREAM(1, 11) TMPL_STREAM(1, 12)
+TMPL_STREAM(2, 1) TMPL_STREAM(2, 2) TMPL_STREAM(2, 3) TMPL_STREAM(2, 4)
+#if V_STREAM_HREGS >= 24
 TMPL_STREAM(1, 13) TMPL_STREAM(1, 14) TMPL_STREAM(1, 15) TMPL_STREAM(1, 16)
+TMPL_STREAM(1, 17) TMPL_STREAM(1, 18) TMPL_STREAM(1, 19) TMPL_STREAM(1, 20)
+TMPL_STREAM(1, 21) TMPL_STREAM(1, 22) TMPL_STREAM(1, 23) TMPL_STREAM(1, 24)
+#endif
+#if V_NT_QREGS >= 16
 TMPL_STREAM(2, 5) TMPL_STREAM(2, 6) TMPL_STREAM(2, 7) TMPL_STREAM(2, 8)
 #endif
-#if V_NT_QREGS >= 16
-#define TMPL_STREAM_ROW(rb, sk)                                                                    \
-    {NULL, tmpl_stream_##rb##_1_##sk, tmpl_stream_##rb##_2_##sk, tmpl_stream_##rb##_3_##sk,       \
-     tmpl_stream_##rb##_4_##sk, TMPL_STREAM_HI##rb(sk)}
-#define TMPL_STREAM_HI1(sk)                                                                        \
-    tmpl_stream_1_5_##sk, tmpl_stream_1_6_##sk, tmpl_stream_1_7_##sk, tmpl_stream_1_8_##sk,        \
-        tmpl_stream_1_9_##sk, tmpl_stream_1_10_##sk, tmpl_stream_1_11_##sk, tmpl_stream_1_12_##sk, \
-        tmpl_stream_1_13_##sk, tmpl_stream_1_14_##sk, tmpl_stream_1_15_##sk, tmpl_stream_1_16_##sk
-#define TMPL_STREAM_HI2(sk)                                                                        \
-    tmpl_stream_2_5_##sk, tmpl_stream_2_6_##sk, tmpl_stream_2_7_##sk, tmpl_stream_2_8_##sk
+#if V_STREAM_HREGS != 12 && V_STREAM_HREGS != 24
+#error "V_STREAM_HREGS must be 12 or 24"
+#endif
+#define TMPL_S1(sk)                                                                                \
+    NULL, tmpl_stream_1_1_##sk, tmpl_stream_1_2_##sk, tmpl_stream_1_3_##sk, tmpl_stream_1_4_##sk,  \
+        tmpl_stream_1_5_##sk, tmpl_stream_1_6_##sk, tmpl_stream_1_7_##sk, tmpl_stream_1_8_##sk,    \
+        tmpl_stream_1_9_##sk, tmpl_stream_1_10_##sk, tmpl_stream_1_11_##sk, tmpl_stream_1_12_##sk
+#if V_STREAM_HREGS >= 24
+#define TMPL_S1H(sk)                                                                               \
+    , tmpl_stream_1_13_##sk, tmpl_stream_1_14_##sk, tmpl_stream_1_15_##sk, tmpl_stream_1_16_##sk,  \
+        tmpl_stream_1_17_##sk, tmpl_stream_1_18_##sk, tmpl_stream_1_19_##sk, tmpl_stream_1_20_##sk, \
+        tmpl_stream_1_21_##sk, tmpl_stream_1_22_##sk, tmpl_stream_1_23_##sk, tmpl_stream_1_24_##sk
 #else
-#define TMPL_STREAM_ROW(rb, sk)                                                                    \
-    {NULL, tmpl_stream_##rb##_1_##sk, tmpl_stream_##rb##_2_##sk, tmpl_stream_##rb##_3_##sk,       \
-     tmpl_stream_##rb##_4_##sk, TMPL_STREAM_HI##rb(sk)}
-#define TMPL_STREAM_HI1(sk)                                                                        \
-    tmpl_stream_1_5_##sk, tmpl_stream_1_6_##sk, tmpl_stream_1_7_##sk, tmpl_stream_1_8_##sk
-#define TMPL_STREAM_HI2(sk) NULL
+#define TMPL_S1H(sk)
+#endif
+#define TMPL_S2(sk)                                                                                \
+    NULL, tmpl_stream_2_1_##sk, tmpl_stream_2_2_##sk, tmpl_stream_2_3_##sk, tmpl_stream_2_4_##sk
+#if V_NT_QREGS >= 16
+#define TMPL_S2H(sk)                                                                               \
+    , tmpl_stream_2_5_##sk, tmpl_stream_2_6_##sk, tmpl_stream_2_7_##sk, tmpl_stream_2_8_##sk
+#else
+#define TMPL_S2H(sk)
 #endif
 /* [skip_masked][rows - 1][vectors] (unused entries NULL) */
-static const tmpl_stream_fn tmpl_stream_tab[2][2][V_NT_QREGS + 1] = {
-    {TMPL_STREAM_ROW(1, 0), TMPL_STREAM_ROW(2, 0)}, {TMPL_STREAM_ROW(1, 1), TMPL_STREAM_ROW(2, 1)}};
+static const tmpl_stream_fn tmpl_stream_tab[2][2][V_STREAM_HREGS + 1] = {
+    {{TMPL_S1(0) TMPL_S1H(0)}, {TMPL_S2(0) TMPL_S2H(0)}},
+    {{TMPL_S1(1) TMPL_S1H(1)}, {TMPL_S2(1) TMPL_S2H(1)}}};
+
+/* One row of C longer than V_STREAM_HREGS vectors: the first V_STREAM_HREGS
+ * vectors of accumulators in registers, the other columns (at most
+ * TMPL_STREAM_NMAX) in an L1 buffer; each row of B still read whole, in order,
+ * and the same sums as tmpl_stream_reg. */
+#define TMPL_STREAM_NMAX 512
+TMPL_INLINE void tmpl_stream_hyb(const int skip_masked, int N, int K, const float *A, const float *B,
+                                 ptrdiff_t ldb, float *C, const float *row_scale)
+{
+    enum { NR = V_STREAM_HREGS };
+    float accl[TMPL_STREAM_NMAX] __attribute__((aligned(64)));
+    const int n1 = NR * TMPL_VL, nl = N - n1, nlf = nl - nl % TMPL_VL;
+    const v_tail t = V_TAIL_INIT(nl > nlf ? nl - nlf : TMPL_VL);
+    v_f32 acc[NR];
+    TMPL_UNROLL
+    for (int v = 0; v < NR; v++)
+        acc[v] = V_ZERO();
+    for (int n = 0; n < nl; n++)
+        accl[n] = 0.0f;
+    for (int k = 0; k < K; k++) {
+        const float x = A[k];
+        if (skip_masked) {
+            uint32_t u;
+            memcpy(&u, &x, sizeof u);
+            if (u == 0x80000000u)
+                continue;
+        }
+        const v_f32 p = V_SET1(x);
+        const float *b = B + (ptrdiff_t)k * ldb;
+        TMPL_UNROLL
+        for (int v = 0; v < NR; v++)
+            acc[v] = V_FMA(p, V_LOAD(b + v * TMPL_VL), acc[v]);
+        int n = 0;
+        for (; n < nlf; n += TMPL_VL)
+            V_STORE(accl + n, V_FMA(p, V_LOAD(b + n1 + n), V_LOAD(accl + n)));
+        if (n < nl)
+            V_STORE_T(accl + n, V_FMA(p, V_LOAD_T(b + n1 + n, t), V_LOAD_T(accl + n, t)), t);
+    }
+    const v_f32 sc = V_SET1(row_scale ? row_scale[0] : 1.0f);
+    TMPL_UNROLL
+    for (int v = 0; v < NR; v++)
+        V_STORE(C + v * TMPL_VL, V_FMA(sc, V_LOAD(C + v * TMPL_VL), acc[v]));
+    int n = 0;
+    for (; n < nlf; n += TMPL_VL)
+        V_STORE(C + n1 + n, V_FMA(sc, V_LOAD(C + n1 + n), V_LOAD(accl + n)));
+    if (n < nl)
+        V_STORE_T(C + n1 + n, V_FMA(sc, V_LOAD_T(C + n1 + n, t), V_LOAD_T(accl + n, t)), t);
+}
+
+static void tmpl_stream_hyb_0(int N, int K, const float *A, const float *B, ptrdiff_t ldb, float *C,
+                              const float *row_scale)
+{
+    tmpl_stream_hyb(0, N, K, A, B, ldb, C, row_scale);
+}
+
+static void tmpl_stream_hyb_1(int N, int K, const float *A, const float *B, ptrdiff_t ldb, float *C,
+                              const float *row_scale)
+{
+    tmpl_stream_hyb(1, N, K, A, B, ldb, C, row_scale);
+}
 
 /* For rows of C too long for registers: rb rows (compile-time 1..4) of at most
  * TMPL_STREAM_NMAX columns, with the accumulators in an L1 buffer. Same order
  * as tmpl_stream_reg: each row of B read whole before the next, the sums from
  * zero in increasing k, then C = row_scale * C + sum. */
-#define TMPL_STREAM_NMAX 512
 TMPL_INLINE void tmpl_stream_l1(const int rb, const int skip_masked, int N, int K, const float *A,
                                 ptrdiff_t lda, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
                                 const float *row_scale)
@@ -882,8 +953,9 @@ static const tmpl_stream_l1_fn tmpl_stream_l1_tab[2][5] = {
     {NULL, tmpl_stream_l1_1_0, tmpl_stream_l1_2_0, tmpl_stream_l1_3_0, tmpl_stream_l1_4_0},
     {NULL, tmpl_stream_l1_1_1, tmpl_stream_l1_2_1, tmpl_stream_l1_3_1, tmpl_stream_l1_4_1}};
 
-/* See sdpa_gemm_stream_fn: rows of C in registers when N fits V_NT_QREGS
- * vectors (two rows per pass when it fits half), else in an L1 buffer. */
+/* See sdpa_gemm_stream_fn: a row of accumulators in registers when N fits
+ * V_STREAM_HREGS vectors (two rows per pass when two fit V_NT_QREGS), else
+ * V_STREAM_HREGS vectors in registers and the rest in an L1 buffer. */
 static void tmpl_gemm_stream(int M, int N, int K, const float *A, ptrdiff_t lda, const float *B,
                              ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked,
                              const float *row_scale)
@@ -893,24 +965,32 @@ static void tmpl_gemm_stream(int M, int N, int K, const float *A, ptrdiff_t lda,
     if (K < 0)
         K = 0;
     const int nv = (N + TMPL_VL - 1) / TMPL_VL;
-    if (nv > V_NT_QREGS) { /* accumulators in L1: passes of 4 rows, column chunks */
-        for (int n0 = 0; n0 < N; n0 += TMPL_STREAM_NMAX) {
-            const int nc = N - n0 < TMPL_STREAM_NMAX ? N - n0 : TMPL_STREAM_NMAX;
-            for (int m0 = 0; m0 < M; m0 += 4) {
-                const int mr = M - m0 < 4 ? M - m0 : 4;
-                tmpl_stream_l1_tab[skip_masked != 0][mr](nc, K, A + (ptrdiff_t)m0 * lda, lda, B + n0, ldb,
-                                                          C + (ptrdiff_t)m0 * ldc + n0, ldc,
+    if (nv <= V_STREAM_HREGS) { /* rows of accumulators in registers, two at a time if they fit */
+        const int step = 2 * nv <= V_NT_QREGS ? 2 : 1;
+        for (int m0 = 0; m0 < M; m0 += step) {
+            const int mr = M - m0 < step ? M - m0 : step;
+            tmpl_stream_tab[skip_masked != 0][mr - 1][nv](mr, N, K, A + (ptrdiff_t)m0 * lda, lda, B, ldb,
+                                                          C + (ptrdiff_t)m0 * ldc, ldc,
                                                           row_scale ? row_scale + m0 : NULL);
-            }
         }
         return;
     }
-    const int step = 2 * nv <= V_NT_QREGS ? 2 : 1;
-    for (int m0 = 0; m0 < M; m0 += step) {
-        const int mr = M - m0 < step ? M - m0 : step;
-        tmpl_stream_tab[skip_masked != 0][mr - 1][nv](mr, N, K, A + (ptrdiff_t)m0 * lda, lda, B, ldb,
-                                                      C + (ptrdiff_t)m0 * ldc, ldc,
+    if (N - V_STREAM_HREGS * TMPL_VL <= TMPL_STREAM_NMAX) { /* a row: registers + L1 */
+        for (int m = 0; m < M; m++)
+            (skip_masked ? tmpl_stream_hyb_1 : tmpl_stream_hyb_0)(N, K, A + (ptrdiff_t)m * lda, B, ldb,
+                                                                   C + (ptrdiff_t)m * ldc,
+                                                                   row_scale ? row_scale + m : NULL);
+        return;
+    }
+    /* very long rows: accumulators in L1, passes of 4 rows, column chunks */
+    for (int n0 = 0; n0 < N; n0 += TMPL_STREAM_NMAX) {
+        const int nc = N - n0 < TMPL_STREAM_NMAX ? N - n0 : TMPL_STREAM_NMAX;
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            const int mr = M - m0 < 4 ? M - m0 : 4;
+            tmpl_stream_l1_tab[skip_masked != 0][mr](nc, K, A + (ptrdiff_t)m0 * lda, lda, B + n0, ldb,
+                                                      C + (ptrdiff_t)m0 * ldc + n0, ldc,
                                                       row_scale ? row_scale + m0 : NULL);
+        }
     }
 }
 
@@ -981,19 +1061,42 @@ static const tmpl_attend_fn tmpl_attend_tab[V_NT_QREGS + 1] = {
 #endif
 };
 
-/* See sdpa_attend_rows_fn. Returns 0 (nothing done) unless head_dim_qk and
- * head_dim_v take the same number of vectors, a row of each fits V_NT_QREGS
- * registers, and 0 < M <= SDPA_ATTEND_MAX_ROWS. */
+/* Any head_dims: the same steps through the kernels above (query rows from L1
+ * when too long for registers, output rows partly in L1), in one call. */
+static void tmpl_attend_any(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                            const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m, float *l,
+                            float *O, ptrdiff_t ldo, float *S, float *alpha)
+{
+    for (int j = 0; j < N; j += TMPL_ATTEND_STEP) {
+        const int n = N - j < TMPL_ATTEND_STEP ? N - j : TMPL_ATTEND_STEP;
+        tmpl_gemm_nt(M, n, Dk, scale, Q, ldq, K + (ptrdiff_t)j * ldk, ldk, S, TMPL_ATTEND_STEP, 1);
+        if (n < TMPL_ATTEND_STEP)
+            for (int r = 0; r < M; r++)
+                for (int jj = n; jj < TMPL_ATTEND_STEP; jj++)
+                    S[r * TMPL_ATTEND_STEP + jj] = -INFINITY;
+        tmpl_online_softmax_rows(M, TMPL_ATTEND_STEP, S, TMPL_ATTEND_STEP, m, l, alpha);
+        tmpl_gemm_stream(M, Dv, n, S, TMPL_ATTEND_STEP, V + (ptrdiff_t)j * ldv, ldv, O, ldo, 0, alpha);
+    }
+}
+
+/* See sdpa_attend_rows_fn: the inlined kernels when head_dim_qk and head_dim_v
+ * take the same number of vectors and a row fits V_NT_QREGS registers, else
+ * tmpl_attend_any. Returns 0 (nothing done) unless Dk, Dv > 0 and
+ * 0 < M <= SDPA_ATTEND_MAX_ROWS. */
 static int tmpl_attend_rows(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
                             const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
                             float *l, float *O, ptrdiff_t ldo, float *scratch)
 {
     const int nvk = (Dk + TMPL_VL - 1) / TMPL_VL, nvv = (Dv + TMPL_VL - 1) / TMPL_VL;
-    if (Dk <= 0 || Dv <= 0 || nvk != nvv || nvk > V_NT_QREGS || M <= 0 || M > SDPA_ATTEND_MAX_ROWS)
+    if (Dk <= 0 || Dv <= 0 || M <= 0 || M > SDPA_ATTEND_MAX_ROWS)
         return 0;
-    if (N > 0)
-        tmpl_attend_tab[nvk](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch,
-                             scratch + SDPA_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP);
+    float *S = scratch, *alpha = scratch + SDPA_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP;
+    if (N <= 0)
+        return 1;
+    if (nvk == nvv && nvk <= V_NT_QREGS)
+        tmpl_attend_tab[nvk](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, S, alpha);
+    else
+        tmpl_attend_any(M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, S, alpha);
     return 1;
 }
 

@@ -901,7 +901,7 @@ static void test_gemm_stream(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     static const int ms[] = {0, 1, 2, 3, 4, 5, 7, 8, 16};
     /* head_dims around the vector length and the register budget (AVX-512: up to
      * 256 in registers, 128 for two rows), and above it (blocked gemm) */
-    static const int ns[] = {0, 1, 7, 8, 9, 15, 16, 17, 33, 64, 80, 127, 128, 129, 255, 256, 257, 300, 600};
+    static const int ns[] = {0, 1, 7, 8, 9, 15, 16, 17, 33, 64, 80, 97, 127, 128, 129, 255, 256, 257, 300, 385, 600, 1000};
     static const int ks[] = {0, 1, 2, 5, 16, 17, 32};
     int combo = 0;
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
@@ -951,9 +951,7 @@ static void check_attend(const sdpa_kernels *kt, int M, int N, int Dk, int Dv, i
         report("M=%d N=%d Dk=%d Dv=%d: %ld/%ld/%ld/%ld/%ld elements outside the outputs changed (Q/K/V/O/m,l)",
                M, N, Dk, Dv, cq, ck, cv, co, cs);
     }
-    const int vl = kt->isa == SDPA_ISA_AVX512 ? 16 : kt->isa == SDPA_ISA_AVX2 ? 8 : 4;
-    if (ok && !done && N > 0 && Dk == Dv && Dk <= 8 * vl && M <= SDPA_ATTEND_MAX_ROWS &&
-        kt->isa == SDPA_ISA_AVX512) {
+    if (ok && !done && Dk > 0 && Dv > 0 && M <= SDPA_ATTEND_MAX_ROWS) {
         ok = 0;
         report("M=%d N=%d Dk=%d Dv=%d: not handled", M, N, Dk, Dv);
     }

@@ -23,6 +23,8 @@
 /* gemm_nt with query rows in registers: 16 q = 1 row of head_dim <= 64 or 2
  * rows of head_dim <= 32. */
 #define V_NT_QREGS 16
+/* gemm_stream: one output row of up to 24 q in registers (head_dim 96). */
+#define V_STREAM_HREGS 24
 
 typedef float32x4_t v_f32;
 typedef uint32x4_t v_mask;

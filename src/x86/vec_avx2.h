@@ -81,6 +81,9 @@ static inline void avx2_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, floa
 /* gemm_nt with query rows in registers: 8 ymm = 1 row of head_dim <= 64 or 2
  * rows of head_dim <= 32; larger head_dims take the blocked kernel. */
 #define V_NT_QREGS 8
+/* gemm_stream: one output row of up to 12 ymm in registers (head_dim 96); longer
+ * rows keep 12 there and the rest in L1. */
+#define V_STREAM_HREGS 12
 
 typedef __m256 v_f32;
 typedef __m256 v_mask; /* all-ones / all-zeros lanes */

@@ -22,6 +22,8 @@
 /* gemm_nt with query rows in registers: 16 zmm = 2 rows of head_dim <= 128 or
  * 1 row of head_dim <= 256. */
 #define V_NT_QREGS 16
+/* gemm_stream: one output row of up to 24 zmm in registers (head_dim 384). */
+#define V_STREAM_HREGS 24
 
 typedef __m512 v_f32;
 typedef __mmask16 v_mask;
