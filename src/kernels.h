@@ -88,8 +88,8 @@ typedef void (*sdpa_bwd_dscores_fn)(int M, int N, const float *P, ptrdiff_t ldp,
 /* Dot-product form, for tiles with few queries (decode):
  *   C(m,n) = alpha * sum_k A[m*lda + k] * B[n*ldb + k],  stored at C[m*rs_c + n*cs_c]
  * (overwrites). A holds M query rows, B holds N key rows, both with K contiguous;
- * the driver stores S^T with rs_c = 1, cs_c = ld. K may be 0 (C = 0). Each ISA
- * sums over k in its own fixed order. */
+ * the driver stores S in natural layout, rs_c = 16 (one 16-key step), cs_c = 1.
+ * K may be 0 (C = 0). Each ISA sums over k in its own fixed order. */
 typedef void (*sdpa_gemm_nt_fn)(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
                                 const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c,
                                 ptrdiff_t cs_c);
@@ -97,15 +97,17 @@ typedef void (*sdpa_gemm_nt_fn)(int M, int N, int K, float alpha, const float *A
 /* P.V for few-column tiles (decode), with the online-softmax rescale:
  *   C[m*ldc + n] = C[m*ldc + n] * row_scale[m] + sum_k A[m*lda + k] * B[k*ldb + n]
  * for m < M, n < N (row_scale NULL: no rescale): the sum is accumulated from
- * zero, one fused multiply-add per term in increasing k, then added to the
- * scaled C with one fused multiply-add (the blocked fallback: C scaled, then
- * the gemm's ACCUMULATE). skip_masked: a term whose A(m,k) is the
+ * zero in increasing k, then added to the scaled C (the SIMD kernels: one fused
+ * multiply-add per term, and C = row_scale * C + sum as one more; the scalar
+ * one: unfused, C scaled first). skip_masked: a term whose A(m,k) is the
  * masked sentinel -0.0 adds nothing even if B(k,n) is NaN/Inf, and a row of B
  * whose terms are all skipped is not read. Each row of B is read whole, front
- * to back, before the next (rows of C in registers, or for long rows in an L1
- * buffer): the order the hardware prefetchers follow (a register-blocked gemm
- * reads B in column panels, which on Zen 4 gets about half the memory
- * bandwidth). K may be 0. */
+ * to back, before the next (rows of C in registers, partly in an L1 buffer for
+ * long rows), except for rows of C longer than the ISA's registers plus 512
+ * columns, which are done in 512-column chunks: front-to-back rows are the
+ * order the hardware prefetchers follow (a register-blocked gemm reads B in
+ * column panels, which on Zen 4 gets about half the memory bandwidth). K may
+ * be 0. */
 typedef void (*sdpa_gemm_stream_fn)(int M, int N, int K, const float *A, ptrdiff_t lda, const float *B,
                                     ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked,
                                     const float *row_scale);

@@ -175,5 +175,6 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->gemm_nt = gemm_nt_scalar;
     t->gemm_stream = gemm_stream_scalar;
     t->online_softmax_rows = online_softmax_rows_scalar;
+    t->attend_rows = NULL; /* the driver composes the steps from the entries above */
     t->nt_max_cols = 8; /* same driver path on every ISA for the same shape */
 }

@@ -708,7 +708,7 @@ static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const float
     const sdpa_kernels *kt = pl->kt;
     const int Dk = (int)pl->Dk, Dv = (int)pl->Dv, ncol = nh * nr;
     const ptrdiff_t sk = a->k->seq_stride, sv = a->v->seq_stride;
-    if (!partial && kt->attend_rows && ke - ks <= INT32_MAX &&
+    if (!partial && kt->attend_rows && Dk > 0 && Dv > 0 && ke - ks <= INT32_MAX &&
         kt->attend_rows(ncol, (int)(ke - ks), Dk, Dv, pl->scale, w->qt, Dk, kb + ks * sk, sk, vb + ks * sv, sv,
                         w->m, w->l, w->on, Dv, w->s))
         return;

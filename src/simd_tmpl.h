@@ -91,7 +91,7 @@
 #if defined(__clang__)
 #define TMPL_UNROLL _Pragma("clang loop unroll(full)")
 #elif defined(__GNUC__)
-#define TMPL_UNROLL _Pragma("GCC unroll 16")
+#define TMPL_UNROLL _Pragma("GCC unroll 32") /* register blocks go up to 24 vectors */
 #else
 #define TMPL_UNROLL
 #endif
@@ -566,7 +566,7 @@ static const tmpl_nt_fn tmpl_nt_keys_tab[5] = {NULL, tmpl_nt_keys_1, tmpl_nt_key
  * rb (1 or 2) query rows of nv vectors stay in registers, and keys are taken
  * 4/rb at a time, each key row read whole, front to back, before the next:
  * the hardware prefetchers follow that order (on Zen 4, reading 4 key rows
- * side by side, as the blocked kernel above does, gets half the memory
+ * side by side, as a register-blocked dot product would, gets half the memory
  * bandwidth). Each (row, key) sums even and odd vectors in two chains, then
  * V_REDUCE4 of their sum: C(m,n) depends only on row m, row n, K and alpha,
  * the same for rb = 1 and 2. rb, nv compile-time; the last vector is partial

@@ -900,7 +900,8 @@ static void test_gemm_stream(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     kernel_begin(kt->name, "gemm_stream");
     static const int ms[] = {0, 1, 2, 3, 4, 5, 7, 8, 16};
     /* head_dims around the vector length and the register budget (AVX-512: up to
-     * 256 in registers, 128 for two rows), and above it (blocked gemm) */
+     * 384 in registers for one row, 128 for two), above it (registers + an L1 buffer) and
+     * above that plus 512 columns (L1 buffer, 512-column chunks) */
     static const int ns[] = {0, 1, 7, 8, 9, 15, 16, 17, 33, 64, 80, 97, 127, 128, 129, 255, 256, 257, 300, 385, 600, 1000};
     static const int ks[] = {0, 1, 2, 5, 16, 17, 32};
     int combo = 0;

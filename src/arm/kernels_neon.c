@@ -4,8 +4,8 @@
  * gemm register block 5 x 16 (5 x 4 q accumulators); tails through a small
  * zero-padded buffer; a skipped term (SKIP_ZERO_A/B) has its operands zeroed by a
  * bitwise and before the FMA; exp is
- * Sleef_expf4_u10advsimd; gemm_nt (decode scores) keeps 4 rows x 4 keys of q
- * dot-product accumulators. */
+ * Sleef_expf4_u10advsimd; gemm_nt (decode scores) keeps up to 2 query rows in
+ * q registers and reads each key row whole (see simd_tmpl.h). */
 #include "arm/vec_neon.h"
 
 #include "simd_tmpl.h"

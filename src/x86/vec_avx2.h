@@ -79,7 +79,7 @@ static inline void avx2_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, floa
 #define V_GEMM_MR_SKIP 3 /* 6 x 2 with two predicates and two zeroed operands spills */
 #define V_TRANSPOSE_BLOCK 8
 /* gemm_nt with query rows in registers: 8 ymm = 1 row of head_dim <= 64 or 2
- * rows of head_dim <= 32; larger head_dims take the blocked kernel. */
+ * rows of head_dim <= 32; longer rows are read from L1, 4 rows per key. */
 #define V_NT_QREGS 8
 /* gemm_stream: one output row of up to 12 ymm in registers (head_dim 96); longer
  * rows keep 12 there and the rest in L1. */
