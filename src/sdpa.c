@@ -688,6 +688,35 @@ static inline void prefetch_rows(const float *base, ptrdiff_t stride, int64_t j0
     }
 }
 
+/* Splits keys [ks, ke] of a tile into three runs for the products over keys:
+ * seg[0..1) and seg[2..3) may hold masked entries, seg[1..2) is allowed by
+ * every row of the tile. Only interval masks (causal, window, key lengths)
+ * give a run without masked entries in a partial tile ([lo of the last row,
+ * hi of the first]); it takes the plain gemm, which on the diagonal tiles is
+ * cheaper than the one that skips the masked sentinel. A full tile is one
+ * plain run. The split depends on the shape only. */
+static void key_runs(const plan *pl, const int64_t *lo, const int64_t *hi, int kind, int nr, int64_t ks,
+                     int64_t ke, int64_t seg[4])
+{
+    int64_t fs = ks, fe = ke; /* a full tile: one plain run */
+    if (kind == TILE_PARTIAL) {
+        fs = ke + 1; /* no plain run unless the interval masks give one */
+        if (!pl->elem_mask) {
+            fs = lo[nr - 1] > ks ? lo[nr - 1] : ks;
+            fe = hi[0] < ke ? hi[0] : ke;
+        }
+    }
+    if (fs > fe) { /* everything in the first (masked) run */
+        seg[0] = ks;
+        seg[1] = seg[2] = seg[3] = ke + 1;
+        return;
+    }
+    seg[0] = ks;
+    seg[1] = fs;
+    seg[2] = fe + 1;
+    seg[3] = ke + 1;
+}
+
 /* Keys per step in the few-column path (see fwd_item). */
 #define NT_STEP 16
 
@@ -832,10 +861,18 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
         /* m, l, alpha; S^T -> P^T */
         kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha);
         if (Dv > 0) {
-            /* O^T = O^T * alpha + V^T P^T */
+            /* O^T = O^T * alpha + V^T P^T, in the runs of key_runs */
             kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
-            kt->gemm(Dv, ncol, nk, 1.0f, vb + ks * a->v->seq_stride, 1, a->v->seq_stride, w->s, ld, w->ot, ld,
-                     SDPA_GEMM_ACCUMULATE | (kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_B : 0));
+            int64_t seg[4];
+            key_runs(pl, w->lo, w->hi, kind, nr, ks, ke, seg);
+            for (int g = 0; g < 3; g++) {
+                const int64_t j0s = seg[g], n = seg[g + 1] - seg[g];
+                if (n <= 0)
+                    continue;
+                kt->gemm(Dv, ncol, (int)n, 1.0f, vb + j0s * a->v->seq_stride, 1, a->v->seq_stride,
+                         w->s + (j0s - ks) * ld, ld, w->ot, ld,
+                         SDPA_GEMM_ACCUMULATE | (g != 1 ? SDPA_GEMM_SKIP_ZERO_B : 0));
+            }
         }
     }
     if (L->nsplit > 1) {
@@ -1060,6 +1097,8 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
         return;
     const int nk = (int)(ke - ks + 1);
     const int skip = kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0;
+    int64_t seg[4]; /* key runs: masked, allowed by every row, masked (key_runs) */
+    key_runs(pl, w->lo, w->hi, kind, nr, ks, ke, seg);
     const float *kb = Dk > 0 ? a->k->data + b * a->k->batch_stride + hk * a->k->head_stride + ks * a->k->seq_stride : NULL;
 
     /* The query tile's packed operands are reused while the same thread stays
@@ -1091,8 +1130,12 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
         const float *dob = nh == 1 ? row_in(a->dout, b, h0, i0)
                                    : fresh ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don) : w->don;
         const ptrdiff_t lddo = nh == 1 ? a->dout->seq_stride : Dv;
-        /* dV += P^T dO */
-        kt->gemm(nk, Dv, ncol, 1.0f, w->p, ld, 1, dob, lddo, dvb, a->dv->seq_stride, SDPA_GEMM_ACCUMULATE | skip);
+        /* dV += P^T dO, in the runs of key_runs */
+        for (int g = 0; g < 3; g++)
+            if (seg[g + 1] > seg[g])
+                kt->gemm((int)(seg[g + 1] - seg[g]), Dv, ncol, 1.0f, w->p + (seg[g] - ks) * ld, ld, 1, dob, lddo,
+                         dvb + (seg[g] - ks) * a->dv->seq_stride, a->dv->seq_stride,
+                         SDPA_GEMM_ACCUMULATE | (g != 1 ? skip : 0));
         /* dP^T = V dO^T */
         if (fresh)
             kt->transpose(ncol, Dv, dob, lddo, w->dot, ld);
@@ -1109,11 +1152,17 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
                                     : fresh ? pack_rows(a->q, b, h0, nh, i0, nr, Dk, w->qn) : w->qn;
         const ptrdiff_t ldq = nh == 1 ? a->q->seq_stride : Dk;
         /* dK += scale dS^T Q ; dQ += scale dS K (per head of the tile) */
-        kt->gemm(nk, Dk, ncol, pl->scale, w->dp, ld, 1, qsrc, ldq, dkb, a->dk->seq_stride,
-                 SDPA_GEMM_ACCUMULATE | skip);
-        for (int g = 0; g < nh; g++)
-            kt->gemm(nr, Dk, nk, pl->scale, w->dp + g * nr, 1, ld, kb, a->k->seq_stride,
-                     row_out(a->dq, b, h0 + g, i0), a->dq->seq_stride, SDPA_GEMM_ACCUMULATE | skip);
+        for (int g = 0; g < 3; g++)
+            if (seg[g + 1] > seg[g])
+                kt->gemm((int)(seg[g + 1] - seg[g]), Dk, ncol, pl->scale, w->dp + (seg[g] - ks) * ld, ld, 1, qsrc,
+                         ldq, dkb + (seg[g] - ks) * a->dk->seq_stride, a->dk->seq_stride,
+                         SDPA_GEMM_ACCUMULATE | (g != 1 ? skip : 0));
+        for (int h = 0; h < nh; h++)
+            for (int g = 0; g < 3; g++)
+                if (seg[g + 1] > seg[g])
+                    kt->gemm(nr, Dk, (int)(seg[g + 1] - seg[g]), pl->scale, w->dp + (seg[g] - ks) * ld + h * nr, 1, ld,
+                             kb + (seg[g] - ks) * a->k->seq_stride, a->k->seq_stride, row_out(a->dq, b, h0 + h, i0),
+                             a->dq->seq_stride, SDPA_GEMM_ACCUMULATE | (g != 1 ? skip : 0));
     }
     w->packed_tile = tile;
 }
