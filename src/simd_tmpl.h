@@ -28,6 +28,7 @@
  *   V_ZERO_UNLESS(v,m)  m ? v : +0 (a bitwise and, off the accumulator chain)
  *   V_EXP(x)            SLEEF's u10 vector expf of this ISA
  *   V_TRANSPOSE(src,lds,dst,ldd)   one V_TRANSPOSE_BLOCK square block
+ *   V_TRANSPOSE16(src,lds,dst,ldd) (optional) one 16 x 16 block
  *   V_NT_QREGS          vector registers for query rows (gemm_nt) and for two output
  *                       rows (gemm_stream): 8 or 16
  *   V_STREAM_HREGS      vector registers for one output row (gemm_stream): 12 or 24
@@ -1102,8 +1103,8 @@ static int tmpl_attend_rows(int M, int N, int Dk, int Dv, float scale, const flo
 
 /* ------------------------------------------------------------- transpose */
 
-static void tmpl_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
-                           ptrdiff_t ldd)
+static void tmpl_transpose_blocks(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
+                                  ptrdiff_t ldd)
 {
     const int tb = V_TRANSPOSE_BLOCK;
     int r0 = 0;
@@ -1118,6 +1119,25 @@ static void tmpl_transpose(int rows, int cols, const float *src, ptrdiff_t lds, 
     for (int c = 0; c < cols; c++)
         for (int r = r0; r < rows; r++)
             dst[(ptrdiff_t)c * ldd + r] = src[(ptrdiff_t)r * lds + c];
+}
+
+/* dst[c][r] = src[r][c]: V_TRANSPOSE16 blocks where the layer has them, then
+ * V_TRANSPOSE_BLOCK blocks, then element by element. */
+static void tmpl_transpose(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
+                           ptrdiff_t ldd)
+{
+#ifdef V_TRANSPOSE16
+    const int r16 = rows - rows % 16, c16 = cols - cols % 16;
+    for (int r0 = 0; r0 < r16; r0 += 16)
+        for (int c0 = 0; c0 < c16; c0 += 16)
+            V_TRANSPOSE16(src + (ptrdiff_t)r0 * lds + c0, lds, dst + (ptrdiff_t)c0 * ldd + r0, ldd);
+    if (c16 < cols) /* rows [0, r16), columns [c16, cols) */
+        tmpl_transpose_blocks(r16, cols - c16, src + c16, lds, dst + (ptrdiff_t)c16 * ldd, ldd);
+    if (r16 < rows) /* rows [r16, rows), every column */
+        tmpl_transpose_blocks(rows - r16, cols, src + (ptrdiff_t)r16 * lds, lds, dst + r16, ldd);
+#else
+    tmpl_transpose_blocks(rows, cols, src, lds, dst, ldd);
+#endif
 }
 
 /* ----------------------------------------------------------------- table */

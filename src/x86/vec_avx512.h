@@ -43,6 +43,37 @@ static inline void avx512_reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, fl
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
 }
 
+/* 16 x 16 transpose: dst[c][r] = src[r][c] (unpack within 128-bit lanes, then
+ * 4 x 4 blocks, then two rounds of 128-bit lane shuffles). */
+static inline void avx512_transpose16x16(const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd)
+{
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_loadu_ps(src + (ptrdiff_t)i * lds);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* r[4j + e], 128-bit lane L: element 4L + e of rows 4j .. 4j + 3 */
+    for (int j = 0; j < 4; j++) {
+        r[4 * j + 0] = _mm512_shuffle_ps(t[4 * j + 0], t[4 * j + 2], 0x44);
+        r[4 * j + 1] = _mm512_shuffle_ps(t[4 * j + 0], t[4 * j + 2], 0xEE);
+        r[4 * j + 2] = _mm512_shuffle_ps(t[4 * j + 1], t[4 * j + 3], 0x44);
+        r[4 * j + 3] = _mm512_shuffle_ps(t[4 * j + 1], t[4 * j + 3], 0xEE);
+    }
+    /* column 4L + e = lane L of r[e], r[4 + e], r[8 + e], r[12 + e] */
+    for (int e = 0; e < 4; e++) {
+        const __m512 x0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88);
+        const __m512 x1 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xDD);
+        const __m512 y0 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88);
+        const __m512 y1 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xDD);
+        _mm512_storeu_ps(dst + (ptrdiff_t)(0 + e) * ldd, _mm512_shuffle_f32x4(x0, y0, 0x88));
+        _mm512_storeu_ps(dst + (ptrdiff_t)(4 + e) * ldd, _mm512_shuffle_f32x4(x1, y1, 0x88));
+        _mm512_storeu_ps(dst + (ptrdiff_t)(8 + e) * ldd, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+        _mm512_storeu_ps(dst + (ptrdiff_t)(12 + e) * ldd, _mm512_shuffle_f32x4(x1, y1, 0xDD));
+    }
+}
+
 #define V_ZERO() _mm512_setzero_ps()
 #define V_SET1(x) _mm512_set1_ps(x)
 #define V_LOAD(p) _mm512_loadu_ps(p)
@@ -69,6 +100,7 @@ static inline void avx512_reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, fl
 #define V_FMA_M(a, b, c, m) _mm512_mask3_fmadd_ps((a), (b), (c), (m))
 #define V_EXP(x) Sleef_expf16_u10avx512f(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
+#define V_TRANSPOSE16(src, lds, dst, ldd) avx512_transpose16x16((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) avx512_reduce4((a0), (a1), (a2), (a3), (out))
 #define V_HMAX(a) _mm512_reduce_max_ps(a)
 
