@@ -487,6 +487,23 @@ static void mask_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0,
     }
 }
 
+/* The masked score tile S^T = scale K Q^T (keys ks.. x the tile's columns,
+ * row stride ld) from K rows (stride ldk) and the packed Q^T; -inf and bias
+ * where the tile is partial. Dk = 0: every score is 0 and K is not read. */
+static void score_tile(const plan *pl, int kind, int64_t b, int64_t h0, int nh, int64_t i0, int nr,
+                       const int64_t *lo, const int64_t *hi, int64_t ks, int nk, const float *krows,
+                       ptrdiff_t ldk, const float *qt, float *s)
+{
+    const int ld = pl->ld, ncol = nh * nr;
+    if (pl->Dk == 0)
+        for (int jj = 0; jj < nk; jj++)
+            memset(s + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
+    else
+        pl->kt->gemm(nk, ncol, (int)pl->Dk, pl->scale, krows, ldk, 1, qt, ld, s, ld, 0);
+    if (kind == TILE_PARTIAL)
+        mask_tile(pl, b, h0, nh, i0, nr, lo, hi, ks, nk, s, ld, 1);
+}
+
 /* ------------------------------------------------------------------ helpers */
 
 static void *aligned_alloc_bytes(size_t bytes)
@@ -850,14 +867,8 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
             prefetch_rows(kb, a->k->seq_stride, n0, n1, Dk);
             prefetch_rows(vb, a->v->seq_stride, n0, n1, Dv);
         }
-        /* S^T = scale K Q^T */
-        if (Dk == 0)
-            for (int jj = 0; jj < nk; jj++)
-                memset(w->s + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
-        else
-            kt->gemm(nk, ncol, Dk, pl->scale, ktile_rows, a->k->seq_stride, 1, w->qt, ld, w->s, ld, 0);
-        if (kind == TILE_PARTIAL)
-            mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->s, ld, 1);
+        score_tile(pl, kind, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, ktile_rows, a->k->seq_stride, w->qt,
+                   w->s);
         /* m, l, alpha; S^T -> P^T */
         kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha);
         if (Dv > 0) {
@@ -1115,13 +1126,7 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
             w->dd[g * nr + ii] = Db[ii];
         }
     }
-    if (Dk == 0) /* no features: every score is 0 (K may have no data at all) */
-        for (int jj = 0; jj < nk; jj++)
-            memset(w->p + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
-    else
-        kt->gemm(nk, ncol, Dk, pl->scale, kb, a->k->seq_stride, 1, w->qt, ld, w->p, ld, 0);
-    if (kind == TILE_PARTIAL)
-        mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->p, ld, 1);
+    score_tile(pl, kind, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, kb, a->k->seq_stride, w->qt, w->p);
     kt->bwd_probs(nk, ncol, w->p, ld, w->lse);
 
     if (Dv > 0) {
