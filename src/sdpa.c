@@ -1183,27 +1183,29 @@ static void bwd_wave_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const fw
     bwd_pair(pl, w, a, tile, b, h0, nh, i0, nr, c * pl->bk);
 }
 
-static void zero_rows(float *data, const int64_t n[3], const int64_t s[3], int64_t len)
+/* Zeroes the rows of heads [h0, h1) of a gradient (heads numbered b * n[1] + h). */
+static void zero_heads(float *data, const int64_t n[3], const int64_t s[3], int64_t len, int64_t h0, int64_t h1)
 {
-    if (!data || len == 0 || n[0] == 0 || n[1] == 0 || n[2] == 0)
+    if (!data || len == 0 || n[2] == 0)
         return;
-    for (int64_t x = 0; x < n[0]; x++)
-        for (int64_t y = 0; y < n[1]; y++)
-            for (int64_t z = 0; z < n[2]; z++)
-                memset(data + x * s[0] + y * s[1] + z * s[2], 0, (size_t)len * sizeof(float));
+    for (int64_t bh = h0; bh < h1; bh++)
+        for (int64_t z = 0; z < n[2]; z++)
+            memset(data + (bh / n[1]) * s[0] + (bh % n[1]) * s[1] + z * s[2], 0, (size_t)len * sizeof(float));
 }
 
-/* dQ, dK, dV = 0 in full (the backward accumulates into them). */
+/* dQ, dK, dV = 0 for the heads [part * H / parts, (part + 1) * H / parts) of
+ * each (H = its batch x heads), so that the threads of a team share the work. */
 static void zero_grads(const plan *pl, const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
-                       const sdpa_tensor_out *dv)
+                       const sdpa_tensor_out *dv, int part, int parts)
 {
     const int64_t nq3[3] = {pl->B, pl->Hq, pl->Tq}, nk3[3] = {pl->B, pl->Hkv, pl->Tk};
     const int64_t sdq[3] = {dq->batch_stride, dq->head_stride, dq->seq_stride};
     const int64_t sdk[3] = {dk->batch_stride, dk->head_stride, dk->seq_stride};
     const int64_t sdv[3] = {dv->batch_stride, dv->head_stride, dv->seq_stride};
-    zero_rows(dq->data, nq3, sdq, pl->Dk);
-    zero_rows(dk->data, nk3, sdk, pl->Dk);
-    zero_rows(dv->data, nk3, sdv, pl->Dv);
+    const int64_t hq = pl->B * pl->Hq, hk = pl->B * pl->Hkv;
+    zero_heads(dq->data, nq3, sdq, pl->Dk, hq * part / parts, hq * (part + 1) / parts);
+    zero_heads(dk->data, nk3, sdk, pl->Dk, hk * part / parts, hk * (part + 1) / parts);
+    zero_heads(dv->data, nk3, sdv, pl->Dv, hk * part / parts, hk * (part + 1) / parts);
 }
 
 sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -1240,7 +1242,7 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
      * zero. With Dk = Dv = 0, or no query or key rows, there is nothing else to
      * compute either; this also keeps empty problems of huge B x H instant. */
     if (pl.Dv == 0 || pl.B == 0 || pl.Hq == 0 || pl.Tq == 0 || pl.Tk == 0) {
-        zero_grads(&pl, dq, dk, dv);
+        zero_grads(&pl, dq, dk, dv, 0, 1);
         return SDPA_OK;
     }
     /* Query tiles as in the forward (several heads of a group per tile when Tq
@@ -1257,8 +1259,7 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
         return SDPA_ERR_OUT_OF_MEMORY;
     float *D = ws + (size_t)nthreads * per;
 
-    /* From here on the outputs are written. */
-    zero_grads(&pl, dq, dk, dv);
+    /* From here on the outputs are written (zeroed first, by the team below). */
     const bwd_args a = {q, k, v, o, lse, dout, dq, dk, dv, D};
     const int64_t ndiag = (R > 0 && nkt > 0) ? R + nkt - 1 : 0;
 
@@ -1271,6 +1272,14 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
         tid = omp_get_thread_num();
 #endif
         bwd_ws w = bwd_ws_carve(&pl, ws + (size_t)tid * per);
+        int team = 1;
+#if HAVE_OPENMP
+        team = omp_get_num_threads();
+#endif
+        zero_grads(&pl, dq, dk, dv, tid, team);
+#if HAVE_OPENMP
+#pragma omp barrier
+#endif
         /* D = rowsum(dO * O) */
 #if HAVE_OPENMP
 #pragma omp for schedule(static)
