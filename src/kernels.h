@@ -118,9 +118,10 @@ typedef void (*sdpa_gemm_stream_fn)(int M, int N, int K, const float *A, ptrdiff
  * Q M x Dk (row stride ldq), K and V N rows (ldk, ldv), O M x Dv (ldo), all in
  * one call so that the per-step work stays in registers and K and V are read
  * row by row, interleaved 16 keys at a time. scratch: SDPA_ATTEND_SCRATCH
- * floats. Returns 0 and does nothing unless Dk, Dv > 0 and
- * 0 < M <= SDPA_ATTEND_MAX_ROWS (the caller then composes the same steps from
- * the kernels above); 1 when done. */
+ * floats. Returns 0 and does nothing for a shape the ISA does not take here
+ * (Dk or Dv 0, M outside 1..SDPA_ATTEND_MAX_ROWS, or head_dims the ISA cannot
+ * keep in registers): the caller then composes the same steps from the kernels
+ * above. 1 when done. */
 #define SDPA_ATTEND_MAX_ROWS 16
 #define SDPA_ATTEND_SCRATCH (SDPA_ATTEND_MAX_ROWS * 16 + 16)
 typedef int (*sdpa_attend_rows_fn)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,

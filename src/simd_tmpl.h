@@ -877,86 +877,10 @@ static void tmpl_stream_hyb_1(int N, int K, const float *A, const float *B, ptrd
     tmpl_stream_hyb(1, N, K, A, B, ldb, C, row_scale);
 }
 
-/* For rows of C too long for registers: rb rows (compile-time 1..4) of at most
- * TMPL_STREAM_NMAX columns, with the accumulators in an L1 buffer. Same order
- * as tmpl_stream_reg: each row of B read whole before the next, the sums from
- * zero in increasing k, then C = row_scale * C + sum. */
-TMPL_INLINE void tmpl_stream_l1(const int rb, const int skip_masked, int N, int K, const float *A,
-                                ptrdiff_t lda, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
-                                const float *row_scale)
-{
-    float acc[4][TMPL_STREAM_NMAX] __attribute__((aligned(64)));
-    const int nfull = N - N % TMPL_VL;
-    const v_tail t = V_TAIL_INIT(N > nfull ? N - nfull : TMPL_VL);
-    TMPL_UNROLL
-    for (int i = 0; i < rb; i++)
-        for (int n = 0; n < N; n++)
-            acc[i][n] = 0.0f;
-    for (int k = 0; k < K; k++) {
-        const float *b = B + (ptrdiff_t)k * ldb;
-        v_f32 p[4];
-        int live[4];
-        int any = 0;
-        TMPL_UNROLL
-        for (int i = 0; i < rb; i++) {
-            const float x = A[(ptrdiff_t)i * lda + k];
-            p[i] = V_SET1(x);
-            live[i] = 1;
-            if (skip_masked) {
-                uint32_t u;
-                memcpy(&u, &x, sizeof u);
-                live[i] = u != 0x80000000u;
-            }
-            any |= live[i];
-        }
-        if (!any)
-            continue;
-        int n = 0;
-        for (; n < nfull; n += TMPL_VL) {
-            const v_f32 bv = V_LOAD(b + n);
-            TMPL_UNROLL
-            for (int i = 0; i < rb; i++)
-                if (live[i])
-                    V_STORE(&acc[i][n], V_FMA(p[i], bv, V_LOAD(&acc[i][n])));
-        }
-        if (n < N) {
-            const v_f32 bv = V_LOAD_T(b + n, t);
-            TMPL_UNROLL
-            for (int i = 0; i < rb; i++)
-                if (live[i])
-                    V_STORE_T(&acc[i][n], V_FMA(p[i], bv, V_LOAD_T(&acc[i][n], t)), t);
-        }
-    }
-    TMPL_UNROLL
-    for (int i = 0; i < rb; i++) {
-        float *c = C + (ptrdiff_t)i * ldc;
-        const v_f32 sc = V_SET1(row_scale ? row_scale[i] : 1.0f);
-        int n = 0;
-        for (; n < nfull; n += TMPL_VL)
-            V_STORE(c + n, V_FMA(sc, V_LOAD(c + n), V_LOAD(&acc[i][n])));
-        if (n < N)
-            V_STORE_T(c + n, V_FMA(sc, V_LOAD_T(c + n, t), V_LOAD_T(&acc[i][n], t)), t);
-    }
-}
-
-#define TMPL_STREAM_L1(rb, sk)                                                                     \
-    static void tmpl_stream_l1_##rb##_##sk(int N, int K, const float *A, ptrdiff_t lda,             \
-                                           const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,  \
-                                           const float *row_scale)                                  \
-    {                                                                                              \
-        tmpl_stream_l1(rb, sk, N, K, A, lda, B, ldb, C, ldc, row_scale);                           \
-    }
-TMPL_STREAM_L1(1, 0) TMPL_STREAM_L1(2, 0) TMPL_STREAM_L1(3, 0) TMPL_STREAM_L1(4, 0)
-TMPL_STREAM_L1(1, 1) TMPL_STREAM_L1(2, 1) TMPL_STREAM_L1(3, 1) TMPL_STREAM_L1(4, 1)
-typedef void (*tmpl_stream_l1_fn)(int N, int K, const float *A, ptrdiff_t lda, const float *B,
-                                  ptrdiff_t ldb, float *C, ptrdiff_t ldc, const float *row_scale);
-static const tmpl_stream_l1_fn tmpl_stream_l1_tab[2][5] = {
-    {NULL, tmpl_stream_l1_1_0, tmpl_stream_l1_2_0, tmpl_stream_l1_3_0, tmpl_stream_l1_4_0},
-    {NULL, tmpl_stream_l1_1_1, tmpl_stream_l1_2_1, tmpl_stream_l1_3_1, tmpl_stream_l1_4_1}};
-
 /* See sdpa_gemm_stream_fn: a row of accumulators in registers when N fits
  * V_STREAM_HREGS vectors (two rows per pass when two fit V_NT_QREGS), else
- * V_STREAM_HREGS vectors in registers and the rest in an L1 buffer. */
+ * V_STREAM_HREGS vectors in registers and the rest in an L1 buffer (column
+ * chunks for very long rows). */
 static void tmpl_gemm_stream(int M, int N, int K, const float *A, ptrdiff_t lda, const float *B,
                              ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked,
                              const float *row_scale)
@@ -976,21 +900,20 @@ static void tmpl_gemm_stream(int M, int N, int K, const float *A, ptrdiff_t lda,
         }
         return;
     }
-    if (N - V_STREAM_HREGS * TMPL_VL <= TMPL_STREAM_NMAX) { /* a row: registers + L1 */
-        for (int m = 0; m < M; m++)
-            (skip_masked ? tmpl_stream_hyb_1 : tmpl_stream_hyb_0)(N, K, A + (ptrdiff_t)m * lda, B, ldb,
-                                                                   C + (ptrdiff_t)m * ldc,
-                                                                   row_scale ? row_scale + m : NULL);
-        return;
-    }
-    /* very long rows: accumulators in L1, passes of 4 rows, column chunks */
-    for (int n0 = 0; n0 < N; n0 += TMPL_STREAM_NMAX) {
-        const int nc = N - n0 < TMPL_STREAM_NMAX ? N - n0 : TMPL_STREAM_NMAX;
-        for (int m0 = 0; m0 < M; m0 += 4) {
-            const int mr = M - m0 < 4 ? M - m0 : 4;
-            tmpl_stream_l1_tab[skip_masked != 0][mr](nc, K, A + (ptrdiff_t)m0 * lda, lda, B + n0, ldb,
-                                                      C + (ptrdiff_t)m0 * ldc + n0, ldc,
-                                                      row_scale ? row_scale + m0 : NULL);
+    /* longer rows: per row, V_STREAM_HREGS vectors in registers and up to
+     * TMPL_STREAM_NMAX more columns in L1, in column chunks of that width */
+    const int chunk = V_STREAM_HREGS * TMPL_VL + TMPL_STREAM_NMAX;
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int nc = N - n0 < chunk ? N - n0 : chunk;
+        for (int m = 0; m < M; m++) {
+            const float *am = A + (ptrdiff_t)m * lda;
+            float *cm = C + (ptrdiff_t)m * ldc + n0;
+            const float *sm = row_scale ? row_scale + m : NULL;
+            if (nc > V_STREAM_HREGS * TMPL_VL)
+                (skip_masked ? tmpl_stream_hyb_1 : tmpl_stream_hyb_0)(nc, K, am, B + n0, ldb, cm, sm);
+            else /* the last chunk is short enough for registers alone */
+                tmpl_stream_tab[skip_masked != 0][0][(nc + TMPL_VL - 1) / TMPL_VL](1, nc, K, am, lda, B + n0, ldb,
+                                                                                 cm, ldc, sm);
         }
     }
 }
@@ -1062,42 +985,20 @@ static const tmpl_attend_fn tmpl_attend_tab[V_NT_QREGS + 1] = {
 #endif
 };
 
-/* Any head_dims: the same steps through the kernels above (query rows from L1
- * when too long for registers, output rows partly in L1), in one call. */
-static void tmpl_attend_any(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
-                            const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m, float *l,
-                            float *O, ptrdiff_t ldo, float *S, float *alpha)
-{
-    for (int j = 0; j < N; j += TMPL_ATTEND_STEP) {
-        const int n = N - j < TMPL_ATTEND_STEP ? N - j : TMPL_ATTEND_STEP;
-        tmpl_gemm_nt(M, n, Dk, scale, Q, ldq, K + (ptrdiff_t)j * ldk, ldk, S, TMPL_ATTEND_STEP, 1);
-        if (n < TMPL_ATTEND_STEP)
-            for (int r = 0; r < M; r++)
-                for (int jj = n; jj < TMPL_ATTEND_STEP; jj++)
-                    S[r * TMPL_ATTEND_STEP + jj] = -INFINITY;
-        tmpl_online_softmax_rows(M, TMPL_ATTEND_STEP, S, TMPL_ATTEND_STEP, m, l, alpha);
-        tmpl_gemm_stream(M, Dv, n, S, TMPL_ATTEND_STEP, V + (ptrdiff_t)j * ldv, ldv, O, ldo, 0, alpha);
-    }
-}
-
-/* See sdpa_attend_rows_fn: the inlined kernels when head_dim_qk and head_dim_v
- * take the same number of vectors and a row fits V_NT_QREGS registers, else
- * tmpl_attend_any. Returns 0 (nothing done) unless Dk, Dv > 0 and
- * 0 < M <= SDPA_ATTEND_MAX_ROWS. */
+/* See sdpa_attend_rows_fn: the kernels above, inlined, when head_dim_qk and
+ * head_dim_v take the same number of vectors and a row fits V_NT_QREGS
+ * registers; returns 0 (nothing done) otherwise, and unless
+ * 0 < M <= SDPA_ATTEND_MAX_ROWS (the driver then composes the same steps). */
 static int tmpl_attend_rows(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
                             const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
                             float *l, float *O, ptrdiff_t ldo, float *scratch)
 {
     const int nvk = (Dk + TMPL_VL - 1) / TMPL_VL, nvv = (Dv + TMPL_VL - 1) / TMPL_VL;
-    if (Dk <= 0 || Dv <= 0 || M <= 0 || M > SDPA_ATTEND_MAX_ROWS)
+    if (Dk <= 0 || Dv <= 0 || nvk != nvv || nvk > V_NT_QREGS || M <= 0 || M > SDPA_ATTEND_MAX_ROWS)
         return 0;
-    float *S = scratch, *alpha = scratch + SDPA_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP;
-    if (N <= 0)
-        return 1;
-    if (nvk == nvv && nvk <= V_NT_QREGS)
-        tmpl_attend_tab[nvk](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, S, alpha);
-    else
-        tmpl_attend_any(M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, S, alpha);
+    if (N > 0)
+        tmpl_attend_tab[nvk](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch,
+                             scratch + SDPA_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP);
     return 1;
 }
 

@@ -952,7 +952,10 @@ static void check_attend(const sdpa_kernels *kt, int M, int N, int Dk, int Dv, i
         report("M=%d N=%d Dk=%d Dv=%d: %ld/%ld/%ld/%ld/%ld elements outside the outputs changed (Q/K/V/O/m,l)",
                M, N, Dk, Dv, cq, ck, cv, co, cs);
     }
-    if (ok && !done && Dk > 0 && Dv > 0 && M <= SDPA_ATTEND_MAX_ROWS) {
+    const int vl = kt->isa == SDPA_ISA_AVX512 ? 16 : kt->isa == SDPA_ISA_AVX2 ? 8 : 4;
+    const int regs = kt->isa == SDPA_ISA_AVX2 ? 8 : 16; /* V_NT_QREGS of the ISA */
+    if (ok && !done && Dk > 0 && Dv > 0 && M <= SDPA_ATTEND_MAX_ROWS && (Dk + vl - 1) / vl == (Dv + vl - 1) / vl &&
+        (Dk + vl - 1) / vl <= regs) {
         ok = 0;
         report("M=%d N=%d Dk=%d Dv=%d: not handled", M, N, Dk, Dv);
     }
