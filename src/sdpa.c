@@ -734,6 +734,27 @@ static void key_runs(const plan *pl, const int64_t *lo, const int64_t *hi, int k
     seg[3] = ke + 1;
 }
 
+/* C += alpha A B over the runs of key_runs: the tile's keys are either the
+ * inner dimension (keys_inner: K of each call is a run's length; A advances by
+ * cs_a and B by ldb per key) or the rows (M is the run's length; A advances by
+ * rs_a and C by ldc per key). The first and last runs take skip_flag. */
+static void gemm_key_runs(const sdpa_kernels *kt, const int64_t seg[4], int64_t ks, int keys_inner, int M,
+                          int N, int K, float alpha, const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a,
+                          const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_flag)
+{
+    for (int g = 0; g < 3; g++) {
+        const int n = (int)(seg[g + 1] - seg[g]);
+        const ptrdiff_t off = (ptrdiff_t)(seg[g] - ks);
+        const int flags = SDPA_GEMM_ACCUMULATE | (g != 1 ? skip_flag : 0);
+        if (n <= 0)
+            continue;
+        if (keys_inner)
+            kt->gemm(M, N, n, alpha, A + off * cs_a, rs_a, cs_a, B + off * ldb, ldb, C, ldc, flags);
+        else
+            kt->gemm(n, N, K, alpha, A + off * rs_a, rs_a, cs_a, B, ldb, C + off * ldc, ldc, flags);
+    }
+}
+
 /* Keys per step in the few-column path (see fwd_item). */
 #define NT_STEP 16
 
@@ -876,14 +897,8 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
             kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
             int64_t seg[4];
             key_runs(pl, w->lo, w->hi, kind, nr, ks, ke, seg);
-            for (int g = 0; g < 3; g++) {
-                const int64_t j0s = seg[g], n = seg[g + 1] - seg[g];
-                if (n <= 0)
-                    continue;
-                kt->gemm(Dv, ncol, (int)n, 1.0f, vb + j0s * a->v->seq_stride, 1, a->v->seq_stride,
-                         w->s + (j0s - ks) * ld, ld, w->ot, ld,
-                         SDPA_GEMM_ACCUMULATE | (g != 1 ? SDPA_GEMM_SKIP_ZERO_B : 0));
-            }
+            gemm_key_runs(kt, seg, ks, 1, Dv, ncol, 0, 1.0f, vb + ks * a->v->seq_stride, 1, a->v->seq_stride,
+                          w->s, ld, w->ot, ld, SDPA_GEMM_SKIP_ZERO_B);
         }
     }
     if (L->nsplit > 1) {
@@ -1136,11 +1151,7 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
                                    : fresh ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don) : w->don;
         const ptrdiff_t lddo = nh == 1 ? a->dout->seq_stride : Dv;
         /* dV += P^T dO, in the runs of key_runs */
-        for (int g = 0; g < 3; g++)
-            if (seg[g + 1] > seg[g])
-                kt->gemm((int)(seg[g + 1] - seg[g]), Dv, ncol, 1.0f, w->p + (seg[g] - ks) * ld, ld, 1, dob, lddo,
-                         dvb + (seg[g] - ks) * a->dv->seq_stride, a->dv->seq_stride,
-                         SDPA_GEMM_ACCUMULATE | (g != 1 ? skip : 0));
+        gemm_key_runs(kt, seg, ks, 0, 0, Dv, ncol, 1.0f, w->p, ld, 1, dob, lddo, dvb, a->dv->seq_stride, skip);
         /* dP^T = V dO^T */
         if (fresh)
             kt->transpose(ncol, Dv, dob, lddo, w->dot, ld);
@@ -1157,17 +1168,11 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
                                     : fresh ? pack_rows(a->q, b, h0, nh, i0, nr, Dk, w->qn) : w->qn;
         const ptrdiff_t ldq = nh == 1 ? a->q->seq_stride : Dk;
         /* dK += scale dS^T Q ; dQ += scale dS K (per head of the tile) */
-        for (int g = 0; g < 3; g++)
-            if (seg[g + 1] > seg[g])
-                kt->gemm((int)(seg[g + 1] - seg[g]), Dk, ncol, pl->scale, w->dp + (seg[g] - ks) * ld, ld, 1, qsrc,
-                         ldq, dkb + (seg[g] - ks) * a->dk->seq_stride, a->dk->seq_stride,
-                         SDPA_GEMM_ACCUMULATE | (g != 1 ? skip : 0));
+        gemm_key_runs(kt, seg, ks, 0, 0, Dk, ncol, pl->scale, w->dp, ld, 1, qsrc, ldq, dkb, a->dk->seq_stride,
+                      skip);
         for (int h = 0; h < nh; h++)
-            for (int g = 0; g < 3; g++)
-                if (seg[g + 1] > seg[g])
-                    kt->gemm(nr, Dk, (int)(seg[g + 1] - seg[g]), pl->scale, w->dp + (seg[g] - ks) * ld + h * nr, 1, ld,
-                             kb + (seg[g] - ks) * a->k->seq_stride, a->k->seq_stride, row_out(a->dq, b, h0 + h, i0),
-                             a->dq->seq_stride, SDPA_GEMM_ACCUMULATE | (g != 1 ? skip : 0));
+            gemm_key_runs(kt, seg, ks, 1, nr, Dk, 0, pl->scale, w->dp + h * nr, 1, ld, kb, a->k->seq_stride,
+                          row_out(a->dq, b, h0 + h, i0), a->dq->seq_stride, skip);
     }
     w->packed_tile = tile;
 }
