@@ -487,21 +487,193 @@ static void mask_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0,
     }
 }
 
-/* The masked score tile S^T = scale K Q^T (keys ks.. x the tile's columns,
- * row stride ld) from K rows (stride ldk) and the packed Q^T; -inf and bias
- * where the tile is partial. Dk = 0: every score is 0 and K is not read. */
-static void score_tile(const plan *pl, int kind, int64_t b, int64_t h0, int nh, int64_t i0, int nr,
-                       const int64_t *lo, const int64_t *hi, int64_t ks, int nk, const float *krows,
-                       ptrdiff_t ldk, const float *qt, float *s)
+/* Splits keys [ks, ke] of a tile into three runs for the products over keys:
+ * seg[0..1) and seg[2..3) may hold masked entries, seg[1..2) is allowed by
+ * every row of the tile. Only interval masks (causal, window, key lengths)
+ * give a run without masked entries in a partial tile ([lo of the last row,
+ * hi of the first]); it takes the plain gemm, which on the diagonal tiles is
+ * cheaper than the one that skips the masked sentinel. A full tile is one
+ * plain run. The split depends on the shape only. */
+static void key_runs(const plan *pl, const int64_t *lo, const int64_t *hi, int kind, int nr, int64_t ks,
+                     int64_t ke, int64_t seg[4])
+{
+    int64_t fs = ks, fe = ke; /* a full tile: one plain run */
+    if (kind == TILE_PARTIAL) {
+        fs = ke + 1; /* no plain run unless the interval masks give one */
+        if (!pl->elem_mask) {
+            fs = lo[nr - 1] > ks ? lo[nr - 1] : ks;
+            fe = hi[0] < ke ? hi[0] : ke;
+        }
+    }
+    if (fs > fe) { /* everything in the first (masked) run */
+        seg[0] = ks;
+        seg[1] = seg[2] = seg[3] = ke + 1;
+        return;
+    }
+    seg[0] = ks;
+    seg[1] = fs;
+    seg[2] = fe + 1;
+    seg[3] = ke + 1;
+}
+
+/* Keys per band in the masked runs of a banded tile (see tile_keys). */
+#define BAND_KEYS 16
+/* Column granularity of a band's parts (a multiple of every ISA's vector width). */
+#define BAND_COLS 16
+
+/* How the products over a tile's keys [ks, ke] are cut. The runs of key_runs;
+ * and in a partial tile of one query head under interval masks only (the
+ * causal diagonal, a sliding window's edges), "banded": the masked runs go in
+ * bands of BAND_KEYS keys, and each band works only on the columns (query
+ * rows) that some of its keys may see, with the plain gemm on those that all
+ * of them see and the sentinel-skipping one on the rest. On the causal
+ * diagonal that leaves out most of the masked triangle instead of computing
+ * it (and, for the products that skip masked terms, skipping it). The cut
+ * depends on the shape only. */
+typedef struct tile_keys {
+    int64_t ks;             /* first key of the tile */
+    int64_t seg[4];         /* key runs (key_runs) */
+    int banded;             /* the masked runs go in bands */
+    int nr;                 /* rows of the tile (banded: its columns) */
+    const int64_t *lo, *hi; /* the rows' allowed key intervals */
+} tile_keys;
+
+static void tile_keys_init(const plan *pl, tile_keys *tk, const int64_t *lo, const int64_t *hi, int kind, int nh,
+                           int nr, int64_t ks, int64_t ke)
+{
+    key_runs(pl, lo, hi, kind, nr, ks, ke, tk->seg);
+    tk->ks = ks;
+    tk->banded = kind == TILE_PARTIAL && !pl->elem_mask && nh == 1;
+    tk->nr = nr;
+    tk->lo = lo;
+    tk->hi = hi;
+}
+
+/* For the keys [jb, je] of a banded tile: c[0..3) are the columns that some
+ * key of the band may see, rounded out to BAND_COLS (every other column is
+ * masked for every key of the band), and [c[1], c[2]) those that every key
+ * sees, rounded in (empty: c[1] == c[2] == c[0]). Row ii allows key j when
+ * lo[ii] <= j <= hi[ii], and lo, hi never decrease with ii, so the rows that
+ * allow j are one run [a(j), z(j)] whose ends never decrease with j. */
+static void band_cols(const tile_keys *tk, int64_t jb, int64_t je, int c[4])
+{
+    const int nr = tk->nr;
+    int a0 = 0, a1, z0, z1 = nr - 1;
+    while (a0 < nr && tk->hi[a0] < jb) /* a(jb) */
+        a0++;
+    for (a1 = a0; a1 < nr && tk->hi[a1] < je;) /* a(je) */
+        a1++;
+    while (z1 >= 0 && tk->lo[z1] > je) /* z(je) */
+        z1--;
+    for (z0 = z1; z0 >= 0 && tk->lo[z0] > jb;) /* z(jb) */
+        z0--;
+    if (a0 > z1) { /* no row sees the band */
+        c[0] = c[1] = c[2] = c[3] = 0;
+        return;
+    }
+    c[0] = a0 / BAND_COLS * BAND_COLS;
+    c[3] = (z1 + BAND_COLS) / BAND_COLS * BAND_COLS;
+    if (c[3] > nr)
+        c[3] = nr;
+    c[1] = (a1 + BAND_COLS - 1) / BAND_COLS * BAND_COLS;
+    c[2] = z0 + 1 == nr ? nr : (z0 + 1) / BAND_COLS * BAND_COLS;
+    if (a1 > z0 || c[1] >= c[2])
+        c[1] = c[2] = c[0];
+}
+
+/* Where a tile's keys and columns sit in a product C (+)= alpha A B. */
+enum {
+    KEYS_M_COLS_N, /* S^T = K Q^T, dP^T = V dO^T: keys are C's rows, columns C's columns */
+    KEYS_M_COLS_K, /* dV += P^T dO, dK += dS^T Q: keys are C's rows, columns the inner dimension */
+    KEYS_K_COLS_N, /* O^T += V^T P^T: keys are the inner dimension, columns C's columns */
+    KEYS_K_COLS_M  /* dQ += dS K: keys are the inner dimension, columns C's rows */
+};
+
+/* The product restricted to keys [ks + koff, + nk) and columns [c0, c0 + nc);
+ * `other` is the third dimension (a head_dim). A, B, C point at key ks, column 0. */
+static void gemm_part(const sdpa_kernels *kt, int where, int64_t koff, int nk, int c0, int nc, int other,
+                      float alpha, const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb,
+                      float *C, ptrdiff_t ldc, int flags)
+{
+    const ptrdiff_t k = (ptrdiff_t)koff;
+    switch (where) {
+    case KEYS_M_COLS_N:
+        kt->gemm(nk, nc, other, alpha, A + k * rs_a, rs_a, cs_a, B + c0, ldb, C + k * ldc + c0, ldc, flags);
+        break;
+    case KEYS_M_COLS_K:
+        kt->gemm(nk, other, nc, alpha, A + k * rs_a + c0 * cs_a, rs_a, cs_a, B + c0 * ldb, ldb, C + k * ldc, ldc,
+                 flags);
+        break;
+    case KEYS_K_COLS_N:
+        kt->gemm(other, nc, nk, alpha, A + k * cs_a, rs_a, cs_a, B + k * ldb + c0, ldb, C + c0, ldc, flags);
+        break;
+    default: /* KEYS_K_COLS_M */
+        kt->gemm(nc, other, nk, alpha, A + c0 * rs_a + k * cs_a, rs_a, cs_a, B + k * ldb, ldb, C + c0 * ldc, ldc,
+                 flags);
+        break;
+    }
+}
+
+/* A product over the keys and ncols columns of a tile, cut as tile_keys
+ * says: gemm flags `flags` everywhere, plus skip_flag (SKIP_ZERO_A/B) where
+ * masked entries may be. Unbanded, a product that skips nothing is one call.
+ * Banded, entries of columns that no key of a band sees are not written (for
+ * products that overwrite C: S^T, which mask_tile then fills with -inf, and
+ * dP^T, whose masked entries bwd_dscores never reads). Per entry of C, terms
+ * are added in increasing key (or column) order, in a fixed cut. */
+static void gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, int ncols, int other, float alpha,
+                      const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
+                      ptrdiff_t ldc, int flags, int skip_flag)
+{
+    const int64_t *seg = tk->seg;
+    if (!tk->banded && !skip_flag) {
+        gemm_part(kt, where, 0, (int)(seg[3] - seg[0]), 0, ncols, other, alpha, A, rs_a, cs_a, B, ldb, C, ldc,
+                  flags);
+        return;
+    }
+    for (int g = 0; g < 3; g++) {
+        const int n = (int)(seg[g + 1] - seg[g]);
+        if (n <= 0)
+            continue;
+        if (g == 1 || !tk->banded) {
+            gemm_part(kt, where, seg[g] - tk->ks, n, 0, ncols, other, alpha, A, rs_a, cs_a, B, ldb, C, ldc,
+                      flags | (g != 1 ? skip_flag : 0));
+            continue;
+        }
+        for (int64_t jb = seg[g]; jb < seg[g + 1]; jb += BAND_KEYS) {
+            const int nb = seg[g + 1] - jb < BAND_KEYS ? (int)(seg[g + 1] - jb) : BAND_KEYS;
+            const int64_t koff = jb - tk->ks;
+            int c[4];
+            band_cols(tk, jb, jb + nb - 1, c);
+            if (!skip_flag) {
+                if (c[3] > c[0])
+                    gemm_part(kt, where, koff, nb, c[0], c[3] - c[0], other, alpha, A, rs_a, cs_a, B, ldb, C, ldc,
+                              flags);
+                continue;
+            }
+            for (int p = 0; p < 3; p++)
+                if (c[p + 1] > c[p])
+                    gemm_part(kt, where, koff, nb, c[p], c[p + 1] - c[p], other, alpha, A, rs_a, cs_a, B, ldb, C,
+                              ldc, flags | (p != 1 ? skip_flag : 0));
+        }
+    }
+}
+
+/* The masked score tile S^T = scale K Q^T (the tile's keys x its columns,
+ * row stride ld) from K rows (stride ldk, from key ks) and the packed Q^T,
+ * cut as tk says; -inf and bias where the tile is partial. Dk = 0: every
+ * score is 0 and K is not read. */
+static void score_tile(const plan *pl, const tile_keys *tk, int kind, int64_t b, int64_t h0, int nh, int64_t i0,
+                       int nr, int nk, const float *krows, ptrdiff_t ldk, const float *qt, float *s)
 {
     const int ld = pl->ld, ncol = nh * nr;
     if (pl->Dk == 0)
         for (int jj = 0; jj < nk; jj++)
             memset(s + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
     else
-        pl->kt->gemm(nk, ncol, (int)pl->Dk, pl->scale, krows, ldk, 1, qt, ld, s, ld, 0);
+        gemm_keys(pl->kt, tk, KEYS_M_COLS_N, ncol, (int)pl->Dk, pl->scale, krows, ldk, 1, qt, ld, s, ld, 0, 0);
     if (kind == TILE_PARTIAL)
-        mask_tile(pl, b, h0, nh, i0, nr, lo, hi, ks, nk, s, ld, 1);
+        mask_tile(pl, b, h0, nh, i0, nr, tk->lo, tk->hi, tk->ks, nk, s, ld, 1);
 }
 
 /* ------------------------------------------------------------------ helpers */
@@ -705,56 +877,6 @@ static inline void prefetch_rows(const float *base, ptrdiff_t stride, int64_t j0
     }
 }
 
-/* Splits keys [ks, ke] of a tile into three runs for the products over keys:
- * seg[0..1) and seg[2..3) may hold masked entries, seg[1..2) is allowed by
- * every row of the tile. Only interval masks (causal, window, key lengths)
- * give a run without masked entries in a partial tile ([lo of the last row,
- * hi of the first]); it takes the plain gemm, which on the diagonal tiles is
- * cheaper than the one that skips the masked sentinel. A full tile is one
- * plain run. The split depends on the shape only. */
-static void key_runs(const plan *pl, const int64_t *lo, const int64_t *hi, int kind, int nr, int64_t ks,
-                     int64_t ke, int64_t seg[4])
-{
-    int64_t fs = ks, fe = ke; /* a full tile: one plain run */
-    if (kind == TILE_PARTIAL) {
-        fs = ke + 1; /* no plain run unless the interval masks give one */
-        if (!pl->elem_mask) {
-            fs = lo[nr - 1] > ks ? lo[nr - 1] : ks;
-            fe = hi[0] < ke ? hi[0] : ke;
-        }
-    }
-    if (fs > fe) { /* everything in the first (masked) run */
-        seg[0] = ks;
-        seg[1] = seg[2] = seg[3] = ke + 1;
-        return;
-    }
-    seg[0] = ks;
-    seg[1] = fs;
-    seg[2] = fe + 1;
-    seg[3] = ke + 1;
-}
-
-/* C += alpha A B over the runs of key_runs: the tile's keys are either the
- * inner dimension (keys_inner: K of each call is a run's length; A advances by
- * cs_a and B by ldb per key) or the rows (M is the run's length; A advances by
- * rs_a and C by ldc per key). The first and last runs take skip_flag. */
-static void gemm_key_runs(const sdpa_kernels *kt, const int64_t seg[4], int64_t ks, int keys_inner, int M,
-                          int N, int K, float alpha, const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a,
-                          const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_flag)
-{
-    for (int g = 0; g < 3; g++) {
-        const int n = (int)(seg[g + 1] - seg[g]);
-        const ptrdiff_t off = (ptrdiff_t)(seg[g] - ks);
-        const int flags = SDPA_GEMM_ACCUMULATE | (g != 1 ? skip_flag : 0);
-        if (n <= 0)
-            continue;
-        if (keys_inner)
-            kt->gemm(M, N, n, alpha, A + off * cs_a, rs_a, cs_a, B + off * ldb, ldb, C, ldc, flags);
-        else
-            kt->gemm(n, N, K, alpha, A + off * rs_a, rs_a, cs_a, B, ldb, C + off * ldc, ldc, flags);
-    }
-}
-
 /* Keys per step in the few-column path (see fwd_item). */
 #define NT_STEP 16
 
@@ -888,17 +1010,16 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
             prefetch_rows(kb, a->k->seq_stride, n0, n1, Dk);
             prefetch_rows(vb, a->v->seq_stride, n0, n1, Dv);
         }
-        score_tile(pl, kind, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, ktile_rows, a->k->seq_stride, w->qt,
-                   w->s);
+        tile_keys tk;
+        tile_keys_init(pl, &tk, w->lo, w->hi, kind, nh, nr, ks, ke);
+        score_tile(pl, &tk, kind, b, h0, nh, i0, nr, nk, ktile_rows, a->k->seq_stride, w->qt, w->s);
         /* m, l, alpha; S^T -> P^T */
         kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha);
         if (Dv > 0) {
-            /* O^T = O^T * alpha + V^T P^T, in the runs of key_runs */
+            /* O^T = O^T * alpha + V^T P^T, cut as tk says */
             kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
-            int64_t seg[4];
-            key_runs(pl, w->lo, w->hi, kind, nr, ks, ke, seg);
-            gemm_key_runs(kt, seg, ks, 1, Dv, ncol, 0, 1.0f, vb + ks * a->v->seq_stride, 1, a->v->seq_stride,
-                          w->s, ld, w->ot, ld, SDPA_GEMM_SKIP_ZERO_B);
+            gemm_keys(kt, &tk, KEYS_K_COLS_N, ncol, Dv, 1.0f, vb + ks * a->v->seq_stride, 1, a->v->seq_stride, w->s,
+                      ld, w->ot, ld, SDPA_GEMM_ACCUMULATE, SDPA_GEMM_SKIP_ZERO_B);
         }
     }
     if (L->nsplit > 1) {
@@ -1123,8 +1244,8 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
         return;
     const int nk = (int)(ke - ks + 1);
     const int skip = kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0;
-    int64_t seg[4]; /* key runs: masked, allowed by every row, masked (key_runs) */
-    key_runs(pl, w->lo, w->hi, kind, nr, ks, ke, seg);
+    tile_keys tk; /* key runs: masked, allowed by every row, masked; bands on the diagonal */
+    tile_keys_init(pl, &tk, w->lo, w->hi, kind, nh, nr, ks, ke);
     const float *kb = Dk > 0 ? a->k->data + b * a->k->batch_stride + hk * a->k->head_stride + ks * a->k->seq_stride : NULL;
 
     /* The query tile's packed operands are reused while the same thread stays
@@ -1141,7 +1262,7 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
             w->dd[g * nr + ii] = Db[ii];
         }
     }
-    score_tile(pl, kind, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, kb, a->k->seq_stride, w->qt, w->p);
+    score_tile(pl, &tk, kind, b, h0, nh, i0, nr, nk, kb, a->k->seq_stride, w->qt, w->p);
     kt->bwd_probs(nk, ncol, w->p, ld, w->lse);
 
     if (Dv > 0) {
@@ -1151,11 +1272,12 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
                                    : fresh ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don) : w->don;
         const ptrdiff_t lddo = nh == 1 ? a->dout->seq_stride : Dv;
         /* dV += P^T dO, in the runs of key_runs */
-        gemm_key_runs(kt, seg, ks, 0, 0, Dv, ncol, 1.0f, w->p, ld, 1, dob, lddo, dvb, a->dv->seq_stride, skip);
+        gemm_keys(kt, &tk, KEYS_M_COLS_K, ncol, Dv, 1.0f, w->p, ld, 1, dob, lddo, dvb, a->dv->seq_stride,
+                  SDPA_GEMM_ACCUMULATE, skip);
         /* dP^T = V dO^T */
         if (fresh)
             kt->transpose(ncol, Dv, dob, lddo, w->dot, ld);
-        kt->gemm(nk, ncol, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0);
+        gemm_keys(kt, &tk, KEYS_M_COLS_N, ncol, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0, 0);
     } else {
         for (int jj = 0; jj < nk; jj++)
             memset(w->dp + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
@@ -1168,11 +1290,11 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
                                     : fresh ? pack_rows(a->q, b, h0, nh, i0, nr, Dk, w->qn) : w->qn;
         const ptrdiff_t ldq = nh == 1 ? a->q->seq_stride : Dk;
         /* dK += scale dS^T Q ; dQ += scale dS K (per head of the tile) */
-        gemm_key_runs(kt, seg, ks, 0, 0, Dk, ncol, pl->scale, w->dp, ld, 1, qsrc, ldq, dkb, a->dk->seq_stride,
-                      skip);
+        gemm_keys(kt, &tk, KEYS_M_COLS_K, ncol, Dk, pl->scale, w->dp, ld, 1, qsrc, ldq, dkb, a->dk->seq_stride,
+                  SDPA_GEMM_ACCUMULATE, skip);
         for (int h = 0; h < nh; h++)
-            gemm_key_runs(kt, seg, ks, 1, nr, Dk, 0, pl->scale, w->dp + h * nr, 1, ld, kb, a->k->seq_stride,
-                          row_out(a->dq, b, h0 + h, i0), a->dq->seq_stride, skip);
+            gemm_keys(kt, &tk, KEYS_K_COLS_M, nr, Dk, pl->scale, w->dp + h * nr, 1, ld, kb, a->k->seq_stride,
+                      row_out(a->dq, b, h0 + h, i0), a->dq->seq_stride, SDPA_GEMM_ACCUMULATE, skip);
     }
     w->packed_tile = tile;
 }
