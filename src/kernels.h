@@ -70,8 +70,13 @@ typedef void (*sdpa_online_softmax_fn)(int M, int N, float *S, ptrdiff_t lds, fl
 typedef void (*sdpa_online_softmax_rows_fn)(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
                                             float *alpha);
 
-/* C[m][n] *= alpha[n] for m < M, n < N (rescale of the transposed accumulator). */
-typedef void (*sdpa_scale_columns_fn)(int M, int N, float *C, ptrdiff_t ldc, const float *alpha);
+/* dst[m*ldd + n] = src[m*lds + n] * alpha[m] for m < M, n < N: the rescale of
+ * the output accumulator O (natural layout, one row per query) by the online
+ * softmax's alpha, and the final O / l. In place when dst == src (and
+ * ldd == lds); an in-place row whose factor is exactly 1 is left as it is
+ * (the same bits). */
+typedef void (*sdpa_scale_rows_fn)(int M, int N, const float *src, ptrdiff_t lds, const float *alpha, float *dst,
+                                   ptrdiff_t ldd);
 
 /* Backward: S^T (M keys x N queries) -> P^T in place: S[k][n] = exp(S[k][n] - lse[n]);
  * masked entries (S = -inf) and whole columns with lse[n] == -inf (row fully
@@ -137,11 +142,11 @@ typedef struct sdpa_kernels {
     const char *name;
     int block_q; /* query rows per tile (N of the score tile) */
     int block_k; /* key rows per tile (M of the score tile) */
-    int nt_max_cols; /* tiles of at most this many query columns use gemm_nt for S^T and
-                        keep O in natural layout (0: never) */
+    int nt_max_cols; /* tiles of at most this many query columns use gemm_nt for S (natural
+                        layout) and gemm_stream for P V (0: never) */
     sdpa_gemm_fn gemm;
     sdpa_online_softmax_fn online_softmax;
-    sdpa_scale_columns_fn scale_columns;
+    sdpa_scale_rows_fn scale_rows;
     sdpa_bwd_probs_fn bwd_probs;
     sdpa_bwd_dscores_fn bwd_dscores;
     sdpa_transpose_fn transpose;

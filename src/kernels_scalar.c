@@ -98,11 +98,17 @@ static void online_softmax_rows_scalar(int M, int N, float *S, ptrdiff_t lds, fl
     }
 }
 
-static void scale_columns_scalar(int M, int N, float *C, ptrdiff_t ldc, const float *alpha)
+static void scale_rows_scalar(int M, int N, const float *src, ptrdiff_t lds, const float *alpha, float *dst,
+                              ptrdiff_t ldd)
 {
-    for (int m = 0; m < M; m++)
+    for (int m = 0; m < M; m++) {
+        const float a = alpha[m], *s = src + (ptrdiff_t)m * lds;
+        float *d = dst + (ptrdiff_t)m * ldd;
+        if (a == 1.0f && s == d)
+            continue;
         for (int n = 0; n < N; n++)
-            C[(ptrdiff_t)m * ldc + n] *= alpha[n];
+            d[n] = s[n] * a;
+    }
 }
 
 static void bwd_probs_scalar(int M, int N, float *S, ptrdiff_t lds, const float *lse)
@@ -168,7 +174,7 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->block_k = 32;
     t->gemm = gemm_scalar;
     t->online_softmax = online_softmax_scalar;
-    t->scale_columns = scale_columns_scalar;
+    t->scale_rows = scale_rows_scalar;
     t->bwd_probs = bwd_probs_scalar;
     t->bwd_dscores = bwd_dscores_scalar;
     t->transpose = transpose_scalar;

@@ -756,17 +756,23 @@ static size_t fwd_s_floats(const plan *pl)
 }
 
 typedef struct fwd_ws {
-    float *qt, *ot, *s, *m, *l, *alpha;
-    float *on; /* O in natural layout [ncol][Dv] for the few-column (gemm_nt) path */
+    float *qt, *s, *m, *l, *alpha;
+    float *on; /* the output accumulator O, natural layout [ncol][Dv] (row stride Dv) */
     int64_t *lo, *hi;
 } fwd_ws;
+
+/* Rows of the output accumulator: a tile's columns. */
+static size_t fwd_o_rows(const plan *pl)
+{
+    return (size_t)(pl->ld > pl->kt->nt_max_cols ? pl->ld : pl->kt->nt_max_cols);
+}
 
 static size_t fwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
-    /* qt, ot, s, m, l, alpha, and lo/hi as int64 (2 floats each), on */
-    return round_floats(pl->Dk * ld) + round_floats(pl->Dv * ld) + round_floats(fwd_s_floats(pl)) +
-           3 * round_floats(ld) + 4 * round_floats(ld) + round_floats((size_t)pl->kt->nt_max_cols * pl->Dv);
+    /* qt, s, m, l, alpha, and lo/hi as int64 (2 floats each), on */
+    return round_floats(pl->Dk * ld) + round_floats(fwd_s_floats(pl)) + 3 * round_floats(ld) +
+           4 * round_floats(ld) + round_floats(fwd_o_rows(pl) * pl->Dv);
 }
 
 static fwd_ws fwd_ws_carve(const plan *pl, float *base)
@@ -775,8 +781,6 @@ static fwd_ws fwd_ws_carve(const plan *pl, float *base)
     fwd_ws w;
     w.qt = base;
     base += round_floats(pl->Dk * ld);
-    w.ot = base;
-    base += round_floats(pl->Dv * ld);
     w.s = base;
     base += round_floats(fwd_s_floats(pl));
     w.m = base;
@@ -799,9 +803,8 @@ static inline int64_t fwd_tile_cols(const fwd_layout *L)
     return L->rows * L->hpt;
 }
 
-/* Partial state of one (tile, split), C = fwd_tile_cols: m[C], l[C], and O as
- * written by the tile's path: few-column tiles O[C][Dv] (natural), others
- * O^T[Dv][C]. Compact, so that a split writes whole cache lines. */
+/* Partial state of one (tile, split), C = fwd_tile_cols: m[C], l[C], and the
+ * unnormalised O[C][Dv]. Compact, so that a split writes whole cache lines. */
 static size_t fwd_partial_floats(const plan *pl, const fwd_layout *L)
 {
     const size_t cols = (size_t)fwd_tile_cols(L);
@@ -839,15 +842,16 @@ static void fwd_tile_coords(const plan *pl, const fwd_layout *L, int64_t t, int6
     *nr = (int)(pl->Tq - *i0 < L->rows ? pl->Tq - *i0 : L->rows);
 }
 
-/* Writes O and LSE of a tile from its normalised O^T (already divided by l). */
-static void fwd_store(const plan *pl, const fwd_args *a, float *ot, const float *m, const float *l,
-                      int64_t b, int64_t h0, int nh, int64_t i0, int nr)
+/* Writes O = on / l (on: the tile's accumulator [ncol][Dv]) and LSE of a tile;
+ * inv_l[c] = 1 / l[c] (0 where l is 0). */
+static void fwd_store(const plan *pl, const fwd_args *a, const float *on, const float *m, const float *l,
+                      const float *inv_l, int64_t b, int64_t h0, int nh, int64_t i0, int nr)
 {
-    const int ld = pl->ld, Dv = (int)pl->Dv;
+    const int Dv = (int)pl->Dv;
     for (int g = 0; g < nh; g++) {
         if (Dv > 0) {
             float *ob = row_out(a->o, b, h0 + g, i0);
-            pl->kt->transpose(Dv, nr, ot + g * nr, ld, ob, a->o->seq_stride);
+            pl->kt->scale_rows(nr, Dv, on + (size_t)g * nr * Dv, Dv, inv_l + g * nr, ob, a->o->seq_stride);
             for (int ii = 0; ii < nr; ii++)
                 if (l[g * nr + ii] == 0.0f) /* exact zeros even if NaN crept into the accumulator */
                     memset(ob + ii * a->o->seq_stride, 0, (size_t)Dv * sizeof(float));
@@ -945,12 +949,9 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
      * of along a handful of queries. Chosen by shape only (never by threads). */
     const int nt = ncol <= kt->nt_max_cols;
     /* Few-column tiles keep S in natural layout [ncol][NT_STEP] (keys contiguous, so
-     * the softmax runs along full vectors); the others S^T [keys][ld]. */
-    if (nt)
-        memset(w->on, 0, (size_t)ncol * Dv * sizeof(float));
-    else
-        for (int c = 0; c < Dv; c++)
-            memset(w->ot + (size_t)c * ld, 0, (size_t)ncol * sizeof(float));
+     * the softmax runs along full vectors); the others S^T [keys][ld]. O is
+     * natural in both. */
+    memset(w->on, 0, (size_t)ncol * Dv * sizeof(float));
 
     /* key tiles of this split, intersected with the tile's allowed keys */
     /* split s covers key tiles [s*base + min(s, rem), ...): no s * nkt overflow */
@@ -1016,10 +1017,10 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
         /* m, l, alpha; S^T -> P^T */
         kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha);
         if (Dv > 0) {
-            /* O^T = O^T * alpha + V^T P^T, cut as tk says */
-            kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
-            gemm_keys(kt, &tk, KEYS_K_COLS_N, ncol, Dv, 1.0f, vb + ks * a->v->seq_stride, 1, a->v->seq_stride, w->s,
-                      ld, w->ot, ld, SDPA_GEMM_ACCUMULATE, SDPA_GEMM_SKIP_ZERO_B);
+            /* O = alpha O + P V (P read from P^T), cut as tk says */
+            kt->scale_rows(ncol, Dv, w->on, Dv, w->alpha, w->on, Dv);
+            gemm_keys(kt, &tk, KEYS_K_COLS_M, ncol, Dv, 1.0f, w->s, 1, ld, vb + ks * a->v->seq_stride,
+                      a->v->seq_stride, w->on, Dv, SDPA_GEMM_ACCUMULATE, SDPA_GEMM_SKIP_ZERO_A);
         }
     }
     if (L->nsplit > 1) {
@@ -1027,22 +1028,13 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
         float *part = a->partials + (size_t)(t * L->nsplit + split) * fwd_partial_floats(pl, L);
         memcpy(part, w->m, (size_t)ncol * sizeof(float));
         memcpy(part + round_floats(cols), w->l, (size_t)ncol * sizeof(float));
-        float *pot = part + 2 * round_floats(cols);
-        if (nt)
-            memcpy(pot, w->on, (size_t)ncol * Dv * sizeof(float));
-        else
-            for (int c = 0; c < Dv; c++)
-                memcpy(pot + (size_t)c * ncol, w->ot + (size_t)c * ld, (size_t)ncol * sizeof(float));
+        memcpy(part + 2 * round_floats(cols), w->on, (size_t)ncol * Dv * sizeof(float));
         return;
     }
-    if (nt && Dv > 0)
-        kt->transpose(ncol, Dv, w->on, Dv, w->ot, ld);
-    /* O = (O^T / l)^T; a column that saw no allowed key (l = 0) is exactly 0. */
+    /* O = O / l; a row that saw no allowed key (l = 0) is exactly 0. */
     for (int c = 0; c < ncol; c++)
         w->alpha[c] = w->l[c] == 0.0f ? 0.0f : 1.0f / w->l[c];
-    if (Dv > 0)
-        kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
-    fwd_store(pl, a, w->ot, w->m, w->l, b, h0, nh, i0, nr);
+    fwd_store(pl, a, w->on, w->m, w->l, w->alpha, b, h0, nh, i0, nr);
 }
 
 /* Merges the nsplit partial states of tile t in split order:
@@ -1050,14 +1042,13 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
 static void fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
 {
     const fwd_layout *L = &a->L;
-    const int ld = pl->ld, Dv = (int)pl->Dv;
+    const int Dv = (int)pl->Dv;
     const size_t pf = fwd_partial_floats(pl, L), off_l = round_floats((size_t)fwd_tile_cols(L)),
                  off_o = 2 * off_l;
     int64_t b, hk, h0, i0;
     int nh, nr;
     fwd_tile_coords(pl, L, t, &b, &hk, &h0, &nh, &i0, &nr);
     const int ncol = nh * nr;
-    const int nt = ncol <= pl->kt->nt_max_cols; /* partial O natural [ncol][Dv], else [Dv][ncol] */
     const float *first = a->partials + (size_t)(t * L->nsplit) * pf;
     for (int c = 0; c < ncol; c++) {
         float mx = -INFINITY;
@@ -1066,8 +1057,7 @@ static void fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
         w->m[c] = mx;
         w->l[c] = 0.0f;
     }
-    for (int c = 0; c < Dv; c++)
-        memset(w->ot + (size_t)c * ld, 0, (size_t)ncol * sizeof(float));
+    memset(w->on, 0, (size_t)ncol * Dv * sizeof(float));
     for (int64_t s = 0; s < L->nsplit; s++) {
         const float *part = first + s * pf;
         for (int c = 0; c < ncol; c++) {
@@ -1076,21 +1066,16 @@ static void fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
             w->l[c] += part[off_l + c] * w->alpha[c];
         }
         const float *po = part + off_o;
-        for (int d = 0; d < Dv; d++) {
-            float *dst = w->ot + (size_t)d * ld;
-            if (nt)
-                for (int c = 0; c < ncol; c++)
-                    dst[c] += po[(size_t)c * Dv + d] * w->alpha[c];
-            else
-                for (int c = 0; c < ncol; c++)
-                    dst[c] += po[(size_t)d * ncol + c] * w->alpha[c];
+        for (int c = 0; c < ncol; c++) {
+            float *dst = w->on + (size_t)c * Dv;
+            const float *src = po + (size_t)c * Dv, al = w->alpha[c];
+            for (int d = 0; d < Dv; d++)
+                dst[d] += src[d] * al;
         }
     }
     for (int c = 0; c < ncol; c++)
         w->alpha[c] = w->l[c] == 0.0f ? 0.0f : 1.0f / w->l[c];
-    if (Dv > 0)
-        pl->kt->scale_columns(Dv, ncol, w->ot, ld, w->alpha);
-    fwd_store(pl, a, w->ot, w->m, w->l, b, h0, nh, i0, nr);
+    fwd_store(pl, a, w->on, w->m, w->l, w->alpha, b, h0, nh, i0, nr);
 }
 
 sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,

@@ -429,31 +429,32 @@ static void tmpl_online_softmax_rows(int M, int N, float *S, ptrdiff_t lds, floa
     }
 }
 
-/* --------------------------------------------------------- scale columns */
+/* ------------------------------------------------------------ scale rows */
 
 /* Column blocks outside: a block whose factors are all exactly 1 (the running
  * max of none of its queries moved, the common case after the first tiles) is
  * left alone, which is what multiplying by 1 gives bit for bit. */
-static void tmpl_scale_columns(int M, int N, float *C, ptrdiff_t ldc, const float *alpha)
+static void tmpl_scale_rows(int M, int N, const float *src, ptrdiff_t lds, const float *alpha, float *dst,
+                            ptrdiff_t ldd)
 {
-    const v_f32 one = V_SET1(1.0f);
-    int n = 0;
-    for (; n + TMPL_VL <= N; n += TMPL_VL) {
-        const v_f32 a = V_LOAD(alpha + n);
-        if (V_ALL(V_EQ(a, one)))
+    const int nf = N / TMPL_VL * TMPL_VL;
+    const v_tail t = V_TAIL_INIT(N > nf ? N - nf : TMPL_VL);
+    for (int m = 0; m < M; m++) {
+        const float *s = src + (ptrdiff_t)m * lds;
+        float *d = dst + (ptrdiff_t)m * ldd;
+        if (alpha[m] == 1.0f && s == d)
             continue;
-        for (int m = 0; m < M; m++) {
-            float *c = C + (ptrdiff_t)m * ldc + n;
-            V_STORE(c, V_MUL(V_LOAD(c), a));
+        const v_f32 a = V_SET1(alpha[m]);
+        int n = 0;
+        for (; n + 2 * TMPL_VL <= nf; n += 2 * TMPL_VL) {
+            const v_f32 x0 = V_LOAD(s + n), x1 = V_LOAD(s + n + TMPL_VL);
+            V_STORE(d + n, V_MUL(x0, a));
+            V_STORE(d + n + TMPL_VL, V_MUL(x1, a));
         }
-    }
-    if (n < N) {
-        const v_tail t = V_TAIL_INIT(N - n);
-        const v_f32 a = V_LOAD_T(alpha + n, t);
-        for (int m = 0; m < M; m++) {
-            float *c = C + (ptrdiff_t)m * ldc + n;
-            V_STORE_T(c, V_MUL(V_LOAD_T(c, t), a), t);
-        }
+        if (n < nf)
+            V_STORE(d + n, V_MUL(V_LOAD(s + n), a));
+        if (N > nf)
+            V_STORE_T(d + nf, V_MUL(V_LOAD_T(s + nf, t), a), t);
     }
 }
 
@@ -1048,7 +1049,7 @@ static inline void tmpl_fill_table(sdpa_kernels *t)
 {
     t->gemm = tmpl_gemm;
     t->online_softmax = tmpl_online_softmax;
-    t->scale_columns = tmpl_scale_columns;
+    t->scale_rows = tmpl_scale_rows;
     t->bwd_probs = tmpl_bwd_probs;
     t->bwd_dscores = tmpl_bwd_dscores;
     t->transpose = tmpl_transpose;

@@ -523,49 +523,61 @@ static void test_softmax_rows(const sdpa_kernels *kt, const sdpa_kernels *ref_kt
     kernel_end();
 }
 
-/* -------------------------------------------------------- scale columns */
+/* ----------------------------------------------------------- scale rows */
 
+/* dst = src * alpha[row], in place or into another buffer; exact (one rounding of the
+ * product), and an in-place row with factor 1 keeps its bits (NaN payloads included). */
 static void check_scale(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
 {
-    buf c = buf_new(M, N, N + (int)(rnd() % 3) * 5 + (N == 0));
-    buf al = buf_new(1, N, N > 0 ? N : 1);
-    buf_fill(&c, -100.0f, 100.0f);
+    const int in_place = chance(2);
+    buf src = buf_new(M, N, N + (int)(rnd() % 3) * 5 + (N == 0));
+    buf dst = buf_new(M, N, N + (int)(rnd() % 3) * 7 + (N == 0));
+    buf al = buf_new(1, M, M > 0 ? M : 1);
+    buf_fill(&src, -100.0f, 100.0f);
+    buf_fill(&dst, -100.0f, 100.0f);
     buf_fill(&al, 0.0f, 1.0f);
     const int kind = (int)(rnd() % 3); /* 1: all factors 1; 2: mostly 1 */
-    for (int n = 0; n < N; n++) {
+    for (int m = 0; m < M; m++) {
         if (kind == 1 || (kind == 2 && !chance(5)))
-            al.p[n] = 1.0f;
+            al.p[m] = 1.0f;
         else if (chance(10))
-            al.p[n] = 0.0f;
+            al.p[m] = 0.0f;
     }
-    buf c2 = buf_clone(&c);
-    buf_snap(&c);
+    buf *out = in_place ? &src : &dst;
+    buf src2 = buf_clone(&src), dst2 = buf_clone(&dst);
+    buf *out2 = in_place ? &src2 : &dst2;
+    buf_snap(&src);
+    buf_snap(&dst);
     buf_snap(&al);
-    kt->scale_columns(M, N, c.p, c.ld, al.p);
-    ref_kt->scale_columns(M, N, c2.p, c2.ld, al.p);
+    kt->scale_rows(M, N, src.p, src.ld, al.p, out->p, out->ld);
+    ref_kt->scale_rows(M, N, src2.p, src2.ld, al.p, out2->p, out2->ld);
     int ok = 1;
-    const long bad = buf_changed(&c, 1) + buf_changed(&al, 0);
+    const long bad = buf_changed(&src, in_place) + buf_changed(&dst, !in_place) + buf_changed(&al, 0);
     if (bad) {
         ok = 0;
-        report("M=%d N=%d: %ld elements outside the output changed", M, N, bad);
+        report("M=%d N=%d in_place=%d: %ld elements outside the output changed", M, N, in_place, bad);
     }
     for (int m = 0; m < M && ok; m++)
         for (int n = 0; n < N && ok; n++) {
-            const float ref = (float)((double)c.snap[c.off + (size_t)m * (size_t)c.ld + (size_t)n] * (double)al.p[n]);
-            if (float_bits(*at(&c, m, n)) != float_bits(ref) || *at(&c, m, n) != *at(&c2, m, n)) {
+            const float x = src.snap[src.off + (size_t)m * (size_t)src.ld + (size_t)n];
+            const float ref = (float)((double)x * (double)al.p[m]);
+            if (float_bits(*at(out, m, n)) != float_bits(ref) || float_bits(*at(out, m, n)) != float_bits(*at(out2, m, n))) {
                 ok = 0;
-                report("M=%d N=%d: C(%d,%d) = %.9g, expected %.9g", M, N, m, n, (double)*at(&c, m, n), (double)ref);
+                report("M=%d N=%d in_place=%d: O(%d,%d) = %.9g, expected %.9g", M, N, in_place, m, n,
+                       (double)*at(out, m, n), (double)ref);
             }
         }
     record(ok);
-    buf_free(&c);
+    buf_free(&src);
+    buf_free(&dst);
     buf_free(&al);
-    buf_free(&c2);
+    buf_free(&src2);
+    buf_free(&dst2);
 }
 
 static void test_scale(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
 {
-    kernel_begin(kt->name, "scale_columns");
+    kernel_begin(kt->name, "scale_rows");
     for (int i = 0; i < n_sizes; i++)
         for (int j = 0; j < n_sizes; j++)
             check_scale(kt, ref_kt, sizes[i], sizes[j]);
