@@ -134,17 +134,20 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
                                 float *C, ptrdiff_t ldc, int accumulate, v_tail t)
 {
     v_f32 acc[TMPL_MR][TMPL_NV];
-    const float *a[TMPL_MR];
+    /* A(i,k) = ak[off[i]] with one pointer ak that advances by cs_a per k: one
+     * address increment per k, whatever the row count (six row pointers that
+     * each advance cost six integer adds per k where A is read across rows) */
+    ptrdiff_t off[TMPL_MR];
     TMPL_UNROLL
     for (int i = 0; i < rb; i++) {
-        a[i] = A + (ptrdiff_t)(i < mr ? i : mr - 1) * rs_a;
+        off[i] = (ptrdiff_t)(i < mr ? i : mr - 1) * rs_a;
         TMPL_UNROLL
         for (int j = 0; j < nv; j++)
             acc[i][j] = V_ZERO();
     }
 
-    ptrdiff_t ka = 0; /* k * cs_a */
-    for (int k = 0; k < K; k++, ka += cs_a) {
+    const float *ak = A;
+    for (int k = 0; k < K; k++, ak += cs_a) {
         const float *bk = B + (ptrdiff_t)k * ldb;
         v_f32 b[TMPL_NV];
         v_mask mb[TMPL_NV];
@@ -156,7 +159,7 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
         }
         TMPL_UNROLL
         for (int i = 0; i < rb; i++) {
-            const v_f32 av = V_BCAST(a[i] + ka);
+            const v_f32 av = V_BCAST(ak + off[i]);
             if (!skip_a && !skip_b) {
                 TMPL_UNROLL
                 for (int j = 0; j < nv; j++)
