@@ -1197,7 +1197,7 @@ static bwd_ws bwd_ws_carve(const plan *pl, float *base)
 typedef struct bwd_args {
     const sdpa_tensor *q, *k, *v, *o, *lse, *dout;
     const sdpa_tensor_out *dq, *dk, *dv;
-    const float *D; /* [B, Hq, Tq] contiguous */
+    float *D; /* [B, Hq, Tq] contiguous: rowsum(dO * O), written before the pairs of its rows */
 } bwd_args;
 
 /* Rows [i0, i0+nr) of heads [h0, h0+nh) packed as [ncol][len] (column g*nr+ii). */
@@ -1320,6 +1320,41 @@ static void zero_grads(const plan *pl, const sdpa_tensor_out *dq, const sdpa_ten
     zero_heads(dv->data, nk3, sdv, pl->Dv, hk * part / parts, hk * (part + 1) / parts);
 }
 
+/* D = rowsum(dO * O) for the rows [r0, r1) of all (batch, query head, row). */
+static void bwd_rows_D(const plan *pl, const sdpa_tensor *o, const sdpa_tensor *dout, float *D, int64_t r0,
+                       int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i = r % pl->Tq, bh = r / pl->Tq, b = bh / pl->Hq, h = bh % pl->Hq;
+        const float *orow = o->data ? o->data + b * o->batch_stride + h * o->head_stride + i * o->seq_stride : NULL;
+        const float *drow = dout->data ? dout->data + b * dout->batch_stride + h * dout->head_stride +
+                                             i * dout->seq_stride : NULL;
+        /* With the ISA's own gemm, so that D rounds exactly like dP = dO . V
+         * (when P is one-hot, O = V and dP - D must cancel exactly). */
+        if (pl->Dv > 0)
+            pl->kt->gemm(1, 1, (int)pl->Dv, 1.0f, drow, 0, 1, orow, 1, &D[r], 1, 0);
+        else
+            D[r] = 0.0f;
+    }
+}
+
+/* Before the pairs of (batch, kv head) bh when one thread runs them all:
+ * dK, dV of the kv head and dQ of its query heads = 0, and their rows' D.
+ * Done by the thread that then accumulates into them (the lines are in its
+ * cache), with no barrier between the threads. */
+static void bwd_head_prologue(const plan *pl, const bwd_args *a, int64_t bh)
+{
+    const int64_t b = bh / pl->Hkv, hk = bh % pl->Hkv, q0 = b * pl->Hq + hk * pl->G;
+    const int64_t nq3[3] = {pl->B, pl->Hq, pl->Tq}, nk3[3] = {pl->B, pl->Hkv, pl->Tk};
+    const int64_t sdq[3] = {a->dq->batch_stride, a->dq->head_stride, a->dq->seq_stride};
+    const int64_t sdk[3] = {a->dk->batch_stride, a->dk->head_stride, a->dk->seq_stride};
+    const int64_t sdv[3] = {a->dv->batch_stride, a->dv->head_stride, a->dv->seq_stride};
+    zero_heads(a->dq->data, nq3, sdq, pl->Dk, q0, q0 + pl->G);
+    zero_heads(a->dk->data, nk3, sdk, pl->Dk, bh, bh + 1);
+    zero_heads(a->dv->data, nk3, sdv, pl->Dv, bh, bh + 1);
+    bwd_rows_D(pl, a->o, a->dout, a->D, q0 * pl->Tq, (q0 + pl->G) * pl->Tq);
+}
+
 sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
                           const sdpa_tensor *v, const sdpa_tensor *o, const sdpa_tensor *lse,
                           const sdpa_tensor *dout, const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
@@ -1388,41 +1423,32 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
 #if HAVE_OPENMP
         team = omp_get_num_threads();
 #endif
-        zero_grads(&pl, dq, dk, dv, tid, team);
-#if HAVE_OPENMP
-#pragma omp barrier
-#endif
-        /* D = rowsum(dO * O) */
-#if HAVE_OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int64_t r = 0; r < (int64_t)nD; r++) {
-            const int64_t i = r % pl.Tq, bh = r / pl.Tq, b = bh / pl.Hq, h = bh % pl.Hq;
-            const float *orow = o->data ? o->data + b * o->batch_stride + h * o->head_stride + i * o->seq_stride : NULL;
-            const float *drow = dout->data ? dout->data + b * dout->batch_stride + h * dout->head_stride +
-                                                 i * dout->seq_stride : NULL;
-            /* With the ISA's own gemm, so that D rounds exactly like dP = dO . V
-             * (when P is one-hot, O = V and dP - D must cancel exactly). */
-            if (pl.Dv > 0)
-                pl.kt->gemm(1, 1, (int)pl.Dv, 1.0f, drow, 0, 1, orow, 1, &D[r], 1, 0);
-            else
-                D[r] = 0.0f;
-        }
         if (BH >= 2 * (int64_t)nthreads) {
             /* Enough (batch, kv head) pairs to keep every thread busy: each
-             * thread runs whole heads, row by row (query tile r outer, key
-             * tile c inner). Every dQ tile still receives its contributions
-             * in increasing c and every dK/dV tile in increasing r, exactly as
-             * in the waves below, so the bits are the same; and a head stays
-             * in cache, each query tile is packed once per row. */
+             * thread runs whole heads (zeroing their gradients and computing
+             * their D first, bwd_head_prologue), row by row (query tile r
+             * outer, key tile c inner). Every dQ tile still receives its
+             * contributions in increasing c and every dK/dV tile in increasing
+             * r, exactly as in the waves below, so the bits are the same; and a
+             * head stays in cache, each query tile is packed once per row. No
+             * barrier: a thread that finishes a head takes the next one. */
 #if HAVE_OPENMP
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
 #endif
-            for (int64_t bh = 0; bh < BH; bh++)
+            for (int64_t bh = 0; bh < BH; bh++) {
+                bwd_head_prologue(&pl, &a, bh);
                 for (int64_t r = 0; r < R; r++)
                     for (int64_t c = 0; c < nkt; c++)
                         bwd_wave_pair(&pl, &w, &a, &L, bh, r, c);
+            }
         } else {
+            zero_grads(&pl, dq, dk, dv, tid, team);
+            /* D = rowsum(dO * O); the barrier after it also covers the zeroing */
+#if HAVE_OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (int64_t r = 0; r < (int64_t)nD; r++)
+                bwd_rows_D(&pl, o, dout, D, r, r + 1);
             for (int64_t d = 0; d < ndiag; d++) {
                 const int64_t rmin = d - nkt + 1 > 0 ? d - nkt + 1 : 0;
                 const int64_t rmax = d < R - 1 ? d : R - 1;
