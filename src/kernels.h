@@ -41,12 +41,18 @@ enum {
  *   A(m,k) = A[m*rs_a + k*cs_a]   (any strides: A is read by scalar broadcasts)
  *   B(k,n) = B[k*ldb + n]          (unit stride along n: vector loads)
  *   C(m,n) = C[m*ldc + n]
- * K may be 0 (then C = 0, or unchanged when accumulating). Sums over k run in
- * increasing k for every (m,n) in every implementation's own fixed order, so a
- * given ISA gives the same bits whatever the caller's threading. */
+ * With ACCUMULATE and c_row_scale non-NULL, each row of C is rescaled first:
+ *   C(m,n) = c_row_scale[m] * C(m,n) + alpha * sum_k A(m,k) B(k,n)
+ * (the SIMD kernels: one fused multiply-add of C, the factor and the rounded
+ * alpha * sum; the scalar one unfused), which is the online softmax's
+ * O = alpha O + P V in one pass; c_row_scale is ignored without ACCUMULATE.
+ * K may be 0 (then C = 0, or unchanged when accumulating, or only rescaled).
+ * Sums over k run in increasing k for every (m,n) in every implementation's
+ * own fixed order, so a given ISA gives the same bits whatever the caller's
+ * threading. */
 typedef void (*sdpa_gemm_fn)(int M, int N, int K, float alpha, const float *A, ptrdiff_t rs_a,
                              ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
-                             ptrdiff_t ldc, int flags);
+                             ptrdiff_t ldc, int flags, const float *c_row_scale);
 
 /* Online-softmax update of one tile (FlashAttention-2 Alg. 1 lines 8-10).
  * S^T is M keys x N queries (row stride lds), holding scaled, masked scores

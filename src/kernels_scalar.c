@@ -16,7 +16,7 @@ static inline int is_masked(float x)
 
 static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdiff_t rs_a,
                         ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
-                        int flags)
+                        int flags, const float *c_row_scale)
 {
     assert(M >= 0 && N >= 0 && K >= 0);
     enum { NB = 64 };
@@ -46,7 +46,10 @@ static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdif
                         acc[n] += a * b[n];
                 }
             }
-            if (flags & SDPA_GEMM_ACCUMULATE)
+            if ((flags & SDPA_GEMM_ACCUMULATE) && c_row_scale)
+                for (int n = 0; n < nb; n++)
+                    c[n0 + n] = c[n0 + n] * c_row_scale[m] + alpha * acc[n];
+            else if (flags & SDPA_GEMM_ACCUMULATE)
                 for (int n = 0; n < nb; n++)
                     c[n0 + n] += alpha * acc[n];
             else
@@ -150,7 +153,7 @@ static void gemm_stream_scalar(int M, int N, int K, const float *A, ptrdiff_t ld
             for (int n = 0; n < N; n++)
                 C[(ptrdiff_t)m * ldc + n] *= row_scale[m];
     gemm_scalar(M, N, K, 1.0f, A, lda, 1, B, ldb, C, ldc,
-                SDPA_GEMM_ACCUMULATE | (skip_masked ? SDPA_GEMM_SKIP_ZERO_A : 0));
+                SDPA_GEMM_ACCUMULATE | (skip_masked ? SDPA_GEMM_SKIP_ZERO_A : 0), NULL);
 }
 
 static void gemm_nt_scalar(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,

@@ -590,26 +590,29 @@ enum {
 };
 
 /* The product restricted to keys [ks + koff, + nk) and columns [c0, c0 + nc);
- * `other` is the third dimension (a head_dim). A, B, C point at key ks, column 0. */
+ * `other` is the third dimension (a head_dim). A, B, C point at key ks, column 0.
+ * c_row_scale: see sdpa_gemm_fn (only with c0 = 0 and all of C's rows). */
 static void gemm_part(const sdpa_kernels *kt, int where, int64_t koff, int nk, int c0, int nc, int other,
                       float alpha, const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb,
-                      float *C, ptrdiff_t ldc, int flags)
+                      float *C, ptrdiff_t ldc, int flags, const float *c_row_scale)
 {
     const ptrdiff_t k = (ptrdiff_t)koff;
     switch (where) {
     case KEYS_M_COLS_N:
-        kt->gemm(nk, nc, other, alpha, A + k * rs_a, rs_a, cs_a, B + c0, ldb, C + k * ldc + c0, ldc, flags);
+        kt->gemm(nk, nc, other, alpha, A + k * rs_a, rs_a, cs_a, B + c0, ldb, C + k * ldc + c0, ldc, flags,
+                 c_row_scale);
         break;
     case KEYS_M_COLS_K:
         kt->gemm(nk, other, nc, alpha, A + k * rs_a + c0 * cs_a, rs_a, cs_a, B + c0 * ldb, ldb, C + k * ldc, ldc,
-                 flags);
+                 flags, c_row_scale);
         break;
     case KEYS_K_COLS_N:
-        kt->gemm(other, nc, nk, alpha, A + k * cs_a, rs_a, cs_a, B + k * ldb + c0, ldb, C + c0, ldc, flags);
+        kt->gemm(other, nc, nk, alpha, A + k * cs_a, rs_a, cs_a, B + k * ldb + c0, ldb, C + c0, ldc, flags,
+                 c_row_scale);
         break;
     default: /* KEYS_K_COLS_M */
         kt->gemm(nc, other, nk, alpha, A + c0 * rs_a + k * cs_a, rs_a, cs_a, B + k * ldb, ldb, C + c0 * ldc, ldc,
-                 flags);
+                 flags, c_row_scale);
         break;
     }
 }
@@ -628,7 +631,7 @@ static void gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, in
     const int64_t *seg = tk->seg;
     if (!tk->banded && !skip_flag) {
         gemm_part(kt, where, 0, (int)(seg[3] - seg[0]), 0, ncols, other, alpha, A, rs_a, cs_a, B, ldb, C, ldc,
-                  flags);
+                  flags, NULL);
         return;
     }
     for (int g = 0; g < 3; g++) {
@@ -637,7 +640,7 @@ static void gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, in
             continue;
         if (g == 1 || !tk->banded) {
             gemm_part(kt, where, seg[g] - tk->ks, n, 0, ncols, other, alpha, A, rs_a, cs_a, B, ldb, C, ldc,
-                      flags | (g != 1 ? skip_flag : 0));
+                      flags | (g != 1 ? skip_flag : 0), NULL);
             continue;
         }
         for (int64_t jb = seg[g]; jb < seg[g + 1]; jb += BAND_KEYS) {
@@ -648,13 +651,13 @@ static void gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, in
             if (!skip_flag) {
                 if (c[3] > c[0])
                     gemm_part(kt, where, koff, nb, c[0], c[3] - c[0], other, alpha, A, rs_a, cs_a, B, ldb, C, ldc,
-                              flags);
+                              flags, NULL);
                 continue;
             }
             for (int p = 0; p < 3; p++)
                 if (c[p + 1] > c[p])
                     gemm_part(kt, where, koff, nb, c[p], c[p + 1] - c[p], other, alpha, A, rs_a, cs_a, B, ldb, C,
-                              ldc, flags | (p != 1 ? skip_flag : 0));
+                              ldc, flags | (p != 1 ? skip_flag : 0), NULL);
         }
     }
 }
@@ -1017,10 +1020,18 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
         /* m, l, alpha; S^T -> P^T */
         kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha);
         if (Dv > 0) {
-            /* O = alpha O + P V (P read from P^T), cut as tk says */
-            kt->scale_rows(ncol, Dv, w->on, Dv, w->alpha, w->on, Dv);
-            gemm_keys(kt, &tk, KEYS_K_COLS_M, ncol, Dv, 1.0f, w->s, 1, ld, vb + ks * a->v->seq_stride,
-                      a->v->seq_stride, w->on, Dv, SDPA_GEMM_ACCUMULATE, SDPA_GEMM_SKIP_ZERO_A);
+            /* O = alpha O + P V (P read from P^T): a full tile in one gemm that
+             * rescales O's rows as it adds (one pass over O instead of two); a
+             * partial one rescales first, then adds in the cut tk says */
+            const float *vrows = vb + ks * a->v->seq_stride;
+            if (kind == TILE_FULL) {
+                gemm_part(kt, KEYS_K_COLS_M, 0, nk, 0, ncol, Dv, 1.0f, w->s, 1, ld, vrows, a->v->seq_stride, w->on,
+                          Dv, SDPA_GEMM_ACCUMULATE, w->alpha);
+            } else {
+                kt->scale_rows(ncol, Dv, w->on, Dv, w->alpha, w->on, Dv);
+                gemm_keys(kt, &tk, KEYS_K_COLS_M, ncol, Dv, 1.0f, w->s, 1, ld, vrows, a->v->seq_stride, w->on, Dv,
+                          SDPA_GEMM_ACCUMULATE, SDPA_GEMM_SKIP_ZERO_A);
+            }
         }
     }
     if (L->nsplit > 1) {
@@ -1332,7 +1343,7 @@ static void bwd_rows_D(const plan *pl, const sdpa_tensor *o, const sdpa_tensor *
         /* With the ISA's own gemm, so that D rounds exactly like dP = dO . V
          * (when P is one-hot, O = V and dP - D must cancel exactly). */
         if (pl->Dv > 0)
-            pl->kt->gemm(1, 1, (int)pl->Dv, 1.0f, drow, 0, 1, orow, 1, &D[r], 1, 0);
+            pl->kt->gemm(1, 1, (int)pl->Dv, 1.0f, drow, 0, 1, orow, 1, &D[r], 1, 0, NULL);
         else
             D[r] = 0.0f;
     }

@@ -131,7 +131,7 @@ TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
 TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, const int skip_a,
                                 const int skip_b, int mr, int K, float alpha, const float *A,
                                 ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb,
-                                float *C, ptrdiff_t ldc, int accumulate, v_tail t)
+                                float *C, ptrdiff_t ldc, int accumulate, const float *c_scale, v_tail t)
 {
     v_f32 acc[TMPL_MR][TMPL_NV];
     /* A(i,k) = ak[off[i]] with one pointer ak that advances by cs_a per k: one
@@ -203,7 +203,9 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
             for (int j = 0; j < nv; j++) {
                 const int last = tail && j == nv - 1;
                 v_f32 r;
-                if (accumulate)
+                if (accumulate && c_scale) /* C = C * c_scale[i] + alpha * acc, one rounding after the product */
+                    r = V_FMA(TMPL_LOAD(last, c + j * TMPL_VL, t), V_SET1(c_scale[i]), V_MUL(va, acc[i][j]));
+                else if (accumulate)
                     r = V_FMA(va, acc[i][j], TMPL_LOAD(last, c + j * TMPL_VL, t));
                 else
                     r = V_MUL(va, acc[i][j]);
@@ -218,10 +220,10 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
 TMPL_INLINE void tmpl_gemm_ukr(const int rb, const int nv, const int tail, const int skip_a,
                                const int skip_b, int mr, int K, float alpha, const float *A,
                                ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb,
-                               float *C, ptrdiff_t ldc, int accumulate, v_tail t)
+                               float *C, ptrdiff_t ldc, int accumulate, const float *c_scale, v_tail t)
 {
     if (!skip_a && !skip_b) {
-        tmpl_gemm_rows(rb, nv, tail, 0, 0, mr, K, alpha, A, rs_a, cs_a, B, ldb, C, ldc, accumulate, t);
+        tmpl_gemm_rows(rb, nv, tail, 0, 0, mr, K, alpha, A, rs_a, cs_a, B, ldb, C, ldc, accumulate, c_scale, t);
         return;
     }
     const int pass = rb < TMPL_MR_SKIP ? rb : TMPL_MR_SKIP;
@@ -230,21 +232,21 @@ TMPL_INLINE void tmpl_gemm_ukr(const int rb, const int nv, const int tail, const
         if (r0 < mr)
             tmpl_gemm_rows(pass, nv, tail, skip_a, skip_b, mr - r0, K, alpha,
                            A + (ptrdiff_t)r0 * rs_a, rs_a, cs_a, B, ldb, C + (ptrdiff_t)r0 * ldc,
-                           ldc, accumulate, t);
+                           ldc, accumulate, c_scale ? c_scale + r0 : NULL, t);
     }
 }
 
 typedef void (*tmpl_ukr_fn)(int mr, int K, float alpha, const float *A, ptrdiff_t rs_a,
                             ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
-                            int accumulate, v_tail t);
+                            int accumulate, const float *c_scale, v_tail t);
 
 #define TMPL_UKR(name, rb, nv, tail, sa, sb)                                                       \
     static void name(int mr, int K, float alpha, const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a,   \
                      const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int accumulate,       \
-                     v_tail t)                                                                     \
+                     const float *c_scale, v_tail t)                                               \
     {                                                                                              \
         tmpl_gemm_ukr(rb, nv, tail, sa, sb, mr, K, alpha, A, rs_a, cs_a, B, ldb, C, ldc,           \
-                      accumulate, t);                                                              \
+                      accumulate, c_scale, t);                                                     \
     }
 
 /* Row-block heights: the full MR, and smaller ones for the last rows of M
@@ -313,7 +315,7 @@ static const tmpl_ukr_fn tmpl_ukr_tab[4][3][TMPL_NV + 1] = {
  * row block. */
 static void tmpl_gemm(int M, int N, int K, float alpha, const float *A, ptrdiff_t rs_a,
                       ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
-                      int flags)
+                      int flags, const float *c_row_scale)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -333,7 +335,8 @@ static void tmpl_gemm(int M, int N, int K, float alpha, const float *A, ptrdiff_
             const int mr = M - m0 < TMPL_MR ? M - m0 : TMPL_MR;
             const int h = mr <= TMPL_RB_SMALL ? 2 : mr <= TMPL_RB_MID ? 1 : 0;
             tmpl_ukr_tab[mode][h][nv](mr, K, alpha, A + (ptrdiff_t)m0 * rs_a, rs_a, cs_a, B + n0, ldb,
-                                      C + (ptrdiff_t)m0 * ldc + n0, ldc, accumulate, t);
+                                      C + (ptrdiff_t)m0 * ldc + n0, ldc, accumulate,
+                                      c_row_scale ? c_row_scale + m0 : NULL, t);
         }
     }
 }

@@ -312,15 +312,24 @@ static void check_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M
         *at(&b, (int)(rnd() % (unsigned)K), (int)(rnd() % (unsigned)N)) = bad[rnd() % 3];
     }
 
+    /* Row factors (the online softmax's rescale), for half of the calls (a call
+     * without ACCUMULATE must ignore them): in [0, 1], some exactly 1 or 0. */
+    buf rsc = buf_new(1, M, M > 0 ? M : 1);
+    buf_fill(&rsc, 0.0f, 1.0f);
+    for (int m = 0; m < M; m++)
+        if (chance(6))
+            rsc.p[m] = chance(2) ? 1.0f : 0.0f;
+    const float *row_scale = chance(2) ? rsc.p : NULL;
     buf c2 = buf_clone(&c); /* for the scalar table's entry */
     buf_snap(&a);
     buf_snap(&b);
     buf_snap(&c);
-    kt->gemm(M, N, K, alpha, a.p, rs_a, cs_a, b.p, b.ld, c.p, c.ld, flags);
-    ref_kt->gemm(M, N, K, alpha, a.p, rs_a, cs_a, b.p, b.ld, c2.p, c2.ld, flags);
+    buf_snap(&rsc);
+    kt->gemm(M, N, K, alpha, a.p, rs_a, cs_a, b.p, b.ld, c.p, c.ld, flags, row_scale);
+    ref_kt->gemm(M, N, K, alpha, a.p, rs_a, cs_a, b.p, b.ld, c2.p, c2.ld, flags, row_scale);
 
     int ok = 1;
-    const long ca = buf_changed(&a, 0), cb = buf_changed(&b, 0), cc = buf_changed(&c, 1);
+    const long ca = buf_changed(&a, 0), cb = buf_changed(&b, 0), cc = buf_changed(&c, 1) + buf_changed(&rsc, 0);
     if (ca || cb || cc) {
         ok = 0;
         report("M=%d N=%d K=%d layout=%d flags=%d: %ld/%ld/%ld elements outside the output changed (A/B/C)",
@@ -336,15 +345,19 @@ static void check_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M
                 s += (double)av * (double)bv;
                 mag += fabs((double)av * (double)bv);
             }
-            const double c0 = accumulate ? (double)c.snap[c.off + (size_t)m * (size_t)c.ld + (size_t)n] : 0.0;
+            double c0 = accumulate ? (double)c.snap[c.off + (size_t)m * (size_t)c.ld + (size_t)n] : 0.0;
+            if (accumulate && row_scale)
+                c0 *= (double)row_scale[m];
             const double ref = (double)alpha * s + c0;
             mag = fabs((double)alpha) * mag + fabs(c0);
             const double tol = 4.0 * (K + 3) * FLT_EPSILON * mag + 1e-30;
             const float got = *at(&c, m, n), sc = *at(&c2, m, n);
             if (!close_to(got, ref, tol) || !close_to(got, sc, 2 * tol)) {
                 ok = 0;
-                report("M=%d N=%d K=%d layout=%d flags=%d alpha=%g: C(%d,%d) = %.9g, float64 %.9g, scalar %.9g (tol %.3g)",
-                       M, N, K, layout, flags, (double)alpha, m, n, (double)got, ref, (double)sc, tol);
+                report("M=%d N=%d K=%d layout=%d flags=%d alpha=%g row_scale=%d: C(%d,%d) = %.9g, float64 %.9g, "
+                       "scalar %.9g (tol %.3g)",
+                       M, N, K, layout, flags, (double)alpha, row_scale != NULL, m, n, (double)got, ref, (double)sc,
+                       tol);
             }
         }
     record(ok);
@@ -353,6 +366,7 @@ static void check_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M
     buf_free(&b);
     buf_free(&c);
     buf_free(&c2);
+    buf_free(&rsc);
 }
 
 static void test_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
