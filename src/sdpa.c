@@ -622,8 +622,11 @@ static void gemm_part(const sdpa_kernels *kt, int where, int64_t koff, int nk, i
  * masked entries may be. Unbanded, a product that skips nothing is one call.
  * Banded, entries of columns that no key of a band sees are not written (for
  * products that overwrite C: S^T, which mask_tile then fills with -inf, and
- * dP^T, whose masked entries bwd_dscores never reads). Per entry of C, terms
- * are added in increasing key (or column) order, in a fixed cut. */
+ * dP^T, whose masked entries bwd_dscores never reads), except for
+ * KEYS_M_COLS_K without ACCUMULATE (dV, dK written once): there a band's
+ * first part overwrites its key rows of C, the others add, and a band that
+ * no column sees gets zero rows. Per entry of C, terms are added in
+ * increasing key (or column) order, in a fixed cut. */
 static void gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, int ncols, int other, float alpha,
                       const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
                       ptrdiff_t ldc, int flags, int skip_flag)
@@ -643,11 +646,25 @@ static void gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, in
                       flags | (g != 1 ? skip_flag : 0), NULL);
             continue;
         }
+        const int once = where == KEYS_M_COLS_K && !(flags & SDPA_GEMM_ACCUMULATE);
         for (int64_t jb = seg[g]; jb < seg[g + 1]; jb += BAND_KEYS) {
             const int nb = seg[g + 1] - jb < BAND_KEYS ? (int)(seg[g + 1] - jb) : BAND_KEYS;
             const int64_t koff = jb - tk->ks;
             int c[4];
             band_cols(tk, jb, jb + nb - 1, c);
+            if (once) {
+                if (c[3] == c[0])
+                    for (int r = 0; r < nb; r++)
+                        memset(C + (koff + r) * ldc, 0, (size_t)other * sizeof(float));
+                int f = flags;
+                for (int p = 0; p < 3; p++)
+                    if (c[p + 1] > c[p]) {
+                        gemm_part(kt, where, koff, nb, c[p], c[p + 1] - c[p], other, alpha, A, rs_a, cs_a, B, ldb,
+                                  C, ldc, f | (p != 1 ? skip_flag : 0), NULL);
+                        f |= SDPA_GEMM_ACCUMULATE;
+                    }
+                continue;
+            }
             if (!skip_flag) {
                 if (c[3] > c[0])
                     gemm_part(kt, where, koff, nb, c[0], c[3] - c[0], other, alpha, A, rs_a, cs_a, B, ldb, C, ldc,
@@ -1209,6 +1226,9 @@ typedef struct bwd_args {
     const sdpa_tensor *q, *k, *v, *o, *lse, *dout;
     const sdpa_tensor_out *dq, *dk, *dv;
     float *D; /* [B, Hq, Tq] contiguous: rowsum(dO * O), written before the pairs of its rows */
+    int nt;   /* few-column tiles: S^T and dP^T (and D) by gemm_nt, see sdpa_backward */
+    int kv_once; /* one query tile per (batch, kv head): every dK/dV row gets all of its
+                    terms from one pair, which writes it (no zeroing first) */
 } bwd_args;
 
 /* Rows [i0, i0+nr) of heads [h0, h0+nh) packed as [ncol][len] (column g*nr+ii). */
@@ -1236,10 +1256,20 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
     const int64_t j1 = pl->Tk - j0 > pl->bk ? j0 + pl->bk : pl->Tk;
     int64_t ks, ke;
     const int kind = classify_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, j0, j1, &ks, &ke);
+    if (a->kv_once) { /* dK, dV rows of the key tile that no allowed pair reaches are 0 */
+        const int64_t z0 = kind == TILE_SKIP ? j1 : ks, z1 = kind == TILE_SKIP ? j1 : ke + 1;
+        for (int64_t j = j0; j < j1; j++)
+            if (j < z0 || j >= z1) {
+                if (Dk > 0)
+                    memset(row_out(a->dk, b, hk, j), 0, (size_t)Dk * sizeof(float));
+                memset(row_out(a->dv, b, hk, j), 0, (size_t)Dv * sizeof(float));
+            }
+    }
     if (kind == TILE_SKIP)
         return;
     const int nk = (int)(ke - ks + 1);
     const int skip = kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0;
+    const int kv_flags = a->kv_once ? 0 : SDPA_GEMM_ACCUMULATE; /* dV, dK: write once, or add */
     tile_keys tk; /* key runs: masked, allowed by every row, masked; bands on the diagonal */
     tile_keys_init(pl, &tk, w->lo, w->hi, kind, nh, nr, ks, ke);
     const float *kb = Dk > 0 ? a->k->data + b * a->k->batch_stride + hk * a->k->head_stride + ks * a->k->seq_stride : NULL;
@@ -1247,9 +1277,15 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
     /* The query tile's packed operands are reused while the same thread stays
      * on the same query tile (row-major order in bwd_head). */
     const int fresh = w->packed_tile != tile;
+    /* Q rows (for dK, and for S^T in few-column tiles): in place for one head, else packed */
+    const float *qsrc = Dk == 0 ? NULL
+                        : nh == 1 ? row_in(a->q, b, h0, i0)
+                        : fresh   ? pack_rows(a->q, b, h0, nh, i0, nr, Dk, w->qn)
+                                  : w->qn;
+    const ptrdiff_t ldq = nh == 1 ? a->q->seq_stride : Dk;
     /* S^T = scale K Q^T, masked; P^T = exp(S^T - LSE) */
     for (int g = 0; g < nh && fresh; g++) {
-        if (Dk > 0)
+        if (Dk > 0 && !a->nt)
             kt->transpose(nr, Dk, row_in(a->q, b, h0 + g, i0), a->q->seq_stride, w->qt + g * nr, ld);
         const float *lb = row_in(a->lse, b, h0 + g, i0);
         const float *Db = a->D + (b * pl->Hq + h0 + g) * pl->Tq + i0;
@@ -1258,7 +1294,13 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
             w->dd[g * nr + ii] = Db[ii];
         }
     }
-    score_tile(pl, &tk, kind, b, h0, nh, i0, nr, nk, kb, a->k->seq_stride, w->qt, w->p);
+    if (a->nt) { /* few columns: dot products along head_dim, full vectors */
+        kt->gemm_nt(ncol, nk, Dk, pl->scale, qsrc, ldq, kb, a->k->seq_stride, w->p, 1, ld);
+        if (kind == TILE_PARTIAL)
+            mask_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, ks, nk, w->p, ld, 1);
+    } else {
+        score_tile(pl, &tk, kind, b, h0, nh, i0, nr, nk, kb, a->k->seq_stride, w->qt, w->p);
+    }
     kt->bwd_probs(nk, ncol, w->p, ld, w->lse);
 
     if (Dv > 0) {
@@ -1269,11 +1311,15 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
         const ptrdiff_t lddo = nh == 1 ? a->dout->seq_stride : Dv;
         /* dV += P^T dO, in the runs of key_runs */
         gemm_keys(kt, &tk, KEYS_M_COLS_K, ncol, Dv, 1.0f, w->p, ld, 1, dob, lddo, dvb, a->dv->seq_stride,
-                  SDPA_GEMM_ACCUMULATE, skip);
+                  kv_flags, skip);
         /* dP^T = V dO^T */
-        if (fresh)
-            kt->transpose(ncol, Dv, dob, lddo, w->dot, ld);
-        gemm_keys(kt, &tk, KEYS_M_COLS_N, ncol, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0, 0);
+        if (a->nt) {
+            kt->gemm_nt(ncol, nk, Dv, 1.0f, dob, lddo, vb, a->v->seq_stride, w->dp, 1, ld);
+        } else {
+            if (fresh)
+                kt->transpose(ncol, Dv, dob, lddo, w->dot, ld);
+            gemm_keys(kt, &tk, KEYS_M_COLS_N, ncol, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0, 0);
+        }
     } else {
         for (int jj = 0; jj < nk; jj++)
             memset(w->dp + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
@@ -1282,15 +1328,16 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
     kt->bwd_dscores(nk, ncol, w->p, ld, w->dp, ld, w->dd);
     if (Dk > 0) {
         float *dkb = a->dk->data + b * a->dk->batch_stride + hk * a->dk->head_stride + ks * a->dk->seq_stride;
-        const float *qsrc = nh == 1 ? row_in(a->q, b, h0, i0)
-                                    : fresh ? pack_rows(a->q, b, h0, nh, i0, nr, Dk, w->qn) : w->qn;
-        const ptrdiff_t ldq = nh == 1 ? a->q->seq_stride : Dk;
         /* dK += scale dS^T Q ; dQ += scale dS K (per head of the tile) */
         gemm_keys(kt, &tk, KEYS_M_COLS_K, ncol, Dk, pl->scale, w->dp, ld, 1, qsrc, ldq, dkb, a->dk->seq_stride,
-                  SDPA_GEMM_ACCUMULATE, skip);
-        for (int h = 0; h < nh; h++)
-            gemm_keys(kt, &tk, KEYS_K_COLS_M, nr, Dk, pl->scale, w->dp + h * nr, 1, ld, kb, a->k->seq_stride,
-                      row_out(a->dq, b, h0 + h, i0), a->dq->seq_stride, SDPA_GEMM_ACCUMULATE, skip);
+                  kv_flags, skip);
+        if (nr == 1 && nh > 1) /* one row per head (decode): the heads' dQ rows as one C, head_stride apart */
+            gemm_keys(kt, &tk, KEYS_K_COLS_M, nh, Dk, pl->scale, w->dp, 1, ld, kb, a->k->seq_stride,
+                      row_out(a->dq, b, h0, i0), a->dq->head_stride, SDPA_GEMM_ACCUMULATE, skip);
+        else
+            for (int h = 0; h < nh; h++)
+                gemm_keys(kt, &tk, KEYS_K_COLS_M, nr, Dk, pl->scale, w->dp + h * nr, 1, ld, kb, a->k->seq_stride,
+                          row_out(a->dq, b, h0 + h, i0), a->dq->seq_stride, SDPA_GEMM_ACCUMULATE, skip);
     }
     w->packed_tile = tile;
 }
@@ -1316,10 +1363,11 @@ static void zero_heads(float *data, const int64_t n[3], const int64_t s[3], int6
             memset(data + (bh / n[1]) * s[0] + (bh % n[1]) * s[1] + z * s[2], 0, (size_t)len * sizeof(float));
 }
 
-/* dQ, dK, dV = 0 for the heads [part * H / parts, (part + 1) * H / parts) of
- * each (H = its batch x heads), so that the threads of a team share the work. */
+/* dQ, dK, dV (dQ only unless with_kv) = 0 for the heads [part * H / parts,
+ * (part + 1) * H / parts) of each (H = its batch x heads), so that the threads
+ * of a team share the work. */
 static void zero_grads(const plan *pl, const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
-                       const sdpa_tensor_out *dv, int part, int parts)
+                       const sdpa_tensor_out *dv, int part, int parts, int with_kv)
 {
     const int64_t nq3[3] = {pl->B, pl->Hq, pl->Tq}, nk3[3] = {pl->B, pl->Hkv, pl->Tk};
     const int64_t sdq[3] = {dq->batch_stride, dq->head_stride, dq->seq_stride};
@@ -1327,22 +1375,28 @@ static void zero_grads(const plan *pl, const sdpa_tensor_out *dq, const sdpa_ten
     const int64_t sdv[3] = {dv->batch_stride, dv->head_stride, dv->seq_stride};
     const int64_t hq = pl->B * pl->Hq, hk = pl->B * pl->Hkv;
     zero_heads(dq->data, nq3, sdq, pl->Dk, hq * part / parts, hq * (part + 1) / parts);
+    if (!with_kv)
+        return;
     zero_heads(dk->data, nk3, sdk, pl->Dk, hk * part / parts, hk * (part + 1) / parts);
     zero_heads(dv->data, nk3, sdv, pl->Dv, hk * part / parts, hk * (part + 1) / parts);
 }
 
-/* D = rowsum(dO * O) for the rows [r0, r1) of all (batch, query head, row). */
+/* D = rowsum(dO * O) for the rows [r0, r1) of all (batch, query head, row);
+ * nt: with gemm_nt, as dP^T in few-column tiles. */
 static void bwd_rows_D(const plan *pl, const sdpa_tensor *o, const sdpa_tensor *dout, float *D, int64_t r0,
-                       int64_t r1)
+                       int64_t r1, int nt)
 {
     for (int64_t r = r0; r < r1; r++) {
         const int64_t i = r % pl->Tq, bh = r / pl->Tq, b = bh / pl->Hq, h = bh % pl->Hq;
         const float *orow = o->data ? o->data + b * o->batch_stride + h * o->head_stride + i * o->seq_stride : NULL;
         const float *drow = dout->data ? dout->data + b * dout->batch_stride + h * dout->head_stride +
                                              i * dout->seq_stride : NULL;
-        /* With the ISA's own gemm, so that D rounds exactly like dP = dO . V
-         * (when P is one-hot, O = V and dP - D must cancel exactly). */
-        if (pl->Dv > 0)
+        /* With the kernel that computes dP = dO . V for this shape, so that D
+         * rounds exactly like it (when P is one-hot, O = V and dP - D must
+         * cancel exactly). */
+        if (pl->Dv > 0 && nt)
+            pl->kt->gemm_nt(1, 1, (int)pl->Dv, 1.0f, drow, pl->Dv, orow, pl->Dv, &D[r], 1, 1);
+        else if (pl->Dv > 0)
             pl->kt->gemm(1, 1, (int)pl->Dv, 1.0f, drow, 0, 1, orow, 1, &D[r], 1, 0, NULL);
         else
             D[r] = 0.0f;
@@ -1361,9 +1415,11 @@ static void bwd_head_prologue(const plan *pl, const bwd_args *a, int64_t bh)
     const int64_t sdk[3] = {a->dk->batch_stride, a->dk->head_stride, a->dk->seq_stride};
     const int64_t sdv[3] = {a->dv->batch_stride, a->dv->head_stride, a->dv->seq_stride};
     zero_heads(a->dq->data, nq3, sdq, pl->Dk, q0, q0 + pl->G);
-    zero_heads(a->dk->data, nk3, sdk, pl->Dk, bh, bh + 1);
-    zero_heads(a->dv->data, nk3, sdv, pl->Dv, bh, bh + 1);
-    bwd_rows_D(pl, a->o, a->dout, a->D, q0 * pl->Tq, (q0 + pl->G) * pl->Tq);
+    if (!a->kv_once) {
+        zero_heads(a->dk->data, nk3, sdk, pl->Dk, bh, bh + 1);
+        zero_heads(a->dv->data, nk3, sdv, pl->Dv, bh, bh + 1);
+    }
+    bwd_rows_D(pl, a->o, a->dout, a->D, q0 * pl->Tq, (q0 + pl->G) * pl->Tq, a->nt);
 }
 
 sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -1400,7 +1456,7 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
      * zero. With Dk = Dv = 0, or no query or key rows, there is nothing else to
      * compute either; this also keeps empty problems of huge B x H instant. */
     if (pl.Dv == 0 || pl.B == 0 || pl.Hq == 0 || pl.Tq == 0 || pl.Tk == 0) {
-        zero_grads(&pl, dq, dk, dv, 0, 1);
+        zero_grads(&pl, dq, dk, dv, 0, 1, 1);
         return SDPA_OK;
     }
     /* Query tiles as in the forward (several heads of a group per tile when Tq
@@ -1418,7 +1474,12 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
     float *D = ws + (size_t)nthreads * per;
 
     /* From here on the outputs are written (zeroed first, by the team below). */
-    const bwd_args a = {q, k, v, o, lse, dout, dq, dk, dv, D};
+    /* Few-column tiles (decode-sized Tq): S^T and dP^T as dot products along
+     * head_dim (gemm_nt) instead of a gemm whose vectors would hold a handful
+     * of query columns. Chosen from the tile width, which depends on the shape
+     * only, so D (which must round like dP) is computed the same way. */
+    const int nt = fwd_tile_cols(&L) <= pl.kt->nt_max_cols;
+    const bwd_args a = {q, k, v, o, lse, dout, dq, dk, dv, D, nt, R == 1};
     const int64_t ndiag = (R > 0 && nkt > 0) ? R + nkt - 1 : 0;
 
 #if HAVE_OPENMP
@@ -1453,13 +1514,13 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
                         bwd_wave_pair(&pl, &w, &a, &L, bh, r, c);
             }
         } else {
-            zero_grads(&pl, dq, dk, dv, tid, team);
+            zero_grads(&pl, dq, dk, dv, tid, team, !a.kv_once);
             /* D = rowsum(dO * O); the barrier after it also covers the zeroing */
 #if HAVE_OPENMP
 #pragma omp for schedule(static)
 #endif
             for (int64_t r = 0; r < (int64_t)nD; r++)
-                bwd_rows_D(&pl, o, dout, D, r, r + 1);
+                bwd_rows_D(&pl, o, dout, D, r, r + 1, a.nt);
             for (int64_t d = 0; d < ndiag; d++) {
                 const int64_t rmin = d - nkt + 1 > 0 ? d - nkt + 1 : 0;
                 const int64_t rmax = d < R - 1 ? d : R - 1;
