@@ -1385,6 +1385,11 @@ static void print_header(FILE *f, const options *o, const limits *L)
     fprintf(f, "# sdpa bench: libsdpa %s, active ISA %s, OpenMP max threads %d%s\n", sdpa_version(),
             sdpa_isa_name(sdpa_isa_active()), max_threads(), HAVE_OPENMP ? "" : " (built without OpenMP)");
     fprintf(f, "# CPU features: %s\n", sdpa_cpu_features());
+    const char *bind = getenv("OMP_PROC_BIND");
+    fprintf(f, "# OpenMP thread binding: OMP_PROC_BIND=%s%s\n", bind ? bind : "(unset)",
+            bind ? " (OpenBLAS's threads, started from the bound first thread, stay on its CPU: naive-blas "
+                   "rows with more than one thread are then not parallel)"
+                 : " (the OS places the threads; on a VM it may run two on one CPU for a whole process)");
     fprintf(f, "# ISAs timed:");
     for (int i = 0; i < o->n_isas; i++)
         fprintf(f, " %s", sdpa_isa_name(o->isas[i]));
