@@ -99,7 +99,8 @@ typedef void (*sdpa_bwd_dscores_fn)(int M, int N, const float *P, ptrdiff_t ldp,
 /* Dot-product form, for tiles with few queries (decode):
  *   C(m,n) = alpha * sum_k A[m*lda + k] * B[n*ldb + k],  stored at C[m*rs_c + n*cs_c]
  * (overwrites). A holds M query rows, B holds N key rows, both with K contiguous;
- * the driver stores S in natural layout, rs_c = 16 (one 16-key step), cs_c = 1.
+ * the forward stores S in natural layout (rs_c = 16, one 16-key step; cs_c = 1),
+ * the backward of few-column tiles S^T and dP^T (rs_c = 1, cs_c = the tile's ld).
  * K may be 0 (C = 0). Each ISA sums over k in its own fixed order. */
 typedef void (*sdpa_gemm_nt_fn)(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
                                 const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c,
