@@ -652,29 +652,21 @@ static void gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, in
             const int64_t koff = jb - tk->ks;
             int c[4];
             band_cols(tk, jb, jb + nb - 1, c);
-            if (once) {
-                if (c[3] == c[0])
-                    for (int r = 0; r < nb; r++)
-                        memset(C + (koff + r) * ldc, 0, (size_t)other * sizeof(float));
-                int f = flags;
-                for (int p = 0; p < 3; p++)
-                    if (c[p + 1] > c[p]) {
-                        gemm_part(kt, where, koff, nb, c[p], c[p + 1] - c[p], other, alpha, A, rs_a, cs_a, B, ldb,
-                                  C, ldc, f | (p != 1 ? skip_flag : 0), NULL);
-                        f |= SDPA_GEMM_ACCUMULATE;
-                    }
-                continue;
+            if (once && c[3] == c[0])
+                for (int r = 0; r < nb; r++)
+                    memset(C + (koff + r) * ldc, 0, (size_t)other * sizeof(float));
+            if (!skip_flag) { /* nothing to skip: one plain part over [c0, c3) */
+                c[1] = c[0];
+                c[2] = c[3];
             }
-            if (!skip_flag) {
-                if (c[3] > c[0])
-                    gemm_part(kt, where, koff, nb, c[0], c[3] - c[0], other, alpha, A, rs_a, cs_a, B, ldb, C, ldc,
-                              flags, NULL);
-                continue;
-            }
+            int f = flags;
             for (int p = 0; p < 3; p++)
-                if (c[p + 1] > c[p])
+                if (c[p + 1] > c[p]) {
                     gemm_part(kt, where, koff, nb, c[p], c[p + 1] - c[p], other, alpha, A, rs_a, cs_a, B, ldb, C,
-                              ldc, flags | (p != 1 ? skip_flag : 0), NULL);
+                              ldc, f | (p != 1 ? skip_flag : 0), NULL);
+                    if (once) /* later parts add to what the first wrote */
+                        f |= SDPA_GEMM_ACCUMULATE;
+                }
         }
     }
 }
