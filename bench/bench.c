@@ -1386,10 +1386,7 @@ static void print_header(FILE *f, const options *o, const limits *L)
             sdpa_isa_name(sdpa_isa_active()), max_threads(), HAVE_OPENMP ? "" : " (built without OpenMP)");
     fprintf(f, "# CPU features: %s\n", sdpa_cpu_features());
     const char *bind = getenv("OMP_PROC_BIND");
-    fprintf(f, "# OpenMP thread binding: OMP_PROC_BIND=%s%s\n", bind ? bind : "(unset)",
-            bind ? " (OpenBLAS's threads, started from the bound first thread, stay on its CPU: naive-blas "
-                   "rows with more than one thread are then not parallel)"
-                 : " (the OS places the threads; on a VM it may run two on one CPU for a whole process)");
+    fprintf(f, "# OpenMP thread binding: OMP_PROC_BIND=%s\n", bind ? bind : "(unset: the OS places the threads)");
     fprintf(f, "# ISAs timed:");
     for (int i = 0; i < o->n_isas; i++)
         fprintf(f, " %s", sdpa_isa_name(o->isas[i]));
@@ -1430,8 +1427,16 @@ static void print_header(FILE *f, const options *o, const limits *L)
         fprintf(f, "# limits not measured (--no-limits)\n");
     }
 #ifdef SDPA_BENCH_HAVE_OPENBLAS
-    if (o->naive)
-        fprintf(f, "# naive-blas: %s (core %s)\n", openblas_get_config(), openblas_get_corename());
+    if (o->naive) {
+        const int par = openblas_get_parallel(); /* 0 sequential, 1 its own pthreads, 2 OpenMP */
+        fprintf(f, "# naive-blas: %s (core %s, threads: %s)\n", openblas_get_config(), openblas_get_corename(),
+                par == 2 ? "OpenMP" : par == 1 ? "own pthread pool" : "none");
+        if (par == 1)
+            fprintf(f, "# note: this OpenBLAS runs its own thread pool, which spins when the library loads; "
+                       "OpenMP threads started meanwhile may share one CPU for the whole process (seen: "
+                       "2-thread rows 8x slower). Build with OpenBLAS on OpenMP (Debian: "
+                       "libopenblas-openmp-dev), or set OPENBLAS_NUM_THREADS=1 or OMP_PROC_BIND=true\n");
+    }
 #endif
     fflush(f);
 }

@@ -5,7 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 builddir=$(tools/build.sh)
-# One OpenMP thread per CPU: left to the OS, a VM sometimes runs both threads of a
-# 2-CPU machine on one CPU for the whole process (the timing line then reads 2-3.5x slower).
-export OMP_PROC_BIND=${OMP_PROC_BIND:-true}
 exec "$builddir/tools/sdpa" demo "$@"

@@ -6,7 +6,7 @@
 # Needs root (or sudo). Never removes anything.
 set -euo pipefail
 
-native=(meson ninja-build pkg-config gcc libc6-dev libsleef-dev libcriterion-dev libcjson-dev libopenblas-dev)
+native=(meson ninja-build pkg-config gcc libc6-dev libsleef-dev libcriterion-dev libcjson-dev libopenblas-openmp-dev)
 cross_native=(qemu-user gcc-aarch64-linux-gnu)
 cross_arm64=(libsleef-dev:arm64 libgomp1:arm64 libc6-dev:arm64 libcjson-dev:arm64)
 
