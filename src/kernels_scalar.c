@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* kernels_scalar.c - portable C micro-kernels: the table's defaults on every ISA.
  *
- * Plain loops in the order documented in kernels.h; libm expf, so this path is
- * independent of SLEEF. Built for the baseline ISA with no -m flags. */
+ * Plain loops in the order documented in kernels.h; libm exp2f, so this path is
+ * independent of SLEEF (exp(x) is 2^(x log2 e) as in the SIMD kernels, see
+ * simd_tmpl.h, so that every ISA rounds the same argument). Built for the baseline ISA with no -m flags. */
 #include <assert.h>
 #include <math.h>
 
@@ -59,6 +60,12 @@ static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdif
     }
 }
 
+/* e^x as every ISA computes it: 2^y of y = x log2(e) rounded to float */
+static inline float exp_via_exp2(float x)
+{
+    return exp2f(x * 0x1.715476p+0f);
+}
+
 static void online_softmax_scalar(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
                                   float *alpha)
 {
@@ -67,11 +74,11 @@ static void online_softmax_scalar(int M, int N, float *S, ptrdiff_t lds, float *
         for (int k = 0; k < M; k++)
             mx = fmaxf(mx, S[(ptrdiff_t)k * lds + n]);
         const float mu = (mx == -INFINITY) ? 0.0f : mx;
-        const float a = expf(m[n] - mu);
+        const float a = exp_via_exp2(m[n] - mu);
         float sum = 0.0f;
         for (int k = 0; k < M; k++) {
             float *s = &S[(ptrdiff_t)k * lds + n];
-            *s = *s == -INFINITY ? -0.0f : expf(*s - mu); /* masked: the sentinel */
+            *s = *s == -INFINITY ? -0.0f : exp_via_exp2(*s - mu); /* masked: the sentinel */
             sum += *s;
         }
         alpha[n] = a;
@@ -89,10 +96,10 @@ static void online_softmax_rows_scalar(int M, int N, float *S, ptrdiff_t lds, fl
         for (int n = 0; n < N; n++)
             mx = fmaxf(mx, s[n]);
         const float mu = (mx == -INFINITY) ? 0.0f : mx;
-        const float a = expf(m[r] - mu);
+        const float a = exp_via_exp2(m[r] - mu);
         float sum = 0.0f;
         for (int n = 0; n < N; n++) {
-            s[n] = s[n] == -INFINITY ? -0.0f : expf(s[n] - mu); /* masked: the sentinel */
+            s[n] = s[n] == -INFINITY ? -0.0f : exp_via_exp2(s[n] - mu); /* masked: the sentinel */
             sum += s[n];
         }
         alpha[r] = a;
@@ -120,7 +127,7 @@ static void bwd_probs_scalar(int M, int N, float *S, ptrdiff_t lds, const float 
         for (int n = 0; n < N; n++) {
             float *s = &S[(ptrdiff_t)k * lds + n];
             /* masked entries and fully masked rows (lse = -inf): the sentinel -0.0 */
-            *s = (*s == -INFINITY || lse[n] == -INFINITY) ? -0.0f : expf(*s - lse[n]);
+            *s = (*s == -INFINITY || lse[n] == -INFINITY) ? -0.0f : exp_via_exp2(*s - lse[n]);
         }
 }
 
