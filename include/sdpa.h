@@ -252,6 +252,14 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * Rows with LSE = -inf (fully masked) contribute exactly 0; NaN in the dO or O
  * of such a row, or in masked K/V rows, never reaches a gradient. NaN/Inf in
  * allowed inputs propagates. Dv = 0 gives dQ = dK = 0 (nothing flows back).
+ * Precision limit: P is recomputed from the float LSE, which cannot hold
+ * log(sum) next to a huge row maximum: when every allowed key of a row has a
+ * score near the same huge value (e.g. all keys of a padded row given a bias of
+ * -FLT_MAX, |score| above ~2^24 * log(Tk)), LSE rounds to the maximum, P sums to
+ * the number of tied keys instead of 1, and that row's contributions to dQ, dK,
+ * dV are too large by that factor (the forward O is right). Mask such keys
+ * instead (-inf bias, bool_mask or kv_lengths): a fully masked row gives LSE =
+ * -inf and contributes exactly 0.
  * Determinism: tiles are processed in an anti-diagonal wavefront so that every
  * accumulation happens in a fixed order: bitwise identical for every thread count.
  * Thread-safety: as sdpa_forward(); the inputs are only read.

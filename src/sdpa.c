@@ -1476,7 +1476,7 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
     const int64_t ndiag = (R > 0 && nkt > 0) ? R + nkt - 1 : 0;
     /* Key tiles per pass of the per-head order: as many as 1 MiB of their K, V,
      * dK and dV rows (4 at D=128 and 128-key tiles, 8 at D=64), see below. */
-    int64_t kchunk = BWD_KV_CHUNK_BYTES / ((int64_t)pl.bk * (int64_t)sizeof(float) * (2 * pl.Dk + 2 * pl.Dv) + 1);
+    int64_t kchunk = BWD_KV_CHUNK_BYTES / ((int64_t)pl.bk * (int64_t)sizeof(float) * (2 * pl.Dk + 2 * pl.Dv));
     if (kchunk < 1)
         kchunk = 1;
 

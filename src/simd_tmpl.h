@@ -62,8 +62,9 @@
  * exp(x) is SLEEF's u10 2^y of y = x log2(e) rounded to float, as the scalar
  * kernels do it with libm's exp2f (SLEEF's exp2f is 33 instructions per AVX2
  * vector and 24 per AVX-512 one, its expf 40 and 29): besides the ulp or so of
- * u10, the rounding of y costs a relative error of at most |x| 2^-24, which is
- * below 1e-6 for the probabilities above e^-16 that carry weight (every x here is
+ * u10, the rounding of y costs a relative error of at most |x| (2^-24 + 1.4e-8)
+ * (the product, and log2(e) rounded to float), which is below 1e-6 for the
+ * probabilities above e^-16 that carry weight (every x here is
  * a score minus its running maximum or LSE, so x <= 0 but for NaN). Results
  * below FLT_MIN (y < -126, where 2^y would be a denormal) are flushed to 0, as
  * XNNPACK does: denormals are slow and carry no weight next to the row max,
