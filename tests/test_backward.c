@@ -788,6 +788,36 @@ static int same_bits(const float *a, const float *b, size_t n)
     return n == 0 || memcmp(a, b, n * sizeof(float)) == 0;
 }
 
+/* Runs the forward and backward of p (its ISA and tiles as set) with each of
+ * nt thread counts; every output must have the bits of the first count's run,
+ * and that run must pass compare_all against R when R is given. */
+static void check_thread_counts(sdpa_problem p, const layouts *L, const inputs *in, const refs *R,
+                                const int *threads, size_t nt, const char *what)
+{
+    results first;
+    memset(&first, 0, sizeof first);
+    for (size_t ti = 0; ti < nt; ti++) {
+        p.num_threads = threads[ti];
+        char w[160];
+        snprintf(w, sizeof w, "[%s] %s, %d threads", sdpa_isa_name(p.isa), what, threads[ti]);
+        results res;
+        run_fb(&p, L, in, &res, w);
+        if (ti == 0) {
+            if (R)
+                compare_all(w, &res, R, in);
+            first = res;
+            continue;
+        }
+        cr_expect(same_bits(res.o, first.o, in->no), "%s: O differs from %d threads", w, threads[0]);
+        cr_expect(same_bits(res.lse, first.lse, in->nl), "%s: LSE differs from %d threads", w, threads[0]);
+        cr_expect(same_bits(res.dq, first.dq, in->nq), "%s: dQ differs from %d threads", w, threads[0]);
+        cr_expect(same_bits(res.dk, first.dk, in->nk), "%s: dK differs from %d threads", w, threads[0]);
+        cr_expect(same_bits(res.dv, first.dv, in->nv), "%s: dV differs from %d threads", w, threads[0]);
+        results_free(&res);
+    }
+    results_free(&first);
+}
+
 Test(backward, bitwise_across_thread_counts, .timeout = 600)
 {
     const uint64_t seed = util_seed("backward/bitwise_across_thread_counts", 0xb17);
@@ -806,27 +836,9 @@ Test(backward, bitwise_across_thread_counts, .timeout = 600)
             p.isa = isas[ii];
             p.block_q = blocks[bi][0];
             p.block_k = blocks[bi][1];
-            results first;
-            memset(&first, 0, sizeof first);
-            for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++) {
-                p.num_threads = threads[ti];
-                char w[128];
-                snprintf(w, sizeof w, "[%s] tiles %d/%d, %d threads", sdpa_isa_name(isas[ii]), p.block_q,
-                         p.block_k, threads[ti]);
-                results res;
-                run_fb(&p, &L, &in, &res, w);
-                if (ti == 0) {
-                    first = res;
-                    continue;
-                }
-                cr_expect(same_bits(res.o, first.o, in.no), "%s: O differs from 1 thread", w);
-                cr_expect(same_bits(res.lse, first.lse, in.nl), "%s: LSE differs from 1 thread", w);
-                cr_expect(same_bits(res.dq, first.dq, in.nq), "%s: dQ differs from 1 thread", w);
-                cr_expect(same_bits(res.dk, first.dk, in.nk), "%s: dK differs from 1 thread", w);
-                cr_expect(same_bits(res.dv, first.dv, in.nv), "%s: dV differs from 1 thread", w);
-                results_free(&res);
-            }
-            results_free(&first);
+            char what[64];
+            snprintf(what, sizeof what, "tiles %d/%d", p.block_q, p.block_k);
+            check_thread_counts(p, &L, &in, NULL, threads, sizeof threads / sizeof threads[0], what);
         }
     inputs_free(&in);
 }
@@ -854,27 +866,8 @@ Test(backward, key_tile_passes_bitwise_and_accurate, .timeout = 600)
         refs R = make_refs(&p, &in);
         for (int ii = 0; ii < ni; ii++) {
             p.isa = isas[ii];
-            results first;
-            memset(&first, 0, sizeof first);
-            for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++) {
-                p.num_threads = threads[ti];
-                char w[128];
-                snprintf(w, sizeof w, "[%s] %s, two key-tile passes, %d threads", sdpa_isa_name(isas[ii]),
-                         causal ? "causal" : "no mask", threads[ti]);
-                results res;
-                run_fb(&p, &L, &in, &res, w);
-                if (ti == 0) {
-                    compare_all(w, &res, &R, &in);
-                    first = res;
-                    continue;
-                }
-                cr_expect(same_bits(res.o, first.o, in.no), "%s: O differs from 1 thread", w);
-                cr_expect(same_bits(res.dq, first.dq, in.nq), "%s: dQ differs from 1 thread", w);
-                cr_expect(same_bits(res.dk, first.dk, in.nk), "%s: dK differs from 1 thread", w);
-                cr_expect(same_bits(res.dv, first.dv, in.nv), "%s: dV differs from 1 thread", w);
-                results_free(&res);
-            }
-            results_free(&first);
+            check_thread_counts(p, &L, &in, &R, threads, sizeof threads / sizeof threads[0],
+                                causal ? "causal, two key-tile passes" : "no mask, two key-tile passes");
         }
         refs_free(&R);
         inputs_free(&in);
