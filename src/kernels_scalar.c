@@ -3,7 +3,8 @@
  *
  * Plain loops in the order documented in kernels.h; libm exp2f, so this path is
  * independent of SLEEF (exp(x) is 2^(x log2 e) as in the SIMD kernels, see
- * simd_tmpl.h, so that every ISA rounds the same argument). Built for the baseline ISA with no -m flags. */
+ * simd_tmpl.h, so that every ISA rounds the same argument). Built for the
+ * baseline ISA with no -m flags. */
 #include <assert.h>
 #include <math.h>
 
