@@ -252,19 +252,17 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * Rows with LSE = -inf (fully masked) contribute exactly 0; NaN in the dO or O
  * of such a row, or in masked K/V rows, never reaches a gradient. NaN/Inf in
  * allowed inputs propagates. Dv = 0 gives dQ = dK = 0 (nothing flows back).
- * Precision limit: P is recomputed from the float LSE, which cannot hold
- * log(sum) next to a huge row maximum: when every allowed key of a row has a
- * score near the same huge value (e.g. all keys of a padded row given a bias of
- * -FLT_MAX, |score| above ~2^24 * log(Tk)), LSE rounds to the maximum, P sums to
- * the number of tied keys instead of 1, and that row's contributions to dQ, dK,
- * dV are too large by that factor (the forward O is right). Mask such keys
- * instead (-inf bias, bool_mask or kv_lengths): a fully masked row gives LSE =
- * -inf and contributes exactly 0.
+ * P is recomputed from LSE; a row whose |LSE| >= 256, where the float LSE
+ * keeps log(sum) only to ulp(LSE)/2 (2^-17 and coarser: every key of a padded
+ * row given a bias of -FLT_MAX, or logits in the thousands), has its max and
+ * sum recomputed from the keys first (one more pass of score tiles for that
+ * row's query tile), so its P is exp((S - max) - log(sum)).
  * Determinism: tiles are processed in an anti-diagonal wavefront so that every
  * accumulation happens in a fixed order: bitwise identical for every thread count.
  * Thread-safety: as sdpa_forward(); the inputs are only read.
- * Workspace, allocated per call: B * Hq * Tq floats for D, plus per thread
- * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 8) bytes; failure returns
+ * Workspace, allocated per call: 3 * B * Hq * Tq floats (D, and the recomputed
+ * max and log-sum of such rows), plus per thread about
+ * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 11) bytes; failure returns
  * SDPA_ERR_OUT_OF_MEMORY before any output is written.
  * @return the same codes as sdpa_forward(); on error nothing is written.
  */

@@ -50,6 +50,10 @@
 
 #define ALIGN_BYTES 64
 #define BWD_KV_CHUNK_BYTES (1 << 20) /* see sdpa_backward: K, V, dK, dV rows per pass of a head */
+/* |LSE| from which the backward recomputes a row's max and sum (bwd_tile_stats):
+ * float LSE = m + log(l) keeps log(l) only to ulp(LSE)/2, 2^-17 here, which
+ * is the relative error it would give P; below, LSE is used as it is. */
+#define BWD_LSE_EXACT_LIMIT 256.0f
 
 typedef struct plan {
     int64_t B, Hq, Hkv, G, Tq, Tk, Dk, Dv;
@@ -1175,6 +1179,9 @@ sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa
 
 typedef struct bwd_ws {
     float *qt, *dot, *p, *dp, *lse, *dd;
+    float *rm, *rl, *ralpha; /* per column: a recomputed row max and sum (bwd_tile_stats), and the
+                                max the scores are shifted by before P (0: not shifted) */
+    int shift;               /* some column of the packed tile is shifted */
     float *qn, *don; /* Q and dO rows packed [ncol][D] when a tile spans several heads */
     int64_t *lo, *hi;
     int64_t packed_tile; /* the query tile whose Q^T, dO^T, LSE, D (and packed rows) are in
@@ -1185,7 +1192,7 @@ static size_t bwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
     return 2 * round_floats(pl->Dk * ld) + 2 * round_floats(pl->Dv * ld) + 2 * round_floats(pl->bk * ld) +
-           2 * round_floats(ld) + 4 * round_floats(ld);
+           5 * round_floats(ld) + 4 * round_floats(ld);
 }
 
 static bwd_ws bwd_ws_carve(const plan *pl, float *base)
@@ -1208,6 +1215,13 @@ static bwd_ws bwd_ws_carve(const plan *pl, float *base)
     base += round_floats(ld);
     w.dd = base;
     base += round_floats(ld);
+    w.rm = base;
+    base += round_floats(ld);
+    w.rl = base;
+    base += round_floats(ld);
+    w.ralpha = base;
+    base += round_floats(ld);
+    w.shift = 0;
     w.lo = (int64_t *)(void *)base;
     base += 2 * round_floats(ld);
     w.hi = (int64_t *)(void *)base;
@@ -1219,6 +1233,8 @@ typedef struct bwd_args {
     const sdpa_tensor *q, *k, *v, *o, *lse, *dout;
     const sdpa_tensor_out *dq, *dk, *dv;
     float *D; /* [B, Hq, Tq] contiguous: rowsum(dO * O), written before the pairs of its rows */
+    float *row_max, *row_logsum; /* [B, Hq, Tq]: m and log(l) recomputed for the rows with
+                                    |LSE| >= BWD_LSE_EXACT_LIMIT (bwd_tile_stats), else unused */
     int nt;   /* few-column tiles: S^T and dP^T (and D) by gemm_nt, see sdpa_backward */
     int kv_once; /* one query tile per (batch, kv head): every dK/dV row gets all of its
                     terms from one pair, which writes it (no zeroing first) */
@@ -1236,8 +1252,16 @@ static const float *pack_rows(const sdpa_tensor *t, int64_t b, int64_t h0, int n
 
 /* One (query tile, key tile) pair of the backward. The query tile holds rows
  * [i0, i0+nr) of the heads [h0, h0+nh) of one GQA group, as in the forward. */
+static inline int lse_needs_stats(float lse)
+{
+    return isfinite(lse) && fabsf(lse) >= BWD_LSE_EXACT_LIMIT;
+}
+
+/* Pair (query tile `tile`, key tile from j0). stats = 1: only the masked S^T of
+ * the pair and the online-softmax update of w->rm, w->rl with it (a row's max
+ * and sum, bwd_tile_stats); nothing is written to the outputs. */
 static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile, int64_t b, int64_t h0,
-                     int nh, int64_t i0, int nr, int64_t j0)
+                     int nh, int64_t i0, int nr, int64_t j0, int stats)
 {
     const sdpa_kernels *kt = pl->kt;
     const int ld = pl->ld, Dk = (int)pl->Dk, Dv = (int)pl->Dv;
@@ -1249,7 +1273,7 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
     const int64_t j1 = pl->Tk - j0 > pl->bk ? j0 + pl->bk : pl->Tk;
     int64_t ks, ke;
     const int kind = classify_tile(pl, b, h0, nh, i0, nr, w->lo, w->hi, j0, j1, &ks, &ke);
-    if (a->kv_once) { /* dK, dV rows of the key tile that no allowed pair reaches are 0 */
+    if (a->kv_once && !stats) { /* dK, dV rows of the key tile that no allowed pair reaches are 0 */
         const int64_t z0 = kind == TILE_SKIP ? j1 : ks, z1 = kind == TILE_SKIP ? j1 : ke + 1;
         for (int64_t j = j0; j < j1; j++)
             if (j < z0 || j >= z1) {
@@ -1281,11 +1305,25 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
         if (Dk > 0 && !a->nt)
             kt->transpose(nr, Dk, row_in(a->q, b, h0 + g, i0), a->q->seq_stride, w->qt + g * nr, ld);
         const float *lb = row_in(a->lse, b, h0 + g, i0);
-        const float *Db = a->D + (b * pl->Hq + h0 + g) * pl->Tq + i0;
+        const int64_t r0 = (b * pl->Hq + h0 + g) * pl->Tq + i0;
         for (int ii = 0; ii < nr; ii++) {
-            w->lse[g * nr + ii] = lb[ii * a->lse->seq_stride];
-            w->dd[g * nr + ii] = Db[ii];
+            const int c = g * nr + ii;
+            const float lv = lb[ii * a->lse->seq_stride];
+            w->lse[c] = lv;
+            w->dd[c] = a->D[r0 + ii];
+            if (stats) /* w->rm, w->rl hold the running statistics */
+                continue;
+            w->rm[c] = 0.0f;
+            if (lse_needs_stats(lv)) { /* P = exp((s - m) - log l), see bwd_tile_stats */
+                w->lse[c] = a->row_logsum[r0 + ii];
+                w->rm[c] = a->row_max[r0 + ii];
+            }
         }
+    }
+    if (fresh && !stats) {
+        w->shift = 0;
+        for (int c = 0; c < ncol; c++)
+            w->shift |= w->rm[c] != 0.0f;
     }
     if (a->nt) { /* few columns: dot products along head_dim, full vectors */
         kt->gemm_nt(ncol, nk, Dk, pl->scale, qsrc, ldq, kb, a->k->seq_stride, w->p, 1, ld);
@@ -1294,6 +1332,16 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
     } else {
         score_tile(pl, &tk, kind, b, h0, nh, i0, nr, nk, kb, a->k->seq_stride, w->qt, w->p);
     }
+    if (stats) {
+        kt->online_softmax(nk, ncol, w->p, ld, w->rm, w->rl, w->ralpha);
+        w->packed_tile = tile; /* Q^T reused by the next key tile; bwd_tile_stats resets it */
+        return;
+    }
+    if (w->shift) /* rows with a recomputed max: s - m (exact near the max), then exp(. - log l) */
+        for (int c = 0; c < ncol; c++)
+            if (w->rm[c] != 0.0f) /* |LSE| >= 256 puts |m| above 200 */
+                for (int jj = 0; jj < nk; jj++)
+                    w->p[(size_t)jj * ld + c] -= w->rm[c];
     kt->bwd_probs(nk, ncol, w->p, ld, w->lse);
 
     if (Dv > 0) {
@@ -1343,7 +1391,47 @@ static void bwd_wave_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const fw
     int64_t b, hk, h0, i0;
     int nh, nr;
     fwd_tile_coords(pl, L, tile, &b, &hk, &h0, &nh, &i0, &nr);
-    bwd_pair(pl, w, a, tile, b, h0, nh, i0, nr, c * pl->bk);
+    bwd_pair(pl, w, a, tile, b, h0, nh, i0, nr, c * pl->bk, 0);
+}
+
+/* For the rows of row tile r of (batch, kv head) bh whose |LSE| >= BWD_LSE_EXACT_LIMIT:
+ * their max m and sum l recomputed over every key tile, with the backward's own
+ * score tiles (the same bits as its pairs see) and the online softmax, into
+ * a->row_max and a->row_logsum = log(l). The float LSE keeps log(l) only to
+ * ulp(LSE)/2: when every key of a row ties at a huge score (a bias of -FLT_MAX
+ * on a padded row) it keeps nothing of it, and P = exp(s - LSE) would sum to
+ * the number of keys. Nothing to do (and no cost but reading LSE) otherwise. */
+static void bwd_tile_stats(const plan *pl, bwd_ws *w, const bwd_args *a, const fwd_layout *L, int64_t bh,
+                           int64_t r)
+{
+    const int64_t tile = (bh * L->ngt + r / L->nrt) * L->nrt + r % L->nrt;
+    int64_t b, hk, h0, i0;
+    int nh, nr, any = 0;
+    fwd_tile_coords(pl, L, tile, &b, &hk, &h0, &nh, &i0, &nr);
+    for (int g = 0; g < nh && !any; g++) {
+        const float *lb = row_in(a->lse, b, h0 + g, i0);
+        for (int ii = 0; ii < nr; ii++)
+            any |= lse_needs_stats(lb[ii * a->lse->seq_stride]);
+    }
+    if (!any)
+        return;
+    for (int c = 0; c < nh * nr; c++) {
+        w->rm[c] = -INFINITY;
+        w->rl[c] = 0.0f;
+    }
+    w->packed_tile = -1;
+    for (int64_t c = 0; c < L->nkt; c++)
+        bwd_pair(pl, w, a, tile, b, h0, nh, i0, nr, c * pl->bk, 1);
+    for (int g = 0; g < nh; g++) {
+        const float *lb = row_in(a->lse, b, h0 + g, i0);
+        const int64_t r0 = (b * pl->Hq + h0 + g) * pl->Tq + i0;
+        for (int ii = 0; ii < nr; ii++)
+            if (lse_needs_stats(lb[ii * a->lse->seq_stride])) {
+                a->row_max[r0 + ii] = w->rm[g * nr + ii];
+                a->row_logsum[r0 + ii] = logf(w->rl[g * nr + ii]);
+            }
+    }
+    w->packed_tile = -1; /* the pairs pack the tile again, with the statistics */
 }
 
 /* Zeroes the rows of heads [h0, h1) of a gradient (heads numbered b * n[1] + h). */
@@ -1461,10 +1549,11 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
     int nthreads = pl.nthreads;
     const size_t per = bwd_ws_floats(&pl);
     const size_t nD = (size_t)(pl.B * pl.Hq * pl.Tq);
-    float *ws = aligned_alloc_bytes(((size_t)nthreads * per + round_floats(nD)) * sizeof(float));
+    float *ws = aligned_alloc_bytes(((size_t)nthreads * per + 3 * round_floats(nD)) * sizeof(float));
     if (!ws)
         return SDPA_ERR_OUT_OF_MEMORY;
     float *D = ws + (size_t)nthreads * per;
+    float *row_max = D + round_floats(nD), *row_logsum = row_max + round_floats(nD);
 
     /* From here on the outputs are written (zeroed first, by the team below). */
     /* Few-column tiles (decode-sized Tq): S^T and dP^T as dot products along
@@ -1472,7 +1561,7 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
      * of query columns. Chosen from the tile width, which depends on the shape
      * only, so D (which must round like dP) is computed the same way. */
     const int nt = fwd_tile_cols(&L) <= pl.kt->nt_max_cols;
-    const bwd_args a = {q, k, v, o, lse, dout, dq, dk, dv, D, nt, R == 1};
+    const bwd_args a = {q, k, v, o, lse, dout, dq, dk, dv, D, row_max, row_logsum, nt, R == 1};
     const int64_t ndiag = (R > 0 && nkt > 0) ? R + nkt - 1 : 0;
     /* Key tiles per pass of the per-head order: as many as 1 MiB of their K, V,
      * dK and dV rows (4 at D=128 and 128-key tiles, 8 at D=64), see below. */
@@ -1511,6 +1600,8 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
 #endif
             for (int64_t bh = 0; bh < BH; bh++) {
                 bwd_head_prologue(&pl, &a, bh);
+                for (int64_t r = 0; r < R; r++)
+                    bwd_tile_stats(&pl, &w, &a, &L, bh, r);
                 for (int64_t c0 = 0; c0 < nkt; c0 += kchunk)
                     for (int64_t r = 0; r < R; r++)
                         for (int64_t c = c0; c < nkt && c < c0 + kchunk; c++)
@@ -1524,6 +1615,13 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
 #endif
             for (int64_t r = 0; r < (int64_t)nD; r++)
                 bwd_rows_D(&pl, o, dout, D, r, r + 1, a.nt);
+            /* the rows' recomputed statistics where LSE is too coarse; the barrier
+             * after it comes before any pair */
+#if HAVE_OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t it = 0; it < BH * R; it++)
+                bwd_tile_stats(&pl, &w, &a, &L, it / R, it % R);
             for (int64_t d = 0; d < ndiag; d++) {
                 const int64_t rmin = d - nkt + 1 > 0 ? d - nkt + 1 : 0;
                 const int64_t rmax = d < R - 1 ? d : R - 1;

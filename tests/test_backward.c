@@ -874,6 +874,87 @@ Test(backward, key_tile_passes_bitwise_and_accurate, .timeout = 600)
     }
 }
 
+/* Rows whose |LSE| is large: the float LSE keeps log(l) only to ulp(LSE)/2, so
+ * the backward recomputes those rows' max and sum (sdpa.c, bwd_tile_stats).
+ * Rows 0-3: every key has a bias of -3.4e38 (the finfo.min padding of other
+ * libraries: LSE rounds to the max and used as it is, P would sum to Tk);
+ * 4-7: -1e30 on every key; 8-11: biases spread over [0, 2000] (LSE ~ 2000);
+ * the other rows: no bias. Against float64, with the FlashAttention rule
+ * (at most 3x the error of a naive fp32 backward, plus 1e-6 of the largest
+ * value), on every ISA, per-head path (1 thread) and waves (2 threads). */
+Test(backward, rows_with_huge_lse_recompute_their_statistics, .timeout = 300)
+{
+    enum { TQ = 24, TK = 150, D = 16, H = 2 };
+    const size_t nq = (size_t)H * TQ * D, nk = (size_t)H * TK * D, nl = (size_t)H * TQ;
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float)),
+          *dO = malloc(nq * sizeof(float)), *bias = malloc((size_t)TQ * TK * sizeof(float)),
+          *o = malloc(nq * sizeof(float)), *l = malloc(nl * sizeof(float)), *dq = malloc(nq * sizeof(float)),
+          *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float)), *nq32 = malloc(nq * sizeof(float)),
+          *nk32 = malloc(nk * sizeof(float)), *nv32 = malloc(nk * sizeof(float));
+    double *rdq = malloc(nq * sizeof(double)), *rdk = malloc(nk * sizeof(double)), *rdv = malloc(nk * sizeof(double));
+    util_rng r;
+    util_rng_init(&r, util_seed("backward/rows_with_huge_lse", 0x1e5));
+    util_fill_normal(&r, q, nq, 1.0f);
+    util_fill_normal(&r, k, nk, 1.0f);
+    util_fill_normal(&r, v, nk, 1.0f);
+    util_fill_normal(&r, dO, nq, 1.0f);
+    for (int i = 0; i < TQ; i++)
+        for (int j = 0; j < TK; j++) {
+            float b = 0.0f;
+            if (i < 4)
+                b = -3.4e38f;
+            else if (i < 8)
+                b = -1e30f;
+            else if (i < 12)
+                b = (float)(2000.0 * util_rng_double(&r));
+            bias[i * TK + j] = b;
+        }
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int ni = util_isas(isas);
+    for (int variant = 0; variant < 2; variant++) {
+        sdpa_problem p = util_problem(1, H, H, TQ, TK, D, D);
+        p.bias = (sdpa_bias){bias, 0, 0, TK, 1};
+        p.causal = variant ? SDPA_CAUSAL_BOTTOM_RIGHT : SDPA_CAUSAL_NONE;
+        p.block_k = 32;
+        ref_backward(&p, q, k, v, dO, rdq, rdk, rdv);
+        naive32_backward(&p, q, k, v, dO, nq32, nk32, nv32);
+        for (int ii = 0; ii < ni; ii++)
+            for (int threads = 1; threads <= 2; threads++) {
+                p.isa = isas[ii];
+                p.num_threads = threads;
+                const sdpa_tensor tq = util_cview(q, H, TQ, D), tk = util_cview(k, H, TK, D),
+                                  tv = util_cview(v, H, TK, D), tdo = util_cview(dO, H, TQ, D),
+                                  oi = util_cview(o, H, TQ, D), li = util_lse_view(l, H, TQ);
+                const sdpa_tensor_out to = util_cview_out(o, H, TQ, D), tl = util_lse_view_out(l, H, TQ),
+                                      odq = util_cview_out(dq, H, TQ, D), odk = util_cview_out(dk, H, TK, D),
+                                      odv = util_cview_out(dv, H, TK, D);
+                cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+                cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
+                const struct {
+                    const char *name;
+                    const float *got, *naive;
+                    const double *ref;
+                    size_t n;
+                } t[3] = {{"dQ", dq, nq32, rdq, nq}, {"dK", dk, nk32, rdk, nk}, {"dV", dv, nv32, rdv, nk}};
+                for (int x = 0; x < 3; x++) {
+                    double mx = 0.0, err = 0.0, nerr = 0.0;
+                    for (size_t e = 0; e < t[x].n; e++)
+                        mx = fmax(mx, fabs(t[x].ref[e]));
+                    for (size_t e = 0; e < t[x].n; e++) {
+                        err = fmax(err, fabs((double)t[x].got[e] - t[x].ref[e]));
+                        nerr = fmax(nerr, fabs((double)t[x].naive[e] - t[x].ref[e]));
+                    }
+                    cr_expect(err <= 3.0 * nerr + 1e-6 * mx,
+                              "[%s] %s, %d thread(s): %s max error %.3g, naive fp32 %.3g (largest |value| %.3g)",
+                              sdpa_isa_name(isas[ii]), variant ? "causal" : "no mask", threads, t[x].name, err,
+                              nerr, mx);
+                }
+            }
+    }
+    free(q), free(k), free(v), free(dO), free(bias), free(o), free(l), free(dq), free(dk), free(dv);
+    free(nq32), free(nk32), free(nv32), free(rdq), free(rdk), free(rdv);
+}
+
 /* ---------------------------------------------------------- masked rows -- */
 
 /* Fully masked rows (LSE = -inf) contribute exactly 0: their dQ rows are +-0,
