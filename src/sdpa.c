@@ -792,24 +792,31 @@ static size_t fwd_ws_floats(const plan *pl)
            4 * round_floats(ld) + round_floats(fwd_o_rows(pl) * pl->Dv);
 }
 
+/* The next n floats of a workspace (rounded up to the alignment); *base moves past them. */
+static float *carve(float **base, size_t n)
+{
+    float *p = *base;
+    *base += round_floats(n);
+    return p;
+}
+
+/* The next n int64 of a workspace (as 2n floats). */
+static int64_t *carve_i64(float **base, size_t n)
+{
+    return (int64_t *)(void *)carve(base, 2 * n);
+}
+
 static fwd_ws fwd_ws_carve(const plan *pl, float *base)
 {
     const size_t ld = (size_t)pl->ld;
     fwd_ws w;
-    w.qt = base;
-    base += round_floats(pl->Dk * ld);
-    w.s = base;
-    base += round_floats(fwd_s_floats(pl));
-    w.m = base;
-    base += round_floats(ld);
-    w.l = base;
-    base += round_floats(ld);
-    w.alpha = base;
-    base += round_floats(ld);
-    w.lo = (int64_t *)(void *)base;
-    base += 2 * round_floats(ld);
-    w.hi = (int64_t *)(void *)base;
-    base += 2 * round_floats(ld);
+    w.qt = carve(&base, pl->Dk * ld);
+    w.s = carve(&base, fwd_s_floats(pl));
+    w.m = carve(&base, ld);
+    w.l = carve(&base, ld);
+    w.alpha = carve(&base, ld);
+    w.lo = carve_i64(&base, ld);
+    w.hi = carve_i64(&base, ld);
     w.on = base;
     return w;
 }
@@ -1199,32 +1206,20 @@ static bwd_ws bwd_ws_carve(const plan *pl, float *base)
 {
     const size_t ld = (size_t)pl->ld;
     bwd_ws w;
-    w.qt = base;
-    base += round_floats(pl->Dk * ld);
-    w.qn = base;
-    base += round_floats(pl->Dk * ld);
-    w.dot = base;
-    base += round_floats(pl->Dv * ld);
-    w.don = base;
-    base += round_floats(pl->Dv * ld);
-    w.p = base;
-    base += round_floats(pl->bk * ld);
-    w.dp = base;
-    base += round_floats(pl->bk * ld);
-    w.lse = base;
-    base += round_floats(ld);
-    w.dd = base;
-    base += round_floats(ld);
-    w.rm = base;
-    base += round_floats(ld);
-    w.rl = base;
-    base += round_floats(ld);
-    w.ralpha = base;
-    base += round_floats(ld);
+    w.qt = carve(&base, pl->Dk * ld);
+    w.qn = carve(&base, pl->Dk * ld);
+    w.dot = carve(&base, pl->Dv * ld);
+    w.don = carve(&base, pl->Dv * ld);
+    w.p = carve(&base, pl->bk * ld);
+    w.dp = carve(&base, pl->bk * ld);
+    w.lse = carve(&base, ld);
+    w.dd = carve(&base, ld);
+    w.rm = carve(&base, ld);
+    w.rl = carve(&base, ld);
+    w.ralpha = carve(&base, ld);
+    w.lo = carve_i64(&base, ld);
+    w.hi = carve_i64(&base, ld);
     w.shift = 0;
-    w.lo = (int64_t *)(void *)base;
-    base += 2 * round_floats(ld);
-    w.hi = (int64_t *)(void *)base;
     w.packed_tile = -1;
     return w;
 }
