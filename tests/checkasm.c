@@ -405,8 +405,11 @@ static double ulp_tol(double ref, double ulps)
  * exp_kernel is float64 2^y of that same float y, which SLEEF u10 and libm
  * exp2f must meet to a few ulp. Against float64 e^x, rounding y adds a
  * relative error of at most |x| (2^-24 + 1.4e-8) (the rounding of the
- * product, and log2(e) rounded to float): exp_true_tol, with 4 ulp for the
- * 2^y itself. Both must hold. */
+ * product, and log2(e) rounded to float); exp_close allows |x| 2^-23 for it
+ * plus 4 ulp for the 2^y itself. Both checks must hold. (Before exp went
+ * through exp2, the check was 4 ulp against e^x alone: the tolerance against
+ * e^x is wider by that derived term, and the 4 ulp now bind 2^y of the
+ * kernel's own argument.) */
 static double exp_kernel(float x)
 {
     return exp2((double)(x * 0x1.715476p+0f));
