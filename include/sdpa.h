@@ -255,8 +255,10 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * P is recomputed from LSE; a row whose |LSE| >= 256, where the float LSE
  * keeps log(sum) only to ulp(LSE)/2 (2^-17 and coarser: every key of a padded
  * row given a bias of -FLT_MAX, or logits in the thousands), has its max and
- * sum recomputed from the keys first (one more pass of score tiles for that
- * row's query tile), so its P is exp((S - max) - log(sum)).
+ * sum recomputed from the keys first (one more pass of score and dP tiles for
+ * that row's query tile), so its P is exp((S - max) - log(sum)), and its D is
+ * sum_j P_j dP_j (float64 sums) instead of rowsum(dO * O), whose O has
+ * rounded away the other keys' share when one key dominates.
  * Determinism: tiles are processed in an anti-diagonal wavefront so that every
  * accumulation happens in a fixed order: bitwise identical for every thread count.
  * Thread-safety: as sdpa_forward(); the inputs are only read.

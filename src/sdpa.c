@@ -1188,7 +1188,12 @@ typedef struct bwd_ws {
     float *qt, *dot, *p, *dp, *lse, *dd;
     float *rm, *rl, *ralpha; /* per column: a recomputed row max and sum (bwd_tile_stats), and the
                                 max the scores are shifted by before P (0: not shifted) */
+    double *rd, *rs;         /* per column: the running sums of P dP and of P (bwd_tile_stats;
+                                the float l loses P's below ulp(1)) */
+    float *dhi;              /* per column: the D that dP is shifted by before dS (0: not
+                                shifted; then dd holds D, else the rest of D) */
     int shift;               /* some column of the packed tile is shifted */
+    int dshift;              /* some column's dP is shifted */
     float *qn, *don; /* Q and dO rows packed [ncol][D] when a tile spans several heads */
     int64_t *lo, *hi;
     int64_t packed_tile; /* the query tile whose Q^T, dO^T, LSE, D (and packed rows) are in
@@ -1199,7 +1204,7 @@ static size_t bwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
     return 2 * round_floats(pl->Dk * ld) + 2 * round_floats(pl->Dv * ld) + 2 * round_floats(pl->bk * ld) +
-           5 * round_floats(ld) + 4 * round_floats(ld);
+           6 * round_floats(ld) + 4 * round_floats(ld) + 2 * round_floats(2 * ld);
 }
 
 static bwd_ws bwd_ws_carve(const plan *pl, float *base)
@@ -1219,7 +1224,11 @@ static bwd_ws bwd_ws_carve(const plan *pl, float *base)
     w.ralpha = carve(&base, ld);
     w.lo = carve_i64(&base, ld);
     w.hi = carve_i64(&base, ld);
+    w.rd = (double *)(void *)carve(&base, 2 * ld);
+    w.rs = (double *)(void *)carve(&base, 2 * ld);
+    w.dhi = carve(&base, ld);
     w.shift = 0;
+    w.dshift = 0;
     w.packed_tile = -1;
     return w;
 }
@@ -1227,9 +1236,11 @@ static bwd_ws bwd_ws_carve(const plan *pl, float *base)
 typedef struct bwd_args {
     const sdpa_tensor *q, *k, *v, *o, *lse, *dout;
     const sdpa_tensor_out *dq, *dk, *dv;
-    float *D; /* [B, Hq, Tq] contiguous: rowsum(dO * O), written before the pairs of its rows */
-    float *row_max, *row_logsum; /* [B, Hq, Tq]: m and log(l) recomputed for the rows with
-                                    |LSE| >= BWD_LSE_EXACT_LIMIT (bwd_tile_stats), else unused */
+    float *D; /* [B, Hq, Tq] contiguous: rowsum(dO * O), written before the pairs of its rows
+                 (sum_j P_j dP_j rounded instead for the rows bwd_tile_stats takes) */
+    float *row_max, *row_logsum, *row_dlo; /* [B, Hq, Tq]: m, log(l) and the rest of D
+                                    (D - fl(D)) recomputed for the rows with |LSE| >=
+                                    BWD_LSE_EXACT_LIMIT (bwd_tile_stats), else unused */
     int nt;   /* few-column tiles: S^T and dP^T (and D) by gemm_nt, see sdpa_backward */
     int kv_once; /* one query tile per (batch, kv head): every dK/dV row gets all of its
                     terms from one pair, which writes it (no zeroing first) */
@@ -1243,6 +1254,36 @@ static const float *pack_rows(const sdpa_tensor *t, int64_t b, int64_t h0, int n
         for (int ii = 0; ii < nr; ii++)
             memcpy(dst + (size_t)(g * nr + ii) * len, row_in(t, b, h0 + g, i0 + ii), (size_t)len * sizeof(float));
     return dst;
+}
+
+/* The kernels' masked-entry sentinel in a P tile: -0.0 exactly (see kernels.h). */
+static inline int is_masked_sentinel(float x)
+{
+    return x == 0.0f && signbit(x);
+}
+
+/* dP^T = V dO^T for the pair's keys [ks, ks + nk) (rows of w->dp, one column
+ * per query row of the tile); returns the dO rows the tile uses (in place for
+ * one head, else packed when fresh) and their stride in *lddo. */
+static const float *bwd_tile_dp(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_keys *tk, int64_t b,
+                                int64_t h0, int nh, int64_t i0, int nr, int64_t ks, int nk, int fresh,
+                                ptrdiff_t *lddo)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int ld = pl->ld, Dv = (int)pl->Dv, ncol = nh * nr;
+    const int64_t hk = h0 / pl->G;
+    const float *vb = a->v->data + b * a->v->batch_stride + hk * a->v->head_stride + ks * a->v->seq_stride;
+    const float *dob = nh == 1 ? row_in(a->dout, b, h0, i0)
+                               : fresh ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don) : w->don;
+    *lddo = nh == 1 ? a->dout->seq_stride : Dv;
+    if (a->nt) {
+        kt->gemm_nt(ncol, nk, Dv, 1.0f, dob, *lddo, vb, a->v->seq_stride, w->dp, 1, ld);
+    } else {
+        if (fresh)
+            kt->transpose(ncol, Dv, dob, *lddo, w->dot, ld);
+        gemm_keys(kt, tk, KEYS_M_COLS_N, ncol, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0, 0);
+    }
+    return dob;
 }
 
 /* One (query tile, key tile) pair of the backward. The query tile holds rows
@@ -1309,16 +1350,21 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
             if (stats) /* w->rm, w->rl hold the running statistics */
                 continue;
             w->rm[c] = 0.0f;
+            w->dhi[c] = 0.0f;
             if (lse_needs_stats(lv)) { /* P = exp((s - m) - log l), see bwd_tile_stats */
                 w->lse[c] = a->row_logsum[r0 + ii];
                 w->rm[c] = a->row_max[r0 + ii];
+                w->dhi[c] = a->D[r0 + ii]; /* dP - D as (dP - fl(D)) - (D - fl(D)) */
+                w->dd[c] = a->row_dlo[r0 + ii];
             }
         }
     }
     if (fresh && !stats) {
-        w->shift = 0;
-        for (int c = 0; c < ncol; c++)
+        w->shift = w->dshift = 0;
+        for (int c = 0; c < ncol; c++) {
             w->shift |= w->rm[c] != 0.0f;
+            w->dshift |= w->dhi[c] != 0.0f;
+        }
     }
     if (a->nt) { /* few columns: dot products along head_dim, full vectors */
         kt->gemm_nt(ncol, nk, Dk, pl->scale, qsrc, ldq, kb, a->k->seq_stride, w->p, 1, ld);
@@ -1329,7 +1375,23 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
     }
     if (stats) {
         kt->online_softmax(nk, ncol, w->p, ld, w->rm, w->rl, w->ralpha);
-        w->packed_tile = tile; /* Q^T reused by the next key tile; bwd_tile_stats resets it */
+        if (Dv > 0) { /* sum_j P_j dP_j, rescaled as l is (w->p holds exp(s - m) now) */
+            ptrdiff_t lddo;
+            bwd_tile_dp(pl, w, a, &tk, b, h0, nh, i0, nr, ks, nk, fresh, &lddo);
+            for (int c = 0; c < ncol; c++) {
+                w->rd[c] *= w->ralpha[c];
+                w->rs[c] *= w->ralpha[c];
+            }
+            for (int jj = 0; jj < nk; jj++) {
+                const float *pr = w->p + (size_t)jj * ld, *dpr = w->dp + (size_t)jj * ld;
+                for (int c = 0; c < ncol; c++) { /* a masked key's dP may be NaN: dropped */
+                    const double t = (double)pr[c] * dpr[c];
+                    w->rd[c] += is_masked_sentinel(pr[c]) ? 0.0 : t;
+                    w->rs[c] += pr[c]; /* the sentinel adds -0.0 */
+                }
+            }
+        }
+        w->packed_tile = tile; /* Q^T, dO^T reused by the next key tile; bwd_tile_stats resets it */
         return;
     }
     if (w->shift) /* rows with a recomputed max: s - m (exact near the max), then exp(. - log l) */
@@ -1340,26 +1402,22 @@ static void bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t tile,
     kt->bwd_probs(nk, ncol, w->p, ld, w->lse);
 
     if (Dv > 0) {
-        const float *vb = a->v->data + b * a->v->batch_stride + hk * a->v->head_stride + ks * a->v->seq_stride;
         float *dvb = a->dv->data + b * a->dv->batch_stride + hk * a->dv->head_stride + ks * a->dv->seq_stride;
-        const float *dob = nh == 1 ? row_in(a->dout, b, h0, i0)
-                                   : fresh ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don) : w->don;
-        const ptrdiff_t lddo = nh == 1 ? a->dout->seq_stride : Dv;
+        ptrdiff_t lddo;
+        /* dP^T = V dO^T */
+        const float *dob = bwd_tile_dp(pl, w, a, &tk, b, h0, nh, i0, nr, ks, nk, fresh, &lddo);
         /* dV += P^T dO, in the runs of key_runs */
         gemm_keys(kt, &tk, KEYS_M_COLS_K, ncol, Dv, 1.0f, w->p, ld, 1, dob, lddo, dvb, a->dv->seq_stride,
                   kv_flags, skip);
-        /* dP^T = V dO^T */
-        if (a->nt) {
-            kt->gemm_nt(ncol, nk, Dv, 1.0f, dob, lddo, vb, a->v->seq_stride, w->dp, 1, ld);
-        } else {
-            if (fresh)
-                kt->transpose(ncol, Dv, dob, lddo, w->dot, ld);
-            gemm_keys(kt, &tk, KEYS_M_COLS_N, ncol, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0, 0);
-        }
     } else {
         for (int jj = 0; jj < nk; jj++)
             memset(w->dp + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
     }
+    if (w->dshift) /* rows with D = sum P dP: dP - fl(D) first (exact near the top key's dP) */
+        for (int c = 0; c < ncol; c++)
+            if (w->dhi[c] != 0.0f)
+                for (int jj = 0; jj < nk; jj++)
+                    w->dp[(size_t)jj * ld + c] -= w->dhi[c];
     /* dS^T = P^T * (dP^T - D) */
     kt->bwd_dscores(nk, ncol, w->p, ld, w->dp, ld, w->dd);
     if (Dk > 0) {
@@ -1413,6 +1471,7 @@ static void bwd_tile_stats(const plan *pl, bwd_ws *w, const bwd_args *a, const f
     for (int c = 0; c < nh * nr; c++) {
         w->rm[c] = -INFINITY;
         w->rl[c] = 0.0f;
+        w->rd[c] = w->rs[c] = 0.0;
     }
     w->packed_tile = -1;
     for (int64_t c = 0; c < L->nkt; c++)
@@ -1424,6 +1483,12 @@ static void bwd_tile_stats(const plan *pl, bwd_ws *w, const bwd_args *a, const f
             if (lse_needs_stats(lb[ii * a->lse->seq_stride])) {
                 a->row_max[r0 + ii] = w->rm[g * nr + ii];
                 a->row_logsum[r0 + ii] = logf(w->rl[g * nr + ii]);
+                a->row_dlo[r0 + ii] = 0.0f;
+                if (pl->Dv > 0) { /* D = sum_j P_j dP_j, see above, as fl(D) + the rest */
+                    const double d = w->rd[g * nr + ii] / w->rs[g * nr + ii];
+                    a->D[r0 + ii] = (float)d;
+                    a->row_dlo[r0 + ii] = (float)(d - (double)(float)d);
+                }
             }
     }
     w->packed_tile = -1; /* the pairs pack the tile again, with the statistics */
@@ -1544,11 +1609,12 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
     int nthreads = pl.nthreads;
     const size_t per = bwd_ws_floats(&pl);
     const size_t nD = (size_t)(pl.B * pl.Hq * pl.Tq);
-    float *ws = aligned_alloc_bytes(((size_t)nthreads * per + 3 * round_floats(nD)) * sizeof(float));
+    float *ws = aligned_alloc_bytes(((size_t)nthreads * per + 4 * round_floats(nD)) * sizeof(float));
     if (!ws)
         return SDPA_ERR_OUT_OF_MEMORY;
     float *D = ws + (size_t)nthreads * per;
     float *row_max = D + round_floats(nD), *row_logsum = row_max + round_floats(nD);
+    float *row_dlo = row_logsum + round_floats(nD);
 
     /* From here on the outputs are written (zeroed first, by the team below). */
     /* Few-column tiles (decode-sized Tq): S^T and dP^T as dot products along
@@ -1556,7 +1622,7 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
      * of query columns. Chosen from the tile width, which depends on the shape
      * only, so D (which must round like dP) is computed the same way. */
     const int nt = fwd_tile_cols(&L) <= pl.kt->nt_max_cols;
-    const bwd_args a = {q, k, v, o, lse, dout, dq, dk, dv, D, row_max, row_logsum, nt, R == 1};
+    const bwd_args a = {q, k, v, o, lse, dout, dq, dk, dv, D, row_max, row_logsum, row_dlo, nt, R == 1};
     const int64_t ndiag = (R > 0 && nkt > 0) ? R + nkt - 1 : 0;
     /* Key tiles per pass of the per-head order: as many as 1 MiB of their K, V,
      * dK and dV rows (4 at D=128 and 128-key tiles, 8 at D=64), see below. */

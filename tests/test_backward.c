@@ -874,6 +874,24 @@ Test(backward, key_tile_passes_bitwise_and_accurate, .timeout = 600)
     }
 }
 
+/* The FlashAttention rule: the largest error against float64 is at most 3x
+ * that of a naive fp32 computation of the same gradient, plus 1e-6 of the
+ * largest |value|. */
+static void expect_flash_rule(sdpa_isa isa, const char *what, int threads, const char *name, const float *got,
+                              const float *naive, const double *ref, size_t n)
+{
+    double mx = 0.0, err = 0.0, nerr = 0.0;
+    for (size_t e = 0; e < n; e++)
+        mx = fmax(mx, fabs(ref[e]));
+    for (size_t e = 0; e < n; e++) {
+        err = fmax(err, fabs((double)got[e] - ref[e]));
+        nerr = fmax(nerr, fabs((double)naive[e] - ref[e]));
+    }
+    cr_expect(err <= 3.0 * nerr + 1e-6 * mx,
+              "[%s] %s, %d thread(s): %s max error %.3g, naive fp32 %.3g (largest |value| %.3g)",
+              sdpa_isa_name(isa), what, threads, name, err, nerr, mx);
+}
+
 /* Rows whose |LSE| is large: the float LSE keeps log(l) only to ulp(LSE)/2, so
  * the backward recomputes those rows' max and sum (sdpa.c, bwd_tile_stats).
  * Rows 0-3: every key has a bias of -3.4e38 (the finfo.min padding of other
@@ -930,24 +948,109 @@ Test(backward, rows_with_huge_lse_recompute_their_statistics, .timeout = 300)
                                       odv = util_cview_out(dv, H, TK, D);
                 cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
                 cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
-                const struct {
-                    const char *name;
-                    const float *got, *naive;
-                    const double *ref;
-                    size_t n;
-                } t[3] = {{"dQ", dq, nq32, rdq, nq}, {"dK", dk, nk32, rdk, nk}, {"dV", dv, nv32, rdv, nk}};
-                for (int x = 0; x < 3; x++) {
-                    double mx = 0.0, err = 0.0, nerr = 0.0;
-                    for (size_t e = 0; e < t[x].n; e++)
-                        mx = fmax(mx, fabs(t[x].ref[e]));
-                    for (size_t e = 0; e < t[x].n; e++) {
-                        err = fmax(err, fabs((double)t[x].got[e] - t[x].ref[e]));
-                        nerr = fmax(nerr, fabs((double)t[x].naive[e] - t[x].ref[e]));
+                expect_flash_rule(isas[ii], variant ? "causal" : "no mask", threads, "dQ", dq, nq32, rdq, nq);
+                expect_flash_rule(isas[ii], variant ? "causal" : "no mask", threads, "dK", dk, nk32, rdk, nk);
+                expect_flash_rule(isas[ii], variant ? "causal" : "no mask", threads, "dV", dv, nv32, rdv, nk);
+            }
+    }
+    free(q), free(k), free(v), free(dO), free(bias), free(o), free(l), free(dq), free(dk), free(dv);
+    free(nq32), free(nk32), free(nv32), free(rdq), free(rdk), free(rdv);
+}
+
+/* Peaked rows at huge logits: when a row's top key has P = 1 - eps, the true
+ * dS of that key is P (dP - D) = sum over the other keys of P_i (dP_top - dP_i),
+ * a few ulps of D. D = rowsum(dO * O) cannot give it: O rounds v_top + eps v to
+ * v_top plus a few ulps, and dP_top - D came out as rounding noise (when every
+ * row is that peaked: dQ off by 25% of its largest value at logits ~3e4, 5-10x
+ * a naive fp32 backward at ~1e3). The rows with |LSE| >= 256 take
+ * D = sum_j P_j dP_j from the backward's own P and dP instead (sdpa.c,
+ * bwd_tile_stats). Every row here: scores ~20000, the runner-up 8..16 below
+ * the top key (P = e^-8 .. e^-16), a third key 0..4 below that, the rest at
+ * least 40 below. Integer Q, K and bias make every score exact in fp32
+ * whatever the summation order, so the rule below does not depend on how each
+ * ISA rounds Q K^T. head_dim and lengths off the vector widths, GQA, no mask
+ * and causal, 1 and 2 threads, every ISA, against float64 with the
+ * FlashAttention rule. */
+Test(backward, peaked_rows_at_huge_logits_get_an_exact_row_sum, .timeout = 300)
+{
+    enum { TQ = 37, TK = 203, D = 67, HQ = 2, HKV = 1 };
+    const size_t nq = (size_t)HQ * TQ * D, nk = (size_t)HKV * TK * D, nb = (size_t)HQ * TQ * TK;
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float)),
+          *dO = malloc(nq * sizeof(float)), *bias = malloc(nb * sizeof(float)), *o = malloc(nq * sizeof(float)),
+          *l = malloc((size_t)HQ * TQ * sizeof(float)), *dq = malloc(nq * sizeof(float)),
+          *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float)), *nq32 = malloc(nq * sizeof(float)),
+          *nk32 = malloc(nk * sizeof(float)), *nv32 = malloc(nk * sizeof(float));
+    double *rdq = malloc(nq * sizeof(double)), *rdk = malloc(nk * sizeof(double)), *rdv = malloc(nk * sizeof(double));
+    util_rng r;
+    util_rng_init(&r, util_seed("backward/peaked_rows_at_huge_logits", 0x9ea4));
+    for (size_t e = 0; e < nq; e++)
+        q[e] = (float)util_rng_int(&r, -3, 3);
+    for (size_t e = 0; e < nk; e++)
+        k[e] = (float)util_rng_int(&r, -3, 3);
+    util_fill_normal(&r, v, nk, 1.0f);
+    util_fill_normal(&r, dO, nq, 1.0f);
+    /* bias = target score - Q K^T, all integers below 2^24: exact */
+    for (int h = 0; h < HQ; h++)
+        for (int i = 0; i < TQ; i++) {
+            const int64_t top = util_rng_int(&r, 0, TK - TQ - 1), gap = util_rng_int(&r, 12, 20);
+            const int64_t second = (top + 1 + util_rng_int(&r, 0, TK - TQ - 2)) % (TK - TQ);
+            int64_t third = util_rng_int(&r, 0, TK - TQ - 1);
+            if (third == top || third == second)
+                third = (third + 1) % (TK - TQ) == top || (third + 1) % (TK - TQ) == second ? (third + 2) % (TK - TQ)
+                                                                                          : (third + 1) % (TK - TQ);
+            for (int j = 0; j < TK; j++) {
+                int64_t target = 20000 - 40 - util_rng_int(&r, 0, 100), dot = 0;
+                if (j == top)
+                    target = 20000;
+                else if (j == second)
+                    target = 20000 - gap;
+                else if (j == third)
+                    target = 20000 - gap - util_rng_int(&r, 0, 4);
+                for (int c = 0; c < D; c++)
+                    dot += (int64_t)q[((size_t)h * TQ + i) * D + c] * (int64_t)k[(size_t)j * D + c];
+                bias[((size_t)h * TQ + i) * TK + j] = (float)(target - dot);
+            }
+        }
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int ni = util_isas(isas);
+    for (int variant = 0; variant < 2; variant++) {
+        sdpa_problem p = util_problem(1, HQ, HKV, TQ, TK, D, D);
+        p.use_default_scale = 0;
+        p.scale = 1.0f;
+        p.bias = (sdpa_bias){bias, 0, (int64_t)TQ * TK, TK, 1};
+        p.causal = variant ? SDPA_CAUSAL_BOTTOM_RIGHT : SDPA_CAUSAL_NONE; /* the three keys stay visible */
+        ref_backward(&p, q, k, v, dO, rdq, rdk, rdv);
+        naive32_backward(&p, q, k, v, dO, nq32, nk32, nv32);
+        for (int ii = 0; ii < ni; ii++)
+            for (int threads = 1; threads <= 2; threads++) {
+                p.isa = isas[ii];
+                p.num_threads = threads;
+                const sdpa_tensor tq = util_cview(q, HQ, TQ, D), tk = util_cview(k, HKV, TK, D),
+                                  tv = util_cview(v, HKV, TK, D), tdo = util_cview(dO, HQ, TQ, D),
+                                  oi = util_cview(o, HQ, TQ, D), li = util_lse_view(l, HQ, TQ);
+                const sdpa_tensor_out to = util_cview_out(o, HQ, TQ, D), tl = util_lse_view_out(l, HQ, TQ),
+                                      odq = util_cview_out(dq, HQ, TQ, D), odk = util_cview_out(dk, HKV, TK, D),
+                                      odv = util_cview_out(dv, HKV, TK, D);
+                cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+                cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
+                const char *what = variant ? "causal" : "no mask";
+                expect_flash_rule(isas[ii], what, threads, "dQ", dq, nq32, rdq, nq);
+                expect_flash_rule(isas[ii], what, threads, "dK", dk, nk32, rdk, nk);
+                expect_flash_rule(isas[ii], what, threads, "dV", dv, nv32, rdv, nk);
+                /* the scores are exact, so with an exact row sum only the exp's and the
+                 * products' roundings are left (measured: under 1e-6; a float D gave
+                 * 2.6e-2, a naive fp32 backward 7e-3 and 1.5e-2) */
+                for (int x = 0; x < 2; x++) {
+                    const float *got = x ? dk : dq;
+                    const double *ref = x ? rdk : rdq;
+                    const size_t n = x ? nk : nq;
+                    double mx = 0.0, err = 0.0;
+                    for (size_t e = 0; e < n; e++) {
+                        mx = fmax(mx, fabs(ref[e]));
+                        err = fmax(err, fabs((double)got[e] - ref[e]));
                     }
-                    cr_expect(err <= 3.0 * nerr + 1e-6 * mx,
-                              "[%s] %s, %d thread(s): %s max error %.3g, naive fp32 %.3g (largest |value| %.3g)",
-                              sdpa_isa_name(isas[ii]), variant ? "causal" : "no mask", threads, t[x].name, err,
-                              nerr, mx);
+                    cr_expect(err <= 1e-5 * mx, "[%s] %s, %d thread(s): %s max error %.3g of largest |value| %.3g",
+                              sdpa_isa_name(isas[ii]), what, threads, x ? "dK" : "dQ", err, mx);
                 }
             }
     }
