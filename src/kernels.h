@@ -34,7 +34,10 @@ enum {
     SDPA_GEMM_ACCUMULATE = 1,  /* C += alpha*A*B (else C = alpha*A*B) */
     SDPA_GEMM_SKIP_ZERO_A = 2, /* a term whose A(m,k) is the masked sentinel -0.0 adds nothing,
                                   even if B(k,n) is NaN/Inf (+0.0 is an ordinary value) */
-    SDPA_GEMM_SKIP_ZERO_B = 4  /* the same for B(k,n) == -0.0 */
+    SDPA_GEMM_SKIP_ZERO_B = 4, /* the same for B(k,n) == -0.0 */
+    SDPA_GEMM_STREAM_C = 8     /* hint, without ACCUMULATE: C is written once and not read
+                                  soon; an ISA may store it with non-temporal stores (the
+                                  same values) */
 };
 
 /* C[M x N] (+)= alpha * A[M x K] * B[K x N]

@@ -128,6 +128,11 @@ TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
 
 /* ------------------------------------------------------------------ gemm */
 
+/* The ukr's `accumulate`: 0 overwrite C, 1 add into C, TMPL_STORE_STREAM
+ * overwrite C with non-temporal stores (full vectors; C and ldc aligned to
+ * V_STREAM_ALIGN bytes, see tmpl_gemm). */
+#define TMPL_STORE_STREAM 2
+
 /* One rb x (nv vectors) block of C:
  *   C[i][n] (+)= alpha * sum_k A(i,k) B(k,n),   i < mr <= rb, n < columns of the block.
  * The accumulators stay in registers for the whole K loop; A is broadcast from
@@ -210,13 +215,18 @@ TMPL_INLINE void tmpl_gemm_rows(const int rb, const int nv, const int tail, cons
             for (int j = 0; j < nv; j++) {
                 const int last = tail && j == nv - 1;
                 v_f32 r;
-                if (accumulate && c_scale) /* C = C * c_scale[i] + alpha * acc, one rounding after the product */
+                if (accumulate == 1 && c_scale) /* C = C * c_scale[i] + alpha * acc, one rounding after the product */
                     r = V_FMA(TMPL_LOAD(last, c + j * TMPL_VL, t), V_SET1(c_scale[i]), V_MUL(va, acc[i][j]));
-                else if (accumulate)
+                else if (accumulate == 1)
                     r = V_FMA(va, acc[i][j], TMPL_LOAD(last, c + j * TMPL_VL, t));
                 else
                     r = V_MUL(va, acc[i][j]);
-                TMPL_STORE(last, c + j * TMPL_VL, r, t);
+#ifdef V_STREAM
+                if (accumulate == TMPL_STORE_STREAM && !last)
+                    V_STREAM(c + j * TMPL_VL, r);
+                else
+#endif
+                    TMPL_STORE(last, c + j * TMPL_VL, r, t);
             }
         }
     }
@@ -329,7 +339,17 @@ static void tmpl_gemm(int M, int N, int K, float alpha, const float *A, ptrdiff_
     if (K < 0)
         K = 0;
     const int mode = ((flags & SDPA_GEMM_SKIP_ZERO_A) ? 1 : 0) | ((flags & SDPA_GEMM_SKIP_ZERO_B) ? 2 : 0);
-    const int accumulate = (flags & SDPA_GEMM_ACCUMULATE) != 0;
+    int accumulate = (flags & SDPA_GEMM_ACCUMULATE) != 0;
+#ifdef V_STREAM
+    /* C written once and not read soon (dK, dV of a decode backward): non-temporal
+     * stores skip the read-for-ownership of every line of C (a third of the
+     * memory traffic there) where C's rows are aligned for them */
+    const int stream = !accumulate && (flags & SDPA_GEMM_STREAM_C) &&
+                       (uintptr_t)(const void *)C % V_STREAM_ALIGN == 0 &&
+                       ((size_t)ldc * sizeof(float)) % V_STREAM_ALIGN == 0 && TMPL_NB * sizeof(float) % V_STREAM_ALIGN == 0;
+    if (stream)
+        accumulate = TMPL_STORE_STREAM;
+#endif
     for (int n0 = 0; n0 < N; n0 += TMPL_NB) {
         const int nb = N - n0 < TMPL_NB ? N - n0 : TMPL_NB;
         int nv = 0; /* 0: full block */
@@ -346,6 +366,10 @@ static void tmpl_gemm(int M, int N, int K, float alpha, const float *A, ptrdiff_
                                       c_row_scale ? c_row_scale + m0 : NULL, t);
         }
     }
+#ifdef V_STREAM
+    if (stream) /* order the non-temporal stores before whatever the caller does next */
+        V_STREAM_FENCE();
+#endif
 }
 
 /* -------------------------------------------------------- online softmax */

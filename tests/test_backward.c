@@ -1058,6 +1058,73 @@ Test(backward, peaked_rows_at_huge_logits_get_an_exact_row_sum, .timeout = 300)
     free(nq32), free(nk32), free(nv32), free(rdq), free(rdk), free(rdv);
 }
 
+/* Decode backward with large gradients: one query tile per kv head writes each
+ * dK/dV row once, and when dK + dV reach 16 MiB (sdpa.c, BWD_STREAM_KV_BYTES)
+ * the x86 ISAs store them with non-temporal stores, where the rows are aligned
+ * for them. The same problem with dK and dV one float off that alignment
+ * (plain stores) must give the same bits, and both must pass the FlashAttention
+ * rule against float64: no key padding and key padding (the rows past a
+ * batch's length are zeroed, not stored by the gemm), 1 thread (whole heads)
+ * and 2 (waves), every ISA. */
+Test(backward, decode_with_streamed_gradients_bitwise_and_accurate, .timeout = 600)
+{
+    enum { HQ = 4, HKV = 2, TK = 8200, D = 128 }; /* dK + dV: 2 x 2 x 8200 x 128 x 4 bytes = 16.8 MB */
+    const size_t nq = (size_t)HQ * D, nk = (size_t)HKV * TK * D;
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float)),
+          *dO = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *l = malloc(HQ * sizeof(float)),
+          *dq = malloc(nq * sizeof(float)), *nq32 = malloc(nq * sizeof(float)), *nk32 = malloc(nk * sizeof(float)),
+          *nv32 = malloc(nk * sizeof(float));
+    /* dK, dV 64-byte aligned (x[0]), and one float past that (x[1]) */
+    float *grad[2][2], *base[2];
+    for (int x = 0; x < 2; x++)
+        base[x] = aligned_alloc(64, (2 * nk + 64) * sizeof(float)); /* nk is a multiple of 16 */
+    grad[0][0] = base[0];
+    grad[0][1] = base[0] + nk + 16;
+    grad[1][0] = base[1] + 1;
+    grad[1][1] = base[1] + nk + 17;
+    double *rdq = malloc(nq * sizeof(double)), *rdk = malloc(nk * sizeof(double)), *rdv = malloc(nk * sizeof(double));
+    util_rng r;
+    util_rng_init(&r, util_seed("backward/decode_with_streamed_gradients", 0x57e));
+    util_fill_uniform(&r, q, nq, -1.0f, 1.0f);
+    util_fill_uniform(&r, k, nk, -1.0f, 1.0f);
+    util_fill_uniform(&r, v, nk, -1.0f, 1.0f);
+    util_fill_uniform(&r, dO, nq, -1.0f, 1.0f);
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int ni = util_isas(isas);
+    const int32_t kv_len[1] = {7001};
+    for (int variant = 0; variant < 2; variant++) {
+        sdpa_problem p = util_problem(1, HQ, HKV, 1, TK, D, D);
+        p.kv_lengths = variant ? kv_len : NULL;
+        ref_backward(&p, q, k, v, dO, rdq, rdk, rdv);
+        naive32_backward(&p, q, k, v, dO, nq32, nk32, nv32);
+        for (int ii = 0; ii < ni; ii++)
+            for (int threads = 1; threads <= 2; threads++) {
+                p.isa = isas[ii];
+                p.num_threads = threads;
+                const sdpa_tensor tq = util_cview(q, HQ, 1, D), tk = util_cview(k, HKV, TK, D),
+                                  tv = util_cview(v, HKV, TK, D), tdo = util_cview(dO, HQ, 1, D),
+                                  oi = util_cview(o, HQ, 1, D), li = util_lse_view(l, HQ, 1);
+                const sdpa_tensor_out to = util_cview_out(o, HQ, 1, D), tl = util_lse_view_out(l, HQ, 1),
+                                      odq = util_cview_out(dq, HQ, 1, D);
+                cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+                for (int x = 0; x < 2; x++) {
+                    const sdpa_tensor_out odk = util_cview_out(grad[x][0], HKV, TK, D),
+                                          odv = util_cview_out(grad[x][1], HKV, TK, D);
+                    cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
+                }
+                const char *what = variant ? "key padding" : "no mask";
+                cr_expect(same_bits(grad[0][0], grad[1][0], nk) && same_bits(grad[0][1], grad[1][1], nk),
+                          "[%s] %s, %d thread(s): dK, dV differ between aligned and unaligned buffers",
+                          sdpa_isa_name(isas[ii]), what, threads);
+                expect_flash_rule(isas[ii], what, threads, "dQ", dq, nq32, rdq, nq);
+                expect_flash_rule(isas[ii], what, threads, "dK", grad[0][0], nk32, rdk, nk);
+                expect_flash_rule(isas[ii], what, threads, "dV", grad[0][1], nv32, rdv, nk);
+            }
+    }
+    free(q), free(k), free(v), free(dO), free(o), free(l), free(dq), free(nq32), free(nk32), free(nv32);
+    free(base[0]), free(base[1]), free(rdq), free(rdk), free(rdv);
+}
+
 /* ---------------------------------------------------------- masked rows -- */
 
 /* Fully masked rows (LSE = -inf) contribute exactly 0: their dQ rows are +-0,

@@ -106,6 +106,9 @@ static inline float avx2_hmax(__m256 a)
 #define V_TAIL_INIT(n) avx2_tail_mask(n)
 #define V_LOAD_T(p, t) _mm256_maskload_ps((p), (t))
 #define V_STORE_T(p, v, t) _mm256_maskstore_ps((p), (t), (v))
+#define V_STREAM(p, v) _mm256_stream_ps((p), (v)) /* non-temporal; p aligned to V_STREAM_ALIGN */
+#define V_STREAM_ALIGN 32
+#define V_STREAM_FENCE() _mm_sfence()
 #define V_ADD(a, b) _mm256_add_ps((a), (b))
 #define V_SUB(a, b) _mm256_sub_ps((a), (b))
 #define V_MUL(a, b) _mm256_mul_ps((a), (b))

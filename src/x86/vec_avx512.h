@@ -82,6 +82,9 @@ static inline void avx512_transpose16x16(const float *src, ptrdiff_t lds, float 
 #define V_TAIL_INIT(n) ((__mmask16)((1u << (n)) - 1u))
 #define V_LOAD_T(p, t) _mm512_maskz_loadu_ps((t), (p))
 #define V_STORE_T(p, v, t) _mm512_mask_storeu_ps((p), (t), (v))
+#define V_STREAM(p, v) _mm512_stream_ps((p), (v)) /* non-temporal; p aligned to V_STREAM_ALIGN */
+#define V_STREAM_ALIGN 64
+#define V_STREAM_FENCE() _mm_sfence()
 #define V_ADD(a, b) _mm512_add_ps((a), (b))
 #define V_SUB(a, b) _mm512_sub_ps((a), (b))
 #define V_MUL(a, b) _mm512_mul_ps((a), (b))
