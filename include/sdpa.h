@@ -242,7 +242,8 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * With GQA, dK and dV of a kv head sum over the query heads of its group.
  *
  * @param problem the same descriptor as the forward call.
- * @param q, k, v  the forward inputs.   @param o O [B, Hq, Tq, Dv] from the forward.
+ * @param q, k, v  the forward inputs.   @param o O [B, Hq, Tq, Dv] from the forward
+ *   (read for D = rowsum(dO * O), except in the rows with |LSE| >= 256).
  * @param lse LSE [B, Hq, Tq] from the forward (required).
  * @param dout dO [B, Hq, Tq, Dv].
  * @param dq dQ [B, Hq, Tq, Dk], @param dk dK [B, Hkv, Tk, Dk], @param dv dV [B, Hkv, Tk, Dv]:
@@ -251,7 +252,8 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  *   dV interleaved in one packed [B, T, 3, H, D] buffer are fine.
  * Rows with LSE = -inf (fully masked) contribute exactly 0; NaN in the dO or O
  * of such a row, or in masked K/V rows, never reaches a gradient. NaN/Inf in
- * allowed inputs propagates. Dv = 0 gives dQ = dK = 0 (nothing flows back).
+ * allowed inputs propagates (O excepted for the rows with |LSE| >= 256 below,
+ * whose D does not read O). Dv = 0 gives dQ = dK = 0 (nothing flows back).
  * P is recomputed from LSE; a row whose |LSE| >= 256, where the float LSE
  * keeps log(sum) only to ulp(LSE)/2 (2^-17 and coarser: every key of a padded
  * row given a bias of -FLT_MAX, or logits in the thousands), has its max and
@@ -262,9 +264,9 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * Determinism: tiles are processed in an anti-diagonal wavefront so that every
  * accumulation happens in a fixed order: bitwise identical for every thread count.
  * Thread-safety: as sdpa_forward(); the inputs are only read.
- * Workspace, allocated per call: 3 * B * Hq * Tq floats (D, and the recomputed
- * max and log-sum of such rows), plus per thread about
- * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 11) bytes; failure returns
+ * Workspace, allocated per call: 4 * B * Hq * Tq floats (D, and the recomputed
+ * max, log-sum and D remainder of such rows), plus per thread about
+ * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 14) bytes; failure returns
  * SDPA_ERR_OUT_OF_MEMORY before any output is written.
  * @return the same codes as sdpa_forward(); on error nothing is written.
  */

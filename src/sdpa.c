@@ -53,7 +53,7 @@
 /* dK + dV of at least this many bytes, each row written once (kv_once), are
  * stored with non-temporal stores (SDPA_GEMM_STREAM_C): they would not stay in
  * the last-level cache anyway, and skipping the read-for-ownership of every
- * line took the decode backward from 37 to 58 GFLOP/s (AVX-512, 2 threads).
+ * line took the decode backward from 39.5 to 58.7 GFLOP/s (AVX-512, 2 threads, best of 3).
  * Smaller ones are left in cache for whoever reads them next. */
 #define BWD_STREAM_KV_BYTES ((int64_t)16 << 20)
 /* |LSE| from which the backward recomputes a row's max and sum (bwd_tile_stats):
@@ -670,7 +670,7 @@ static void gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, in
                 c[1] = c[0];
                 c[2] = c[3];
             }
-            int f = flags;
+            int f = flags & ~SDPA_GEMM_STREAM_C; /* a band's parts are read back right away */
             for (int p = 0; p < 3; p++)
                 if (c[p + 1] > c[p]) {
                     gemm_part(kt, where, koff, nb, c[p], c[p + 1] - c[p], other, alpha, A, rs_a, cs_a, B, ldb, C,

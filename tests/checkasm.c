@@ -369,6 +369,49 @@ static void check_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M
     buf_free(&rsc);
 }
 
+/* SDPA_GEMM_STREAM_C (non-temporal stores of C where C and ldc are aligned
+ * for them) must store the very values of a plain call: C 64-byte aligned with
+ * a row stride of a multiple of 16 floats (streamed on x86) and one float off
+ * (plain stores), against the same call without the flag; the padding between
+ * C's rows must stay untouched. */
+static void check_gemm_stream_c(const sdpa_kernels *kt, int M, int N, int K, int extra_flags)
+{
+    const ptrdiff_t ldc = (N + 15) / 16 * 16 + 16;
+    const size_t nc = (size_t)M * (size_t)ldc + 16;
+    float *a = malloc(((size_t)M * K + 1) * sizeof(float)), *b = malloc(((size_t)K * N + 1) * sizeof(float));
+    float *c[3];
+    for (int x = 0; x < 3; x++)
+        c[x] = aligned_alloc(64, (nc + 16) * sizeof(float)); /* nc + 16 is a multiple of 16 */
+    for (int i = 0; i < M * K; i++)
+        a[i] = (extra_flags & SDPA_GEMM_SKIP_ZERO_A) && chance(5) ? -0.0f : frand(-1.0f, 1.0f);
+    for (int i = 0; i < K * N; i++)
+        b[i] = frand(-1.0f, 1.0f);
+    for (int x = 0; x < 3; x++)
+        for (size_t i = 0; i < nc + 16; i++)
+            c[x][i] = bits_float(CANARY_BITS);
+    float *dst[3] = {c[0], c[1], c[2] + 1};
+    const int flags[3] = {extra_flags, extra_flags | SDPA_GEMM_STREAM_C, extra_flags | SDPA_GEMM_STREAM_C};
+    for (int x = 0; x < 3; x++)
+        kt->gemm(M, N, K, 0.5f, a, K, 1, b, N, dst[x], ldc, flags[x], NULL);
+    int ok = 1;
+    for (int x = 1; x < 3 && ok; x++)
+        for (int m = 0; m < M && ok; m++)
+            for (ptrdiff_t n = 0; n < ldc && ok; n++) {
+                const float got = dst[x][m * ldc + n], want = dst[0][m * ldc + n];
+                if (memcmp(&got, &want, sizeof got) != 0) {
+                    ok = 0;
+                    report("M=%d N=%d K=%d flags=%d, C %s: element (%d,%td) = %.9g, plain stores %.9g", M, N, K,
+                           flags[x], x == 1 ? "aligned (streamed)" : "one float off (plain)", m, n, (double)got,
+                           (double)want);
+                }
+            }
+    record(ok);
+    free(a);
+    free(b);
+    for (int x = 0; x < 3; x++)
+        free(c[x]);
+}
+
 static void test_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
 {
     kernel_begin(kt->name, "gemm");
@@ -391,6 +434,11 @@ static void test_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     for (size_t q = 0; q < sizeof shapes / sizeof shapes[0]; q++)
         for (int f = 0; f < 16; f++)
             check_gemm(kt, ref_kt, shapes[q][0], shapes[q][1], shapes[q][2], f & 1, f >> 1, 0);
+    /* the dK/dV shapes of a decode backward (keys x head_dim, inner = query columns) and tails */
+    static const int st[][3] = {{1, 1, 1}, {6, 64, 17}, {13, 33, 5}, {128, 128, 4}, {7, 100, 3}, {64, 129, 8}};
+    for (size_t q = 0; q < sizeof st / sizeof st[0]; q++)
+        for (int f = 0; f < 2; f++)
+            check_gemm_stream_c(kt, st[q][0], st[q][1], st[q][2], f ? SDPA_GEMM_SKIP_ZERO_A : 0);
     kernel_end();
 }
 
