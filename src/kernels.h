@@ -121,8 +121,10 @@ typedef void (*sdpa_gemm_nt_fn)(int M, int N, int K, float alpha, const float *A
  * long rows), except for rows of C longer than the ISA's registers plus 512
  * columns, which are done in 512-column chunks: front-to-back rows are the
  * order the hardware prefetchers follow (a register-blocked gemm reads B in
- * column panels, which on Zen 4 gets about half the memory bandwidth). K may
- * be 0. */
+ * column panels, which on Zen 4 gets about half the memory bandwidth). On
+ * ISAs that set V_STREAM_PAIR_NV, when two rows of C do not fit the registers,
+ * only the first row reads B that way; the others go in pairs over column
+ * chunks of B, which the first row's pass has brought into L1. K may be 0. */
 typedef void (*sdpa_gemm_stream_fn)(int M, int N, int K, const float *A, ptrdiff_t lda, const float *B,
                                     ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked,
                                     const float *row_scale);

@@ -84,6 +84,9 @@ static inline void avx2_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, floa
 /* gemm_stream: one output row of up to 12 ymm in registers (head_dim 96); longer
  * rows keep 12 there and the rest in L1. */
 #define V_STREAM_HREGS 12
+/* gemm_stream, rows longer than V_NT_QREGS / 2 vectors: two rows at a time in
+ * column chunks of 6 ymm (12 accumulators, 2 broadcasts and a B vector). */
+#define V_STREAM_PAIR_NV 6
 
 typedef __m256 v_f32;
 typedef __m256 v_mask; /* all-ones / all-zeros lanes */
