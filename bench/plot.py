@@ -97,6 +97,7 @@ def main():
                 ax.axhline(pk, color=c, linestyle="--", linewidth=1.0, alpha=0.8)
                 if labels and pk <= labels[-1][0] * 1.1:
                     labels[-1][1].append(f"{isa} {pk:.0f}")
+                    labels[-1] = (labels[-1][0], labels[-1][1], "grey")  # one label, several lines
                 else:
                     labels.append((pk, [f"{isa} {pk:.0f}"], c))
             for pk, parts, c in labels:
@@ -135,8 +136,9 @@ def main():
     ncol = 4
     fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
     version = next((r["version"] for r in rows if "version" in r), None)
-    fig.suptitle(args.title or f"libsdpa {version or ''} attention throughput (hollow: decode, Tq <= 16)",
-                 fontsize=11)
+    any_decode = any(r.get("Tq", DECODE_MAX_TQ + 1) <= DECODE_MAX_TQ for r in rows)
+    note = f" (hollow: decode, Tq <= {DECODE_MAX_TQ})" if any_decode else ""
+    fig.suptitle(args.title or f"libsdpa {version or ''} attention throughput{note}", fontsize=11)
     legend_rows = (len(handles) + ncol - 1) // ncol
     fig.tight_layout(rect=(0, min(0.4, 0.2 * legend_rows / fig.get_figheight()), 1, 0.96))
     fig.savefig(args.output, dpi=120)

@@ -12,7 +12,11 @@ and backward through autograd) on the same shapes, masks and thread counts as
 
 --from-sdpa fills peak_gflops / peak_gbps (the best ISA's measured peak at the
 same thread count) and speedup_vs_scalar from the rows of `sdpa bench`;
-without it they are null / absent.
+without it they are null / absent. Without --shape, --mask and --quick, the
+shapes and masks (and, without --threads, the thread counts) are those of the
+file's rows, so `sdpa bench --quick --json` and a custom `--shape` run are
+matched row for row; with none of them (and no --from-sdpa) the defaults of
+`sdpa bench`.
 
 Installing PyTorch (optional; only this script needs it):
 
@@ -232,7 +236,9 @@ def supports_gqa(F):
 
 
 def load_sdpa_rows(paths):
-    peaks, bw, scalar = {}, {}, {}
+    """Peaks, read bandwidths and scalar times by thread count / row, and the
+    (shape, mask) cases and thread counts of the rows, in order."""
+    peaks, bw, scalar, cases, threads = {}, {}, {}, [], []
     for path in paths:
         with open(path) as f:
             lines = f.readlines()
@@ -244,6 +250,11 @@ def load_sdpa_rows(paths):
             if r.get("impl") != "sdpa":
                 continue
             t = r["threads"]
+            case = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"])
+            if case not in cases:
+                cases.append(case)
+            if t not in threads:
+                threads.append(t)
             if r.get("peak_gflops"):
                 peaks[t] = max(peaks.get(t, 0.0), r["peak_gflops"])
             if r.get("peak_gbps"):
@@ -251,7 +262,7 @@ def load_sdpa_rows(paths):
             if r.get("isa") == "scalar":
                 key = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"], r["op"], t)
                 scalar[key] = r["ms"]
-    return peaks, bw, scalar
+    return peaks, bw, scalar, cases, threads
 
 
 def main():
@@ -289,13 +300,17 @@ def main():
         print(f"torch {torch.__version__} has no scaled_dot_product_attention (needs >= 2.0)", file=sys.stderr)
         return 3
 
+    peaks, bw, scalar, file_cases, file_threads = load_sdpa_rows(args.from_sdpa or [])
     default_threads = torch.get_num_threads()
-    threads = args.threads or sorted({1, default_threads})
+    from_file = bool(file_cases) and not (args.shape or args.mask or args.quick)
+    threads = args.threads or (sorted(file_threads) if from_file else sorted({1, default_threads}))
     if min(threads) < 1:
         p.error("--threads: every count must be >= 1")
-    cases = build_cases(args)
+    if from_file:
+        cases = sorted(file_cases, key=lambda c: footprint(c[0]))  # stable: big shapes last
+    else:
+        cases = build_cases(args)
     ops = ["forward", "backward"] if args.op == "both" else [args.op]
-    peaks, bw, scalar = load_sdpa_rows(args.from_sdpa or [])
 
     # One-time initialisation (autograd engine, kernel selection) outside every row.
     wq = torch.rand(1, 1, 16, 16, requires_grad=True)
