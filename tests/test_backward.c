@@ -892,6 +892,28 @@ static void expect_flash_rule(sdpa_isa isa, const char *what, int threads, const
               sdpa_isa_name(isa), what, threads, name, err, nerr, mx);
 }
 
+/* Forward then backward of p (its ISA and threads as set) on contiguous
+ * [1, H, T, D] arrays (B = 1, Dk = Dv), and the FlashAttention rule on dQ, dK,
+ * dV against the float64 gradients r* and the naive fp32 ones n*. */
+static void contig_fb_rule(const sdpa_problem *p, const float *q, const float *k, const float *v, const float *dO,
+                           float *o, float *l, float *dq, float *dk, float *dv, const float *nq32, const float *nk32,
+                           const float *nv32, const double *rdq, const double *rdk, const double *rdv,
+                           const char *what)
+{
+    const int64_t Hq = p->q_heads, Hkv = p->kv_heads, Tq = p->q_len, Tk = p->kv_len, D = p->head_dim_qk;
+    const size_t nq = (size_t)(Hq * Tq * D), nk = (size_t)(Hkv * Tk * D);
+    const sdpa_tensor tq = util_cview(q, Hq, Tq, D), tk = util_cview(k, Hkv, Tk, D), tv = util_cview(v, Hkv, Tk, D),
+                      tdo = util_cview(dO, Hq, Tq, D), oi = util_cview(o, Hq, Tq, D), li = util_lse_view(l, Hq, Tq);
+    const sdpa_tensor_out to = util_cview_out(o, Hq, Tq, D), tl = util_lse_view_out(l, Hq, Tq),
+                          odq = util_cview_out(dq, Hq, Tq, D), odk = util_cview_out(dk, Hkv, Tk, D),
+                          odv = util_cview_out(dv, Hkv, Tk, D);
+    cr_assert_eq(sdpa_forward(p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+    cr_assert_eq(sdpa_backward(p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
+    expect_flash_rule(p->isa, what, p->num_threads, "dQ", dq, nq32, rdq, nq);
+    expect_flash_rule(p->isa, what, p->num_threads, "dK", dk, nk32, rdk, nk);
+    expect_flash_rule(p->isa, what, p->num_threads, "dV", dv, nv32, rdv, nk);
+}
+
 /* Rows whose |LSE| is large: the float LSE keeps log(l) only to ulp(LSE)/2, so
  * the backward recomputes those rows' max and sum (sdpa.c, bwd_tile_stats).
  * Rows 0-3: every key has a bias of -3.4e38 (the finfo.min padding of other
@@ -940,17 +962,8 @@ Test(backward, rows_with_huge_lse_recompute_their_statistics, .timeout = 300)
             for (int threads = 1; threads <= 2; threads++) {
                 p.isa = isas[ii];
                 p.num_threads = threads;
-                const sdpa_tensor tq = util_cview(q, H, TQ, D), tk = util_cview(k, H, TK, D),
-                                  tv = util_cview(v, H, TK, D), tdo = util_cview(dO, H, TQ, D),
-                                  oi = util_cview(o, H, TQ, D), li = util_lse_view(l, H, TQ);
-                const sdpa_tensor_out to = util_cview_out(o, H, TQ, D), tl = util_lse_view_out(l, H, TQ),
-                                      odq = util_cview_out(dq, H, TQ, D), odk = util_cview_out(dk, H, TK, D),
-                                      odv = util_cview_out(dv, H, TK, D);
-                cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
-                cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
-                expect_flash_rule(isas[ii], variant ? "causal" : "no mask", threads, "dQ", dq, nq32, rdq, nq);
-                expect_flash_rule(isas[ii], variant ? "causal" : "no mask", threads, "dK", dk, nk32, rdk, nk);
-                expect_flash_rule(isas[ii], variant ? "causal" : "no mask", threads, "dV", dv, nv32, rdv, nk);
+                contig_fb_rule(&p, q, k, v, dO, o, l, dq, dk, dv, nq32, nk32, nv32, rdq, rdk, rdv,
+                               variant ? "causal" : "no mask");
             }
     }
     free(q), free(k), free(v), free(dO), free(bias), free(o), free(l), free(dq), free(dk), free(dv);
@@ -1025,18 +1038,8 @@ Test(backward, peaked_rows_at_huge_logits_get_an_exact_row_sum, .timeout = 300)
             for (int threads = 1; threads <= 2; threads++) {
                 p.isa = isas[ii];
                 p.num_threads = threads;
-                const sdpa_tensor tq = util_cview(q, HQ, TQ, D), tk = util_cview(k, HKV, TK, D),
-                                  tv = util_cview(v, HKV, TK, D), tdo = util_cview(dO, HQ, TQ, D),
-                                  oi = util_cview(o, HQ, TQ, D), li = util_lse_view(l, HQ, TQ);
-                const sdpa_tensor_out to = util_cview_out(o, HQ, TQ, D), tl = util_lse_view_out(l, HQ, TQ),
-                                      odq = util_cview_out(dq, HQ, TQ, D), odk = util_cview_out(dk, HKV, TK, D),
-                                      odv = util_cview_out(dv, HKV, TK, D);
-                cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
-                cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
                 const char *what = variant ? "causal" : "no mask";
-                expect_flash_rule(isas[ii], what, threads, "dQ", dq, nq32, rdq, nq);
-                expect_flash_rule(isas[ii], what, threads, "dK", dk, nk32, rdk, nk);
-                expect_flash_rule(isas[ii], what, threads, "dV", dv, nv32, rdv, nk);
+                contig_fb_rule(&p, q, k, v, dO, o, l, dq, dk, dv, nq32, nk32, nv32, rdq, rdk, rdv, what);
                 /* the scores are exact, so with an exact row sum only the exp's and the
                  * products' roundings are left (measured: under 1e-6; a float D gave
                  * 2.6e-2, a naive fp32 backward 7e-3 and 1.5e-2) */
@@ -1101,24 +1104,19 @@ Test(backward, decode_with_streamed_gradients_bitwise_and_accurate, .timeout = 6
             for (int threads = 1; threads <= 2; threads++) {
                 p.isa = isas[ii];
                 p.num_threads = threads;
+                const char *what = variant ? "key padding" : "no mask";
+                /* aligned dK, dV (streamed on x86), then one float off (plain stores) */
+                contig_fb_rule(&p, q, k, v, dO, o, l, dq, grad[0][0], grad[0][1], nq32, nk32, nv32, rdq, rdk, rdv,
+                               what);
                 const sdpa_tensor tq = util_cview(q, HQ, 1, D), tk = util_cview(k, HKV, TK, D),
                                   tv = util_cview(v, HKV, TK, D), tdo = util_cview(dO, HQ, 1, D),
                                   oi = util_cview(o, HQ, 1, D), li = util_lse_view(l, HQ, 1);
-                const sdpa_tensor_out to = util_cview_out(o, HQ, 1, D), tl = util_lse_view_out(l, HQ, 1),
-                                      odq = util_cview_out(dq, HQ, 1, D);
-                cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
-                for (int x = 0; x < 2; x++) {
-                    const sdpa_tensor_out odk = util_cview_out(grad[x][0], HKV, TK, D),
-                                          odv = util_cview_out(grad[x][1], HKV, TK, D);
-                    cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
-                }
-                const char *what = variant ? "key padding" : "no mask";
+                const sdpa_tensor_out odq = util_cview_out(dq, HQ, 1, D), odk = util_cview_out(grad[1][0], HKV, TK, D),
+                                      odv = util_cview_out(grad[1][1], HKV, TK, D);
+                cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
                 cr_expect(same_bits(grad[0][0], grad[1][0], nk) && same_bits(grad[0][1], grad[1][1], nk),
                           "[%s] %s, %d thread(s): dK, dV differ between aligned and unaligned buffers",
                           sdpa_isa_name(isas[ii]), what, threads);
-                expect_flash_rule(isas[ii], what, threads, "dQ", dq, nq32, rdq, nq);
-                expect_flash_rule(isas[ii], what, threads, "dK", grad[0][0], nk32, rdk, nk);
-                expect_flash_rule(isas[ii], what, threads, "dV", grad[0][1], nv32, rdv, nk);
             }
     }
     free(q), free(k), free(v), free(dO), free(o), free(l), free(dq), free(nq32), free(nk32), free(nv32);
