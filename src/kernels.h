@@ -130,17 +130,15 @@ typedef void (*sdpa_gemm_stream_fn)(int M, int N, int K, const float *A, ptrdiff
                                     const float *row_scale);
 
 /* Few-column forward over N keys that are all allowed (decode; optional per ISA):
- * for steps of 16 keys, S = scale Q K^T, the row-wise online softmax update of
- * m, l (as online_softmax_rows), then O = alpha O + P V (as gemm_stream), with
- * Q M x Dk (row stride ldq), K and V N rows (ldk, ldv), O M x Dv (ldo), all in
- * one call so that the per-step work stays in registers and K and V are read
- * row by row, interleaved 16 keys at a time. scratch: SDPA_ATTEND_SCRATCH
- * floats. Returns 0 and does nothing for a shape the ISA does not take here
- * (Dk or Dv 0, M outside 1..SDPA_ATTEND_MAX_ROWS, or head_dims the ISA cannot
+ * for steps of `nt_step` keys (the table's), S = scale Q K^T, the row-wise online
+ * softmax update of m, l (as online_softmax_rows), then O = alpha O + P V (as
+ * gemm_stream), with Q M x Dk (row stride ldq), K and V N rows (ldk, ldv), O M x Dv
+ * (ldo), all in one call so that the per-step work stays in registers and K and V
+ * are read row by row, interleaved one step at a time. scratch: the table's
+ * attend_scratch floats. Returns 0 and does nothing for a shape the ISA does not
+ * take here (Dk or Dv 0, M outside 1..attend_max_rows, or head_dims the ISA cannot
  * keep in registers): the caller then composes the same steps from the kernels
  * above. 1 when done. */
-#define SDPA_ATTEND_MAX_ROWS 16
-#define SDPA_ATTEND_SCRATCH (SDPA_ATTEND_MAX_ROWS * 16 + 16)
 typedef int (*sdpa_attend_rows_fn)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
                                    const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
                                    float *l, float *O, ptrdiff_t ldo, float *scratch);
@@ -149,11 +147,27 @@ typedef int (*sdpa_attend_rows_fn)(int M, int N, int Dk, int Dv, float scale, co
 typedef void (*sdpa_transpose_fn)(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
                                   ptrdiff_t ldd);
 
+/* One ISA's kernels and the shapes that go with them (BLIS keeps its block sizes
+ * beside its micro-kernel pointers). The driver learns every vector width, step,
+ * alignment and block size from here; no other file outside the ISA's own layer
+ * writes them as literals. */
 typedef struct sdpa_kernels {
     sdpa_isa isa;
     const char *name;
+    /* vector shapes */
+    int vec_floats;       /* floats per vector register */
+    int col_align;        /* tile row strides (ld) and the column cut of a banded tile's
+                             products are multiples of this many floats (a multiple of
+                             vec_floats) */
+    int nt_step;          /* keys per step of the few-column (decode) path: the N of
+                             online_softmax_rows, the row stride of its S tile */
+    int attend_max_rows;  /* attend_rows takes at most this many query rows */
+    int attend_max_vecs;  /* ... and head_dims of at most this many vectors */
+    int attend_scratch;   /* floats of scratch attend_rows needs */
+    /* block sizes */
     int block_q; /* query rows per tile (N of the score tile) */
     int block_k; /* key rows per tile (M of the score tile) */
+    int band_keys; /* keys per band in the masked runs of a banded tile (driver's products) */
     int nt_max_cols; /* tiles of at most this many query columns use gemm_nt for S (natural
                         layout) and gemm_stream for P V (0: never) */
     sdpa_gemm_fn gemm;
@@ -167,6 +181,14 @@ typedef struct sdpa_kernels {
     sdpa_gemm_stream_fn gemm_stream;
     sdpa_attend_rows_fn attend_rows; /* NULL: not provided */
 } sdpa_kernels;
+
+/* The masked-entry sentinel (see the top of this file): the probability of a
+ * masked score, -0.0 exactly. One definition for scalar, SIMD and driver code. */
+#define SDPA_MASKED_SENTINEL (-0.0f)
+static inline int sdpa_is_masked_sentinel(float x)
+{
+    return x == 0.0f && __builtin_signbit(x);
+}
 
 /* Fills the table for one ISA: scalar entries first, then the ISA's own
  * (entries an ISA does not provide stay scalar). Returns 0, or -1 if the ISA is

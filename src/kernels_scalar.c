@@ -181,8 +181,15 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
 {
     t->isa = SDPA_ISA_SCALAR;
     t->name = "scalar";
+    t->vec_floats = 1;
+    t->col_align = 16; /* as the SIMD ISAs: the same driver cut for the same shape */
+    t->nt_step = 16;   /* likewise */
+    t->attend_max_rows = 0;
+    t->attend_max_vecs = 0;
+    t->attend_scratch = 0;
     t->block_q = 32;
     t->block_k = 32;
+    t->band_keys = 16;
     t->gemm = gemm_scalar;
     t->online_softmax = online_softmax_scalar;
     t->scale_rows = scale_rows_scalar;

@@ -773,8 +773,8 @@ static size_t fwd_s_floats(const plan *pl)
     const size_t transposed = (size_t)pl->bk * (size_t)pl->ld;
     const size_t cols = pl->kt->nt_max_cols > 16 ? (size_t)pl->kt->nt_max_cols : 16;
     size_t natural = cols * (((size_t)pl->bk + 15) & ~(size_t)15);
-    if (natural < SDPA_ATTEND_SCRATCH)
-        natural = SDPA_ATTEND_SCRATCH;
+    if (natural < (size_t)pl->kt->attend_scratch)
+        natural = (size_t)pl->kt->attend_scratch;
     return transposed > natural ? transposed : natural;
 }
 

@@ -987,6 +987,9 @@ static void tmpl_gemm_stream(int M, int N, int K, const float *A, ptrdiff_t lda,
 
 /* Keys per step of attend_rows (and of the driver's few-column path). */
 #define TMPL_ATTEND_STEP 16
+/* Query rows attend_rows takes, and its scratch: S of every row, and alpha. */
+#define TMPL_ATTEND_MAX_ROWS 16
+#define TMPL_ATTEND_SCRATCH (TMPL_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP + TMPL_ATTEND_MAX_ROWS)
 
 /* One compile-time head_dim size (nv vectors for both Q.K and O): steps of 16
  * keys, each S = scale Q K^T (query rows in registers, two at a time when two
@@ -1053,17 +1056,17 @@ static const tmpl_attend_fn tmpl_attend_tab[V_NT_QREGS + 1] = {
 /* See sdpa_attend_rows_fn: the kernels above, inlined, when head_dim_qk and
  * head_dim_v take the same number of vectors and a row fits V_NT_QREGS
  * registers; returns 0 (nothing done) otherwise, and unless
- * 0 < M <= SDPA_ATTEND_MAX_ROWS (the driver then composes the same steps). */
+ * 0 < M <= TMPL_ATTEND_MAX_ROWS (the driver then composes the same steps). */
 static int tmpl_attend_rows(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
                             const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
                             float *l, float *O, ptrdiff_t ldo, float *scratch)
 {
     const int nvk = (Dk + TMPL_VL - 1) / TMPL_VL, nvv = (Dv + TMPL_VL - 1) / TMPL_VL;
-    if (Dk <= 0 || Dv <= 0 || nvk != nvv || nvk > V_NT_QREGS || M <= 0 || M > SDPA_ATTEND_MAX_ROWS)
+    if (Dk <= 0 || Dv <= 0 || nvk != nvv || nvk > V_NT_QREGS || M <= 0 || M > TMPL_ATTEND_MAX_ROWS)
         return 0;
     if (N > 0)
         tmpl_attend_tab[nvk](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch,
-                             scratch + SDPA_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP);
+                             scratch + TMPL_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP);
     return 1;
 }
 
@@ -1111,6 +1114,12 @@ static void tmpl_transpose(int rows, int cols, const float *src, ptrdiff_t lds, 
 /* Installs every kernel of this file; the ISA's init sets name and block sizes. */
 static inline void tmpl_fill_table(sdpa_kernels *t)
 {
+    t->vec_floats = V_LANES;
+    t->col_align = 16; /* the band column cut: a multiple of every layer's V_LANES */
+    t->nt_step = TMPL_ATTEND_STEP;
+    t->attend_max_rows = TMPL_ATTEND_MAX_ROWS;
+    t->attend_max_vecs = V_NT_QREGS;
+    t->attend_scratch = TMPL_ATTEND_SCRATCH;
     t->gemm = tmpl_gemm;
     t->online_softmax = tmpl_online_softmax;
     t->scale_rows = tmpl_scale_rows;

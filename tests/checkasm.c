@@ -1018,7 +1018,7 @@ static void check_attend(const sdpa_kernels *kt, int M, int N, int Dk, int Dv, i
     const float scale = 1.0f / sqrtf((float)(Dk > 0 ? Dk : 1));
     buf q = buf_new_exact(M, Dk, Dk + 3), k = buf_new_exact(N, Dk, Dk + 5), v = buf_new_exact(N, Dv, Dv);
     buf o = buf_new(M, Dv, Dv + 2), st = buf_new(3, M, M);
-    float scratch[SDPA_ATTEND_SCRATCH];
+    float *scratch = malloc((size_t)(kt->attend_scratch > 0 ? kt->attend_scratch : 1) * sizeof(float));
     buf_fill(&q, -2.0f, 2.0f);
     buf_fill(&k, -2.0f, 2.0f);
     buf_fill(&v, -1.0f, 1.0f);
@@ -1047,9 +1047,8 @@ static void check_attend(const sdpa_kernels *kt, int M, int N, int Dk, int Dv, i
         report("M=%d N=%d Dk=%d Dv=%d: %ld/%ld/%ld/%ld/%ld elements outside the outputs changed (Q/K/V/O/m,l)",
                M, N, Dk, Dv, cq, ck, cv, co, cs);
     }
-    const int vl = kt->isa == SDPA_ISA_AVX512 ? 16 : kt->isa == SDPA_ISA_AVX2 ? 8 : 4;
-    const int regs = kt->isa == SDPA_ISA_AVX2 ? 8 : 16; /* V_NT_QREGS of the ISA */
-    if (ok && !done && Dk > 0 && Dv > 0 && M <= SDPA_ATTEND_MAX_ROWS && (Dk + vl - 1) / vl == (Dv + vl - 1) / vl &&
+    const int vl = kt->vec_floats, regs = kt->attend_max_vecs;
+    if (ok && !done && Dk > 0 && Dv > 0 && M <= kt->attend_max_rows && (Dk + vl - 1) / vl == (Dv + vl - 1) / vl &&
         (Dk + vl - 1) / vl <= regs) {
         ok = 0;
         report("M=%d N=%d Dk=%d Dv=%d: not handled", M, N, Dk, Dv);
@@ -1091,6 +1090,7 @@ static void check_attend(const sdpa_kernels *kt, int M, int N, int Dk, int Dv, i
     buf_free(&v);
     buf_free(&o);
     buf_free(&st);
+    free(scratch);
 }
 
 static void test_attend(const sdpa_kernels *kt)

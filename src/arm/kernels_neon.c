@@ -15,5 +15,6 @@ void sdpa_kernels_init_neon(sdpa_kernels *t)
     tmpl_fill_table(t);
     t->name = "neon";
     t->block_q = 64; /* 4 column blocks of 16 */
+    t->band_keys = 16;
     t->block_k = 64;
 }

@@ -17,5 +17,6 @@ void sdpa_kernels_init_avx2(sdpa_kernels *t)
     t->block_q = 64; /* 4 column blocks of 16 */
     t->nt_max_cols = 16; /* decode (Tq=1, Hkv=8, Tk=2048, D=128) on Zen 4: the gemm_nt path is
                             1.2-1.9x faster than the transposed one for 8..16 columns */
+    t->band_keys = 16;
     t->block_k = 128; /* measured best on Zen 4 (T=2048 D=128 causal): fewer per-tile passes */
 }
