@@ -10,12 +10,6 @@
 
 #include "kernels.h"
 
-/* The masked-entry sentinel: -0.0 exactly (a probability that underflows is +0). */
-static inline int is_masked(float x)
-{
-    return x == 0.0f && signbit(x);
-}
-
 static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdiff_t rs_a,
                         ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
                         int flags, const float *c_row_scale)
@@ -36,12 +30,12 @@ static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdif
                 acc[n] = 0.0f;
             for (int k = 0; k < K; k++) {
                 const float a = A[(ptrdiff_t)m * rs_a + (ptrdiff_t)k * cs_a];
-                if (skip_a && is_masked(a))
+                if (skip_a && sdpa_is_masked_sentinel(a))
                     continue;
                 const float *b = B + (ptrdiff_t)k * ldb + n0;
                 if (skip_b) {
                     for (int n = 0; n < nb; n++)
-                        if (!is_masked(b[n]))
+                        if (!sdpa_is_masked_sentinel(b[n]))
                             acc[n] += a * b[n];
                 } else {
                     for (int n = 0; n < nb; n++)
@@ -61,10 +55,13 @@ static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdif
     }
 }
 
-/* e^x as every ISA computes it: 2^y of y = x log2(e) rounded to float */
+/* e^x as every ISA computes it: 2^y of y = x log2(e) rounded to float, with the
+ * same denormal cut-off as the SIMD kernels (simd_tmpl.h): y < -126, where 2^y
+ * would be a denormal, gives exactly +0 (so -inf gives +0; NaN stays NaN). */
 static inline float exp_via_exp2(float x)
 {
-    return exp2f(x * 0x1.715476p+0f);
+    const float y = x * 0x1.715476p+0f;
+    return y < -126.0f ? 0.0f : exp2f(y);
 }
 
 static void online_softmax_scalar(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
@@ -79,7 +76,7 @@ static void online_softmax_scalar(int M, int N, float *S, ptrdiff_t lds, float *
         float sum = 0.0f;
         for (int k = 0; k < M; k++) {
             float *s = &S[(ptrdiff_t)k * lds + n];
-            *s = *s == -INFINITY ? -0.0f : exp_via_exp2(*s - mu); /* masked: the sentinel */
+            *s = *s == -INFINITY ? SDPA_MASKED_SENTINEL : exp_via_exp2(*s - mu); /* masked: the sentinel */
             sum += *s;
         }
         alpha[n] = a;
@@ -100,7 +97,7 @@ static void online_softmax_rows_scalar(int M, int N, float *S, ptrdiff_t lds, fl
         const float a = exp_via_exp2(m[r] - mu);
         float sum = 0.0f;
         for (int n = 0; n < N; n++) {
-            s[n] = s[n] == -INFINITY ? -0.0f : exp_via_exp2(s[n] - mu); /* masked: the sentinel */
+            s[n] = s[n] == -INFINITY ? SDPA_MASKED_SENTINEL : exp_via_exp2(s[n] - mu); /* masked: the sentinel */
             sum += s[n];
         }
         alpha[r] = a;
@@ -128,7 +125,7 @@ static void bwd_probs_scalar(int M, int N, float *S, ptrdiff_t lds, const float 
         for (int n = 0; n < N; n++) {
             float *s = &S[(ptrdiff_t)k * lds + n];
             /* masked entries and fully masked rows (lse = -inf): the sentinel -0.0 */
-            *s = (*s == -INFINITY || lse[n] == -INFINITY) ? -0.0f : exp_via_exp2(*s - lse[n]);
+            *s = (*s == -INFINITY || lse[n] == -INFINITY) ? SDPA_MASKED_SENTINEL : exp_via_exp2(*s - lse[n]);
         }
 }
 
@@ -140,7 +137,7 @@ static void bwd_dscores_scalar(int M, int N, const float *P, ptrdiff_t ldp, floa
             const float p = P[(ptrdiff_t)k * ldp + n];
             float *dp = &dP[(ptrdiff_t)k * lddp + n];
             /* + 0.0f turns an arithmetic -0 into +0: -0.0 only ever marks masked */
-            *dp = is_masked(p) ? -0.0f : p * (*dp - d[n]) + 0.0f;
+            *dp = sdpa_is_masked_sentinel(p) ? SDPA_MASKED_SENTINEL : p * (*dp - d[n]) + 0.0f;
         }
 }
 

@@ -470,6 +470,116 @@ static int exp_close(float got, float x, double ref_kernel)
     return close_to(got, ref_kernel, ulp_tol(ref_kernel, 4)) && close_to(got, e, ulp_tol(e, 4) + rounding);
 }
 
+/* ------------------------------------------------------ exp denormal flush */
+
+/* The cut-off every ISA applies to exp (simd_tmpl.h, kernels_scalar.c): where
+ * exp's argument y = x log2(e), rounded to float, is below -126 (e^x below
+ * 2^-126 = FLT_MIN), the result is exactly +0; no result is ever a denormal. */
+static int exp_flush_ok(float got, float x)
+{
+    const float y = x * 0x1.715476p+0f;
+    if (y < -126.0f)
+        return float_bits(got) == 0;
+    return got >= FLT_MIN;
+}
+
+/* Fixed arguments (no rnd(), so the random stream of the other checks does not
+ * move): a sweep over [-104, -80], 16 consecutive floats around the cut-off
+ * x = -126 / log2(e), and far below it down to -FLT_MAX. */
+#define N_FLUSH_ARGS 128
+static void flush_args(float *x)
+{
+    int n = 0;
+    for (int i = 0; i < 96; i++)
+        x[n++] = -80.0f - 0.25f * (float)i;
+    float b = -126.0f / 0x1.715476p+0f;
+    for (int i = 0; i < 8; i++)
+        b = nextafterf(b, -INFINITY);
+    for (int i = 0; i < 16; i++, b = nextafterf(b, 0.0f))
+        x[n++] = b;
+    for (int i = 0; i < 15; i++)
+        x[n++] = -110.0f - 20.0f * (float)i;
+    x[n++] = -FLT_MAX;
+}
+
+/* online_softmax (rows = 0) or online_softmax_rows (rows = 1) over statistics
+ * whose tile maximum is 0 (so each exp argument is the score itself) and whose
+ * other scores are flush_args; on odd statistics the running max m is one of
+ * them too, so alpha = exp(m) must flush as well. */
+static void check_softmax_flush(const sdpa_kernels *kt, int rows)
+{
+    float args[N_FLUSH_ARGS];
+    flush_args(args);
+    const int step = kt->nt_step > 0 ? kt->nt_step : 1;
+    const int len = rows ? (N_FLUSH_ARGS + 1 + step - 1) / step * step : N_FLUSH_ARGS + 1;
+    const int nstat = rows ? 5 : 2 * kt->vec_floats + 1;
+    const int M = rows ? nstat : len, N = rows ? len : nstat;
+    float *s = malloc((size_t)M * (size_t)N * sizeof(float)), *x = malloc((size_t)M * (size_t)N * sizeof(float));
+    float m[64], l[64], al[64], m_in[64];
+#define FL_AT(p, st, i) (rows ? &(p)[(size_t)(st) * (size_t)N + (size_t)(i)] : &(p)[(size_t)(i) * (size_t)N + (size_t)(st)])
+    for (int st = 0; st < nstat; st++) {
+        for (int i = 0; i < len; i++)
+            *FL_AT(s, st, i) = i == 0 ? 0.0f : i <= N_FLUSH_ARGS ? args[(i - 1 + 7 * st) % N_FLUSH_ARGS] : -INFINITY;
+        m_in[st] = m[st] = (st & 1) ? args[(13 * st) % N_FLUSH_ARGS] : -INFINITY;
+        l[st] = 1.0f;
+    }
+    memcpy(x, s, (size_t)M * (size_t)N * sizeof(float));
+    if (rows)
+        kt->online_softmax_rows(M, N, s, N, m, l, al);
+    else
+        kt->online_softmax(M, N, s, N, m, l, al);
+    int ok = 1;
+    for (int st = 0; st < nstat && ok; st++) {
+        for (int i = 1; i <= N_FLUSH_ARGS && ok; i++) {
+            const float xi = *FL_AT(x, st, i), got = *FL_AT(s, st, i);
+            if (!exp_flush_ok(got, xi)) {
+                ok = 0;
+                report("%sflush: exp(%.9g) = %a (0x%08x); below 2^-126 it must be +0, above it normal",
+                       rows ? "rows " : "", (double)xi, (double)got, (unsigned)float_bits(got));
+            }
+        }
+        if (ok && m_in[st] != -INFINITY && !exp_flush_ok(al[st], m_in[st])) {
+            ok = 0;
+            report("%sflush: alpha = exp(%.9g) = %a; below 2^-126 it must be +0", rows ? "rows " : "",
+                   (double)m_in[st], (double)al[st]);
+        }
+    }
+#undef FL_AT
+    record(ok);
+    free(s);
+    free(x);
+}
+
+/* bwd_probs: P = exp(S - lse) with S - lse one of flush_args. */
+static void check_probs_flush(const sdpa_kernels *kt)
+{
+    float args[N_FLUSH_ARGS];
+    flush_args(args);
+    const int M = N_FLUSH_ARGS, N = 2 * kt->vec_floats + 1;
+    float *s = malloc((size_t)M * (size_t)N * sizeof(float)), *x = malloc((size_t)M * (size_t)N * sizeof(float));
+    float lse[64];
+    for (int n = 0; n < N; n++) {
+        lse[n] = (n & 1) ? 0.5f : 0.0f;
+        for (int k = 0; k < M; k++)
+            s[(size_t)k * (size_t)N + (size_t)n] = args[(k + 7 * n) % N_FLUSH_ARGS] + lse[n];
+    }
+    memcpy(x, s, (size_t)M * (size_t)N * sizeof(float));
+    kt->bwd_probs(M, N, s, N, lse);
+    int ok = 1;
+    for (int k = 0; k < M && ok; k++)
+        for (int n = 0; n < N && ok; n++) {
+            const float xi = x[(size_t)k * (size_t)N + (size_t)n] - lse[n], got = s[(size_t)k * (size_t)N + (size_t)n];
+            if (!exp_flush_ok(got, xi)) {
+                ok = 0;
+                report("flush: exp(%.9g) = %a (0x%08x); below 2^-126 it must be +0, above it normal", (double)xi,
+                       (double)got, (unsigned)float_bits(got));
+            }
+        }
+    record(ok);
+    free(s);
+    free(x);
+}
+
 /* online_softmax (rows = 0: S^T is M keys x N queries, one statistic per column)
  * and online_softmax_rows (rows = 1: S is M queries x N keys, one per row; N a
  * multiple of 16, as the driver pads). nstat statistics, each over len scores. */
@@ -590,6 +700,7 @@ static void test_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     for (int i = 0; i < n_sizes; i++)
         for (int j = 0; j < n_sizes; j++)
             check_softmax(kt, ref_kt, sizes[i], sizes[j]);
+    check_softmax_flush(kt, 0);
     kernel_end();
 }
 
@@ -603,6 +714,7 @@ static void test_softmax_rows(const sdpa_kernels *kt, const sdpa_kernels *ref_kt
         for (size_t j = 0; j < sizeof widths / sizeof widths[0]; j++)
             for (int rep = 0; rep < 3; rep++)
                 check_softmax_layout(kt, ref_kt, rows[i], widths[j], 1);
+    check_softmax_flush(kt, 1);
     kernel_end();
 }
 
@@ -720,6 +832,7 @@ static void test_probs(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     for (int i = 0; i < n_sizes; i++)
         for (int j = 0; j < n_sizes; j++)
             check_probs(kt, ref_kt, sizes[i], sizes[j]);
+    check_probs_flush(kt);
     kernel_end();
 }
 
