@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: MIT */
+/* api.c - the descriptor's defaults and the status strings. The entry points
+ * sdpa_forward and sdpa_backward live in forward.c and backward.c; the ISA
+ * queries in dispatch.c. */
+#include <string.h>
+
+#include "driver.h"
+
+void sdpa_problem_init(sdpa_problem *p)
+{
+    if (!p)
+        return;
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof(sdpa_problem);
+    p->use_default_scale = 1;
+    p->scale = 0.0f;
+    p->causal = SDPA_CAUSAL_NONE;
+    p->window_alignment = SDPA_ALIGN_TOP_LEFT;
+    p->window_left = SDPA_WINDOW_UNBOUNDED;
+    p->window_right = SDPA_WINDOW_UNBOUNDED;
+    p->isa = SDPA_ISA_AUTO;
+}
+
+const char *sdpa_status_string(sdpa_status s)
+{
+    switch (s) {
+    case SDPA_OK: return "success";
+    case SDPA_ERR_NULL_ARGUMENT: return "a required pointer is NULL";
+    case SDPA_ERR_BAD_DESCRIPTOR: return "problem descriptor not initialised by sdpa_problem_init (struct_size, reserved field or enum value)";
+    case SDPA_ERR_NEGATIVE_SIZE: return "a size is negative";
+    case SDPA_ERR_HEAD_GROUPING: return "q_heads is not a multiple of kv_heads";
+    case SDPA_ERR_BAD_SCALE: return "scale is not finite, or the default scale 1/sqrt(head_dim_qk) with head_dim_qk = 0";
+    case SDPA_ERR_BAD_STRIDE: return "a stride is negative, or an output overlaps itself";
+    case SDPA_ERR_BAD_WINDOW: return "a window bound is negative and not SDPA_WINDOW_UNBOUNDED";
+    case SDPA_ERR_BAD_KV_LENGTH: return "a per-batch key length is negative or larger than kv_len";
+    case SDPA_ERR_ALIASING: return "an output overlaps an input or another output";
+    case SDPA_ERR_BAD_THREADS: return "num_threads is negative";
+    case SDPA_ERR_ISA_UNAVAILABLE: return "the requested ISA is not compiled in or not supported by this CPU/OS";
+    case SDPA_ERR_OUT_OF_MEMORY: return "workspace allocation failed";
+    case SDPA_ERR_SIZE_OVERFLOW: return "a tensor extent overflows the address space";
+    case SDPA_ERR_BAD_BLOCK_SIZE: return "block_q or block_k is outside [0, SDPA_MAX_BLOCK]";
+    }
+    return "unknown status";
+}

@@ -1,0 +1,241 @@
+/* SPDX-License-Identifier: MIT */
+/* backward.c - sdpa_backward: validation, the gradients' zeroing, D = rowsum(dO *
+ * O), and the schedule of the (query tile, key tile) pairs (backward_tile.c) on
+ * the team: whole heads per thread, or anti-diagonal waves. Pair (r, c) adds to
+ * dQ[r] and to dK[c], dV[c]; every tile receives its contributions in a fixed
+ * order, so the result is bitwise identical for any thread count. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backward.h"
+
+/* Zeroes the rows of heads [h0, h1) of a gradient (heads numbered b * n[1] + h). */
+static void zero_heads(float *data, const int64_t n[3], const int64_t s[3], int64_t len, int64_t h0, int64_t h1)
+{
+    if (!data || len == 0 || n[2] == 0)
+        return;
+    for (int64_t bh = h0; bh < h1; bh++)
+        for (int64_t z = 0; z < n[2]; z++)
+            memset(data + (bh / n[1]) * s[0] + (bh % n[1]) * s[1] + z * s[2], 0, (size_t)len * sizeof(float));
+}
+
+/* dQ, dK, dV (dQ only unless with_kv) = 0 for the heads [part * H / parts,
+ * (part + 1) * H / parts) of each (H = its batch x heads), so that the threads
+ * of a team share the work. */
+static void zero_grads(const plan *pl, const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
+                       const sdpa_tensor_out *dv, int part, int parts, int with_kv)
+{
+    const int64_t nq3[3] = {pl->B, pl->Hq, pl->Tq}, nk3[3] = {pl->B, pl->Hkv, pl->Tk};
+    const int64_t sdq[3] = {dq->batch_stride, dq->head_stride, dq->seq_stride};
+    const int64_t sdk[3] = {dk->batch_stride, dk->head_stride, dk->seq_stride};
+    const int64_t sdv[3] = {dv->batch_stride, dv->head_stride, dv->seq_stride};
+    const int64_t hq = pl->B * pl->Hq, hk = pl->B * pl->Hkv;
+    zero_heads(dq->data, nq3, sdq, pl->Dk, hq * part / parts, hq * (part + 1) / parts);
+    if (!with_kv)
+        return;
+    zero_heads(dk->data, nk3, sdk, pl->Dk, hk * part / parts, hk * (part + 1) / parts);
+    zero_heads(dv->data, nk3, sdv, pl->Dv, hk * part / parts, hk * (part + 1) / parts);
+}
+
+/* D = rowsum(dO * O) for the rows [r0, r1) of all (batch, query head, row);
+ * nt: with gemm_nt, as dP^T in few-column tiles. */
+static void bwd_rows_D(const plan *pl, const sdpa_tensor *o, const sdpa_tensor *dout, float *D, int64_t r0,
+                       int64_t r1, int nt)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i = r % pl->Tq, bh = r / pl->Tq, b = bh / pl->Hq, h = bh % pl->Hq;
+        const float *orow = o->data ? o->data + b * o->batch_stride + h * o->head_stride + i * o->seq_stride : NULL;
+        const float *drow = dout->data ? dout->data + b * dout->batch_stride + h * dout->head_stride +
+                                             i * dout->seq_stride : NULL;
+        /* With the kernel that computes dP = dO . V for this shape, so that D
+         * rounds exactly like it (when P is one-hot, O = V and dP - D must
+         * cancel exactly). */
+        if (pl->Dv > 0 && nt)
+            pl->kt->gemm_nt(1, 1, (int)pl->Dv, 1.0f, drow, pl->Dv, orow, pl->Dv, &D[r], 1, 1);
+        else if (pl->Dv > 0)
+            pl->kt->gemm(1, 1, (int)pl->Dv, 1.0f, drow, 0, 1, orow, 1, &D[r], 1, 0, NULL);
+        else
+            D[r] = 0.0f;
+    }
+}
+
+/* Before the pairs of (batch, kv head) bh when one thread runs them all:
+ * dK, dV of the kv head and dQ of its query heads = 0, and their rows' D.
+ * Done by the thread that then accumulates into them (the lines are in its
+ * cache), with no barrier between the threads. */
+static void bwd_head_prologue(const plan *pl, const bwd_args *a, int64_t bh)
+{
+    const int64_t b = bh / pl->Hkv, hk = bh % pl->Hkv, q0 = b * pl->Hq + hk * pl->G;
+    const int64_t nq3[3] = {pl->B, pl->Hq, pl->Tq}, nk3[3] = {pl->B, pl->Hkv, pl->Tk};
+    const int64_t sdq[3] = {a->dq->batch_stride, a->dq->head_stride, a->dq->seq_stride};
+    const int64_t sdk[3] = {a->dk->batch_stride, a->dk->head_stride, a->dk->seq_stride};
+    const int64_t sdv[3] = {a->dv->batch_stride, a->dv->head_stride, a->dv->seq_stride};
+    zero_heads(a->dq->data, nq3, sdq, pl->Dk, q0, q0 + pl->G);
+    if (!a->kv_once) {
+        zero_heads(a->dk->data, nk3, sdk, pl->Dk, bh, bh + 1);
+        zero_heads(a->dv->data, nk3, sdv, pl->Dv, bh, bh + 1);
+    }
+    bwd_rows_D(pl, a->o, a->dout, a->D, q0 * pl->Tq, (q0 + pl->G) * pl->Tq, a->nt);
+}
+
+/* What every thread of the backward's team shares, and one thread's own part. */
+typedef struct bwd_team {
+    const plan *pl;
+    const bwd_args *a;
+    const tile_layout *L;
+    float *ws; /* nthreads workspaces of `per` floats */
+    size_t per;
+    int nthreads;
+    int64_t BH, R, nkt, kchunk; /* (batch, kv head) pairs, query tiles per pair, key tiles, per pass */
+} bwd_team;
+
+typedef struct bwd_thread {
+    const bwd_team *tm;
+    bwd_ws w;
+    int64_t d, rmin, cnt; /* the current wave: pairs (rmin + i, d - rmin - i), i < cnt */
+} bwd_thread;
+
+/* One whole (batch, kv head) on one thread: zero its gradients and compute its
+ * D first (bwd_head_prologue), its statistics pass, then passes over kchunk key
+ * tiles, each pass row by row (query tile r outer, key tile c of the pass
+ * inner). Every dQ tile still receives its contributions in increasing c and
+ * every dK/dV tile in increasing r, exactly as in the waves, so the bits are
+ * the same. A pass keeps its K, V, dK and dV rows in cache while the query
+ * tiles stream by (one pass over all key tiles would re-read the whole head's
+ * K, V, dK, dV for every query tile). */
+static void bwd_head_of(void *arg, int64_t bh)
+{
+    bwd_thread *th = arg;
+    const bwd_team *tm = th->tm;
+    bwd_head_prologue(tm->pl, tm->a, bh);
+    for (int64_t r = 0; r < tm->R; r++)
+        sdpa_bwd_tile_stats(tm->pl, &th->w, tm->a, tm->L, bh, r);
+    for (int64_t c0 = 0; c0 < tm->nkt; c0 += tm->kchunk)
+        for (int64_t r = 0; r < tm->R; r++)
+            for (int64_t c = c0; c < tm->nkt && c < c0 + tm->kchunk; c++)
+                sdpa_bwd_pair(tm->pl, &th->w, tm->a, tm->L, bh, r, c);
+}
+
+static void bwd_D_of(void *arg, int64_t r)
+{
+    const bwd_thread *th = arg;
+    const bwd_args *a = th->tm->a;
+    bwd_rows_D(th->tm->pl, a->o, a->dout, a->D, r, r + 1, a->nt);
+}
+
+static void bwd_stats_of(void *arg, int64_t it)
+{
+    bwd_thread *th = arg;
+    sdpa_bwd_tile_stats(th->tm->pl, &th->w, th->tm->a, th->tm->L, it / th->tm->R, it % th->tm->R);
+}
+
+static void bwd_wave_of(void *arg, int64_t it)
+{
+    bwd_thread *th = arg;
+    const int64_t r = th->rmin + it % th->cnt;
+    sdpa_bwd_pair(th->tm->pl, &th->w, th->tm->a, th->tm->L, it / th->cnt, r, th->d - r);
+}
+
+/* With enough (batch, kv head) pairs to keep every thread busy, each thread
+ * runs whole heads (bwd_head_of, no barrier: a thread that finishes a head
+ * takes the next one). Otherwise the team zeroes the gradients, computes D and
+ * the statistics, then runs the pairs in anti-diagonal waves d = r + c: the
+ * pairs of one wave touch distinct dQ and dK/dV tiles, so they run in parallel
+ * without atomics, and every tile receives its contributions in increasing
+ * order of the other index. Either way the bits do not depend on the threads. */
+static void bwd_team_body(void *ctx, int tid, int team)
+{
+    const bwd_team *tm = ctx;
+    const bwd_args *a = tm->a;
+    bwd_thread th = {tm, sdpa_bwd_ws_carve(tm->pl, tm->ws + (size_t)tid * tm->per), 0, 0, 0};
+    if (tm->BH >= 2 * (int64_t)tm->nthreads) {
+        sdpa_for_dynamic(team, tm->BH, bwd_head_of, &th, 1);
+        return;
+    }
+    zero_grads(tm->pl, a->dq, a->dk, a->dv, tid, team, !a->kv_once);
+    const plan *pl = tm->pl;
+    sdpa_for_static(team, pl->B * pl->Hq * pl->Tq, bwd_D_of, &th); /* its barrier also covers the zeroing */
+    sdpa_for_dynamic(team, tm->BH * tm->R, bwd_stats_of, &th, 0);  /* before any pair */
+    const int64_t ndiag = (tm->R > 0 && tm->nkt > 0) ? tm->R + tm->nkt - 1 : 0;
+    for (int64_t d = 0; d < ndiag; d++) {
+        th.d = d;
+        th.rmin = d - tm->nkt + 1 > 0 ? d - tm->nkt + 1 : 0;
+        th.cnt = (d < tm->R - 1 ? d : tm->R - 1) - th.rmin + 1;
+        sdpa_for_dynamic(team, tm->BH * th.cnt, bwd_wave_of, &th, 0);
+    }
+}
+
+sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                          const sdpa_tensor *v, const sdpa_tensor *o, const sdpa_tensor *lse,
+                          const sdpa_tensor *dout, const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
+                          const sdpa_tensor_out *dv)
+{
+    plan pl;
+    sdpa_status st = sdpa_make_plan(p, &pl);
+    if (st != SDPA_OK)
+        return st;
+    if (!q || !k || !v || !o || !lse || !dout || !dq || !dk || !dv)
+        return SDPA_ERR_NULL_ARGUMENT;
+#define STR3(t) {t->batch_stride, t->head_stride, t->seq_stride}
+    const int64_t sq[3] = STR3(q), sk[3] = STR3(k), sv[3] = STR3(v), so[3] = STR3(o), sl[3] = STR3(lse),
+                  sdo[3] = STR3(dout), sdq[3] = STR3(dq), sdk[3] = STR3(dk), sdv[3] = STR3(dv);
+#undef STR3
+    const int64_t nq3[3] = {pl.B, pl.Hq, pl.Tq}, nk3[3] = {pl.B, pl.Hkv, pl.Tk};
+    tensor_desc t[9] = {
+        {q->data, sq, {nq3[0], nq3[1], nq3[2]}, pl.Dk, 4, 0, 1},
+        {k->data, sk, {nk3[0], nk3[1], nk3[2]}, pl.Dk, 4, 0, 1},
+        {v->data, sv, {nk3[0], nk3[1], nk3[2]}, pl.Dv, 4, 0, 1},
+        {o->data, so, {nq3[0], nq3[1], nq3[2]}, pl.Dv, 4, 0, 1},
+        {lse->data, sl, {nq3[0], nq3[1], nq3[2]}, 1, 4, 0, 1},
+        {dout->data, sdo, {nq3[0], nq3[1], nq3[2]}, pl.Dv, 4, 0, 1},
+        {dq->data, sdq, {nq3[0], nq3[1], nq3[2]}, pl.Dk, 4, 1, 1},
+        {dk->data, sdk, {nk3[0], nk3[1], nk3[2]}, pl.Dk, 4, 1, 1},
+        {dv->data, sdv, {nk3[0], nk3[1], nk3[2]}, pl.Dv, 4, 1, 1},
+    };
+    if ((st = sdpa_check_tensors(&pl, t, 9)) != SDPA_OK)
+        return st;
+
+    /* With Dv = 0 nothing flows back (dS = P * (0 - 0) = 0): the gradients are
+     * zero. With Dk = Dv = 0, or no query or key rows, there is nothing else to
+     * compute either; this also keeps empty problems of huge B x H instant. */
+    if (pl.Dv == 0 || pl.B == 0 || pl.Hq == 0 || pl.Tq == 0 || pl.Tk == 0) {
+        zero_grads(&pl, dq, dk, dv, 0, 1, 1);
+        return SDPA_OK;
+    }
+    /* Query tiles as in the forward (several heads of a group per tile when Tq
+     * is short); the wavefront's rows are (head tile, row tile). */
+    const tile_layout L = sdpa_tile_layout(&pl);
+    const int64_t nkt = L.nkt;
+    const int64_t R = L.ngt * L.nrt;
+    const int64_t BH = pl.B * pl.Hkv;
+    const int nthreads = pl.nthreads;
+    const size_t per = sdpa_bwd_ws_floats(&pl);
+    const size_t nD = (size_t)(pl.B * pl.Hq * pl.Tq);
+    float *ws = sdpa_alloc_floats((size_t)nthreads * per + 4 * round_floats(nD));
+    if (!ws)
+        return SDPA_ERR_OUT_OF_MEMORY;
+    float *D = ws + (size_t)nthreads * per;
+    float *row_max = D + round_floats(nD), *row_logsum = row_max + round_floats(nD);
+    float *row_dlo = row_logsum + round_floats(nD);
+
+    /* From here on the outputs are written (zeroed first, by the team below). */
+    /* Few-column tiles (decode-sized Tq): S^T and dP^T as dot products along
+     * head_dim (gemm_nt) instead of a gemm whose vectors would hold a handful
+     * of query columns. Chosen from the tile width, which depends on the shape
+     * only, so D (which must round like dP) is computed the same way. */
+    const int nt = tile_cols(&L) <= pl.kt->nt_max_cols;
+    const double kv_bytes = (double)pl.B * (double)pl.Hkv * (double)pl.Tk * (double)(pl.Dk + pl.Dv) * sizeof(float);
+    const bwd_args a = {q,          k,       v,  o,      lse,    dout, dq, dk, dv, D, row_max,
+                        row_logsum, row_dlo, nt, R == 1, R == 1 && kv_bytes >= (double)BWD_STREAM_KV_BYTES};
+    /* Key tiles per pass of the per-head order: as many as BWD_KV_CHUNK_BYTES of
+     * their K, V, dK and dV rows (bwd_head_of). */
+    int64_t kchunk = BWD_KV_CHUNK_BYTES / ((int64_t)pl.bk * (int64_t)sizeof(float) * (2 * pl.Dk + 2 * pl.Dv));
+    if (kchunk < 1)
+        kchunk = 1;
+
+    const bwd_team tm = {&pl, &a, &L, ws, per, nthreads, BH, R, nkt, kchunk};
+    sdpa_parallel(nthreads, bwd_team_body, (void *)&tm);
+    free(ws);
+    return SDPA_OK;
+}

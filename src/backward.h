@@ -1,0 +1,68 @@
+/* SPDX-License-Identifier: MIT */
+/* backward.h - what backward.c (scheduling, zeroing, D) and backward_tile.c (one
+ * pair of tiles, the statistics pass) share. Internal. */
+#ifndef SDPA_BACKWARD_H
+#define SDPA_BACKWARD_H
+
+#include "driver.h"
+
+/* Bytes of K, V, dK and dV rows per pass of the per-head order (sdpa_backward). */
+#define BWD_KV_CHUNK_BYTES (1 << 20)
+/* dK + dV of at least this many bytes, each row written once (kv_once), are
+ * stored with non-temporal stores (SDPA_GEMM_STREAM_C): they would not stay in
+ * the last-level cache anyway. Smaller ones stay in cache for whoever reads
+ * them next. */
+#define BWD_STREAM_KV_BYTES ((int64_t)16 << 20)
+/* |LSE| from which the backward recomputes a row's max and sum (the statistics
+ * pass): float LSE = m + log(l) keeps log(l) only to ulp(LSE)/2, 2^-17 here,
+ * which is the relative error it would give P; below, LSE is used as it is. */
+#define BWD_LSE_EXACT_LIMIT 256.0f
+
+/* One thread's workspace. */
+typedef struct bwd_ws {
+    float *qt, *dot, *p, *dp, *lse, *dd;
+    float *rm, *rl, *ralpha; /* per column: a recomputed row max and sum (bwd_tile_stats), and the
+                                max the scores are shifted by before P (0: not shifted) */
+    double *rd, *rs;         /* per column: the running sums of P dP and of P (bwd_tile_stats;
+                                the float l loses P's below ulp(1)) */
+    float *dhi;              /* per column: the D that dP is shifted by before dS (0: not
+                                shifted; then dd holds D, else the rest of D) */
+    int shift;               /* some column of the packed tile is shifted */
+    int dshift;              /* some column's dP is shifted */
+    float *qn, *don; /* Q and dO rows packed [ncol][D] when a tile spans several heads */
+    int64_t *lo, *hi;
+    int64_t packed_tile; /* the query tile whose Q^T, dO^T, LSE, D (and packed rows) are in
+                            qt, dot, lse, dd, qn, don; -1: none */
+} bwd_ws;
+
+/* What the pairs of one call share. */
+typedef struct bwd_args {
+    const sdpa_tensor *q, *k, *v, *o, *lse, *dout;
+    const sdpa_tensor_out *dq, *dk, *dv;
+    float *D; /* [B, Hq, Tq] contiguous: rowsum(dO * O), written before the pairs of its rows
+                 (sum_j P_j dP_j rounded instead for the rows the statistics pass takes) */
+    float *row_max, *row_logsum, *row_dlo; /* [B, Hq, Tq]: m, log(l) and the rest of D
+                                    (D - fl(D)) recomputed for the rows with |LSE| >=
+                                    BWD_LSE_EXACT_LIMIT (the statistics pass), else unused */
+    int nt;   /* few-column tiles: S^T and dP^T (and D) by gemm_nt, see sdpa_backward */
+    int kv_once; /* one query tile per (batch, kv head): every dK/dV row gets all of its
+                    terms from one pair, which writes it (no zeroing first) */
+    int kv_stream; /* kv_once, and dK + dV >= BWD_STREAM_KV_BYTES: written with SDPA_GEMM_STREAM_C */
+} bwd_args;
+
+/* Floats of one thread's workspace, and its carving. */
+size_t sdpa_bwd_ws_floats(const plan *pl);
+bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base);
+
+/* Pair (query tile r, key tile c) of (batch, kv head) bh: adds its terms to dQ
+ * of the query tile and to dK, dV of the key tile (or writes them, kv_once). */
+void sdpa_bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_layout *L, int64_t bh, int64_t r,
+                   int64_t c);
+
+/* The statistics pass of query tile r of (batch, kv head) bh: for its rows with
+ * |LSE| >= BWD_LSE_EXACT_LIMIT, the max, log-sum and D recomputed over every key
+ * tile (nothing to do, and no cost but reading LSE, otherwise). */
+void sdpa_bwd_tile_stats(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_layout *L, int64_t bh,
+                         int64_t r);
+
+#endif /* SDPA_BACKWARD_H */

@@ -1,0 +1,348 @@
+/* SPDX-License-Identifier: MIT */
+/* backward_tile.c - one (query tile, key tile) pair of the backward
+ * (FlashAttention-2, Dao 2023, Alg. 2), and the statistics pass that some rows
+ * need first:
+ *     S^T = scale K Q^T (masked), P^T = exp(S^T - LSE)
+ *     dV += P^T dO;  dP^T = V dO^T;  dS^T = P^T * (dP^T - D)
+ *     dK += scale dS^T Q;  dQ += scale dS K
+ * A query tile holds rows [i0, i0+nr) of the heads [h0, h0+nh) of one GQA group,
+ * as in the forward; its packed operands (Q^T, dO^T, LSE, D) are reused while
+ * the same thread stays on it. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backward.h"
+
+size_t sdpa_bwd_ws_floats(const plan *pl)
+{
+    const size_t ld = (size_t)pl->ld;
+    return 2 * round_floats(pl->Dk * ld) + 2 * round_floats(pl->Dv * ld) + 2 * round_floats(pl->bk * ld) +
+           6 * round_floats(ld) + 4 * round_floats(ld) + 2 * round_floats(2 * ld);
+}
+
+bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
+{
+    const size_t ld = (size_t)pl->ld;
+    bwd_ws w;
+    w.qt = carve(&base, pl->Dk * ld);
+    w.qn = carve(&base, pl->Dk * ld);
+    w.dot = carve(&base, pl->Dv * ld);
+    w.don = carve(&base, pl->Dv * ld);
+    w.p = carve(&base, pl->bk * ld);
+    w.dp = carve(&base, pl->bk * ld);
+    w.lse = carve(&base, ld);
+    w.dd = carve(&base, ld);
+    w.rm = carve(&base, ld);
+    w.rl = carve(&base, ld);
+    w.ralpha = carve(&base, ld);
+    w.lo = carve_i64(&base, ld);
+    w.hi = carve_i64(&base, ld);
+    w.rd = (double *)(void *)carve(&base, 2 * ld);
+    w.rs = (double *)(void *)carve(&base, 2 * ld);
+    w.dhi = carve(&base, ld);
+    w.shift = 0;
+    w.dshift = 0;
+    w.packed_tile = -1;
+    return w;
+}
+
+/* Rows [i0, i0+nr) of heads [h0, h0+nh) packed as [ncol][len] (column g*nr+ii). */
+static const float *pack_rows(const sdpa_tensor *t, int64_t b, int64_t h0, int nh, int64_t i0, int nr,
+                              int len, float *dst)
+{
+    for (int g = 0; g < nh; g++)
+        for (int ii = 0; ii < nr; ii++)
+            memcpy(dst + (size_t)(g * nr + ii) * len, row_in(t, b, h0 + g, i0 + ii), (size_t)len * sizeof(float));
+    return dst;
+}
+
+/* dP^T = V dO^T for the pair's keys [ks, ks + nk) (rows of w->dp, one column
+ * per query row of the tile); returns the dO rows the tile uses (in place for
+ * one head, else packed when fresh) and their stride in *lddo. */
+static const float *bwd_tile_dp(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_keys *tk, int64_t b,
+                                int64_t h0, int nh, int64_t i0, int nr, int64_t ks, int nk, int fresh,
+                                ptrdiff_t *lddo)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int ld = pl->ld, Dv = (int)pl->Dv, ncol = nh * nr;
+    const int64_t hk = h0 / pl->G;
+    const float *vb = a->v->data + b * a->v->batch_stride + hk * a->v->head_stride + ks * a->v->seq_stride;
+    const float *dob = nh == 1 ? row_in(a->dout, b, h0, i0)
+                               : fresh ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don) : w->don;
+    *lddo = nh == 1 ? a->dout->seq_stride : Dv;
+    if (a->nt) {
+        kt->gemm_nt(ncol, nk, Dv, 1.0f, dob, *lddo, vb, a->v->seq_stride, w->dp, 1, ld);
+    } else {
+        if (fresh)
+            kt->transpose(ncol, Dv, dob, *lddo, w->dot, ld);
+        sdpa_gemm_keys(kt, tk, KEYS_M_COLS_N, ncol, Dv, 1.0f, vb, a->v->seq_stride, 1, w->dot, ld, w->dp, ld, 0, 0);
+    }
+    return dob;
+}
+
+static inline int lse_needs_stats(float lse)
+{
+    return isfinite(lse) && fabsf(lse) >= BWD_LSE_EXACT_LIMIT;
+}
+
+/* A pair: its query tile, key range, and the operands both kinds of pass use. */
+typedef struct bwd_tile {
+    int64_t tile, b, hk, h0, i0, j0, j1, ks, ke;
+    int nh, nr, ncol, nk, kind, fresh;
+    tile_keys tk;
+    const float *kb;   /* K rows from ks (NULL when Dk = 0) */
+    const float *qsrc; /* Q rows of the tile: in place for one head, else packed */
+    ptrdiff_t ldq;
+} bwd_tile;
+
+/* The start of pair (query tile `tile`, key tile from j0): the rows' key
+ * intervals and the tile's kind; for a pair that is not skipped, its key runs,
+ * Q rows, and (fresh tile) Q^T, LSE and D. Returns the kind. */
+static int bwd_tile_begin(const plan *pl, bwd_ws *w, const bwd_args *a, bwd_tile *pt)
+{
+    const int64_t tkb = keys_of_batch(pl, pt->b), b = pt->b;
+    const int nh = pt->nh, nr = pt->nr, Dk = (int)pl->Dk;
+    for (int ii = 0; ii < nr; ii++)
+        row_range(pl, tkb, pt->i0 + ii, &w->lo[ii], &w->hi[ii]);
+    pt->hk = pt->h0 / pl->G;
+    pt->ncol = nh * nr;
+    pt->j1 = pl->Tk - pt->j0 > pl->bk ? pt->j0 + pl->bk : pl->Tk;
+    pt->kind = sdpa_classify_tile(pl, b, pt->h0, nh, pt->i0, nr, w->lo, w->hi, pt->j0, pt->j1, &pt->ks, &pt->ke);
+    if (pt->kind == TILE_SKIP)
+        return TILE_SKIP;
+    pt->nk = (int)(pt->ke - pt->ks + 1);
+    sdpa_tile_keys_init(pl, &pt->tk, w->lo, w->hi, pt->kind, nh, nr, pt->ks, pt->ke);
+    pt->kb = Dk > 0 ? a->k->data + b * a->k->batch_stride + pt->hk * a->k->head_stride + pt->ks * a->k->seq_stride
+                    : NULL;
+    pt->fresh = w->packed_tile != pt->tile;
+    pt->qsrc = Dk == 0    ? NULL
+               : nh == 1  ? row_in(a->q, b, pt->h0, pt->i0)
+               : pt->fresh ? pack_rows(a->q, b, pt->h0, nh, pt->i0, nr, Dk, w->qn)
+                          : w->qn;
+    pt->ldq = nh == 1 ? a->q->seq_stride : Dk;
+    for (int g = 0; g < nh && pt->fresh; g++) {
+        if (Dk > 0 && !a->nt)
+            pl->kt->transpose(nr, Dk, row_in(a->q, b, pt->h0 + g, pt->i0), a->q->seq_stride, w->qt + g * nr, pl->ld);
+        const float *lb = row_in(a->lse, b, pt->h0 + g, pt->i0);
+        const int64_t r0 = (b * pl->Hq + pt->h0 + g) * pl->Tq + pt->i0;
+        for (int ii = 0; ii < nr; ii++) {
+            w->lse[g * nr + ii] = lb[ii * a->lse->seq_stride];
+            w->dd[g * nr + ii] = a->D[r0 + ii];
+        }
+    }
+    return pt->kind;
+}
+
+/* S^T = scale K Q^T of the pair, masked, into w->p. */
+static void bwd_tile_scores(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt)
+{
+    const int ld = pl->ld;
+    if (a->nt) { /* few columns: dot products along head_dim, full vectors */
+        pl->kt->gemm_nt(pt->ncol, pt->nk, (int)pl->Dk, pl->scale, pt->qsrc, pt->ldq, pt->kb, a->k->seq_stride, w->p,
+                        1, ld);
+        if (pt->kind == TILE_PARTIAL)
+            sdpa_mask_tile(pl, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, w->lo, w->hi, pt->ks, pt->nk, w->p, ld, 1);
+    } else {
+        sdpa_score_tile(pl, &pt->tk, pt->kind, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, pt->nk, pt->kb,
+                        a->k->seq_stride, w->qt, w->p);
+    }
+}
+
+/* For a fresh tile of a gradient pair: the rows whose |LSE| >= BWD_LSE_EXACT_LIMIT
+ * take the statistics pass's max, log-sum and D (P = exp((s - m) - log l), and
+ * dP - D as (dP - fl(D)) - (D - fl(D))); the others are not shifted. */
+static void bwd_tile_row_stats(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt)
+{
+    w->shift = w->dshift = 0;
+    for (int g = 0; g < pt->nh; g++) {
+        const int64_t r0 = (pt->b * pl->Hq + pt->h0 + g) * pl->Tq + pt->i0;
+        for (int ii = 0; ii < pt->nr; ii++) {
+            const int c = g * pt->nr + ii;
+            w->rm[c] = 0.0f;
+            w->dhi[c] = 0.0f;
+            if (lse_needs_stats(w->lse[c])) {
+                w->lse[c] = a->row_logsum[r0 + ii];
+                w->rm[c] = a->row_max[r0 + ii];
+                w->dhi[c] = a->D[r0 + ii];
+                w->dd[c] = a->row_dlo[r0 + ii];
+            }
+            w->shift |= w->rm[c] != 0.0f;
+            w->dshift |= w->dhi[c] != 0.0f;
+        }
+    }
+}
+
+/* dK, dV rows of the key tile that no allowed pair reaches are 0 (kv_once: the
+ * pair writes its key rows instead of adding to them). */
+static void bwd_zero_unreached_kv(const plan *pl, const bwd_args *a, const bwd_tile *pt)
+{
+    const int64_t z0 = pt->kind == TILE_SKIP ? pt->j1 : pt->ks, z1 = pt->kind == TILE_SKIP ? pt->j1 : pt->ke + 1;
+    for (int64_t j = pt->j0; j < pt->j1; j++)
+        if (j < z0 || j >= z1) {
+            if (pl->Dk > 0)
+                memset(row_out(a->dk, pt->b, pt->hk, j), 0, (size_t)pl->Dk * sizeof(float));
+            memset(row_out(a->dv, pt->b, pt->hk, j), 0, (size_t)pl->Dv * sizeof(float));
+        }
+}
+
+/* P^T from S^T (rows with recomputed statistics shifted by their max first),
+ * dP^T = V dO^T, dV (+)= P^T dO; dP^T shifted by fl(D) where D was recomputed. */
+static void bwd_tile_probs_dv(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt, int kv_flags,
+                              int skip)
+{
+    const int ld = pl->ld, Dv = (int)pl->Dv, ncol = pt->ncol, nk = pt->nk;
+    if (w->shift) /* rows with a recomputed max: s - m (exact near the max), then exp(. - log l) */
+        for (int c = 0; c < ncol; c++)
+            if (w->rm[c] != 0.0f) /* |LSE| >= 256 puts |m| above 200 */
+                for (int jj = 0; jj < nk; jj++)
+                    w->p[(size_t)jj * ld + c] -= w->rm[c];
+    pl->kt->bwd_probs(nk, ncol, w->p, ld, w->lse);
+    if (Dv > 0) {
+        float *dvb = row_out(a->dv, pt->b, pt->hk, pt->ks);
+        ptrdiff_t lddo;
+        const float *dob = bwd_tile_dp(pl, w, a, &pt->tk, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, pt->ks, nk,
+                                       pt->fresh, &lddo);
+        sdpa_gemm_keys(pl->kt, &pt->tk, KEYS_M_COLS_K, ncol, Dv, 1.0f, w->p, ld, 1, dob, lddo, dvb,
+                       a->dv->seq_stride, kv_flags, skip);
+    } else {
+        for (int jj = 0; jj < nk; jj++)
+            memset(w->dp + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
+    }
+    if (w->dshift) /* rows with D = sum P dP: dP - fl(D) first (exact near the top key's dP) */
+        for (int c = 0; c < ncol; c++)
+            if (w->dhi[c] != 0.0f)
+                for (int jj = 0; jj < nk; jj++)
+                    w->dp[(size_t)jj * ld + c] -= w->dhi[c];
+}
+
+/* dS^T = P^T * (dP^T - D); dK (+)= scale dS^T Q; dQ += scale dS K per head. */
+static void bwd_tile_dqdk(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt, int kv_flags, int skip)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int ld = pl->ld, Dk = (int)pl->Dk, nh = pt->nh, nr = pt->nr;
+    kt->bwd_dscores(pt->nk, pt->ncol, w->p, ld, w->dp, ld, w->dd);
+    if (Dk == 0)
+        return;
+    float *dkb = row_out(a->dk, pt->b, pt->hk, pt->ks);
+    sdpa_gemm_keys(kt, &pt->tk, KEYS_M_COLS_K, pt->ncol, Dk, pl->scale, w->dp, ld, 1, pt->qsrc, pt->ldq, dkb,
+                   a->dk->seq_stride, kv_flags, skip);
+    if (nr == 1 && nh > 1) /* one row per head (decode): the heads' dQ rows as one C, head_stride apart */
+        sdpa_gemm_keys(kt, &pt->tk, KEYS_K_COLS_M, nh, Dk, pl->scale, w->dp, 1, ld, pt->kb, a->k->seq_stride,
+                       row_out(a->dq, pt->b, pt->h0, pt->i0), a->dq->head_stride, SDPA_GEMM_ACCUMULATE, skip);
+    else
+        for (int h = 0; h < nh; h++)
+            sdpa_gemm_keys(kt, &pt->tk, KEYS_K_COLS_M, nr, Dk, pl->scale, w->dp + h * nr, 1, ld, pt->kb,
+                           a->k->seq_stride, row_out(a->dq, pt->b, pt->h0 + h, pt->i0), a->dq->seq_stride,
+                           SDPA_GEMM_ACCUMULATE, skip);
+}
+
+/* Query tile r of (batch, kv head) bh, against key tile from j0. */
+static void bwd_tile_at(const plan *pl, const tile_layout *L, int64_t bh, int64_t r, int64_t j0, bwd_tile *pt)
+{
+    pt->tile = (bh * L->ngt + r / L->nrt) * L->nrt + r % L->nrt;
+    int64_t hk;
+    sdpa_tile_coords(pl, L, pt->tile, &pt->b, &hk, &pt->h0, &pt->nh, &pt->i0, &pt->nr);
+    pt->j0 = j0;
+}
+
+void sdpa_bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_layout *L, int64_t bh, int64_t r,
+                   int64_t c)
+{
+    bwd_tile pt;
+    bwd_tile_at(pl, L, bh, r, c * pl->bk, &pt);
+    const int kind = bwd_tile_begin(pl, w, a, &pt);
+    if (a->kv_once)
+        bwd_zero_unreached_kv(pl, a, &pt);
+    if (kind == TILE_SKIP)
+        return;
+    if (pt.fresh)
+        bwd_tile_row_stats(pl, w, a, &pt);
+    const int skip = kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0;
+    /* dV, dK: write once (large ones with non-temporal stores), or add */
+    const int kv_flags = a->kv_once ? (a->kv_stream ? SDPA_GEMM_STREAM_C : 0) : SDPA_GEMM_ACCUMULATE;
+    bwd_tile_scores(pl, w, a, &pt);
+    bwd_tile_probs_dv(pl, w, a, &pt, kv_flags, skip);
+    bwd_tile_dqdk(pl, w, a, &pt, kv_flags, skip);
+    w->packed_tile = pt.tile;
+}
+
+/* One key tile of the statistics pass: the masked S^T, the online-softmax update
+ * of the rows' max and sum (w->rm, w->rl), and sum_j P_j dP_j and sum_j P_j in
+ * float64, rescaled as l is. Nothing is written to the outputs. */
+static void bwd_stats_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_layout *L, int64_t bh,
+                           int64_t r, int64_t c)
+{
+    bwd_tile pt;
+    bwd_tile_at(pl, L, bh, r, c * pl->bk, &pt);
+    if (bwd_tile_begin(pl, w, a, &pt) == TILE_SKIP)
+        return;
+    const int ld = pl->ld, ncol = pt.ncol;
+    bwd_tile_scores(pl, w, a, &pt);
+    pl->kt->online_softmax(pt.nk, ncol, w->p, ld, w->rm, w->rl, w->ralpha);
+    if (pl->Dv > 0) { /* w->p holds exp(s - m) now */
+        ptrdiff_t lddo;
+        bwd_tile_dp(pl, w, a, &pt.tk, pt.b, pt.h0, pt.nh, pt.i0, pt.nr, pt.ks, pt.nk, pt.fresh, &lddo);
+        for (int k = 0; k < ncol; k++) {
+            w->rd[k] *= w->ralpha[k];
+            w->rs[k] *= w->ralpha[k];
+        }
+        for (int jj = 0; jj < pt.nk; jj++) {
+            const float *pr = w->p + (size_t)jj * ld, *dpr = w->dp + (size_t)jj * ld;
+            for (int k = 0; k < ncol; k++) { /* a masked key's dP may be NaN: dropped */
+                const double t = (double)pr[k] * dpr[k];
+                w->rd[k] += sdpa_is_masked_sentinel(pr[k]) ? 0.0 : t;
+                w->rs[k] += pr[k]; /* the sentinel adds -0.0 */
+            }
+        }
+    }
+    w->packed_tile = pt.tile; /* Q^T, dO^T reused by the next key tile */
+}
+
+/* For the rows of row tile r of (batch, kv head) bh whose |LSE| >= BWD_LSE_EXACT_LIMIT:
+ * their max m and sum l recomputed over every key tile, with the backward's own
+ * score tiles (the same bits as its pairs see) and the online softmax, into
+ * a->row_max and a->row_logsum = log(l). The float LSE keeps log(l) only to
+ * ulp(LSE)/2: when every key of a row ties at a huge score (a bias of -FLT_MAX
+ * on a padded row) it keeps nothing of it, and P = exp(s - LSE) would sum to
+ * the number of keys. Nothing to do (and no cost but reading LSE) otherwise. */
+void sdpa_bwd_tile_stats(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_layout *L, int64_t bh,
+                         int64_t r)
+{
+    const int64_t tile = (bh * L->ngt + r / L->nrt) * L->nrt + r % L->nrt;
+    int64_t b, hk, h0, i0;
+    int nh, nr, any = 0;
+    sdpa_tile_coords(pl, L, tile, &b, &hk, &h0, &nh, &i0, &nr);
+    for (int g = 0; g < nh && !any; g++) {
+        const float *lb = row_in(a->lse, b, h0 + g, i0);
+        for (int ii = 0; ii < nr; ii++)
+            any |= lse_needs_stats(lb[ii * a->lse->seq_stride]);
+    }
+    if (!any)
+        return;
+    for (int c = 0; c < nh * nr; c++) {
+        w->rm[c] = -INFINITY;
+        w->rl[c] = 0.0f;
+        w->rd[c] = w->rs[c] = 0.0;
+    }
+    w->packed_tile = -1;
+    for (int64_t c = 0; c < L->nkt; c++)
+        bwd_stats_pair(pl, w, a, L, bh, r, c);
+    for (int g = 0; g < nh; g++) {
+        const float *lb = row_in(a->lse, b, h0 + g, i0);
+        const int64_t r0 = (b * pl->Hq + h0 + g) * pl->Tq + i0;
+        for (int ii = 0; ii < nr; ii++)
+            if (lse_needs_stats(lb[ii * a->lse->seq_stride])) {
+                a->row_max[r0 + ii] = w->rm[g * nr + ii];
+                a->row_logsum[r0 + ii] = logf(w->rl[g * nr + ii]);
+                a->row_dlo[r0 + ii] = 0.0f;
+                if (pl->Dv > 0) { /* D = sum_j P_j dP_j, see above, as fl(D) + the rest */
+                    const double d = w->rd[g * nr + ii] / w->rs[g * nr + ii];
+                    a->D[r0 + ii] = (float)d;
+                    a->row_dlo[r0 + ii] = (float)(d - (double)(float)d);
+                }
+            }
+    }
+    w->packed_tile = -1; /* the pairs pack the tile again, with the statistics */
+}
+

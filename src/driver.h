@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: MIT */
+/* driver.h - what the files of the ISA-neutral driver share (internal; nothing here
+ * is exported): the plan of one call, the tile layout both passes use, the mask
+ * geometry, the products cut by mask runs, and workspace carving.
+ *
+ *   validate.c  descriptor -> plan; tensor views: NULL, strides, overflow, aliasing
+ *   mask.c      mask geometry: allowed key intervals, tile classes, masking a tile,
+ *               key runs and bands (pure functions of the plan; no kernels)
+ *   products.c  the products over a tile's keys, cut by mask runs and bands
+ *   tiling.c    the tile layout (query tiles, GQA heads per tile, split-KV)
+ *   forward.c   sdpa_forward: the streaming forward, decode path, split-KV merge
+ *   backward.c  sdpa_backward: scheduling (per head or in waves), zeroing, D
+ *   backward_tile.c  one (query tile, key tile) pair, and the statistics pass
+ *   parallel.c  the only file that knows OpenMP
+ *   api.c       sdpa_problem_init, sdpa_status_string
+ * Per-ISA micro-kernels sit behind kernels.h; dispatch.c picks them. */
+#ifndef SDPA_DRIVER_H
+#define SDPA_DRIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+
+/* ------------------------------------------------------------------- plan */
+
+/* A validated call: sizes, scale, masks folded into intervals, tile sizes. */
+typedef struct plan {
+    int64_t B, Hq, Hkv, G, Tq, Tk, Dk, Dv; /* G = Hq / Hkv, query heads per kv head */
+    float scale;
+    int bottom_right;
+    int64_t wl, wr; /* -1 = unbounded; causal folded into wr */
+    const int32_t *kv_lengths;
+    sdpa_bool_mask bm;
+    sdpa_bias bias;
+    int elem_mask;  /* boolean mask or bias present */
+    int bq, bk, ld; /* tile sizes; ld = row stride of tile buffers (a multiple of kt->col_align) */
+    int nthreads;
+    const sdpa_kernels *kt;
+} plan;
+
+/* ------------------------------------------------------------- validate.c */
+
+/* One tensor view as validate.c checks it: n[3] rows (batch, head, seq) of len
+ * contiguous elements of elem bytes at the given strides. */
+typedef struct tensor_desc {
+    const void *data;
+    const int64_t *strides; /* batch, head, seq */
+    int64_t n[3];
+    int64_t len;
+    size_t elem;
+    int is_output;
+    int present;
+} tensor_desc;
+
+/* Validates the descriptor and fills the plan (does not look at tensors). */
+sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl);
+/* Checks every tensor (NULL, strides, overflow, self-overlap) and aliasing
+ * between outputs and inputs, other outputs and the mask operands. */
+sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt);
+
+/* ----------------------------------------------------------------- mask.c */
+
+enum { TILE_SKIP = 0, TILE_FULL = 1, TILE_PARTIAL = 2 };
+
+/* This batch's key length. */
+static inline int64_t keys_of_batch(const plan *pl, int64_t b)
+{
+    return pl->kv_lengths ? pl->kv_lengths[b] : pl->Tk;
+}
+
+/* Allowed key interval [lo, hi] of query row i (empty when lo > hi) under the
+ * window (causal folded in), alignment and key length tkb. */
+static inline void row_range(const plan *pl, int64_t tkb, int64_t i, int64_t *lo, int64_t *hi)
+{
+    const int64_t d = pl->bottom_right ? tkb - pl->Tq : 0;
+    int64_t l = 0, h = tkb - 1;
+    if (pl->wl >= 0 && i + d - pl->wl > l)
+        l = i + d - pl->wl;
+    if (pl->wr >= 0 && i + d + pl->wr < h)
+        h = i + d + pl->wr;
+    *lo = l;
+    *hi = h;
+}
+
+/* A tile's columns are the rows [i0, i0+nr) of the query heads [h0, h0+nh)
+ * (column g*nr + ii is head h0+g, row i0+ii); lo/hi are the rows' intervals.
+ * Against keys [j0, j1): the kind of tile (TILE_*) and the trimmed key
+ * interval [*ks, *ke] that any column may see. */
+int sdpa_classify_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, const int64_t *lo,
+                       const int64_t *hi, int64_t j0, int64_t j1, int64_t *ks, int64_t *ke);
+/* Applies every mask to a score tile (keys ks.. x the tile's columns, key k,
+ * column c at S[k*rs_key + c*cs_col]): -inf where disallowed, + bias where
+ * allowed. Disallowed bias entries are never read. */
+void sdpa_mask_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, const int64_t *lo,
+                    const int64_t *hi, int64_t ks, int nk, float *S, ptrdiff_t rs_key, ptrdiff_t cs_col);
+
+/* How the products over a tile's keys [ks, ke] are cut (see mask.c): the key
+ * runs seg[0..1) masked, [1..2) allowed by every row, [2..3) masked; banded:
+ * the masked runs go in bands of kt->band_keys keys, each over the columns its
+ * keys may see. Depends on the shape only. */
+typedef struct tile_keys {
+    int64_t ks;             /* first key of the tile */
+    int64_t seg[4];         /* key runs */
+    int banded;             /* the masked runs go in bands */
+    int nr;                 /* rows of the tile (banded: its columns) */
+    int band_keys, col_align; /* from the kernel table */
+    const int64_t *lo, *hi; /* the rows' allowed key intervals */
+} tile_keys;
+
+void sdpa_tile_keys_init(const plan *pl, tile_keys *tk, const int64_t *lo, const int64_t *hi, int kind, int nh,
+                         int nr, int64_t ks, int64_t ke);
+/* For the keys [jb, je] of a banded tile: c[0..3) the columns some key of the
+ * band may see, rounded out to col_align; [c[1], c[2]) those every key sees,
+ * rounded in (empty: c[1] == c[2] == c[0]). */
+void sdpa_band_cols(const tile_keys *tk, int64_t jb, int64_t je, int c[4]);
+
+/* ------------------------------------------------------------- products.c */
+
+/* Where a tile's keys and columns sit in a product C (+)= alpha A B. */
+enum {
+    KEYS_M_COLS_N, /* S^T = K Q^T, dP^T = V dO^T: keys are C's rows, columns C's columns */
+    KEYS_M_COLS_K, /* dV += P^T dO, dK += dS^T Q: keys are C's rows, columns the inner dimension */
+    KEYS_K_COLS_N, /* O^T += V^T P^T: keys are the inner dimension, columns C's columns */
+    KEYS_K_COLS_M  /* dQ += dS K: keys are the inner dimension, columns C's rows */
+};
+
+void sdpa_gemm_part(const sdpa_kernels *kt, int where, int64_t koff, int nk, int c0, int nc, int other, float alpha,
+                    const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
+                    ptrdiff_t ldc, int flags, const float *c_row_scale);
+void sdpa_gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, int ncols, int other, float alpha,
+                    const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
+                    ptrdiff_t ldc, int flags, int skip_flag);
+void sdpa_score_tile(const plan *pl, const tile_keys *tk, int kind, int64_t b, int64_t h0, int nh, int64_t i0,
+                     int nr, int nk, const float *krows, ptrdiff_t ldk, const float *qt, float *s);
+
+/* --------------------------------------------------------------- tiling.c */
+
+/* How both passes cut the work: a tile holds rows [i0, i0+nr) of up to hpt
+ * query heads of one GQA group (several heads share a tile when Tq is short,
+ * e.g. decode, so that each K/V tile is read once for the whole group), and
+ * when there are few tiles the forward splits the keys into nsplit chunks whose
+ * partial (m, l, O) are merged in a fixed order. Everything here depends on the
+ * shape only, never on the thread count. */
+typedef struct tile_layout {
+    int64_t rows;   /* rows per tile (nr) */
+    int64_t hpt;    /* heads per tile */
+    int64_t nrt;    /* row tiles per head */
+    int64_t ngt;    /* head tiles per kv head */
+    int64_t tiles;  /* B * Hkv * ngt * nrt */
+    int64_t nkt;    /* key tiles over [0, Tk) */
+    int64_t nsplit; /* key chunks per tile (forward) */
+} tile_layout;
+
+tile_layout sdpa_tile_layout(const plan *pl);
+/* Tile t -> (b, kv head, first head of the tile, heads, first row, rows). */
+void sdpa_tile_coords(const plan *pl, const tile_layout *L, int64_t t, int64_t *b, int64_t *hk, int64_t *h0,
+                      int *nh, int64_t *i0, int *nr);
+
+/* Columns of a tile (heads per tile x rows per tile). */
+static inline int64_t tile_cols(const tile_layout *L)
+{
+    return L->rows * L->hpt;
+}
+
+/* ------------------------------------------------------------- workspace */
+
+#define SDPA_ALIGN_BYTES 64
+
+/* n floats rounded up to whole aligned blocks. */
+static inline size_t round_floats(size_t n)
+{
+    const size_t a = SDPA_ALIGN_BYTES / sizeof(float);
+    return (n + a - 1) / a * a;
+}
+
+/* The next n floats of a workspace (rounded up to the alignment); *base moves past them. */
+static inline float *carve(float **base, size_t n)
+{
+    float *p = *base;
+    *base += round_floats(n);
+    return p;
+}
+
+/* The next n int64 of a workspace (as 2n floats). */
+static inline int64_t *carve_i64(float **base, size_t n)
+{
+    return (int64_t *)(void *)carve(base, 2 * n);
+}
+
+/* floats * sizeof(float) bytes aligned to SDPA_ALIGN_BYTES; NULL when the size
+ * overflows or the allocation fails. Free with free(). */
+float *sdpa_alloc_floats(size_t floats);
+
+/* Row i of head h of batch b of a tensor view. Callers never ask for a row of
+ * a tensor without data. */
+static inline const float *row_in(const sdpa_tensor *t, int64_t b, int64_t h, int64_t i)
+{
+    return t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride;
+}
+
+static inline float *row_out(const sdpa_tensor_out *t, int64_t b, int64_t h, int64_t i)
+{
+    return t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride;
+}
+
+/* ------------------------------------------------------------- parallel.c */
+
+/* The threads of a call: the request (0: OpenMP's default), at most 4 per
+ * processor. 1 without OpenMP. A request of 1 never touches the runtime. */
+int sdpa_threads_for_call(int requested);
+
+/* Runs body(ctx, tid, team) on a team of nthreads threads (nthreads <= 1, or no
+ * OpenMP: called directly on the caller's thread, without entering the OpenMP
+ * runtime at all). */
+typedef void (*sdpa_team_fn)(void *ctx, int tid, int team);
+void sdpa_parallel(int nthreads, sdpa_team_fn body, void *ctx);
+
+/* Inside a team body: items [0, n) shared among the team, each fn(arg, item)
+ * once (arg: the calling thread's own context), in increasing order per thread
+ * (dynamic: one item at a time to whichever thread is free; static: contiguous
+ * blocks). Every thread of the team calls it with the same n; a barrier follows
+ * unless nowait. team == 1: a plain loop, no OpenMP. */
+typedef void (*sdpa_item_fn)(void *arg, int64_t item);
+void sdpa_for_dynamic(int team, int64_t n, sdpa_item_fn fn, void *arg, int nowait);
+void sdpa_for_static(int team, int64_t n, sdpa_item_fn fn, void *arg);
+
+#endif /* SDPA_DRIVER_H */

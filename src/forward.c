@@ -1,0 +1,457 @@
+/* SPDX-License-Identifier: MIT */
+/* forward.c - sdpa_forward: FlashAttention-2 (Dao 2023, Alg. 1) per (batch,
+ * query tile), streaming over key tiles:
+ *     Q^T tile  <- transpose(Q rows)                    Dk x BQ
+ *     S^T       <- scale * K_tile Q^T                   BK x BQ   (kernels.gemm)
+ *     mask S^T on tiles that need it (-inf, + bias)     (mask.c)
+ *     m, l, alpha, P^T <- online softmax of S^T         (kernels.online_softmax)
+ *     O         <- alpha O + P V                        (kernels.gemm, O natural)
+ *     O = O / l,  LSE = m + log(l)   (l = 0: O = 0, LSE = -inf)
+ * Scores are kept transposed (keys x queries) so that everything per query is a
+ * vector along the contiguous dimension (see kernels.h). Tiles with few query
+ * columns (decode) use the natural layout instead and go through the keys in
+ * steps of kt->nt_step: S = Q K^T by dot products (gemm_nt), a row-wise softmax,
+ * O = alpha O + P V (gemm_stream), or all three in one call (attend_rows) over a
+ * run of unmasked tiles; these kernels read every K and V row whole, in address
+ * order, which keeps decode at the memory bandwidth (fwd_nt_run). Short Tq packs
+ * several heads of a GQA group into one tile; few tiles split the keys
+ * (split-KV) and merge the partial (m, l, O) in a fixed order (fwd_merge). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "driver.h"
+
+/* Score tile: S^T [block_k][ld], or for few-column tiles S [ncol][nt_step]
+ * (sized generously: max(nt_max_cols, nt_step) x block_k rounded up to
+ * nt_step), or attend_rows's scratch. */
+static size_t fwd_s_floats(const plan *pl)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const size_t step = (size_t)kt->nt_step;
+    const size_t transposed = (size_t)pl->bk * (size_t)pl->ld;
+    const size_t cols = (size_t)kt->nt_max_cols > step ? (size_t)kt->nt_max_cols : step;
+    size_t natural = cols * (((size_t)pl->bk + step - 1) / step * step);
+    if (natural < (size_t)kt->attend_scratch)
+        natural = (size_t)kt->attend_scratch;
+    return transposed > natural ? transposed : natural;
+}
+
+typedef struct fwd_ws {
+    float *qt, *s, *m, *l, *alpha;
+    float *on; /* the output accumulator O, natural layout [ncol][Dv] (row stride Dv) */
+    int64_t *lo, *hi;
+} fwd_ws;
+
+/* Rows of the output accumulator: a tile's columns. */
+static size_t fwd_o_rows(const plan *pl)
+{
+    return (size_t)(pl->ld > pl->kt->nt_max_cols ? pl->ld : pl->kt->nt_max_cols);
+}
+
+static size_t fwd_ws_floats(const plan *pl)
+{
+    const size_t ld = (size_t)pl->ld;
+    /* qt, s, m, l, alpha, and lo/hi as int64 (2 floats each), on */
+    return round_floats(pl->Dk * ld) + round_floats(fwd_s_floats(pl)) + 3 * round_floats(ld) +
+           4 * round_floats(ld) + round_floats(fwd_o_rows(pl) * pl->Dv);
+}
+
+static fwd_ws fwd_ws_carve(const plan *pl, float *base)
+{
+    const size_t ld = (size_t)pl->ld;
+    fwd_ws w;
+    w.qt = carve(&base, pl->Dk * ld);
+    w.s = carve(&base, fwd_s_floats(pl));
+    w.m = carve(&base, ld);
+    w.l = carve(&base, ld);
+    w.alpha = carve(&base, ld);
+    w.lo = carve_i64(&base, ld);
+    w.hi = carve_i64(&base, ld);
+    w.on = base;
+    return w;
+}
+
+/* Partial state of one (tile, split), C = fwd_tile_cols: m[C], l[C], and the
+ * unnormalised O[C][Dv]. Compact, so that a split writes whole cache lines. */
+static size_t fwd_partial_floats(const plan *pl, const tile_layout *L)
+{
+    const size_t cols = (size_t)tile_cols(L);
+    return 2 * round_floats(cols) + round_floats((size_t)pl->Dv * cols);
+}
+
+typedef struct fwd_args {
+    const sdpa_tensor *q, *k, *v;
+    const sdpa_tensor_out *o, *lse;
+    tile_layout L;
+    float *partials; /* nsplit > 1: tiles * nsplit partial states */
+} fwd_args;
+
+/* Writes O = on / l (on: the tile's accumulator [ncol][Dv]) and LSE of a tile;
+ * inv_l[c] = 1 / l[c] (0 where l is 0). */
+static void fwd_store(const plan *pl, const fwd_args *a, const float *on, const float *m, const float *l,
+                      const float *inv_l, int64_t b, int64_t h0, int nh, int64_t i0, int nr)
+{
+    const int Dv = (int)pl->Dv;
+    for (int g = 0; g < nh; g++) {
+        if (Dv > 0) {
+            float *ob = row_out(a->o, b, h0 + g, i0);
+            pl->kt->scale_rows(nr, Dv, on + (size_t)g * nr * Dv, Dv, inv_l + g * nr, ob, a->o->seq_stride);
+            for (int ii = 0; ii < nr; ii++)
+                if (l[g * nr + ii] == 0.0f) /* exact zeros even if NaN crept into the accumulator */
+                    memset(ob + ii * a->o->seq_stride, 0, (size_t)Dv * sizeof(float));
+        }
+        if (a->lse && a->lse->data) {
+            float *lb = row_out(a->lse, b, h0 + g, i0);
+            for (int ii = 0; ii < nr; ii++) {
+                const int c = g * nr + ii;
+                lb[ii * a->lse->seq_stride] = l[c] == 0.0f ? -INFINITY : m[c] + logf(l[c]); /* NaN stays NaN */
+            }
+        }
+    }
+}
+
+/* Asks for rows [j0, j1) of a K or V head (len floats each) to be brought into
+ * the cache ahead of use. Each row is short (head_dim floats), too short for the
+ * hardware stream prefetchers, so without this a pass whose compute per byte is
+ * low (decode: a few queries per key) waits on memory latency. */
+static inline void prefetch_rows(const float *base, ptrdiff_t stride, int64_t j0, int64_t j1, int64_t len)
+{
+    if (!base)
+        return;
+    for (int64_t j = j0; j < j1; j++) {
+        const char *row = (const char *)(base + j * stride);
+        for (int64_t off = 0; off < len * (int64_t)sizeof(float); off += 64)
+            __builtin_prefetch(row + off, 0, 2);
+    }
+}
+
+/* The tile one item of the forward works on. */
+typedef struct fwd_tile {
+    int64_t b, hk, h0, i0;
+    int nh, nr, ncol;
+    const float *kb, *vb; /* the kv head's K and V (NULL when Dk, Dv = 0) */
+    int nt;               /* few columns: natural-layout path (fwd_nt_run) */
+} fwd_tile;
+
+/* Few-column tiles (decode), keys [ks, ke) of one tile's rows: in steps of
+ * nt_step keys, S = scale Q K^T (natural layout [ncol][nt_step], keys past the
+ * step -inf), the row-wise online softmax, then O = O * alpha + P V; in one
+ * kernel call (attend_rows) where the ISA provides it for the shape, else
+ * composed from gemm_nt, online_softmax_rows and gemm_stream. The kernels read
+ * every K and V row whole, in address order, and short steps interleave the two
+ * streams finely: the order the hardware prefetchers follow (docs/perf-notes.md).
+ * partial: the masks apply element by element (and attend_rows is not used). */
+static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int64_t ks, int64_t ke,
+                       int partial)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int Dk = (int)pl->Dk, Dv = (int)pl->Dv, ncol = ft->ncol, step = kt->nt_step;
+    const ptrdiff_t sk = a->k->seq_stride, sv = a->v->seq_stride;
+    const float *kb = ft->kb, *vb = ft->vb;
+    if (!partial && kt->attend_rows && Dk > 0 && Dv > 0 && ke - ks <= INT32_MAX &&
+        kt->attend_rows(ncol, (int)(ke - ks), Dk, Dv, pl->scale, w->qt, Dk, kb + ks * sk, sk, vb + ks * sv, sv,
+                        w->m, w->l, w->on, Dv, w->s))
+        return;
+    for (int64_t j = ks; j < ke; j += step) {
+        const int n = ke - j < step ? (int)(ke - j) : step;
+        if (Dk == 0) /* no features: every score is 0 (K may have no data at all) */
+            for (int c = 0; c < ncol; c++)
+                memset(w->s + (size_t)c * step, 0, (size_t)n * sizeof(float));
+        else
+            kt->gemm_nt(ncol, n, Dk, pl->scale, w->qt, Dk, kb + j * sk, sk, w->s, step, 1);
+        if (n < step)
+            for (int c = 0; c < ncol; c++)
+                for (int jj = n; jj < step; jj++)
+                    w->s[(size_t)c * step + jj] = -INFINITY;
+        if (partial)
+            sdpa_mask_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, j, n, w->s, 1, step);
+        kt->online_softmax_rows(ncol, step, w->s, step, w->m, w->l, w->alpha);
+        if (Dv > 0)
+            kt->gemm_stream(ncol, Dv, n, w->s, step, vb + j * sv, sv, w->on, Dv, partial, w->alpha);
+    }
+}
+
+/* Key tiles [*first, *end) of this split, intersected with the tile's allowed
+ * keys. Split s covers key tiles [s*base + min(s, rem), ...): no s * nkt overflow. */
+static void fwd_key_tiles(const plan *pl, const tile_layout *L, const fwd_ws *w, int nr, int64_t split,
+                          int64_t *first_tile, int64_t *end_tile)
+{
+    const int64_t base = L->nkt / L->nsplit, rem = L->nkt % L->nsplit;
+    int64_t kt_first = split * base + (split < rem ? split : rem);
+    int64_t kt_end = (split + 1) * base + (split + 1 < rem ? split + 1 : rem);
+    const int64_t first = w->lo[0] > 0 ? w->lo[0] : 0, last = w->hi[nr - 1];
+    if (first <= last) {
+        if (kt_first < first / pl->bk)
+            kt_first = first / pl->bk;
+        if (kt_end > last / pl->bk + 1)
+            kt_end = last / pl->bk + 1;
+    } else {
+        kt_end = kt_first; /* every row fully masked */
+    }
+    *first_tile = kt_first;
+    *end_tile = kt_end;
+}
+
+/* The tile's Q once: Q^T [Dk][ld] for the transposed path, or Q rows [ncol][Dk]
+ * for gemm_nt. */
+static void fwd_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft)
+{
+    const int Dk = (int)pl->Dk;
+    for (int g = 0; g < ft->nh; g++) {
+        const float *qrow = row_in(a->q, ft->b, ft->h0 + g, ft->i0);
+        if (!ft->nt)
+            pl->kt->transpose(ft->nr, Dk, qrow, a->q->seq_stride, w->qt + g * ft->nr, pl->ld);
+        else if (Dk > 0)
+            for (int ii = 0; ii < ft->nr; ii++)
+                memcpy(w->qt + (size_t)(g * ft->nr + ii) * Dk, qrow + ii * a->q->seq_stride,
+                       (size_t)Dk * sizeof(float));
+    }
+}
+
+/* First key past the run of full key tiles that starts with the full tile
+ * ktile (keys up to ke): consecutive full tiles form one decode run. *ktile
+ * moves to the run's last tile. */
+static int64_t fwd_full_run_end(const plan *pl, const fwd_ws *w, const fwd_tile *ft, int64_t *ktile,
+                                int64_t kt_end, int64_t ke)
+{
+    int64_t run_end = ke + 1;
+    while (*ktile + 1 < kt_end) {
+        const int64_t n0 = (*ktile + 1) * pl->bk, n1 = pl->Tk - n0 > pl->bk ? n0 + pl->bk : pl->Tk;
+        int64_t ks2, ke2;
+        if (sdpa_classify_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, n0, n1, &ks2, &ke2) !=
+                TILE_FULL ||
+            ks2 != run_end)
+            break;
+        run_end = ke2 + 1;
+        (*ktile)++;
+    }
+    return run_end;
+}
+
+/* One key tile [ks, ke] of the transposed path: S^T, online softmax, O = alpha O
+ * + P V (a full tile in one gemm that rescales O's rows as it adds; a partial
+ * one rescales first, then adds in the cut the mask geometry gives). */
+static void fwd_wide_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int kind, int64_t ks,
+                          int64_t ke)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int ld = pl->ld, Dv = (int)pl->Dv, ncol = ft->ncol, nk = (int)(ke - ks + 1);
+    tile_keys tk;
+    sdpa_tile_keys_init(pl, &tk, w->lo, w->hi, kind, ft->nh, ft->nr, ks, ke);
+    sdpa_score_tile(pl, &tk, kind, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, nk,
+                    ft->kb ? ft->kb + ks * a->k->seq_stride : NULL, a->k->seq_stride, w->qt, w->s);
+    kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
+    if (Dv == 0)
+        return;
+    const float *vrows = ft->vb + ks * a->v->seq_stride;
+    if (kind == TILE_FULL) {
+        sdpa_gemm_part(kt, KEYS_K_COLS_M, 0, nk, 0, ncol, Dv, 1.0f, w->s, 1, ld, vrows, a->v->seq_stride, w->on, Dv,
+                       SDPA_GEMM_ACCUMULATE, w->alpha);
+    } else {
+        kt->scale_rows(ncol, Dv, w->on, Dv, w->alpha, w->on, Dv);
+        sdpa_gemm_keys(kt, &tk, KEYS_K_COLS_M, ncol, Dv, 1.0f, w->s, 1, ld, vrows, a->v->seq_stride, w->on, Dv,
+                       SDPA_GEMM_ACCUMULATE, SDPA_GEMM_SKIP_ZERO_A);
+    }
+}
+
+/* The tile of item t and its starting state: allowed key intervals, m = -inf,
+ * l = 0, O = 0. */
+static void fwd_tile_begin(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, fwd_tile *ft)
+{
+    sdpa_tile_coords(pl, &a->L, t, &ft->b, &ft->hk, &ft->h0, &ft->nh, &ft->i0, &ft->nr);
+    ft->ncol = ft->nh * ft->nr;
+    ft->kb = pl->Dk > 0 ? a->k->data + ft->b * a->k->batch_stride + ft->hk * a->k->head_stride : NULL;
+    ft->vb = pl->Dv > 0 ? a->v->data + ft->b * a->v->batch_stride + ft->hk * a->v->head_stride : NULL;
+    /* Few query columns (decode): dot-product S (gemm_nt) in natural layout, so
+     * that the vector dimension runs along head_dim instead of along a handful
+     * of queries. Chosen by shape only (never by threads). */
+    ft->nt = ft->ncol <= pl->kt->nt_max_cols;
+    const int64_t tkb = keys_of_batch(pl, ft->b);
+    for (int ii = 0; ii < ft->nr; ii++)
+        row_range(pl, tkb, ft->i0 + ii, &w->lo[ii], &w->hi[ii]);
+    for (int c = 0; c < ft->ncol; c++) {
+        w->m[c] = -INFINITY;
+        w->l[c] = 0.0f;
+    }
+    memset(w->on, 0, (size_t)ft->ncol * pl->Dv * sizeof(float));
+}
+
+/* The end of an item: its partial state (split-KV), or O = O / l and LSE (a row
+ * that saw no allowed key, l = 0, is exactly 0). */
+static void fwd_tile_end(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int64_t t,
+                         int64_t split)
+{
+    const tile_layout *L = &a->L;
+    const int ncol = ft->ncol;
+    if (L->nsplit > 1) {
+        const size_t cols = (size_t)tile_cols(L);
+        float *part = a->partials + (size_t)(t * L->nsplit + split) * fwd_partial_floats(pl, L);
+        memcpy(part, w->m, (size_t)ncol * sizeof(float));
+        memcpy(part + round_floats(cols), w->l, (size_t)ncol * sizeof(float));
+        memcpy(part + 2 * round_floats(cols), w->on, (size_t)ncol * pl->Dv * sizeof(float));
+        return;
+    }
+    for (int c = 0; c < ncol; c++)
+        w->alpha[c] = w->l[c] == 0.0f ? 0.0f : 1.0f / w->l[c];
+    fwd_store(pl, a, w->on, w->m, w->l, w->alpha, ft->b, ft->h0, ft->nh, ft->i0, ft->nr);
+}
+
+/* One (tile, split) of the forward: Alg. 1 over the tile's key tiles in the split. */
+static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int64_t split)
+{
+    fwd_tile ft;
+    fwd_tile_begin(pl, w, a, t, &ft);
+    int64_t kt_first, kt_end;
+    fwd_key_tiles(pl, &a->L, w, ft.nr, split, &kt_first, &kt_end);
+    int packed = 0;
+    for (int64_t ktile = kt_first; ktile < kt_end; ktile++) {
+        const int64_t j0 = ktile * pl->bk;
+        const int64_t j1 = pl->Tk - j0 > pl->bk ? j0 + pl->bk : pl->Tk;
+        int64_t ks, ke;
+        const int kind = sdpa_classify_tile(pl, ft.b, ft.h0, ft.nh, ft.i0, ft.nr, w->lo, w->hi, j0, j1, &ks, &ke);
+        if (kind == TILE_SKIP)
+            continue;
+        if (!packed)
+            fwd_pack_q(pl, w, a, &ft);
+        packed = 1;
+        if (ft.nt) {
+            const int64_t run_end = kind == TILE_FULL ? fwd_full_run_end(pl, w, &ft, &ktile, kt_end, ke) : ke + 1;
+            fwd_nt_run(pl, w, a, &ft, ks, run_end, kind == TILE_PARTIAL);
+            continue;
+        }
+        if (ktile + 1 < kt_end) { /* the next key tile, while this one computes */
+            const int64_t n1 = pl->Tk - j1 > pl->bk ? j1 + pl->bk : pl->Tk;
+            prefetch_rows(ft.kb, a->k->seq_stride, j1, n1, pl->Dk);
+            prefetch_rows(ft.vb, a->v->seq_stride, j1, n1, pl->Dv);
+        }
+        fwd_wide_tile(pl, w, a, &ft, kind, ks, ke);
+    }
+    fwd_tile_end(pl, w, a, &ft, t, split);
+}
+
+/* Merges the nsplit partial states of tile t in split order:
+ * M = max m_s, l = sum l_s exp(m_s - M), O = sum O_s exp(m_s - M) / l. */
+static void fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
+{
+    const tile_layout *L = &a->L;
+    const int Dv = (int)pl->Dv;
+    const size_t pf = fwd_partial_floats(pl, L), off_l = round_floats((size_t)tile_cols(L)),
+                 off_o = 2 * off_l;
+    int64_t b, hk, h0, i0;
+    int nh, nr;
+    sdpa_tile_coords(pl, L, t, &b, &hk, &h0, &nh, &i0, &nr);
+    const int ncol = nh * nr;
+    const float *first = a->partials + (size_t)(t * L->nsplit) * pf;
+    for (int c = 0; c < ncol; c++) {
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < L->nsplit; s++)
+            mx = fmaxf(mx, first[s * pf + c]);
+        w->m[c] = mx;
+        w->l[c] = 0.0f;
+    }
+    memset(w->on, 0, (size_t)ncol * Dv * sizeof(float));
+    for (int64_t s = 0; s < L->nsplit; s++) {
+        const float *part = first + s * pf;
+        for (int c = 0; c < ncol; c++) {
+            /* a split that saw nothing (m_s = -inf) has l_s = 0 and O_s = 0 */
+            w->alpha[c] = part[c] == -INFINITY ? 0.0f : expf(part[c] - w->m[c]);
+            w->l[c] += part[off_l + c] * w->alpha[c];
+        }
+        const float *po = part + off_o;
+        for (int c = 0; c < ncol; c++) {
+            float *dst = w->on + (size_t)c * Dv;
+            const float *src = po + (size_t)c * Dv, al = w->alpha[c];
+            for (int d = 0; d < Dv; d++)
+                dst[d] += src[d] * al;
+        }
+    }
+    for (int c = 0; c < ncol; c++)
+        w->alpha[c] = w->l[c] == 0.0f ? 0.0f : 1.0f / w->l[c];
+    fwd_store(pl, a, w->on, w->m, w->l, w->alpha, b, h0, nh, i0, nr);
+}
+
+/* What every thread of the forward's team shares, and one thread's own part. */
+typedef struct fwd_team {
+    const plan *pl;
+    const fwd_args *a;
+    float *ws;  /* nthreads workspaces of `per` floats */
+    size_t per;
+} fwd_team;
+
+typedef struct fwd_thread {
+    const fwd_team *team;
+    fwd_ws w;
+} fwd_thread;
+
+static void fwd_item_of(void *arg, int64_t it)
+{
+    fwd_thread *th = arg;
+    const tile_layout *L = &th->team->a->L;
+    /* Within a head, last row tiles first: under causal masks they are the longest. */
+    const int64_t split = it % L->nsplit, tile = it / L->nsplit;
+    const int64_t t = (tile / L->nrt) * L->nrt + (L->nrt - 1 - tile % L->nrt);
+    fwd_item(th->team->pl, &th->w, th->team->a, t, split);
+}
+
+static void fwd_merge_of(void *arg, int64_t tile)
+{
+    fwd_thread *th = arg;
+    fwd_merge(th->team->pl, &th->w, th->team->a, tile);
+}
+
+static void fwd_team_body(void *ctx, int tid, int team)
+{
+    const fwd_team *tm = ctx;
+    fwd_thread th = {tm, fwd_ws_carve(tm->pl, tm->ws + (size_t)tid * tm->per)};
+    const tile_layout *L = &tm->a->L;
+    sdpa_for_dynamic(team, L->tiles * L->nsplit, fwd_item_of, &th, 0);
+    if (L->nsplit > 1)
+        sdpa_for_dynamic(team, L->tiles, fwd_merge_of, &th, 0);
+}
+
+sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                         const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
+{
+    plan pl;
+    sdpa_status st = sdpa_make_plan(p, &pl);
+    if (st != SDPA_OK)
+        return st;
+    if (!q || !k || !v || !o)
+        return SDPA_ERR_NULL_ARGUMENT;
+    const int64_t sq[3] = {q->batch_stride, q->head_stride, q->seq_stride};
+    const int64_t sk[3] = {k->batch_stride, k->head_stride, k->seq_stride};
+    const int64_t sv[3] = {v->batch_stride, v->head_stride, v->seq_stride};
+    const int64_t so[3] = {o->batch_stride, o->head_stride, o->seq_stride};
+    const int64_t sl[3] = {lse ? lse->batch_stride : 0, lse ? lse->head_stride : 0,
+                           lse ? lse->seq_stride : 0};
+    tensor_desc t[5] = {
+        {q->data, sq, {pl.B, pl.Hq, pl.Tq}, pl.Dk, 4, 0, 1},
+        {k->data, sk, {pl.B, pl.Hkv, pl.Tk}, pl.Dk, 4, 0, 1},
+        {v->data, sv, {pl.B, pl.Hkv, pl.Tk}, pl.Dv, 4, 0, 1},
+        {o->data, so, {pl.B, pl.Hq, pl.Tq}, pl.Dv, 4, 1, 1},
+        {lse ? lse->data : NULL, sl, {pl.B, pl.Hq, pl.Tq}, 1, 4, 1, lse && lse->data},
+    };
+    if ((st = sdpa_check_tensors(&pl, t, 5)) != SDPA_OK)
+        return st;
+
+    if (pl.Dv == 0 && !(lse && lse->data))
+        return SDPA_OK; /* nothing to write */
+    fwd_args a = {q, k, v, o, lse, sdpa_tile_layout(&pl), NULL};
+    const int64_t items = a.L.tiles * a.L.nsplit;
+    if (items == 0)
+        return SDPA_OK;
+    int nthreads = pl.nthreads;
+    if (nthreads > items)
+        nthreads = (int)items;
+    const size_t per = fwd_ws_floats(&pl);
+    const size_t npart = a.L.nsplit > 1 ? (size_t)items * fwd_partial_floats(&pl, &a.L) : 0;
+    float *ws = sdpa_alloc_floats((size_t)nthreads * per + npart);
+    if (!ws)
+        return SDPA_ERR_OUT_OF_MEMORY;
+    a.partials = npart ? ws + (size_t)nthreads * per : NULL;
+    const fwd_team tm = {&pl, &a, ws, per};
+    sdpa_parallel(nthreads, fwd_team_body, (void *)&tm);
+    free(ws);
+    return SDPA_OK;
+}

@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: MIT */
+/* mask.c - mask geometry, pure functions of the plan (no kernels; unit-tested
+ * on their own).
+ *
+ * The window (causal included), kv_lengths and alignment give each query row one
+ * contiguous allowed key interval [lo_i, hi_i] (row_range in driver.h),
+ * nondecreasing in i. Against a key tile, a query tile is skipped (outside every
+ * interval, or every key disallowed by the boolean mask or a -inf bias), full
+ * (inside every interval, no boolean mask or bias: no per-element work) or
+ * partial (masked element by element; its products skip the masked terms, so a
+ * NaN in a masked K/V row or bias entry is never read into a result). The keys
+ * of a tile are cut into runs and, on the causal diagonal, bands, so that the
+ * products leave out the masked triangle (products.c). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "driver.h"
+
+static inline uint8_t mask_at(const plan *pl, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    return pl->bm.data[b * pl->bm.batch_stride + h * pl->bm.head_stride + i * pl->bm.query_stride +
+                       j * pl->bm.key_stride];
+}
+
+static inline float bias_at(const plan *pl, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    return pl->bias.data[b * pl->bias.batch_stride + h * pl->bias.head_stride + i * pl->bias.query_stride +
+                         j * pl->bias.key_stride];
+}
+
+int sdpa_classify_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, const int64_t *lo,
+                       const int64_t *hi, int64_t j0, int64_t j1, int64_t *ks, int64_t *ke)
+{
+    int64_t s = j0 > lo[0] ? j0 : lo[0];
+    int64_t e = j1 - 1 < hi[nr - 1] ? j1 - 1 : hi[nr - 1];
+    if (s > e)
+        return TILE_SKIP;
+    *ks = s;
+    *ke = e;
+    if (!pl->elem_mask)
+        return (lo[nr - 1] <= s && hi[0] >= e) ? TILE_FULL : TILE_PARTIAL;
+    /* A boolean mask or bias may still disallow every key of the tile: look
+     * before computing anything. */
+    for (int g = 0; g < nh; g++)
+        for (int ii = 0; ii < nr; ii++) {
+            const int64_t i = i0 + ii, h = h0 + g;
+            const int64_t a = lo[ii] > s ? lo[ii] : s, z = hi[ii] < e ? hi[ii] : e;
+            for (int64_t j = a; j <= z; j++) {
+                if (pl->bm.data && !mask_at(pl, b, h, i, j))
+                    continue;
+                if (pl->bias.data && bias_at(pl, b, h, i, j) == -INFINITY)
+                    continue;
+                return TILE_PARTIAL;
+            }
+        }
+    return TILE_SKIP;
+}
+
+void sdpa_mask_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, const int64_t *lo,
+                    const int64_t *hi, int64_t ks, int nk, float *S, ptrdiff_t rs_key, ptrdiff_t cs_col)
+{
+    if (!pl->elem_mask) {
+        /* Interval masks only (causal, window, key lengths): since lo and hi are
+         * nondecreasing in the row, the rows that allow key j are one run
+         * [a, z]; both ends only move forward as j grows. Only the masked
+         * entries are touched. */
+        int a = 0, z = -1;
+        for (int jj = 0; jj < nk; jj++) {
+            const int64_t j = ks + jj;
+            while (a < nr && hi[a] < j)
+                a++;
+            while (z + 1 < nr && lo[z + 1] <= j)
+                z++;
+            float *srow = S + (ptrdiff_t)jj * rs_key;
+            for (int g = 0; g < nh; g++) {
+                float *seg = srow + (ptrdiff_t)g * nr * cs_col;
+                const int stop = a < z + 1 ? a : z + 1; /* empty run: mask the whole row */
+                for (int ii = 0; ii < stop; ii++)
+                    seg[ii * cs_col] = -INFINITY;
+                for (int ii = stop > z + 1 ? stop : z + 1; ii < nr; ii++)
+                    seg[ii * cs_col] = -INFINITY;
+            }
+        }
+        return;
+    }
+    for (int jj = 0; jj < nk; jj++) {
+        const int64_t j = ks + jj;
+        float *srow = S + (ptrdiff_t)jj * rs_key;
+        for (int g = 0; g < nh; g++)
+            for (int ii = 0; ii < nr; ii++) {
+                const int64_t i = i0 + ii, h = h0 + g;
+                float *sv = &srow[(ptrdiff_t)(g * nr + ii) * cs_col];
+                int ok = j >= lo[ii] && j <= hi[ii];
+                if (ok && pl->bm.data)
+                    ok = mask_at(pl, b, h, i, j) != 0;
+                if (ok && pl->bias.data) {
+                    /* a -inf bias masks the key: store -inf, never add it (a NaN
+                     * score of a masked NaN key + -inf would stay NaN) */
+                    const float bv = bias_at(pl, b, h, i, j);
+                    if (bv == -INFINITY)
+                        ok = 0;
+                    else
+                        *sv += bv;
+                }
+                if (!ok)
+                    *sv = -INFINITY;
+            }
+    }
+}
+
+/* Splits keys [ks, ke] of a tile into three runs for the products over keys:
+ * seg[0..1) and seg[2..3) may hold masked entries, seg[1..2) is allowed by
+ * every row of the tile. Only interval masks (causal, window, key lengths)
+ * give a run without masked entries in a partial tile ([lo of the last row,
+ * hi of the first]); it takes the plain gemm, which on the diagonal tiles is
+ * cheaper than the one that skips the masked sentinel. A full tile is one
+ * plain run. The split depends on the shape only. */
+static void key_runs(const plan *pl, const int64_t *lo, const int64_t *hi, int kind, int nr, int64_t ks,
+                     int64_t ke, int64_t seg[4])
+{
+    int64_t fs = ks, fe = ke; /* a full tile: one plain run */
+    if (kind == TILE_PARTIAL) {
+        fs = ke + 1; /* no plain run unless the interval masks give one */
+        if (!pl->elem_mask) {
+            fs = lo[nr - 1] > ks ? lo[nr - 1] : ks;
+            fe = hi[0] < ke ? hi[0] : ke;
+        }
+    }
+    if (fs > fe) { /* everything in the first (masked) run */
+        seg[0] = ks;
+        seg[1] = seg[2] = seg[3] = ke + 1;
+        return;
+    }
+    seg[0] = ks;
+    seg[1] = fs;
+    seg[2] = fe + 1;
+    seg[3] = ke + 1;
+}
+
+/* How the products over a tile's keys [ks, ke] are cut. The runs of key_runs;
+ * and in a partial tile of one query head under interval masks only (the
+ * causal diagonal, a sliding window's edges), "banded": the masked runs go in
+ * bands of kt->band_keys keys, and each band works only on the columns (query
+ * rows) that some of its keys may see, with the plain gemm on those that all
+ * of them see and the sentinel-skipping one on the rest. On the causal
+ * diagonal that leaves out most of the masked triangle instead of computing
+ * it (and, for the products that skip masked terms, skipping it). The cut
+ * depends on the shape only. */
+void sdpa_tile_keys_init(const plan *pl, tile_keys *tk, const int64_t *lo, const int64_t *hi, int kind, int nh,
+                         int nr, int64_t ks, int64_t ke)
+{
+    key_runs(pl, lo, hi, kind, nr, ks, ke, tk->seg);
+    tk->ks = ks;
+    tk->banded = kind == TILE_PARTIAL && !pl->elem_mask && nh == 1;
+    tk->nr = nr;
+    tk->band_keys = pl->kt->band_keys;
+    tk->col_align = pl->kt->col_align;
+    tk->lo = lo;
+    tk->hi = hi;
+}
+
+/* For the keys [jb, je] of a banded tile: c[0..3) are the columns that some
+ * key of the band may see, rounded out to col_align (every other column is
+ * masked for every key of the band), and [c[1], c[2]) those that every key
+ * sees, rounded in (empty: c[1] == c[2] == c[0]). Row ii allows key j when
+ * lo[ii] <= j <= hi[ii], and lo, hi never decrease with ii, so the rows that
+ * allow j are one run [a(j), z(j)] whose ends never decrease with j. */
+void sdpa_band_cols(const tile_keys *tk, int64_t jb, int64_t je, int c[4])
+{
+    const int nr = tk->nr, ca = tk->col_align;
+    int a0 = 0, a1, z0, z1 = nr - 1;
+    while (a0 < nr && tk->hi[a0] < jb) /* a(jb) */
+        a0++;
+    for (a1 = a0; a1 < nr && tk->hi[a1] < je;) /* a(je) */
+        a1++;
+    while (z1 >= 0 && tk->lo[z1] > je) /* z(je) */
+        z1--;
+    for (z0 = z1; z0 >= 0 && tk->lo[z0] > jb;) /* z(jb) */
+        z0--;
+    if (a0 > z1) { /* no row sees the band */
+        c[0] = c[1] = c[2] = c[3] = 0;
+        return;
+    }
+    c[0] = a0 / ca * ca;
+    c[3] = (z1 + ca) / ca * ca;
+    if (c[3] > nr)
+        c[3] = nr;
+    c[1] = (a1 + ca - 1) / ca * ca;
+    c[2] = z0 + 1 == nr ? nr : (z0 + 1) / ca * ca;
+    if (a1 > z0 || c[1] >= c[2])
+        c[1] = c[2] = c[0];
+}

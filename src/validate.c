@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: MIT */
+/* validate.c - everything checked before anything is written: the descriptor
+ * (sizes, enums, scale, windows, threads, block sizes, key lengths) becomes a
+ * plan; every tensor view is checked for NULL data, negative strides, extents
+ * that overflow the address space, outputs that overlap themselves, and
+ * outputs that overlap an input, another output or a mask operand (with an
+ * exact test for interleaved views of one buffer). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "driver.h"
+
+/* [lo, hi) byte span of a tensor of n[0..3] rows of len contiguous floats. */
+typedef struct span {
+    uintptr_t lo, hi;
+} span;
+
+static int tensor_span(const void *data, size_t elem, const int64_t n[3], const int64_t s[3],
+                       int64_t len, span *out)
+{
+    out->lo = out->hi = 0;
+    if (n[0] == 0 || n[1] == 0 || n[2] == 0 || len == 0)
+        return 0;
+    int64_t ext = len, t;
+    for (int i = 0; i < 3; i++) {
+        if (__builtin_mul_overflow(n[i] - 1, s[i], &t) || __builtin_add_overflow(ext, t, &ext))
+            return -1;
+    }
+    int64_t bytes;
+    if (__builtin_mul_overflow(ext, (int64_t)elem, &bytes) || bytes > PTRDIFF_MAX)
+        return -1;
+    out->lo = (uintptr_t)data;
+    out->hi = (uintptr_t)data + (uintptr_t)bytes;
+    return 0;
+}
+
+static int spans_overlap(span a, span b)
+{
+    return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
+
+/* The dimensions of more than one row as (stride, count) pairs, sorted by
+ * stride; returns how many. */
+static int dims_by_stride(const int64_t n[3], const int64_t s[3], int64_t dims[3][2])
+{
+    int nd = 0;
+    for (int i = 0; i < 3; i++)
+        if (n[i] > 1) {
+            dims[nd][0] = s[i];
+            dims[nd][1] = n[i];
+            nd++;
+        }
+    for (int i = 1; i < nd; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && dims[j][0] < dims[j - 1][0]; j--) {
+            int64_t t0 = dims[j][0], t1 = dims[j][1];
+            dims[j][0] = dims[j - 1][0];
+            dims[j][1] = dims[j - 1][1];
+            dims[j - 1][0] = t0;
+            dims[j - 1][1] = t1;
+        }
+    return nd;
+}
+
+/* An output must not overlap itself: sorting its nontrivial dimensions by
+ * stride, each stride must step over everything the smaller ones cover. */
+static int output_self_overlaps(const int64_t n[3], const int64_t s[3], int64_t len)
+{
+    int64_t dims[3][2];
+    const int nd = dims_by_stride(n, s, dims);
+    int64_t covered = len; /* elements spanned by the inner dimensions */
+    for (int i = 0; i < nd; i++) {
+        if (dims[i][0] < covered)
+            return 1;
+        covered = dims[i][0] * (dims[i][1] - 1) + covered;
+    }
+    return 0;
+}
+
+static sdpa_status check_tensor(const tensor_desc *t, span *sp)
+{
+    const int64_t *s = t->strides;
+    if (s[0] < 0 || s[1] < 0 || s[2] < 0)
+        return SDPA_ERR_BAD_STRIDE;
+    const int empty = t->n[0] == 0 || t->n[1] == 0 || t->n[2] == 0 || t->len == 0;
+    if (!empty && !t->data)
+        return SDPA_ERR_NULL_ARGUMENT;
+    if (tensor_span(t->data, t->elem, t->n, s, t->len, sp))
+        return SDPA_ERR_SIZE_OVERFLOW;
+    if (t->is_output && !empty && output_self_overlaps(t->n, s, t->len))
+        return SDPA_ERR_BAD_STRIDE;
+    return SDPA_OK;
+}
+
+/* The descriptor's own checks (no tensors, no kernels). */
+static sdpa_status check_descriptor(const sdpa_problem *p)
+{
+    if (!p)
+        return SDPA_ERR_NULL_ARGUMENT;
+    if (p->struct_size != sizeof(sdpa_problem) || p->reserved0 != 0)
+        return SDPA_ERR_BAD_DESCRIPTOR;
+    for (size_t i = 0; i < sizeof p->reserved / sizeof p->reserved[0]; i++)
+        if (p->reserved[i])
+            return SDPA_ERR_BAD_DESCRIPTOR;
+    if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT ||
+        (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT ||
+        (p->use_default_scale != 0 && p->use_default_scale != 1) || (int)p->isa < SDPA_ISA_AUTO ||
+        (int)p->isa >= SDPA_ISA_COUNT)
+        return SDPA_ERR_BAD_DESCRIPTOR;
+    if (p->batch < 0 || p->q_heads < 0 || p->kv_heads < 0 || p->q_len < 0 || p->kv_len < 0 ||
+        p->head_dim_qk < 0 || p->head_dim_v < 0)
+        return SDPA_ERR_NEGATIVE_SIZE;
+    /* Never divide by kv_heads before this check (Hq = Hkv = 0 is legal). */
+    if ((p->kv_heads == 0 && p->q_heads > 0) || (p->kv_heads > 0 && p->q_heads % p->kv_heads))
+        return SDPA_ERR_HEAD_GROUPING;
+    /* With the default scale, .scale must stay 0 as sdpa_problem_init() left it:
+     * a value set there while use_default_scale is still 1 would be ignored. */
+    if (p->use_default_scale ? (p->head_dim_qk == 0 || p->scale != 0.0f) : !isfinite(p->scale))
+        return SDPA_ERR_BAD_SCALE;
+    if (p->window_left < SDPA_WINDOW_UNBOUNDED || p->window_right < SDPA_WINDOW_UNBOUNDED)
+        return SDPA_ERR_BAD_WINDOW;
+    if (p->num_threads < 0)
+        return SDPA_ERR_BAD_THREADS;
+    if (p->block_q < 0 || p->block_q > SDPA_MAX_BLOCK || p->block_k < 0 || p->block_k > SDPA_MAX_BLOCK)
+        return SDPA_ERR_BAD_BLOCK_SIZE;
+    if (p->head_dim_qk > INT32_MAX || p->head_dim_v > INT32_MAX)
+        return SDPA_ERR_SIZE_OVERFLOW;
+    if (p->bool_mask.data && (p->bool_mask.batch_stride < 0 || p->bool_mask.head_stride < 0 ||
+                              p->bool_mask.query_stride < 0 || p->bool_mask.key_stride < 0))
+        return SDPA_ERR_BAD_STRIDE;
+    if (p->bias.data && (p->bias.batch_stride < 0 || p->bias.head_stride < 0 ||
+                         p->bias.query_stride < 0 || p->bias.key_stride < 0))
+        return SDPA_ERR_BAD_STRIDE;
+    if (p->kv_lengths)
+        for (int64_t b = 0; b < p->batch; b++)
+            if (p->kv_lengths[b] < 0 || p->kv_lengths[b] > p->kv_len)
+                return SDPA_ERR_BAD_KV_LENGTH;
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
+{
+    const sdpa_status st = check_descriptor(p);
+    if (st != SDPA_OK)
+        return st;
+    const sdpa_kernels *kt = sdpa_kernels_get(p->isa);
+    if (!kt)
+        return SDPA_ERR_ISA_UNAVAILABLE;
+
+    memset(pl, 0, sizeof *pl);
+    pl->B = p->batch;
+    pl->Hq = p->q_heads;
+    pl->Hkv = p->kv_heads;
+    pl->G = p->kv_heads ? p->q_heads / p->kv_heads : 0;
+    pl->Tq = p->q_len;
+    pl->Tk = p->kv_len;
+    pl->Dk = p->head_dim_qk;
+    pl->Dv = p->head_dim_v;
+    pl->scale = p->use_default_scale ? (float)(1.0 / sqrt((double)p->head_dim_qk)) : p->scale;
+    pl->bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
+                       (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT);
+    pl->wl = p->window_left;
+    pl->wr = p->window_right;
+    /* |i + d| <= Tq + Tk, so a wider window limits nothing: treat it as
+     * unbounded (this also keeps i + d +- window from overflowing). */
+    if (pl->wl > pl->Tq && pl->wl - pl->Tq > pl->Tk)
+        pl->wl = SDPA_WINDOW_UNBOUNDED;
+    if (pl->wr > pl->Tq && pl->wr - pl->Tq > pl->Tk)
+        pl->wr = SDPA_WINDOW_UNBOUNDED;
+    if (p->causal != SDPA_CAUSAL_NONE)
+        pl->wr = (pl->wr == SDPA_WINDOW_UNBOUNDED || pl->wr > 0) ? 0 : pl->wr;
+    pl->kv_lengths = p->kv_lengths;
+    pl->bm = p->bool_mask;
+    pl->bias = p->bias;
+    pl->elem_mask = p->bool_mask.data != NULL || p->bias.data != NULL;
+    pl->kt = kt;
+    pl->bq = p->block_q ? p->block_q : kt->block_q;
+    pl->bk = p->block_k ? p->block_k : kt->block_k;
+    pl->ld = (pl->bq + kt->col_align - 1) / kt->col_align * kt->col_align;
+    pl->nthreads = sdpa_threads_for_call(p->num_threads);
+    return SDPA_OK;
+}
+
+/* Mask operands as tensor descriptors, for overflow and aliasing checks. */
+static sdpa_status mask_spans(const plan *pl, span sp[3])
+{
+    memset(sp, 0, 3 * sizeof(span));
+    if (pl->kv_lengths && pl->B > 0) {
+        sp[0].lo = (uintptr_t)pl->kv_lengths;
+        sp[0].hi = sp[0].lo + (uintptr_t)pl->B * sizeof(int32_t);
+    }
+    const int64_t n4[4] = {pl->B, pl->Hq, pl->Tq, pl->Tk};
+    for (int which = 0; which < 2; which++) {
+        const void *data = which ? (const void *)pl->bias.data : (const void *)pl->bm.data;
+        if (!data)
+            continue;
+        const int64_t s4[4] = {
+            which ? pl->bias.batch_stride : pl->bm.batch_stride,
+            which ? pl->bias.head_stride : pl->bm.head_stride,
+            which ? pl->bias.query_stride : pl->bm.query_stride,
+            which ? pl->bias.key_stride : pl->bm.key_stride};
+        if (n4[0] == 0 || n4[1] == 0 || n4[2] == 0 || n4[3] == 0)
+            continue;
+        int64_t ext = 1, t;
+        for (int i = 0; i < 4; i++)
+            if (__builtin_mul_overflow(n4[i] - 1, s4[i], &t) || __builtin_add_overflow(ext, t, &ext))
+                return SDPA_ERR_SIZE_OVERFLOW;
+        const size_t elem = which ? sizeof(float) : 1;
+        if (ext > PTRDIFF_MAX / (int64_t)elem)
+            return SDPA_ERR_SIZE_OVERFLOW;
+        sp[1 + which].lo = (uintptr_t)data;
+        sp[1 + which].hi = (uintptr_t)data + (uintptr_t)ext * elem;
+    }
+    return SDPA_OK;
+}
+
+/* 1 if delta (elements) = sum_k d_k s_k + e with |d_k| <= n_k - 1 over the
+ * dimensions [0, k] (sorted by stride, each stride stepping over everything the
+ * smaller ones cover) and |e| < len: i.e. two rows of the layout, one shifted
+ * by delta, share an element. Only d_k in {floor, floor + 1} of delta / s_k can
+ * leave a remainder the smaller dimensions can reach, so this visits at most
+ * 2^3 paths. */
+static int layout_reaches(int64_t delta, const int64_t (*dims)[2], int k, int64_t len)
+{
+    if (k < 0)
+        return delta > -len && delta < len;
+    const int64_t st = dims[k][0], n = dims[k][1];
+    int64_t q = delta / st;
+    if (delta % st != 0 && delta < 0)
+        q--; /* floor */
+    for (int64_t d = q; d <= q + 1; d++)
+        if (d >= -(n - 1) && d <= n - 1 && layout_reaches(delta - d * st, dims, k - 1, len))
+            return 1;
+    return 0;
+}
+
+/* Exact test for two views with the same sizes, strides and row length whose
+ * byte spans overlap, e.g. dQ, dK, dV interleaved in one packed [B,T,3,H,D]
+ * buffer: 1 if they share no element. Views of different layouts are not
+ * analysed (0: treated as overlapping). */
+static int interleaved_disjoint(const tensor_desc *x, const tensor_desc *y)
+{
+    if (!x->present || !y->present || x->elem != y->elem || x->len != y->len)
+        return 0;
+    for (int i = 0; i < 3; i++)
+        if (x->n[i] != y->n[i] || (x->n[i] > 1 && x->strides[i] != y->strides[i]))
+            return 0;
+    const intptr_t bytes = (intptr_t)((const char *)y->data - (const char *)x->data);
+    if (bytes % (intptr_t)x->elem)
+        return 0; /* misaligned relative offset: not analysed */
+    int64_t dims[3][2];
+    const int nd = dims_by_stride(x->n, x->strides, dims);
+    for (int i = 0; i < nd; i++)
+        if (dims[i][0] <= 0)
+            return 0;
+    return !layout_reaches((int64_t)(bytes / (intptr_t)x->elem), (const int64_t(*)[2])dims, nd - 1, x->len);
+}
+
+sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt)
+{
+    span sp[16];
+    sdpa_status st;
+    for (int i = 0; i < nt; i++) {
+        if (!t[i].present) {
+            sp[i].lo = sp[i].hi = 0;
+            continue;
+        }
+        if ((st = check_tensor(&t[i], &sp[i])) != SDPA_OK)
+            return st;
+    }
+    span ms[3];
+    if ((st = mask_spans(pl, ms)) != SDPA_OK)
+        return st;
+    for (int i = 0; i < nt; i++) {
+        if (!t[i].is_output)
+            continue;
+        for (int j = 0; j < nt; j++)
+            if (j != i && spans_overlap(sp[i], sp[j]) && !interleaved_disjoint(&t[i], &t[j]))
+                return SDPA_ERR_ALIASING;
+        for (int j = 0; j < 3; j++)
+            if (spans_overlap(sp[i], ms[j]))
+                return SDPA_ERR_ALIASING;
+    }
+    return SDPA_OK;
+}
