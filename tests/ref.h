@@ -1,11 +1,29 @@
 /* SPDX-License-Identifier: MIT */
-/* tests/ref.h - independent float64 reference (and a naive fp32 one) for the tests.
+/* tests/ref.h - the float64 reference of every test (and the naive fp32 yardstick).
  *
- * Plain loops over the full score matrix, written from the math contract
- * (design.md section 1), sharing no code with the library: the kernel is never
- * its own oracle. Inputs are contiguous [B, H, T, D] float arrays; the problem
- * descriptor is only read for sizes, scale and the mask description (its mask
- * strides are honoured). */
+ * One implementation (tests/ref_tmpl.h), written from the math contract
+ * (README, design.md section 1) with plain loops over the full score row of
+ * every query (two passes: max, then exp and sum), sharing no code with the
+ * library: the kernel is never its own oracle. Instantiated twice: in float64
+ * (ref_*: the reference) and in fp32 (naive32_*: what a straightforward float
+ * implementation gets, the yardstick of the FlashAttention tolerance rule).
+ *
+ * Semantics, identical in both: a key is allowed when every mask of the problem
+ * allows it (kv_lengths, causal and window on the aligned diagonal, computed
+ * without overflow for any int64 window, the boolean mask, and a bias that is not
+ * -inf: a finite bias, -FLT_MAX included, never masks); GQA maps query head h to
+ * kv head h / (Hq / Hkv); masked keys and bias entries are never read. A row with
+ * no allowed key: O = 0, LSE = -inf, and no gradient. IEEE propagation otherwise:
+ * a NaN score or a max of +-inf makes the whole row (O, LSE, its gradients) NaN,
+ * and a NaN/Inf in an allowed K/V/dO element reaches the outputs even when its
+ * probability underflows to 0. Backward: P = the row's softmax, dP_j = dO.V_j,
+ * D = sum_j P_j dP_j, dS = P (dP - D), dQ += scale dS K, dK += scale dS^T Q,
+ * dV += P^T dO (GQA heads sum into dK, dV).
+ *
+ * The problem descriptor is only read (sizes, scale, masks with their strides).
+ * Inputs come as tensor views (any strides) or as contiguous [B, H, T, D] arrays;
+ * outputs are contiguous: o [B,Hq,Tq,Dv], lse [B,Hq,Tq], dq [B,Hq,Tq,Dk],
+ * dk [B,Hkv,Tk,Dk], dv [B,Hkv,Tk,Dv]. */
 #ifndef SDPA_TEST_REF_H
 #define SDPA_TEST_REF_H
 
@@ -16,23 +34,37 @@
 /* 1 if key j is allowed for query i of (b, h) under every mask of p (bias -inf
  * counts as disallowed). */
 int ref_allowed(const sdpa_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
+/* The same without the bias (kv_lengths, causal, window, boolean mask). */
+int ref_allowed_nobias(const sdpa_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
+/* The bias entry of (b, h, i, j) in double (0 without a bias). */
+double ref_bias(const sdpa_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
 
 /* The scale the problem asks for (default 1/sqrt(Dk) in double). */
 double ref_scale(const sdpa_problem *p);
 
-/* Forward in float64: o [B,Hq,Tq,Dv], lse [B,Hq,Tq] (may be NULL). Fully masked
- * rows: o = 0, lse = -inf. */
+/* The float64 score scale * Q_i . K_j + bias of (b, h, i, j) (check ref_allowed first). */
+double ref_score(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k, int64_t b,
+                 int64_t h, int64_t i, int64_t j);
+
+/* Forward of one row in float64: o[Dv], *lse. */
+void ref_forward_row(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                     const sdpa_tensor *v, int64_t b, int64_t h, int64_t i, double *o, double *lse);
+
+/* Forward / backward in float64 from tensor views (lse may be NULL). */
+void ref_forward_views(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                       const sdpa_tensor *v, double *o, double *lse);
+void ref_backward_views(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                        const sdpa_tensor *v, const sdpa_tensor *dout, double *dq, double *dk,
+                        double *dv);
+
+/* The same from contiguous [B, H, T, D] arrays (lse may be NULL). */
 void ref_forward(const sdpa_problem *p, const float *q, const float *k, const float *v, double *o,
                  double *lse);
-
-/* Backward in float64 (recomputes everything from q, k, v, dout):
- * dq [B,Hq,Tq,Dk], dk [B,Hkv,Tk,Dk], dv [B,Hkv,Tk,Dv]. */
 void ref_backward(const sdpa_problem *p, const float *q, const float *k, const float *v,
                   const float *dout, double *dq, double *dk, double *dv);
 
-/* The same computations done the naive way in fp32 (materialised S, softmax with
- * max subtraction, float accumulation in natural order): the yardstick of the
- * FlashAttention tolerance rule. Outputs float. */
+/* The same computations in fp32 (float scores, expf/logf, float accumulation in
+ * natural order): the yardstick of the FlashAttention tolerance rule. */
 void naive32_forward(const sdpa_problem *p, const float *q, const float *k, const float *v, float *o,
                      float *lse);
 void naive32_backward(const sdpa_problem *p, const float *q, const float *k, const float *v,

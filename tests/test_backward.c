@@ -26,19 +26,7 @@
 
 /* ------------------------------------------------------------------ helpers */
 
-static double *dalloc(size_t n)
-{
-    double *p = calloc(n ? n : 1, sizeof(double));
-    cr_assert_not_null(p);
-    return p;
-}
 
-static float *falloc(size_t n)
-{
-    float *p = calloc(n ? n : 1, sizeof(float));
-    cr_assert_not_null(p);
-    return p;
-}
 
 /* Mask kinds of the generated problems. */
 enum {
@@ -225,10 +213,10 @@ static inputs make_inputs(const sdpa_problem *p, const layouts *L, util_rng *r, 
     in.nv = util_numel(&L->v);
     in.no = util_numel(&L->dout);
     in.nl = (size_t)(p->batch * p->q_heads * p->q_len);
-    in.q = falloc(in.nq);
-    in.k = falloc(in.nk);
-    in.v = falloc(in.nv);
-    in.dout = falloc(in.no);
+    in.q = util_falloc(in.nq);
+    in.k = util_falloc(in.nk);
+    in.v = util_falloc(in.nv);
+    in.dout = util_falloc(in.no);
     float *arr[4] = {in.q, in.k, in.v, in.dout};
     const size_t n[4] = {in.nq, in.nk, in.nv, in.no};
     for (int t = 0; t < 4; t++) {
@@ -320,11 +308,11 @@ static int run_fb(const sdpa_problem *p, const layouts *L, const inputs *in, res
         cr_expect(intact, "%s: write outside the view (guard zone or gap)", w);
         ok &= intact;
     }
-    res->o = falloc(util_numel(&L->o));
-    res->lse = falloc(in->nl);
-    res->dq = falloc(util_numel(&L->dq));
-    res->dk = falloc(util_numel(&L->dk));
-    res->dv = falloc(util_numel(&L->dv));
+    res->o = util_falloc(util_numel(&L->o));
+    res->lse = util_falloc(in->nl);
+    res->dq = util_falloc(util_numel(&L->dq));
+    res->dk = util_falloc(util_numel(&L->dk));
+    res->dv = util_falloc(util_numel(&L->dv));
     util_unpack(&L->o, res->o, go);
     util_unpack(&L->lse, res->lse, gl);
     util_unpack(&L->dq, res->dq, gdq);
@@ -345,16 +333,16 @@ typedef struct refs {
 static refs make_refs(const sdpa_problem *p, const inputs *in)
 {
     refs R;
-    R.o = dalloc(in->no);
-    R.lse = dalloc(in->nl);
-    R.dq = dalloc(in->nq);
-    R.dk = dalloc(in->nk);
-    R.dv = dalloc(in->nv);
-    R.no = falloc(in->no);
-    R.nlse = falloc(in->nl);
-    R.ndq = falloc(in->nq);
-    R.ndk = falloc(in->nk);
-    R.ndv = falloc(in->nv);
+    R.o = util_dalloc(in->no);
+    R.lse = util_dalloc(in->nl);
+    R.dq = util_dalloc(in->nq);
+    R.dk = util_dalloc(in->nk);
+    R.dv = util_dalloc(in->nv);
+    R.no = util_falloc(in->no);
+    R.nlse = util_falloc(in->nl);
+    R.ndq = util_falloc(in->nq);
+    R.ndk = util_falloc(in->nk);
+    R.ndv = util_falloc(in->nv);
     ref_forward(p, in->q, in->k, in->v, R.o, R.lse);
     ref_backward(p, in->q, in->k, in->v, in->dout, R.dq, R.dk, R.dv);
     naive32_forward(p, in->q, in->k, in->v, R.no, R.nlse);
@@ -414,7 +402,7 @@ static double fd_loss(const sdpa_problem *p, const float *q, const float *k, con
 static void fd_grad(const sdpa_problem *p, inputs *in, float *x, size_t n, double *g)
 {
     const float h = 0x1p-10f;
-    double *obuf = dalloc(in->no);
+    double *obuf = util_dalloc(in->no);
     for (size_t i = 0; i < n; i++) {
         const float x0 = x[i];
         double d[2];
@@ -504,14 +492,14 @@ static void run_fd_case(const fd_case *c, uint64_t seed)
     p.block_k = c->bk;
     const layouts L = make_layouts(&p, L_CONTIG);
     inputs in = make_inputs(&p, &L, &r, 1);
-    double *gq = dalloc(in.nq), *gk = dalloc(in.nk), *gv = dalloc(in.nv);
+    double *gq = util_dalloc(in.nq), *gk = util_dalloc(in.nk), *gv = util_dalloc(in.nv);
     fd_grad(&p, &in, in.q, in.nq, gq);
     fd_grad(&p, &in, in.k, in.nk, gk);
     fd_grad(&p, &in, in.v, in.nv, gv);
 
     /* The reference backward against the numeric gradient: with O(h^4)
      * differences in float64 this can be tight. */
-    double *rq = dalloc(in.nq), *rk = dalloc(in.nk), *rv = dalloc(in.nv);
+    double *rq = util_dalloc(in.nq), *rk = util_dalloc(in.nk), *rv = util_dalloc(in.nv);
     ref_backward(&p, in.q, in.k, in.v, in.dout, rq, rk, rv);
     char w[160];
     snprintf(w, sizeof w, "%s: ref dQ", c->name);
@@ -783,10 +771,6 @@ Test(backward, shape_sweep, .timeout = 600)
 
 /* ------------------------------------------------------------ determinism -- */
 
-static int same_bits(const float *a, const float *b, size_t n)
-{
-    return n == 0 || memcmp(a, b, n * sizeof(float)) == 0;
-}
 
 /* Runs the forward and backward of p (its ISA and tiles as set) with each of
  * nt thread counts; every output must have the bits of the first count's run,
@@ -808,11 +792,11 @@ static void check_thread_counts(sdpa_problem p, const layouts *L, const inputs *
             first = res;
             continue;
         }
-        cr_expect(same_bits(res.o, first.o, in->no), "%s: O differs from %d threads", w, threads[0]);
-        cr_expect(same_bits(res.lse, first.lse, in->nl), "%s: LSE differs from %d threads", w, threads[0]);
-        cr_expect(same_bits(res.dq, first.dq, in->nq), "%s: dQ differs from %d threads", w, threads[0]);
-        cr_expect(same_bits(res.dk, first.dk, in->nk), "%s: dK differs from %d threads", w, threads[0]);
-        cr_expect(same_bits(res.dv, first.dv, in->nv), "%s: dV differs from %d threads", w, threads[0]);
+        cr_expect(util_same_bits(res.o, first.o, in->no), "%s: O differs from %d threads", w, threads[0]);
+        cr_expect(util_same_bits(res.lse, first.lse, in->nl), "%s: LSE differs from %d threads", w, threads[0]);
+        cr_expect(util_same_bits(res.dq, first.dq, in->nq), "%s: dQ differs from %d threads", w, threads[0]);
+        cr_expect(util_same_bits(res.dk, first.dk, in->nk), "%s: dK differs from %d threads", w, threads[0]);
+        cr_expect(util_same_bits(res.dv, first.dv, in->nv), "%s: dV differs from %d threads", w, threads[0]);
         results_free(&res);
     }
     results_free(&first);
@@ -874,257 +858,6 @@ Test(backward, key_tile_passes_bitwise_and_accurate, .timeout = 600)
     }
 }
 
-/* The FlashAttention rule: the largest error against float64 is at most 3x
- * that of a naive fp32 computation of the same gradient, plus 1e-6 of the
- * largest |value|. */
-static void expect_flash_rule(sdpa_isa isa, const char *what, int threads, const char *name, const float *got,
-                              const float *naive, const double *ref, size_t n)
-{
-    double mx = 0.0, err = 0.0, nerr = 0.0;
-    for (size_t e = 0; e < n; e++)
-        mx = fmax(mx, fabs(ref[e]));
-    for (size_t e = 0; e < n; e++) {
-        err = fmax(err, fabs((double)got[e] - ref[e]));
-        nerr = fmax(nerr, fabs((double)naive[e] - ref[e]));
-    }
-    cr_expect(err <= 3.0 * nerr + 1e-6 * mx,
-              "[%s] %s, %d thread(s): %s max error %.3g, naive fp32 %.3g (largest |value| %.3g)",
-              sdpa_isa_name(isa), what, threads, name, err, nerr, mx);
-}
-
-/* Forward then backward of p (its ISA and threads as set) on contiguous
- * [1, H, T, D] arrays (B = 1, Dk = Dv), and the FlashAttention rule on dQ, dK,
- * dV against the float64 gradients r* and the naive fp32 ones n*. */
-static void contig_fb_rule(const sdpa_problem *p, const float *q, const float *k, const float *v, const float *dO,
-                           float *o, float *l, float *dq, float *dk, float *dv, const float *nq32, const float *nk32,
-                           const float *nv32, const double *rdq, const double *rdk, const double *rdv,
-                           const char *what)
-{
-    const int64_t Hq = p->q_heads, Hkv = p->kv_heads, Tq = p->q_len, Tk = p->kv_len, D = p->head_dim_qk;
-    const size_t nq = (size_t)(Hq * Tq * D), nk = (size_t)(Hkv * Tk * D);
-    const sdpa_tensor tq = util_cview(q, Hq, Tq, D), tk = util_cview(k, Hkv, Tk, D), tv = util_cview(v, Hkv, Tk, D),
-                      tdo = util_cview(dO, Hq, Tq, D), oi = util_cview(o, Hq, Tq, D), li = util_lse_view(l, Hq, Tq);
-    const sdpa_tensor_out to = util_cview_out(o, Hq, Tq, D), tl = util_lse_view_out(l, Hq, Tq),
-                          odq = util_cview_out(dq, Hq, Tq, D), odk = util_cview_out(dk, Hkv, Tk, D),
-                          odv = util_cview_out(dv, Hkv, Tk, D);
-    cr_assert_eq(sdpa_forward(p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
-    cr_assert_eq(sdpa_backward(p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
-    expect_flash_rule(p->isa, what, p->num_threads, "dQ", dq, nq32, rdq, nq);
-    expect_flash_rule(p->isa, what, p->num_threads, "dK", dk, nk32, rdk, nk);
-    expect_flash_rule(p->isa, what, p->num_threads, "dV", dv, nv32, rdv, nk);
-}
-
-/* Rows whose |LSE| is large: the float LSE keeps log(l) only to ulp(LSE)/2, so
- * the backward recomputes those rows' max and sum (sdpa.c, bwd_tile_stats).
- * Rows 0-3: every key has a bias of -3.4e38 (the finfo.min padding of other
- * libraries: LSE rounds to the max and used as it is, P would sum to Tk);
- * 4-7: -1e30 on every key; 8-11: biases spread over [0, 2000] (LSE ~ 2000);
- * the other rows: no bias. Against float64, with the FlashAttention rule
- * (at most 3x the error of a naive fp32 backward, plus 1e-6 of the largest
- * value), on every ISA, per-head path (1 thread) and waves (2 threads). */
-Test(backward, rows_with_huge_lse_recompute_their_statistics, .timeout = 300)
-{
-    enum { TQ = 24, TK = 150, D = 16, H = 2 };
-    const size_t nq = (size_t)H * TQ * D, nk = (size_t)H * TK * D, nl = (size_t)H * TQ;
-    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float)),
-          *dO = malloc(nq * sizeof(float)), *bias = malloc((size_t)TQ * TK * sizeof(float)),
-          *o = malloc(nq * sizeof(float)), *l = malloc(nl * sizeof(float)), *dq = malloc(nq * sizeof(float)),
-          *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float)), *nq32 = malloc(nq * sizeof(float)),
-          *nk32 = malloc(nk * sizeof(float)), *nv32 = malloc(nk * sizeof(float));
-    double *rdq = malloc(nq * sizeof(double)), *rdk = malloc(nk * sizeof(double)), *rdv = malloc(nk * sizeof(double));
-    util_rng r;
-    util_rng_init(&r, util_seed("backward/rows_with_huge_lse", 0x1e5));
-    util_fill_normal(&r, q, nq, 1.0f);
-    util_fill_normal(&r, k, nk, 1.0f);
-    util_fill_normal(&r, v, nk, 1.0f);
-    util_fill_normal(&r, dO, nq, 1.0f);
-    for (int i = 0; i < TQ; i++)
-        for (int j = 0; j < TK; j++) {
-            float b = 0.0f;
-            if (i < 4)
-                b = -3.4e38f;
-            else if (i < 8)
-                b = -1e30f;
-            else if (i < 12)
-                b = (float)(2000.0 * util_rng_double(&r));
-            bias[i * TK + j] = b;
-        }
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int ni = util_isas(isas);
-    for (int variant = 0; variant < 2; variant++) {
-        sdpa_problem p = util_problem(1, H, H, TQ, TK, D, D);
-        p.bias = (sdpa_bias){bias, 0, 0, TK, 1};
-        p.causal = variant ? SDPA_CAUSAL_BOTTOM_RIGHT : SDPA_CAUSAL_NONE;
-        p.block_k = 32;
-        ref_backward(&p, q, k, v, dO, rdq, rdk, rdv);
-        naive32_backward(&p, q, k, v, dO, nq32, nk32, nv32);
-        for (int ii = 0; ii < ni; ii++)
-            for (int threads = 1; threads <= 2; threads++) {
-                p.isa = isas[ii];
-                p.num_threads = threads;
-                contig_fb_rule(&p, q, k, v, dO, o, l, dq, dk, dv, nq32, nk32, nv32, rdq, rdk, rdv,
-                               variant ? "causal" : "no mask");
-            }
-    }
-    free(q), free(k), free(v), free(dO), free(bias), free(o), free(l), free(dq), free(dk), free(dv);
-    free(nq32), free(nk32), free(nv32), free(rdq), free(rdk), free(rdv);
-}
-
-/* Peaked rows at huge logits: when a row's top key has P = 1 - eps, the true
- * dS of that key is P (dP - D) = sum over the other keys of P_i (dP_top - dP_i),
- * a few ulps of D. D = rowsum(dO * O) cannot give it: O rounds v_top + eps v to
- * v_top plus a few ulps, and dP_top - D came out as rounding noise (when every
- * row is that peaked: dQ off by 25% of its largest value at logits ~3e4, 5-10x
- * a naive fp32 backward at ~1e3). The rows with |LSE| >= 256 take
- * D = sum_j P_j dP_j from the backward's own P and dP instead (sdpa.c,
- * bwd_tile_stats). Every row here: scores ~20000, the runner-up 8..16 below
- * the top key (P = e^-8 .. e^-16), a third key 0..4 below that, the rest at
- * least 40 below. Integer Q, K and bias make every score exact in fp32
- * whatever the summation order, so the rule below does not depend on how each
- * ISA rounds Q K^T. head_dim and lengths off the vector widths, GQA, no mask
- * and causal, 1 and 2 threads, every ISA, against float64 with the
- * FlashAttention rule. */
-Test(backward, peaked_rows_at_huge_logits_get_an_exact_row_sum, .timeout = 300)
-{
-    enum { TQ = 37, TK = 203, D = 67, HQ = 2, HKV = 1 };
-    const size_t nq = (size_t)HQ * TQ * D, nk = (size_t)HKV * TK * D, nb = (size_t)HQ * TQ * TK;
-    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float)),
-          *dO = malloc(nq * sizeof(float)), *bias = malloc(nb * sizeof(float)), *o = malloc(nq * sizeof(float)),
-          *l = malloc((size_t)HQ * TQ * sizeof(float)), *dq = malloc(nq * sizeof(float)),
-          *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float)), *nq32 = malloc(nq * sizeof(float)),
-          *nk32 = malloc(nk * sizeof(float)), *nv32 = malloc(nk * sizeof(float));
-    double *rdq = malloc(nq * sizeof(double)), *rdk = malloc(nk * sizeof(double)), *rdv = malloc(nk * sizeof(double));
-    util_rng r;
-    util_rng_init(&r, util_seed("backward/peaked_rows_at_huge_logits", 0x9ea4));
-    for (size_t e = 0; e < nq; e++)
-        q[e] = (float)util_rng_int(&r, -3, 3);
-    for (size_t e = 0; e < nk; e++)
-        k[e] = (float)util_rng_int(&r, -3, 3);
-    util_fill_normal(&r, v, nk, 1.0f);
-    util_fill_normal(&r, dO, nq, 1.0f);
-    /* bias = target score - Q K^T, all integers below 2^24: exact */
-    for (int h = 0; h < HQ; h++)
-        for (int i = 0; i < TQ; i++) {
-            const int64_t top = util_rng_int(&r, 0, TK - TQ - 1), gap = util_rng_int(&r, 12, 20);
-            const int64_t second = (top + 1 + util_rng_int(&r, 0, TK - TQ - 2)) % (TK - TQ);
-            int64_t third = util_rng_int(&r, 0, TK - TQ - 1);
-            if (third == top || third == second)
-                third = (third + 1) % (TK - TQ) == top || (third + 1) % (TK - TQ) == second ? (third + 2) % (TK - TQ)
-                                                                                          : (third + 1) % (TK - TQ);
-            for (int j = 0; j < TK; j++) {
-                int64_t target = 20000 - 40 - util_rng_int(&r, 0, 100), dot = 0;
-                if (j == top)
-                    target = 20000;
-                else if (j == second)
-                    target = 20000 - gap;
-                else if (j == third)
-                    target = 20000 - gap - util_rng_int(&r, 0, 4);
-                for (int c = 0; c < D; c++)
-                    dot += (int64_t)q[((size_t)h * TQ + i) * D + c] * (int64_t)k[(size_t)j * D + c];
-                bias[((size_t)h * TQ + i) * TK + j] = (float)(target - dot);
-            }
-        }
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int ni = util_isas(isas);
-    for (int variant = 0; variant < 2; variant++) {
-        sdpa_problem p = util_problem(1, HQ, HKV, TQ, TK, D, D);
-        p.use_default_scale = 0;
-        p.scale = 1.0f;
-        p.bias = (sdpa_bias){bias, 0, (int64_t)TQ * TK, TK, 1};
-        p.causal = variant ? SDPA_CAUSAL_BOTTOM_RIGHT : SDPA_CAUSAL_NONE; /* the three keys stay visible */
-        ref_backward(&p, q, k, v, dO, rdq, rdk, rdv);
-        naive32_backward(&p, q, k, v, dO, nq32, nk32, nv32);
-        for (int ii = 0; ii < ni; ii++)
-            for (int threads = 1; threads <= 2; threads++) {
-                p.isa = isas[ii];
-                p.num_threads = threads;
-                const char *what = variant ? "causal" : "no mask";
-                contig_fb_rule(&p, q, k, v, dO, o, l, dq, dk, dv, nq32, nk32, nv32, rdq, rdk, rdv, what);
-                /* the scores are exact, so with an exact row sum only the exp's and the
-                 * products' roundings are left (measured: under 1e-6; a float D gave
-                 * 2.6e-2, a naive fp32 backward 7e-3 and 1.5e-2) */
-                for (int x = 0; x < 2; x++) {
-                    const float *got = x ? dk : dq;
-                    const double *ref = x ? rdk : rdq;
-                    const size_t n = x ? nk : nq;
-                    double mx = 0.0, err = 0.0;
-                    for (size_t e = 0; e < n; e++) {
-                        mx = fmax(mx, fabs(ref[e]));
-                        err = fmax(err, fabs((double)got[e] - ref[e]));
-                    }
-                    cr_expect(err <= 1e-5 * mx, "[%s] %s, %d thread(s): %s max error %.3g of largest |value| %.3g",
-                              sdpa_isa_name(isas[ii]), what, threads, x ? "dK" : "dQ", err, mx);
-                }
-            }
-    }
-    free(q), free(k), free(v), free(dO), free(bias), free(o), free(l), free(dq), free(dk), free(dv);
-    free(nq32), free(nk32), free(nv32), free(rdq), free(rdk), free(rdv);
-}
-
-/* Decode backward with large gradients: one query tile per kv head writes each
- * dK/dV row once, and when dK + dV reach 16 MiB (sdpa.c, BWD_STREAM_KV_BYTES)
- * the x86 ISAs store them with non-temporal stores, where the rows are aligned
- * for them. The same problem with dK and dV one float off that alignment
- * (plain stores) must give the same bits, and both must pass the FlashAttention
- * rule against float64: no key padding and key padding (the rows past a
- * batch's length are zeroed, not stored by the gemm), 1 thread (whole heads)
- * and 2 (waves), every ISA. */
-Test(backward, decode_with_streamed_gradients_bitwise_and_accurate, .timeout = 600)
-{
-    enum { HQ = 4, HKV = 2, TK = 8200, D = 128 }; /* dK + dV: 2 x 2 x 8200 x 128 x 4 bytes = 16.8 MB */
-    const size_t nq = (size_t)HQ * D, nk = (size_t)HKV * TK * D;
-    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float)),
-          *dO = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *l = malloc(HQ * sizeof(float)),
-          *dq = malloc(nq * sizeof(float)), *nq32 = malloc(nq * sizeof(float)), *nk32 = malloc(nk * sizeof(float)),
-          *nv32 = malloc(nk * sizeof(float));
-    /* dK, dV 64-byte aligned (x[0]), and one float past that (x[1]) */
-    float *grad[2][2], *base[2];
-    for (int x = 0; x < 2; x++)
-        base[x] = aligned_alloc(64, (2 * nk + 64) * sizeof(float)); /* nk is a multiple of 16 */
-    grad[0][0] = base[0];
-    grad[0][1] = base[0] + nk + 16;
-    grad[1][0] = base[1] + 1;
-    grad[1][1] = base[1] + nk + 17;
-    double *rdq = malloc(nq * sizeof(double)), *rdk = malloc(nk * sizeof(double)), *rdv = malloc(nk * sizeof(double));
-    util_rng r;
-    util_rng_init(&r, util_seed("backward/decode_with_streamed_gradients", 0x57e));
-    util_fill_uniform(&r, q, nq, -1.0f, 1.0f);
-    util_fill_uniform(&r, k, nk, -1.0f, 1.0f);
-    util_fill_uniform(&r, v, nk, -1.0f, 1.0f);
-    util_fill_uniform(&r, dO, nq, -1.0f, 1.0f);
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int ni = util_isas(isas);
-    const int32_t kv_len[1] = {7001};
-    for (int variant = 0; variant < 2; variant++) {
-        sdpa_problem p = util_problem(1, HQ, HKV, 1, TK, D, D);
-        p.kv_lengths = variant ? kv_len : NULL;
-        ref_backward(&p, q, k, v, dO, rdq, rdk, rdv);
-        naive32_backward(&p, q, k, v, dO, nq32, nk32, nv32);
-        for (int ii = 0; ii < ni; ii++)
-            for (int threads = 1; threads <= 2; threads++) {
-                p.isa = isas[ii];
-                p.num_threads = threads;
-                const char *what = variant ? "key padding" : "no mask";
-                /* aligned dK, dV (streamed on x86), then one float off (plain stores) */
-                contig_fb_rule(&p, q, k, v, dO, o, l, dq, grad[0][0], grad[0][1], nq32, nk32, nv32, rdq, rdk, rdv,
-                               what);
-                const sdpa_tensor tq = util_cview(q, HQ, 1, D), tk = util_cview(k, HKV, TK, D),
-                                  tv = util_cview(v, HKV, TK, D), tdo = util_cview(dO, HQ, 1, D),
-                                  oi = util_cview(o, HQ, 1, D), li = util_lse_view(l, HQ, 1);
-                const sdpa_tensor_out odq = util_cview_out(dq, HQ, 1, D), odk = util_cview_out(grad[1][0], HKV, TK, D),
-                                      odv = util_cview_out(grad[1][1], HKV, TK, D);
-                cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK);
-                cr_expect(same_bits(grad[0][0], grad[1][0], nk) && same_bits(grad[0][1], grad[1][1], nk),
-                          "[%s] %s, %d thread(s): dK, dV differ between aligned and unaligned buffers",
-                          sdpa_isa_name(isas[ii]), what, threads);
-            }
-    }
-    free(q), free(k), free(v), free(dO), free(o), free(l), free(dq), free(nq32), free(nk32), free(nv32);
-    free(base[0]), free(base[1]), free(rdq), free(rdk), free(rdv);
-}
-
-/* ---------------------------------------------------------- masked rows -- */
-
 /* Fully masked rows (LSE = -inf) contribute exactly 0: their dQ rows are +-0,
  * and dK, dV are bitwise what they are when those rows' dO is 0 or NaN. */
 Test(backward, fully_masked_rows_contribute_zero)
@@ -1176,7 +909,7 @@ Test(backward, fully_masked_rows_contribute_zero)
             }
             /* Same problem, dO of the empty rows zeroed, then NaN. */
             for (int pass = 0; pass < 2; pass++) {
-                float *saved = falloc(in.no);
+                float *saved = util_falloc(in.no);
                 memcpy(saved, in.dout, in.no * sizeof(float));
                 for (size_t row = 0; row < in.nl; row++)
                     if (empty[row])
@@ -1339,7 +1072,7 @@ Test(backward, dv_zero)
             p.isa = isas[ii];
             const layouts L = make_layouts(&p, L_BTHD);
             inputs in = make_inputs(&p, &L, &r, 0);
-            double *rl = dalloc(in.nl), *ro = dalloc(1);
+            double *rl = util_dalloc(in.nl), *ro = util_dalloc(1);
             ref_forward(&p, in.q, in.k, in.v, ro, rl);
             char w[96];
             snprintf(w, sizeof w, "Dv = 0, %s [%s]", mask_name[masks_to_try[mi]], sdpa_isa_name(isas[ii]));

@@ -3,8 +3,8 @@
  *
  * Each test writes .npy inputs from C into a fresh mkdtemp() directory, runs the
  * binary at SDPA_CLI_PATH with posix_spawn, and checks its exit status, its
- * stderr and the .npy files it wrote against a small float64 reference defined
- * here (independent of the library and of tools/npy.c). The library itself is
+ * stderr and the .npy files it wrote against the float64 reference of tests/ref.c
+ * (independent of the library and of tools/npy.c). The library itself is
  * never called from this file, so no OpenMP runs in Criterion's processes. */
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -18,6 +18,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "ref.h"
 
 #ifndef SDPA_CLI_PATH
 #error "SDPA_CLI_PATH must name the built sdpa binary"
@@ -285,110 +287,42 @@ typedef struct refp {
     long bs[4];
 } refp;
 
-static double ref_scale(const refp *p)
+/* The refp as the problem descriptor of the shared float64 reference (tests/ref.c).
+ * Only its fields are read: the library is not called. */
+static sdpa_problem ref_problem(const refp *p)
 {
-    return p->scale != 0 ? p->scale : 1.0 / sqrt((double)p->Dk);
+    sdpa_problem d;
+    memset(&d, 0, sizeof d);
+    d.batch = p->B;
+    d.q_heads = p->Hq;
+    d.kv_heads = p->Hkv;
+    d.q_len = p->Tq;
+    d.kv_len = p->Tk;
+    d.head_dim_qk = p->Dk;
+    d.head_dim_v = p->Dv;
+    d.use_default_scale = p->scale == 0;
+    d.scale = (float)p->scale;
+    d.causal = p->causal == 1 ? SDPA_CAUSAL_TOP_LEFT : p->causal == 2 ? SDPA_CAUSAL_BOTTOM_RIGHT : SDPA_CAUSAL_NONE;
+    d.window_alignment = p->align_br ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+    d.window_left = p->wl >= 0 ? p->wl : SDPA_WINDOW_UNBOUNDED;
+    d.window_right = p->wr >= 0 ? p->wr : SDPA_WINDOW_UNBOUNDED;
+    d.kv_lengths = p->kvlen;
+    d.bool_mask = (sdpa_bool_mask){p->mask, p->ms[0], p->ms[1], p->ms[2], p->ms[3]};
+    d.bias = (sdpa_bias){p->bias, p->bs[0], p->bs[1], p->bs[2], p->bs[3]};
+    return d;
 }
 
-/* Score of (b, h, i, j), or -inf if masked. */
-static double ref_score(const refp *p, const float *q, const float *k, int b, int h, int i, int j)
+static void refp_forward(const refp *p, const float *q, const float *k, const float *v, double *o, double *lse)
 {
-    const int tkb = p->kvlen ? p->kvlen[b] : p->Tk;
-    const int br = p->causal == 2 || (p->causal == 0 && p->align_br);
-    const long d = br ? tkb - p->Tq : 0;
-    const int hk = h / (p->Hq / p->Hkv);
-    double s = 0, bias = 0;
-    if (j >= tkb)
-        return -INFINITY;
-    if (p->causal && j > i + d)
-        return -INFINITY;
-    if (p->wl >= 0 && j < i + d - p->wl)
-        return -INFINITY;
-    if (p->wr >= 0 && j > i + d + p->wr)
-        return -INFINITY;
-    if (p->mask && !p->mask[b * p->ms[0] + h * p->ms[1] + i * p->ms[2] + j * p->ms[3]])
-        return -INFINITY;
-    if (p->bias) {
-        bias = p->bias[b * p->bs[0] + h * p->bs[1] + i * p->bs[2] + j * p->bs[3]];
-        if (bias == -INFINITY)
-            return -INFINITY;
-    }
-    for (int c = 0; c < p->Dk; c++)
-        s += (double)q[(((size_t)b * p->Hq + h) * p->Tq + i) * p->Dk + c] *
-             k[(((size_t)b * p->Hkv + hk) * p->Tk + j) * p->Dk + c];
-    return s * ref_scale(p) + bias;
+    const sdpa_problem d = ref_problem(p);
+    ref_forward(&d, q, k, v, o, lse);
 }
 
-/* Softmax row P[0..Tk) of (b, h, i); returns lse. */
-static double ref_probs(const refp *p, const float *q, const float *k, int b, int h, int i, double *prob)
+static void refp_backward(const refp *p, const float *q, const float *k, const float *v, const float *dout,
+                          double *dq, double *dk, double *dv)
 {
-    double m = -INFINITY, l = 0;
-    for (int j = 0; j < p->Tk; j++) {
-        prob[j] = ref_score(p, q, k, b, h, i, j);
-        if (prob[j] > m)
-            m = prob[j];
-    }
-    for (int j = 0; j < p->Tk; j++) {
-        prob[j] = prob[j] == -INFINITY ? 0 : exp(prob[j] - m);
-        l += prob[j];
-    }
-    for (int j = 0; j < p->Tk; j++)
-        prob[j] = l > 0 ? prob[j] / l : 0;
-    return l > 0 ? m + log(l) : -INFINITY;
-}
-
-static void ref_forward(const refp *p, const float *q, const float *k, const float *v, double *o, double *lse)
-{
-    double *prob = malloc(((size_t)p->Tk + 1) * sizeof(double));
-    for (int b = 0; b < p->B; b++)
-        for (int h = 0; h < p->Hq; h++)
-            for (int i = 0; i < p->Tq; i++) {
-                const size_t row = ((size_t)b * p->Hq + h) * p->Tq + i;
-                const int hk = h / (p->Hq / p->Hkv);
-                lse[row] = ref_probs(p, q, k, b, h, i, prob);
-                for (int c = 0; c < p->Dv; c++) {
-                    double acc = 0;
-                    for (int j = 0; j < p->Tk; j++)
-                        acc += prob[j] * v[(((size_t)b * p->Hkv + hk) * p->Tk + j) * p->Dv + c];
-                    o[row * p->Dv + c] = acc;
-                }
-            }
-    free(prob);
-}
-
-static void ref_backward(const refp *p, const float *q, const float *k, const float *v, const float *dout,
-                         double *dq, double *dk, double *dv)
-{
-    const double sc = ref_scale(p);
-    double *prob = malloc(((size_t)p->Tk + 1) * sizeof(double)), *dp = malloc(((size_t)p->Tk + 1) * sizeof(double));
-    memset(dq, 0, (size_t)p->B * p->Hq * p->Tq * p->Dk * sizeof(double));
-    memset(dk, 0, (size_t)p->B * p->Hkv * p->Tk * p->Dk * sizeof(double));
-    memset(dv, 0, (size_t)p->B * p->Hkv * p->Tk * p->Dv * sizeof(double));
-    for (int b = 0; b < p->B; b++)
-        for (int h = 0; h < p->Hq; h++)
-            for (int i = 0; i < p->Tq; i++) {
-                const size_t row = ((size_t)b * p->Hq + h) * p->Tq + i;
-                const size_t kv0 = ((size_t)b * p->Hkv + h / (p->Hq / p->Hkv)) * p->Tk;
-                double D = 0;
-                ref_probs(p, q, k, b, h, i, prob);
-                for (int j = 0; j < p->Tk; j++) {
-                    dp[j] = 0;
-                    for (int c = 0; c < p->Dv; c++)
-                        dp[j] += (double)dout[row * p->Dv + c] * v[(kv0 + j) * p->Dv + c];
-                    D += prob[j] * dp[j];
-                }
-                for (int j = 0; j < p->Tk; j++) {
-                    const double ds = prob[j] * (dp[j] - D);
-                    for (int c = 0; c < p->Dv; c++)
-                        dv[(kv0 + j) * p->Dv + c] += prob[j] * dout[row * p->Dv + c];
-                    for (int c = 0; c < p->Dk; c++) {
-                        dq[row * p->Dk + c] += sc * ds * k[(kv0 + j) * p->Dk + c];
-                        dk[(kv0 + j) * p->Dk + c] += sc * ds * q[row * p->Dk + c];
-                    }
-                }
-            }
-    free(prob);
-    free(dp);
+    const sdpa_problem d = ref_problem(p);
+    ref_backward(&d, q, k, v, dout, dq, dk, dv);
 }
 
 /* ------------------------------------------------------------ data and comparisons */
@@ -488,7 +422,7 @@ static void check_forward(const fixture *f, const char *const *extra)
 
     const size_t rows = (size_t)p->B * p->Hq * p->Tq;
     double *o = malloc(rows * p->Dv * sizeof(double) + 1), *lse = malloc(rows * sizeof(double) + 1);
-    ref_forward(p, f->q, f->k, f->v, o, lse);
+    refp_forward(p, f->q, f->k, f->v, o, lse);
     float *go = read_f32(P("O.npy"), &nd, shape);
     shape_rank(f->rank, p->B, p->Hq, p->Tq, p->Dv, want);
     expect_shape(nd, shape, f->rank, want);
@@ -601,7 +535,7 @@ Test(cli, worked_example_forward)
     cr_assert_eq(r->status, 0, "%s", r->err);
     refp p = {1, 1, 1, 3, 3, 2, 2, 0, 0, 0, -1, -1, NULL, NULL, {0}, NULL, {0}};
     double o[6], lse[3];
-    ref_forward(&p, Q, K, V, o, lse);
+    refp_forward(&p, Q, K, V, o, lse);
     /* float64: O = [[6.1546, 3.8454], [3.8454, 6.1546], [5, 5]] */
     cr_assert(fabs(o[0] - 6.1546057) < 1e-6 && fabs(o[1] - 3.8453943) < 1e-6 && o[4] == 5.0);
     float *got = read_f32(P("O.npy"), &nd, shape);
@@ -899,7 +833,7 @@ static void check_backward(const fixture *f, int give_o_lse, const char *const *
 
     double *dq = malloc(nq * p->Dk * sizeof(double) + 1), *dk = malloc(nk * p->Dk * sizeof(double) + 1),
            *dv = malloc(nk * p->Dv * sizeof(double) + 1);
-    ref_backward(p, f->q, f->k, f->v, dout, dq, dk, dv);
+    refp_backward(p, f->q, f->k, f->v, dout, dq, dk, dv);
     float *g = read_f32(P("dQ.npy"), &nd, shape);
     shape_rank(f->rank, p->B, p->Hq, p->Tq, p->Dk, s);
     expect_shape(nd, shape, f->rank, s);

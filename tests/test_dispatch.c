@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* tests/test_dispatch.c - the ISA dispatcher: detection against an independent
  * probe, sdpa_force_isa, ISA names, and the SDPA_ISA environment cap (tested in
- * child processes, since the library reads it once at load).
+ * child processes, since the library reads it once at load), and
+ * sdpa_force_isa racing with computing calls.
  *
  * Criterion forks every test from a parent in which the library constructor has
  * already run, so the environment a test sees at run time is the one the
@@ -11,13 +12,18 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+
+#include "util.h"
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -437,3 +443,98 @@ Test(dispatch, env_var_in_fresh_process)
     }
 }
 #endif
+
+/* Outputs written concurrently with sdpa_force_isa() flipping the default ISA:
+ * every AUTO call must equal, bit for bit, the result of one supported ISA. */
+typedef struct race_ctx {
+    const sdpa_tensor *q, *k, *v;
+    const float *want[SDPA_ISA_COUNT];
+    int nisa;
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    atomic_int stop;
+    atomic_int bad;
+    atomic_int calls;
+} race_ctx;
+
+enum { RACE_T = 70, RACE_D = 24 };
+
+static void *race_compute(void *arg)
+{
+    race_ctx *c = arg;
+    float *o = malloc(RACE_T * RACE_D * sizeof(float));
+    while (!atomic_load(&c->stop)) {
+        sdpa_problem p = util_problem(1, 1, 1, RACE_T, RACE_T, RACE_D, RACE_D);
+        p.causal = SDPA_CAUSAL_TOP_LEFT;
+        p.num_threads = 1;
+        const sdpa_tensor_out to = util_cview_out(o, 1, RACE_T, RACE_D);
+        if (sdpa_forward(&p, c->q, c->k, c->v, &to, NULL) != SDPA_OK) {
+            atomic_fetch_add(&c->bad, 1);
+            continue;
+        }
+        int match = 0;
+        for (int i = 0; i < c->nisa; i++)
+            match |= util_same_bits(o, c->want[i], RACE_T * RACE_D);
+        if (!match)
+            atomic_fetch_add(&c->bad, 1);
+        atomic_fetch_add(&c->calls, 1);
+    }
+    free(o);
+    return NULL;
+}
+
+static void *race_force(void *arg)
+{
+    race_ctx *c = arg;
+    unsigned i = 0;
+    while (!atomic_load(&c->stop)) {
+        if (sdpa_force_isa(c->isas[i++ % (unsigned)c->nisa]) != SDPA_OK)
+            atomic_fetch_add(&c->bad, 1);
+        (void)sdpa_force_isa(SDPA_ISA_NEON + 1); /* refused, changes nothing */
+    }
+    return NULL;
+}
+
+Test(dispatch, force_isa_races_with_computation, .timeout = 60)
+{
+    race_ctx c;
+    memset(&c, 0, sizeof c);
+    c.nisa = util_isas(c.isas);
+    util_rng r;
+    util_rng_seed(&r, "adversarial.race", 5);
+    float *q = malloc(RACE_T * RACE_D * sizeof(float)), *k = malloc(RACE_T * RACE_D * sizeof(float)),
+          *v = malloc(RACE_T * RACE_D * sizeof(float));
+    util_fill_normal(&r, q, RACE_T * RACE_D, 1.0f);
+    util_fill_normal(&r, k, RACE_T * RACE_D, 1.0f);
+    util_fill_normal(&r, v, RACE_T * RACE_D, 1.0f);
+    const sdpa_tensor tq = util_cview(q, 1, RACE_T, RACE_D), tk = util_cview(k, 1, RACE_T, RACE_D),
+                      tv = util_cview(v, 1, RACE_T, RACE_D);
+    c.q = &tq;
+    c.k = &tk;
+    c.v = &tv;
+    for (int i = 0; i < c.nisa; i++) {
+        float *o = malloc(RACE_T * RACE_D * sizeof(float));
+        sdpa_problem p = util_problem(1, 1, 1, RACE_T, RACE_T, RACE_D, RACE_D);
+        p.causal = SDPA_CAUSAL_TOP_LEFT;
+        p.num_threads = 1;
+        p.isa = c.isas[i];
+        const sdpa_tensor_out to = util_cview_out(o, 1, RACE_T, RACE_D);
+        cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, NULL), SDPA_OK);
+        c.want[i] = o;
+    }
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, i < 2 ? race_compute : race_force, &c);
+    struct timespec ts = {0, 400 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    atomic_store(&c.stop, 1);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    cr_expect_eq(sdpa_force_isa(SDPA_ISA_AUTO), SDPA_OK);
+    cr_expect_eq(atomic_load(&c.bad), 0, "%d bad results / refused forces", atomic_load(&c.bad));
+    cr_expect_gt(atomic_load(&c.calls), 0);
+    for (int i = 0; i < c.nisa; i++)
+        free((void *)c.want[i]);
+    free(q);
+    free(k);
+    free(v);
+}

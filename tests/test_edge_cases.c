@@ -4,9 +4,11 @@
  * Criterion wrapper over tests/ec_cases.c (the same checks also run in the
  * plain-C conformance program). One Criterion test per group; every failed check
  * is a failed expectation whose message names the sub-case, the variant and the
- * ISA. */
+ * ISA. After them, key lengths near INT64_MAX (overflow of the tile counts). */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -115,4 +117,57 @@ Test(edge_cases, all_cases_covered)
 Test(edge_cases, ec05_thread_count_bitwise)
 {
     run_group("threads");
+}
+
+/* REGRESSION (a bug found by the adversarial review, now fixed): Tk near INT64_MAX is legal with
+ * broadcast K/V (seq_stride 0) and a small allowed range (kv_lengths, causal,
+ * or a window), but src/sdpa.c fwd_make_layout computes
+ * L.nkt = (Tk + bk - 1) / bk, which overflows: the forward then sees no key
+ * tile and returns O = 0, LSE = -inf for rows that have allowed keys. */
+Test(edge_cases, bug_kv_len_int64_max_with_broadcast_keys)
+{
+    const float q[1] = {1.0f}, k[1] = {2.0f}, v[1] = {3.0f};
+    int32_t kvl[1] = {3};
+    for (int mode = 0; mode < 3; mode++) {
+        sdpa_problem p = util_problem(1, 1, 1, 2, INT64_MAX, 1, 1);
+        p.use_default_scale = 0;
+        p.scale = 1.0f;
+        p.isa = SDPA_ISA_SCALAR;
+        if (mode == 0)
+            p.kv_lengths = kvl; /* 3 keys: LSE = 2 + log 3 */
+        else if (mode == 1)
+            p.causal = SDPA_CAUSAL_TOP_LEFT; /* row i: i + 1 keys */
+        else
+            p.window_left = p.window_right = 0; /* one key per row */
+        float o[2] = {-7, -7}, l[2] = {-7, -7};
+        const sdpa_tensor tq = {q, 0, 0, 0}, tk = {k, 0, 0, 0}, tv = {v, 0, 0, 0};
+        const sdpa_tensor_out to = {o, 2, 2, 1}, tl = {l, 2, 2, 1};
+        cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+        const double want1 = mode == 0 ? 2.0 + log(3.0) : mode == 1 ? 2.0 + log(2.0) : 2.0;
+        cr_expect(o[0] == 3.0f && o[1] == 3.0f && fabs(l[1] - want1) < 1e-5,
+                  "mode %d: O = (%g, %g), LSE[1] = %g, want O = 3, LSE[1] = %g", mode, (double)o[0], (double)o[1],
+                  (double)l[1], want1);
+    }
+}
+
+/* REGRESSION (a bug found by the adversarial review, now fixed): with a huge but legal Tk (2^60, broadcast
+ * K/V) and block_k = 1, src/sdpa.c fwd_item's `split * L->nkt / L->nsplit`
+ * (and `(split + 1) * L->nkt`) overflows int64: splits then cover the same key
+ * tiles several times and LSE counts keys twice or more (UBSan: signed integer
+ * overflow at the kt_first / kt_end lines). */
+Test(edge_cases, bug_huge_kv_len_small_block_k_split_overflow)
+{
+    const float q[1] = {1.0f}, k[1] = {2.0f}, v[1] = {3.0f};
+    sdpa_problem p = util_problem(1, 1, 1, 2, (int64_t)1 << 60, 1, 1);
+    p.use_default_scale = 0;
+    p.scale = 1.0f;
+    p.isa = SDPA_ISA_SCALAR;
+    p.block_k = 1;
+    p.causal = SDPA_CAUSAL_TOP_LEFT;
+    float o[2] = {-7, -7}, l[2] = {-7, -7};
+    const sdpa_tensor tq = {q, 0, 0, 0}, tk = {k, 0, 0, 0}, tv = {v, 0, 0, 0};
+    const sdpa_tensor_out to = {o, 2, 2, 1}, tl = {l, 2, 2, 1};
+    cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+    cr_expect(fabs(l[0] - 2.0) < 1e-5 && fabs(l[1] - (2.0 + log(2.0))) < 1e-5,
+              "LSE = (%.7g, %.7g), want (2, %.7g)", (double)l[0], (double)l[1], 2.0 + log(2.0));
 }

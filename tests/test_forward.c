@@ -17,24 +17,8 @@
 
 /* ------------------------------------------------------------------ helpers */
 
-static double *dalloc(size_t n)
-{
-    double *p = malloc(sizeof(double) * (n ? n : 1));
-    cr_assert_not_null(p);
-    return p;
-}
 
-static float *falloc(size_t n)
-{
-    float *p = malloc(sizeof(float) * (n ? n : 1));
-    cr_assert_not_null(p);
-    return p;
-}
 
-static int bits_equal(const float *a, const float *b, size_t n)
-{
-    return n == 0 || memcmp(a, b, n * sizeof(float)) == 0;
-}
 
 /* ------------------------------------------------------- worked example -- */
 
@@ -86,7 +70,7 @@ Test(forward, probability_rows_sum_to_one)
     util_rng_seed(&rng, "probability_rows_sum_to_one", 1001);
     const size_t nq = (size_t)(B * Hq * Tq * Dk), nk = (size_t)(B * Hkv * Tk * Dk);
     const size_t nv = (size_t)(B * Hkv * Tk * Dv), no = (size_t)(B * Hq * Tq * Dv);
-    float *q = falloc(nq), *k = falloc(nk), *v = falloc(nv);
+    float *q = util_falloc(nq), *k = util_falloc(nk), *v = util_falloc(nv);
     util_fill_normal(&rng, q, nq, 1.5f);
     util_fill_normal(&rng, k, nk, 1.5f);
     for (int64_t bh = 0; bh < B * Hkv; bh++)
@@ -180,13 +164,13 @@ Test(forward, dot_product_variance, .timeout = 120)
     const int nisa = util_isas(isas);
     for (int di = 0; di < 3; di++) {
         const int64_t d = dims[di];
-        float *q = falloc((size_t)(N * d)), *k = falloc((size_t)(N * d)), *v = falloc((size_t)N);
+        float *q = util_falloc((size_t)(N * d)), *k = util_falloc((size_t)(N * d)), *v = util_falloc((size_t)N);
         util_fill_normal(&rng, q, (size_t)(N * d), 1.0f);
         util_fill_normal(&rng, k, (size_t)(N * d), 1.0f);
         for (int64_t b = 0; b < N; b++)
             v[b] = 1.0f;
-        float *naive = falloc((size_t)N);
-        double *exact = dalloc((size_t)N);
+        float *naive = util_falloc((size_t)N);
+        double *exact = util_dalloc((size_t)N);
         for (int64_t b = 0; b < N; b++) {
             double s = 0.0;
             float sf = 0.0f;
@@ -213,8 +197,8 @@ Test(forward, dot_product_variance, .timeout = 120)
                 cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
                 const double sc = scaled ? 1.0 / sqrt((double)d) : 1.0;
                 /* The logits themselves: FlashAttention rule against float64. */
-                double *ref = dalloc((size_t)N);
-                float *nv = falloc((size_t)N);
+                double *ref = util_dalloc((size_t)N);
+                float *nv = util_falloc((size_t)N);
                 for (int64_t b = 0; b < N; b++) {
                     ref[b] = exact[b] * sc;
                     nv[b] = naive[b] * (float)sc;
@@ -371,9 +355,9 @@ static void prepare(prepared *pr, const fcase *c, uint64_t seed)
     pr->nv = (size_t)(B * Hkv * Tk * Dv);
     pr->no = (size_t)(B * Hq * Tq * Dv);
     pr->nl = (size_t)(B * Hq * Tq);
-    pr->q = falloc(pr->nq);
-    pr->k = falloc(pr->nk);
-    pr->v = falloc(pr->nv);
+    pr->q = util_falloc(pr->nq);
+    pr->k = util_falloc(pr->nk);
+    pr->v = util_falloc(pr->nv);
     util_fill_normal(&rng, pr->q, pr->nq, 1.0f);
     util_fill_normal(&rng, pr->k, pr->nk, 1.0f);
     util_fill_normal(&rng, pr->v, pr->nv, 1.0f);
@@ -445,7 +429,7 @@ static void prepare(prepared *pr, const fcase *c, uint64_t seed)
         p->bool_mask = (sdpa_bool_mask){pr->mask, Hq * Tq * Tk, Tq * Tk, Tk, 1};
         break;
     case MK_BIAS_FULL:
-        pr->bias = falloc(nmask);
+        pr->bias = util_falloc(nmask);
         for (size_t i = 0; i < nmask; i++) {
             const double u = util_rng_double(&rng);
             pr->bias[i] = u < 0.1 ? -INFINITY : u < 0.2 ? -1e30f : u < 0.25 ? -3e38f
@@ -459,7 +443,7 @@ static void prepare(prepared *pr, const fcase *c, uint64_t seed)
         p->bias = (sdpa_bias){pr->bias, Hq * Tq * Tk, Tq * Tk, Tk, 1};
         break;
     case MK_BIAS_BCAST_BOOL:
-        pr->bias = falloc((size_t)(Hq * Tq * Tk));
+        pr->bias = util_falloc((size_t)(Hq * Tq * Tk));
         for (int64_t i = 0; i < Hq * Tq * Tk; i++)
             pr->bias[i] = util_rng_double(&rng) < 0.15 ? -INFINITY : (float)util_rng_normal(&rng);
         pr->mask = malloc((size_t)(B * Tk > 0 ? B * Tk : 1));
@@ -469,17 +453,17 @@ static void prepare(prepared *pr, const fcase *c, uint64_t seed)
         p->bool_mask = (sdpa_bool_mask){pr->mask, Tk, 0, 0, 1};
         break;
     case MK_BIAS_ROW_FINITE:
-        pr->bias = falloc((size_t)(Tq ? Tq : 1));
+        pr->bias = util_falloc((size_t)(Tq ? Tq : 1));
         for (int64_t i = 0; i < Tq; i++)
             pr->bias[i] = i % 2 ? -1e30f : -3e38f;
         p->bias = (sdpa_bias){pr->bias, 0, 0, 1, 0};
         break;
     }
 
-    pr->ref_o = dalloc(pr->no);
-    pr->ref_lse = dalloc(pr->nl);
-    pr->nv_o = falloc(pr->no);
-    pr->nv_lse = falloc(pr->nl);
+    pr->ref_o = util_dalloc(pr->no);
+    pr->ref_lse = util_dalloc(pr->nl);
+    pr->nv_o = util_falloc(pr->no);
+    pr->nv_lse = util_falloc(pr->nl);
     ref_forward(p, pr->q, pr->k, pr->v, pr->ref_o, pr->ref_lse);
     naive32_forward(p, pr->q, pr->k, pr->v, pr->nv_o, pr->nv_lse);
 }
@@ -624,7 +608,7 @@ static void run_case(const prepared *pr, const char *desc)
     const int nisa = util_isas(isas);
     storage s;
     store(&s, pr);
-    float *o1 = falloc(pr->no), *l1 = falloc(pr->nl), *ot = falloc(pr->no), *lt = falloc(pr->nl);
+    float *o1 = util_falloc(pr->no), *l1 = util_falloc(pr->nl), *ot = util_falloc(pr->no), *lt = util_falloc(pr->nl);
     const int64_t Dv = pr->c.Dv;
     for (int ii = 0; ii < nisa; ii++) {
         const char *isa = sdpa_isa_name(isas[ii]);
@@ -667,7 +651,7 @@ static void run_case(const prepared *pr, const char *desc)
                 cr_expect_eq(bad, 0, "[%s] %s: %zu nonzero O elements in fully masked rows", isa, desc,
                              bad);
             } else {
-                cr_expect(bits_equal(o1, ot, pr->no) && bits_equal(l1, lt, pr->nl),
+                cr_expect(util_same_bits(o1, ot, pr->no) && util_same_bits(l1, lt, pr->nl),
                           "[%s] %s: %d threads differ bitwise from 1 thread", isa, desc, th);
             }
         }
@@ -702,314 +686,3 @@ ParameterizedTest(fcase *c, forward, sweep, .timeout = 120)
 }
 
 /* ----------------------------------------------------------- NaN poison -- */
-
-/* Runs forward on contiguous inputs with the given ISA and threads; o, lse
- * guarded buffers of the right sizes. */
-static void fwd(const sdpa_problem *p0, sdpa_isa isa, const float *q, const float *k, const float *v,
-                float *o, float *lse)
-{
-    sdpa_problem p = *p0;
-    p.isa = isa;
-    p.num_threads = 2;
-    const sdpa_tensor tq = util_cview(q, p.q_heads, p.q_len, p.head_dim_qk);
-    const sdpa_tensor tk = util_cview(k, p.kv_heads, p.kv_len, p.head_dim_qk);
-    const sdpa_tensor tv = util_cview(v, p.kv_heads, p.kv_len, p.head_dim_v);
-    const sdpa_tensor_out to = util_cview_out(o, p.q_heads, p.q_len, p.head_dim_v);
-    const sdpa_tensor_out tl = util_lse_view_out(lse, p.q_heads, p.q_len);
-    const sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
-    cr_assert_eq(st, SDPA_OK, "[%s] sdpa_forward: %s", sdpa_isa_name(isa), sdpa_status_string(st));
-    cr_expect(util_gintact(o, "O") && util_gintact(lse, "LSE"));
-}
-
-static const float poison_values[] = {NAN, 1e38f, -1e38f, INFINITY, -INFINITY, 3e38f};
-#define NPOISON (sizeof poison_values / sizeof poison_values[0])
-
-/* Poisons key row j of K and V (all heads of batch b) with a rotating value. */
-static void poison_key(const sdpa_problem *p, float *k, float *v, int64_t b, int64_t j, int salt)
-{
-    for (int64_t h = 0; h < p->kv_heads; h++) {
-        float *kr = k + ((b * p->kv_heads + h) * p->kv_len + j) * p->head_dim_qk;
-        float *vr = v + ((b * p->kv_heads + h) * p->kv_len + j) * p->head_dim_v;
-        for (int64_t c = 0; c < p->head_dim_qk; c++)
-            kr[c] = poison_values[(size_t)(salt + c) % NPOISON];
-        for (int64_t c = 0; c < p->head_dim_v; c++)
-            vr[c] = poison_values[(size_t)(salt + 3 + c) % NPOISON];
-    }
-}
-
-/* Every output row whose (b, h, i) does not allow any poisoned key must be
- * bitwise equal to the clean run; rows that allow a NaN-poisoned key must be NaN
- * (when expect_nan). poisoned[b*Tk + j] marks the poisoned keys. */
-static void compare_rows(const sdpa_problem *p, const char *what, const uint8_t *poisoned,
-                         const float *o_clean, const float *l_clean, const float *o, const float *l,
-                         int expect_nan)
-{
-    const int64_t B = p->batch, Hq = p->q_heads, Tq = p->q_len, Tk = p->kv_len, Dv = p->head_dim_v;
-    int bad = 0, clean_rows = 0, nan_rows = 0;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Hq; h++)
-            for (int64_t i = 0; i < Tq; i++) {
-                int touches = 0;
-                for (int64_t j = 0; j < Tk; j++)
-                    if (poisoned[b * Tk + j] && ref_allowed(p, b, h, i, j))
-                        touches = 1;
-                const size_t r = (size_t)((b * Hq + h) * Tq + i);
-                if (!touches) {
-                    clean_rows++;
-                    if ((!bits_equal(o + r * (size_t)Dv, o_clean + r * (size_t)Dv, (size_t)Dv) ||
-                         !bits_equal(l + r, l_clean + r, 1)) &&
-                        bad++ < 5)
-                        cr_log_error("%s: row (%ld,%ld,%ld) sees no poisoned key but changed (LSE %g vs %g)",
-                                     what, (long)b, (long)h, (long)i, (double)l[r], (double)l_clean[r]);
-                } else if (expect_nan) {
-                    nan_rows++;
-                    int all_nan = isnan(l[r]);
-                    for (int64_t c = 0; c < Dv; c++)
-                        all_nan &= isnan(o[r * (size_t)Dv + (size_t)c]);
-                    if (!all_nan && bad++ < 5)
-                        cr_log_error("%s: row (%ld,%ld,%ld) attends a NaN key but is not all NaN "
-                                     "(LSE %g, O[0] %g)",
-                                     what, (long)b, (long)h, (long)i, (double)l[r],
-                                     Dv ? (double)o[r * (size_t)Dv] : 0.0);
-                }
-            }
-    cr_expect_eq(bad, 0, "%s: %d row(s) wrong (%d rows must be unchanged, %d must be NaN)", what, bad,
-                 clean_rows, nan_rows);
-    cr_expect_gt(clean_rows, 0, "%s: test setup: no row is protected by the mask", what);
-}
-
-/* Criterion copies parameters into the test process (which may be a fresh
- * exec of this binary), so parameter structs hold no pointers. */
-typedef struct poison_case {
-    int kind; /* 0 kv_lengths, 1 causal tl, 2 causal br + window, 3 bool mask [B,1,Tq,Tk] */
-    int64_t B, Hq, Hkv, Tq, Tk, Dk, Dv;
-} poison_case;
-
-static const char *const poison_names[] = {"kv_lengths", "causal top-left",
-                                           "causal bottom-right + window", "bool mask"};
-
-static poison_case poison_cases[] = {
-    {0, 3, 2, 1, 40, 70, 24, 17},
-    {1, 1, 2, 2, 67, 67, 16, 16},
-    {2, 2, 4, 2, 20, 90, 9, 33},
-    {3, 2, 2, 2, 35, 50, 8, 8},
-};
-
-ParameterizedTestParameters(forward, nan_in_masked_keys)
-{
-    return cr_make_param_array(poison_case, poison_cases, sizeof poison_cases / sizeof poison_cases[0]);
-}
-
-/* NaN, +-inf and +-1e38 in K/V rows of masked keys have no effect at all on the
- * rows that mask them (bitwise), and a NaN key row that a query may attend makes
- * that query's O row and LSE NaN. */
-ParameterizedTest(poison_case *pc, forward, nan_in_masked_keys)
-{
-    const int64_t B = pc->B, Hq = pc->Hq, Hkv = pc->Hkv, Tq = pc->Tq, Tk = pc->Tk, Dk = pc->Dk, Dv = pc->Dv;
-    util_rng rng;
-    util_rng_seed(&rng, poison_names[pc->kind], 777);
-    sdpa_problem p = util_problem(B, Hq, Hkv, Tq, Tk, Dk, Dv);
-    const size_t nq = (size_t)(B * Hq * Tq * Dk), nk = (size_t)(B * Hkv * Tk * Dk),
-                 nv = (size_t)(B * Hkv * Tk * Dv), no = (size_t)(B * Hq * Tq * Dv), nl = (size_t)(B * Hq * Tq);
-    float *q = falloc(nq), *k = falloc(nk), *v = falloc(nv);
-    util_fill_normal(&rng, q, nq, 1.0f);
-    util_fill_normal(&rng, k, nk, 1.0f);
-    util_fill_normal(&rng, v, nv, 1.0f);
-    int32_t kvlen[3] = {(int32_t)Tk, (int32_t)(Tk / 2), 5};
-    uint8_t *mask = NULL;
-    uint8_t *poisoned = calloc((size_t)(B * Tk), 1);
-    int expect_nan = 0;
-    switch (pc->kind) {
-    case 0: /* every key past kv_lengths[b] */
-        p.kv_lengths = kvlen;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = kvlen[b]; j < Tk; j++)
-                poisoned[b * Tk + j] = 1;
-        break;
-    case 1: /* keys 30 and 50 (NaN rows): rows before them are protected by causality */
-        p.causal = SDPA_CAUSAL_TOP_LEFT;
-        poisoned[30] = poisoned[50] = 1;
-        expect_nan = 1;
-        break;
-    case 2: /* window of 6 keys ending at the bottom-right diagonal: poison the rest */
-        p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
-        p.window_left = 5;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < Tk - Tq - 5; j++)
-                poisoned[b * Tk + j] = 1;
-        poisoned[Tk - 3] = 1; /* allowed for the last rows of batch 0 */
-        expect_nan = 1;
-        break;
-    case 3: /* bool mask: poison a few keys; rows that disallow them all are protected */
-        mask = malloc((size_t)(B * Tq * Tk));
-        for (int64_t i = 0; i < B * Tq * Tk; i++)
-            mask[i] = util_rng_double(&rng) < 0.6;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 7; j < Tk; j += 19)
-                poisoned[b * Tk + j] = 1;
-        p.bool_mask = (sdpa_bool_mask){mask, Tq * Tk, 0, Tk, 1};
-        expect_nan = 1;
-        break;
-    }
-    float *kp = falloc(nk), *vp = falloc(nv);
-    memcpy(kp, k, nk * sizeof(float));
-    memcpy(vp, v, nv * sizeof(float));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t j = 0; j < Tk; j++)
-            if (poisoned[b * Tk + j])
-                poison_key(&p, kp, vp, b, j, expect_nan ? 0 : (int)j); /* salt 0: NaN first */
-    if (expect_nan) /* make the attended poison a NaN in every K component */
-        for (size_t i = 0; i < nk; i++)
-            if (kp[i] != k[i] && !isnan(kp[i]))
-                kp[i] = NAN;
-
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
-    for (int ii = 0; ii < nisa; ii++) {
-        float *oc = util_galloc(no), *lc = util_galloc(nl), *op = util_galloc(no), *lp = util_galloc(nl);
-        fwd(&p, isas[ii], q, k, v, oc, lc);
-        fwd(&p, isas[ii], q, kp, vp, op, lp);
-        char what[160];
-        snprintf(what, sizeof what, "[%s] poison %s", sdpa_isa_name(isas[ii]), poison_names[pc->kind]);
-        compare_rows(&p, what, poisoned, oc, lc, op, lp, expect_nan);
-        util_gfree(oc);
-        util_gfree(lc);
-        util_gfree(op);
-        util_gfree(lp);
-    }
-    free(q);
-    free(k);
-    free(v);
-    free(kp);
-    free(vp);
-    free(mask);
-    free(poisoned);
-}
-
-/* NaN / 1e38 / inf in bias entries that the boolean mask disallows have no
- * effect (bitwise), with the bias broadcast over heads. */
-Test(forward, nan_in_masked_bias)
-{
-    const int64_t B = 2, Hq = 2, Hkv = 1, Tq = 37, Tk = 45, Dk = 12, Dv = 10;
-    util_rng rng;
-    util_rng_seed(&rng, "nan_in_masked_bias", 4242);
-    sdpa_problem p = util_problem(B, Hq, Hkv, Tq, Tk, Dk, Dv);
-    const size_t nq = (size_t)(B * Hq * Tq * Dk), nk = (size_t)(B * Hkv * Tk * Dk),
-                 nv = (size_t)(B * Hkv * Tk * Dv), no = (size_t)(B * Hq * Tq * Dv), nl = (size_t)(B * Hq * Tq);
-    const size_t nb = (size_t)(B * Tq * Tk);
-    float *q = falloc(nq), *k = falloc(nk), *v = falloc(nv), *bias = falloc(nb), *biasp = falloc(nb);
-    uint8_t *mask = malloc(nb);
-    util_fill_normal(&rng, q, nq, 1.0f);
-    util_fill_normal(&rng, k, nk, 1.0f);
-    util_fill_normal(&rng, v, nv, 1.0f);
-    for (size_t i = 0; i < nb; i++) {
-        mask[i] = util_rng_double(&rng) < 0.5;
-        bias[i] = mask[i] ? (float)util_rng_normal(&rng) : 0.0f;
-        biasp[i] = mask[i] ? bias[i] : poison_values[i % NPOISON];
-    }
-    p.bool_mask = (sdpa_bool_mask){mask, Tq * Tk, 0, Tk, 1};
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
-    for (int ii = 0; ii < nisa; ii++) {
-        float *oc = util_galloc(no), *lc = util_galloc(nl), *op = util_galloc(no), *lp = util_galloc(nl);
-        p.bias = (sdpa_bias){bias, Tq * Tk, 0, Tk, 1};
-        fwd(&p, isas[ii], q, k, v, oc, lc);
-        p.bias = (sdpa_bias){biasp, Tq * Tk, 0, Tk, 1};
-        fwd(&p, isas[ii], q, k, v, op, lp);
-        cr_expect(bits_equal(oc, op, no) && bits_equal(lc, lp, nl),
-                  "[%s] poisoned bias entries under a false mask changed the output",
-                  sdpa_isa_name(isas[ii]));
-        cr_expect(!util_has_nan(op, no), "[%s] NaN in O", sdpa_isa_name(isas[ii]));
-        util_gfree(oc);
-        util_gfree(lc);
-        util_gfree(op);
-        util_gfree(lp);
-    }
-    free(q);
-    free(k);
-    free(v);
-    free(bias);
-    free(biasp);
-    free(mask);
-}
-
-/* NaN in an allowed input propagates: a NaN in row i of Q makes O row i and
- * LSE[i] NaN (other rows bitwise unchanged); a NaN in V[j][c] of an allowed key
- * makes column c NaN in every row that attends j (other columns unchanged). */
-Test(forward, nan_in_allowed_inputs_propagates)
-{
-    const int64_t B = 1, Hq = 2, Hkv = 2, Tq = 40, Tk = 40, Dk = 20, Dv = 19;
-    util_rng rng;
-    util_rng_seed(&rng, "nan_in_allowed_inputs_propagates", 99);
-    sdpa_problem p = util_problem(B, Hq, Hkv, Tq, Tk, Dk, Dv);
-    p.causal = SDPA_CAUSAL_TOP_LEFT;
-    const size_t nq = (size_t)(B * Hq * Tq * Dk), nk = (size_t)(B * Hkv * Tk * Dk),
-                 nv = (size_t)(B * Hkv * Tk * Dv), no = (size_t)(B * Hq * Tq * Dv), nl = (size_t)(B * Hq * Tq);
-    float *q = falloc(nq), *k = falloc(nk), *v = falloc(nv), *qp = falloc(nq), *vp = falloc(nv);
-    util_fill_normal(&rng, q, nq, 0.5f);
-    util_fill_normal(&rng, k, nk, 0.5f);
-    util_fill_normal(&rng, v, nv, 1.0f);
-    memcpy(qp, q, nq * sizeof(float));
-    memcpy(vp, v, nv * sizeof(float));
-    const int64_t qi = 17, qc = 3, vj = 25, vc = 11;
-    qp[(0 * Tq + qi) * Dk + qc] = NAN;        /* head 0, row 17 */
-    vp[(1 * Tk + vj) * Dv + vc] = NAN;        /* head 1, key 25, column 11 */
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
-    for (int ii = 0; ii < nisa; ii++) {
-        const char *isa = sdpa_isa_name(isas[ii]);
-        float *oc = util_galloc(no), *lc = util_galloc(nl), *o = util_galloc(no), *l = util_galloc(nl);
-        fwd(&p, isas[ii], q, k, v, oc, lc);
-        cr_expect(!util_has_nan(oc, no) && !util_has_nan(lc, nl), "[%s] clean run has NaN", isa);
-        fwd(&p, isas[ii], qp, k, vp, o, l);
-        int bad = 0;
-        for (int64_t h = 0; h < Hq; h++)
-            for (int64_t i = 0; i < Tq; i++) {
-                const size_t r = (size_t)(h * Tq + i);
-                for (int64_t c = 0; c < Dv; c++) {
-                    const size_t e = r * (size_t)Dv + (size_t)c;
-                    const int want_nan = (h == 0 && i == qi) || (h == 1 && i >= vj && c == vc);
-                    if (want_nan ? !isnan(o[e]) : !bits_equal(o + e, oc + e, 1)) {
-                        if (bad++ < 5)
-                            cr_log_error("[%s] O[h=%ld][i=%ld][c=%ld] = %g, %s", isa, (long)h, (long)i,
-                                         (long)c, (double)o[e], want_nan ? "expected NaN" : "changed");
-                    }
-                }
-                const int lse_nan = h == 0 && i == qi;
-                if (lse_nan ? !isnan(l[r]) : !bits_equal(l + r, lc + r, 1))
-                    if (bad++ < 5)
-                        cr_log_error("[%s] LSE[h=%ld][i=%ld] = %g", isa, (long)h, (long)i, (double)l[r]);
-            }
-        cr_expect_eq(bad, 0, "[%s] NaN propagation wrong in %d place(s)", isa, bad);
-        util_gfree(oc);
-        util_gfree(lc);
-        util_gfree(o);
-        util_gfree(l);
-    }
-    free(q);
-    free(k);
-    free(v);
-    free(qp);
-    free(vp);
-}
-
-/* Smallest form of the propagation contract: one query, one key, Q = NaN.
- * O and LSE must both be NaN (an LSE of -inf would claim "fully masked" and
- * make the backward silently return zero gradients for this row). */
-Test(forward, nan_query_gives_nan_lse)
-{
-    const float q[1] = {NAN}, k[1] = {1.0f}, v[1] = {2.0f};
-    sdpa_problem p = util_problem(1, 1, 1, 1, 1, 1, 1);
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
-    for (int ii = 0; ii < nisa; ii++) {
-        float *o = util_galloc(1), *lse = util_galloc(1);
-        fwd(&p, isas[ii], q, k, v, o, lse);
-        cr_expect(isnan(o[0]) && !util_is_sentinel(o[0]), "[%s] O = %g, expected NaN",
-                  sdpa_isa_name(isas[ii]), (double)o[0]);
-        cr_expect(isnan(lse[0]) && !util_is_sentinel(lse[0]), "[%s] LSE = %g, expected NaN",
-                  sdpa_isa_name(isas[ii]), (double)lse[0]);
-        util_gfree(o);
-        util_gfree(lse);
-    }
-}

@@ -437,3 +437,35 @@ double util_npy_get(const util_npy *a, size_t i)
     }
     return 0.0;
 }
+
+/* ------------------------------------------------------ small helpers -- */
+
+float *util_falloc(size_t n)
+{
+    float *p = calloc(n ? n : 1, sizeof(float));
+    cr_assert_not_null(p);
+    return p;
+}
+
+double *util_dalloc(size_t n)
+{
+    double *p = calloc(n ? n : 1, sizeof(double));
+    cr_assert_not_null(p);
+    return p;
+}
+
+void util_forward_contig(const sdpa_problem *p0, sdpa_isa isa, const float *q, const float *k,
+                         const float *v, float *o, float *lse)
+{
+    sdpa_problem p = *p0;
+    p.isa = isa;
+    p.num_threads = 2;
+    const sdpa_tensor tq = util_cview(q, p.q_heads, p.q_len, p.head_dim_qk);
+    const sdpa_tensor tk = util_cview(k, p.kv_heads, p.kv_len, p.head_dim_qk);
+    const sdpa_tensor tv = util_cview(v, p.kv_heads, p.kv_len, p.head_dim_v);
+    const sdpa_tensor_out to = util_cview_out(o, p.q_heads, p.q_len, p.head_dim_v);
+    const sdpa_tensor_out tl = util_lse_view_out(lse, p.q_heads, p.q_len);
+    const sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
+    cr_assert_eq(st, SDPA_OK, "[%s] sdpa_forward: %s", sdpa_isa_name(isa), sdpa_status_string(st));
+    cr_expect(util_gintact(o, "O") && util_gintact(lse, "LSE"));
+}

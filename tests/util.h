@@ -212,4 +212,35 @@ double util_npy_get(const util_npy *a, size_t i);
 /* IEEE binary16 bits -> float (exact). */
 float util_half_to_float(uint16_t h);
 
+/* ------------------------------------------------------ small helpers -- */
+
+/* 1 if a[0..n) and b[0..n) have the same bits (n = 0: 1). */
+int util_same_bits(const float *a, const float *b, size_t n);
+/* calloc of n (at least 1) floats / doubles, zero-filled; cr_assert on failure. */
+float *util_falloc(size_t n);
+double *util_dalloc(size_t n);
+/* |got - ref| <= tol, NaN exactly where the reference is NaN, infinities equal. */
+int util_close_tol(float got, double ref, double tol);
+/* sdpa_forward of contiguous q, k, v into guarded o and lse with `isa` forced and
+ * 2 threads; cr_assert that it returns SDPA_OK, cr_expect intact guards. */
+void util_forward_contig(const sdpa_problem *p, sdpa_isa isa, const float *q, const float *k,
+                         const float *v, float *o, float *lse);
+
+/* A strided [B, H, T, D] buffer (guarded, util_galloc) with row stride D + pad,
+ * the pad filled with `gap`: tb_in / tb_out view it, tb_at is row (b, h, i). */
+typedef struct tbuf {
+    int64_t B, H, T, D, pad;
+    float *data;
+    size_t n;
+} tbuf;
+tbuf tb_alloc(int64_t B, int64_t H, int64_t T, int64_t D, int64_t pad, float gap);
+float *tb_at(const tbuf *t, int64_t b, int64_t h, int64_t i);
+sdpa_tensor tb_in(const tbuf *t);
+sdpa_tensor_out tb_out(const tbuf *t);
+/* LSE as a [B, H, T] buffer with row stride 1 + pad. */
+tbuf lse_alloc(int64_t B, int64_t H, int64_t T, int64_t pad, float gap);
+/* 1 if every pad float of t still holds the bit pattern of `gap`. */
+int tb_gaps_are(const tbuf *t, float gap);
+void tb_free(tbuf *t);
+
 #endif

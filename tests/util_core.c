@@ -317,3 +317,68 @@ char *util_read_file(const char *path, size_t *len)
         *len = (size_t)sz;
     return buf;
 }
+
+/* ------------------------------------------------------ small helpers -- */
+
+int util_same_bits(const float *a, const float *b, size_t n)
+{
+    return n == 0 || memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+int util_close_tol(float got, double ref, double tol)
+{
+    if (isnan(ref))
+        return isnan(got);
+    if (isinf(ref))
+        return (double)got == ref;
+    return isfinite(got) && fabs((double)got - ref) <= tol;
+}
+
+tbuf tb_alloc(int64_t B, int64_t H, int64_t T, int64_t D, int64_t pad, float gap)
+{
+    tbuf t = {B, H, T, D, pad, NULL, 0};
+    t.n = (size_t)(B * H * T * (D + pad));
+    t.data = util_galloc_fill(t.n, gap);
+    return t;
+}
+
+float *tb_at(const tbuf *t, int64_t b, int64_t h, int64_t i)
+{
+    return t->data + ((b * t->H + h) * t->T + i) * (t->D + t->pad);
+}
+
+sdpa_tensor tb_in(const tbuf *t)
+{
+    const int64_t st = t->D + t->pad;
+    sdpa_tensor v = {t->data, t->H * t->T * st, t->T * st, st};
+    return v;
+}
+
+sdpa_tensor_out tb_out(const tbuf *t)
+{
+    const int64_t st = t->D + t->pad;
+    sdpa_tensor_out v = {t->data, t->H * t->T * st, t->T * st, st};
+    return v;
+}
+
+tbuf lse_alloc(int64_t B, int64_t H, int64_t T, int64_t pad, float gap)
+{
+    return tb_alloc(B, H, T, 1, pad, gap);
+}
+
+int tb_gaps_are(const tbuf *t, float gap)
+{
+    for (int64_t b = 0; b < t->B; b++)
+        for (int64_t h = 0; h < t->H; h++)
+            for (int64_t i = 0; i < t->T; i++)
+                for (int64_t c = 0; c < t->pad; c++)
+                    if (memcmp(tb_at(t, b, h, i) + t->D + c, &gap, sizeof gap) != 0)
+                        return 0;
+    return 1;
+}
+
+void tb_free(tbuf *t)
+{
+    util_gfree(t->data);
+    t->data = NULL;
+}

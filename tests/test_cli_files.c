@@ -1,0 +1,445 @@
+/* SPDX-License-Identifier: MIT */
+/* tests/test_cli_files.c - the sdpa CLI against hostile files:
+ * malicious .npy headers, header variants and bool bytes, output-file safety
+ * (aliases of inputs, long names, no partial outputs), 64-bit key lengths,
+ * denormal scales and the backward's threads under a memory limit. The library
+ * is not called from this file (the CLI runs as a child process). */
+#include "sdpa.h"
+
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <criterion/parameterized.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ref.h"
+#include "util.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ADV_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ADV_ASAN 1
+#endif
+#endif
+#ifndef ADV_ASAN
+#define ADV_ASAN 0
+#endif
+
+#ifndef SDPA_CLI_PATH
+#error "SDPA_CLI_PATH must name the built sdpa binary"
+#endif
+
+extern char **environ;
+
+static char g_dir[64];
+
+static void cli_setup(void)
+{
+    strcpy(g_dir, "/tmp/sdpa_adv_XXXXXX");
+    cr_assert_not_null(mkdtemp(g_dir));
+}
+
+static void rm_rf(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+            rm_rf(path);
+            rmdir(path);
+        } else
+            unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void cli_teardown(void)
+{
+    rm_rf(g_dir);
+}
+
+static const char *P(const char *name)
+{
+    static char buf[32][4096];
+    static int slot;
+    char *b = buf[slot++ % 32];
+    snprintf(b, sizeof buf[0], "%s/%s", g_dir, name);
+    return b;
+}
+
+/* Writes a version-1.0 .npy with a raw header dict (padded to 64 bytes). */
+static void write_raw(const char *path, const char *dict, const void *data, size_t nbytes)
+{
+    size_t dl = strlen(dict), total = (10 + dl + 1 + 63) / 64 * 64;
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)((total - 10) & 0xff),
+                             (unsigned char)((total - 10) >> 8)};
+    fwrite(pre, 1, 10, f);
+    fwrite(dict, 1, dl, f);
+    for (size_t i = 10 + dl; i + 1 < total; i++)
+        fputc(' ', f);
+    fputc('\n', f);
+    if (nbytes)
+        fwrite(data, 1, nbytes, f);
+    fclose(f);
+}
+
+static void write_f32(const char *path, const char *shape, const float *data, size_t n)
+{
+    char dict[256];
+    snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }", shape);
+    write_raw(path, dict, data, n * sizeof(float));
+}
+
+/* Standard inputs: q (4, 8), k (6, 8), v (6, 8). */
+static void cli_inputs(void)
+{
+    float x[49];
+    for (int i = 0; i < 49; i++)
+        x[i] = (float)((i * 37) % 11) * 0.1f - 0.5f;
+    write_f32(P("q.npy"), "(4, 8)", x, 32);
+    write_f32(P("k.npy"), "(6, 8)", x, 48);
+    write_f32(P("v.npy"), "(6, 8)", x + 1, 48);
+}
+
+typedef struct cli_res {
+    int status; /* exit status, or 128 + signal */
+    char err[4096];
+    int err_lines;
+} cli_res;
+
+static cli_res cli_run_env(const char *const *args, const struct rlimit *as_limit)
+{
+    cli_res r;
+    memset(&r, 0, sizeof r);
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = SDPA_CLI_PATH;
+    for (; args[n - 1] && n < 31; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    char errp[4200];
+    snprintf(errp, sizeof errp, "%s.stderr", g_dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644), nul = open("/dev/null", O_WRONLY);
+        if (fd < 0 || nul < 0)
+            _exit(120);
+        dup2(fd, 2);
+        dup2(nul, 1);
+        if (as_limit && setrlimit(RLIMIT_AS, as_limit) != 0)
+            _exit(121);
+        execve(SDPA_CLI_PATH, (char *const *)argv, environ);
+        _exit(122);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    FILE *f = fopen(errp, "r");
+    if (f) {
+        size_t len = fread(r.err, 1, sizeof r.err - 1, f);
+        r.err[len] = '\0';
+        fclose(f);
+        unlink(errp);
+    }
+    for (const char *c = r.err; *c; c++)
+        r.err_lines += *c == '\n';
+    return r;
+}
+
+static cli_res cli_run(const char *const *args)
+{
+    return cli_run_env(args, NULL);
+}
+
+/* Names in g_dir starting with prefix. */
+static int count_files(const char *prefix)
+{
+    DIR *d = opendir(g_dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* A bad-file run: exit 2, exactly one stderr line "sdpa: error: <path>: ...",
+ * and no file named out* created. */
+static void expect_bad(const char *const *args, const char *blame, const char *what)
+{
+    cli_res r = cli_run(args);
+    char head[4200];
+    snprintf(head, sizeof head, "sdpa: error: %s: ", blame);
+    cr_expect_eq(r.status, 2, "%s: exit status %d, stderr: %s", what, r.status, r.err);
+    cr_expect_eq(r.err_lines, 1, "%s: %d stderr lines: %s", what, r.err_lines, r.err);
+    cr_expect(strncmp(r.err, head, strlen(head)) == 0, "%s: stderr '%s' does not start with '%s'", what, r.err, head);
+    cr_expect_eq(count_files("out"), 0, "%s: an output (or its temporary) was created", what);
+}
+
+Test(cli, cli_malicious_headers, .init = cli_setup, .fini = cli_teardown, .timeout = 120)
+{
+    cli_inputs();
+    static const struct {
+        const char *name, *dict;
+        size_t nbytes;
+    } bad[] = {
+        {"huge shape", "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 8), }", 0},
+        {"product overflow", "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 8), }", 0},
+        {"dimension past int64", "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999, 8), }", 0},
+        {"negative dimension", "{'descr': '<f4', 'fortran_order': False, 'shape': (4, -8), }", 128},
+        {"double comma", "{'descr': '<f4', 'fortran_order': False, 'shape': (4,, 8), }", 128},
+        {"lone comma", "{'descr': '<f4', 'fortran_order': False, 'shape': (,), }", 0},
+        {"unicode key", "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), '\xd0\xba': 1}", 128},
+        {"unicode descr", "{'descr': '<\xc6\x92" "4', 'fortran_order': False, 'shape': (4, 8), }", 128},
+        {"big-endian", "{'descr': '>f4', 'fortran_order': False, 'shape': (4, 8), }", 128},
+        {"no byte order for f4", "{'descr': '|f4', 'fortran_order': False, 'shape': (4, 8), }", 128},
+        {"float64", "{'descr': '<f8', 'fortran_order': False, 'shape': (4, 4), }", 128},
+        {"structured", "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (4, 8), }", 128},
+        {"fortran 2-D", "{'descr': '<f4', 'fortran_order': True, 'shape': (4, 8), }", 128},
+        {"fortran lowercase", "{'descr': '<f4', 'fortran_order': false, 'shape': (4, 8), }", 128},
+        {"shape as list", "{'descr': '<f4', 'fortran_order': False, 'shape': [4, 8], }", 128},
+        {"missing shape", "{'descr': '<f4', 'fortran_order': False, }", 128},
+        {"repeated key", "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), }", 128},
+        {"escape in string", "{'descr': '<f\\4', 'fortran_order': False, 'shape': (4, 8), }", 128},
+        {"unterminated", "{'descr': '<f4", 0},
+        {"trailing garbage", "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), } x", 128},
+        {"truncated data", "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), }", 127},
+        {"extra data", "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), }", 129},
+        {"rank 0", "{'descr': '<f4', 'fortran_order': False, 'shape': (), }", 4},
+        {"rank 5", "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 4, 8), }", 128},
+        {"33 dims", "{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1), }", 4},
+    };
+    static unsigned char zeros[256];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_raw(P("bad.npy"), bad[i].dict, zeros, bad[i].nbytes);
+        const char *args[] = {"forward", "-q", P("bad.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"),
+                              "--lse", P("out_lse.npy"), NULL};
+        expect_bad(args, P("bad.npy"), bad[i].name);
+    }
+    /* a 2 MB header (version 2.0) */
+    {
+        FILE *f = fopen(P("bad.npy"), "wb");
+        const uint32_t hl = 2u << 20;
+        unsigned char pre[12] = {0x93, 'N', 'U', 'M', 'P', 'Y', 2, 0, (unsigned char)hl, (unsigned char)(hl >> 8),
+                                 (unsigned char)(hl >> 16), (unsigned char)(hl >> 24)};
+        fwrite(pre, 1, 12, f);
+        fputs("{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), }", f);
+        for (uint32_t i = 60; i + 1 < hl; i++)
+            fputc(' ', f);
+        fputc('\n', f);
+        fclose(f);
+        const char *args[] = {"forward", "-q", P("bad.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"), NULL};
+        expect_bad(args, P("bad.npy"), "2 MB header");
+    }
+    /* a directory, a missing file, an empty file */
+    {
+        mkdir(P("adir.npy"), 0755);
+        const char *a1[] = {"forward", "-q", P("adir.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"), NULL};
+        expect_bad(a1, P("adir.npy"), "directory as input");
+        const char *a2[] = {"forward", "-q", P("q.npy"), "-k", P("nope.npy"), "-v", P("v.npy"), "-o", P("out.npy"), NULL};
+        expect_bad(a2, P("nope.npy"), "missing input");
+        FILE *f = fopen(P("empty.npy"), "wb");
+        fclose(f);
+        const char *a3[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("empty.npy"), "-o", P("out.npy"), NULL};
+        expect_bad(a3, P("empty.npy"), "empty file");
+    }
+}
+
+/* Harmless header variants NumPy or other writers produce are accepted, and a
+ * boolean mask whose bytes are 2..255 means "may attend" like 1. */
+Test(cli, cli_header_variants_and_bool_bytes, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    cli_inputs();
+    float x[32];
+    for (int i = 0; i < 32; i++)
+        x[i] = (float)((i * 37) % 11) * 0.1f - 0.5f;
+    static const char *const dicts[] = {
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), }",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8,), }",
+        "{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (4L, 8L)}",
+        "{'shape': (4, 8), 'fortran_order': False, 'descr': '=f4'}",
+        "{'descr': 'f4', 'fortran_order': False, 'shape': (4, 8)}",
+    };
+    cli_res ref;
+    memset(&ref, 0, sizeof ref);
+    for (size_t i = 0; i < sizeof dicts / sizeof dicts[0]; i++) {
+        write_raw(P("qv.npy"), dicts[i], x, sizeof x);
+        const char *args[] = {"forward", "-q", P("qv.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P(i ? "o2.npy" : "o1.npy"), NULL};
+        cli_res r = cli_run(args);
+        cr_expect_eq(r.status, 0, "variant %zu: %s", i, r.err);
+    }
+    /* bool mask bytes: |b1 holding 0, 1, 2, 7, 255 vs the same as 0/1 */
+    unsigned char m1[24], m2[24];
+    for (int i = 0; i < 24; i++) {
+        static const unsigned char vals[] = {2, 255, 0, 7, 1, 0};
+        m1[i] = vals[i % 6];
+        m2[i] = m1[i] != 0;
+    }
+    write_raw(P("m1.npy"), "{'descr': '|b1', 'fortran_order': False, 'shape': (4, 6), }", m1, 24);
+    write_raw(P("m2.npy"), "{'descr': '|b1', 'fortran_order': False, 'shape': (4, 6), }", m2, 24);
+    const char *a1[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("om1.npy"), "--mask", P("m1.npy"), NULL};
+    const char *a2[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("om2.npy"), "--mask", P("m2.npy"), NULL};
+    cli_res r1 = cli_run(a1), r2 = cli_run(a2);
+    cr_assert_eq(r1.status, 0, "mask with bytes 2..255: %s", r1.err);
+    cr_assert_eq(r2.status, 0, "0/1 mask: %s", r2.err);
+    size_t l1 = 0, l2 = 0;
+    char *b1 = util_read_file(P("om1.npy"), &l1), *b2 = util_read_file(P("om2.npy"), &l2);
+    cr_expect(b1 && b2 && l1 == l2 && memcmp(b1, b2, l1) == 0, "bool bytes 2..255 do not act as True");
+    free(b1);
+    free(b2);
+}
+
+/* Output-file safety: a bad input leaves an existing output (even one that is
+ * also an input) untouched; outputs in missing directories or on directories
+ * are refused; nothing is created. */
+Test(cli, cli_output_safety, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    cli_inputs();
+    size_t ql = 0;
+    char *qbefore = util_read_file(P("q.npy"), &ql);
+    write_raw(P("badk.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (6, 9), }", NULL, 0);
+    const char *a1[] = {"forward", "-q", P("q.npy"), "-k", P("badk.npy"), "-v", P("v.npy"), "-o", P("q.npy"), NULL};
+    cli_res r = cli_run(a1);
+    cr_expect_eq(r.status, 2, "%s", r.err);
+    size_t ql2 = 0;
+    char *qafter = util_read_file(P("q.npy"), &ql2);
+    cr_expect(qbefore && qafter && ql == ql2 && memcmp(qbefore, qafter, ql) == 0, "input Q named as output was changed");
+    free(qbefore);
+    free(qafter);
+    cr_expect_eq(count_files("q.npy."), 0, "a temporary file was left next to q.npy");
+
+    const char *a2[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"),
+                        "--lse", P("nodir/out_lse.npy"), NULL};
+    expect_bad(a2, P("nodir/out_lse.npy"), "LSE in a missing directory");
+    mkdir(P("d_out"), 0755);
+    const char *a3[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("d_out"), NULL};
+    cli_res r3 = cli_run(a3);
+    cr_expect_eq(r3.status, 2, "%s", r3.err);
+    const char *a4[] = {"backward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "--do", P("badk.npy"),
+                        "--dq", P("out_dq.npy"), "--dk", P("out_dk.npy"), "--dv", P("out_dv.npy"), NULL};
+    expect_bad(a4, P("badk.npy"), "backward with a bad dO");
+}
+
+/* REGRESSION (a bug found by the adversarial review, now fixed): tools/sdpa.c same_paths() / same_file()
+ * compare the output paths as strings, or by st_dev/st_ino only when both
+ * files already exist; for new outputs "-o DIR/X --lse DIR/./X" passes the
+ * check, both temporaries are renamed onto the same file and O is silently
+ * replaced by the LSE (exit 0). The same for --dq/--dk/--dv. Two outputs naming
+ * one file should be refused with exit 2 (e.g. compare st_dev/st_ino of the
+ * parent directories plus the final names, or the temporaries after mkstemp). */
+Test(cli, bug_cli_output_alias_via_dot_slash, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    cli_inputs();
+    char alias[4200];
+    snprintf(alias, sizeof alias, "%s/./out.npy", g_dir);
+    const char *a1[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"),
+                        "--lse", alias, NULL};
+    cli_res r = cli_run(a1);
+    cr_expect_eq(r.status, 2, "forward -o X --lse <dir>/./X: exit %d (O overwritten by LSE)", r.status);
+    char alias2[4200];
+    snprintf(alias2, sizeof alias2, "%s/./g.npy", g_dir);
+    const char *a2[] = {"backward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "--do", P("q.npy"),
+                        "--dq", P("g.npy"), "--dk", alias2 /* the same file */, "--dv", P("gv.npy"), NULL};
+    cli_res r2 = cli_run(a2);
+    cr_expect_eq(r2.status, 2, "backward --dq X --dk <dir>/./X: exit %d (dQ overwritten by dK)", r2.status);
+}
+
+/* REGRESSION (a bug found by the adversarial review, now fixed): tools/sdpa.c load_common() checks a
+ * per-batch key length only against [0, Tk] and then stores (int32_t)x, so an
+ * int64 length above INT32_MAX is silently truncated when Tk is that large
+ * (legal with head_dim 0: the arrays hold no data). 2^32 + 1 becomes 1:
+ * exit 0 and LSE = 0 instead of log(2^32 + 1) (or a clear error). */
+Test(cli, bug_cli_kv_len_above_int32_truncated, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    write_raw(P("q0.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 0), }", NULL, 0);
+    write_raw(P("k0.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967297, 0), }", NULL, 0);
+    write_raw(P("v0.npy"), "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967297, 0), }", NULL, 0);
+    const int64_t len = ((int64_t)1 << 32) + 1;
+    write_raw(P("kvl.npy"), "{'descr': '<i8', 'fortran_order': False, 'shape': (1,), }", &len, 8);
+    const char *args[] = {"forward", "-q", P("q0.npy"), "-k", P("k0.npy"), "-v", P("v0.npy"), "-o", P("out.npy"),
+                          "--lse", P("out_lse.npy"), "--scale", "1", "--kv-len", P("kvl.npy"), NULL};
+    cli_res r = cli_run(args);
+    cr_expect_eq(r.status, 2, "kv length 2^32 + 1 accepted (exit %d); it is stored as int32 1", r.status);
+    cr_expect_eq(count_files("out"), 0);
+}
+
+/* REGRESSION (a low-severity bug found by the adversarial review, now fixed): tools/sdpa.c K_SCALE
+ * parsing rejects a denormal or underflowing --scale: strtof sets ERANGE for
+ * 1e-40 (and for 1e-38 < FLT_MIN), and the check reports "'1e-38' is not a
+ * finite number" although the library accepts any finite scale. */
+Test(cli, bug_cli_denormal_scale_rejected, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    cli_inputs();
+    const char *args[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"),
+                          "--scale", "1e-40", NULL};
+    cli_res r = cli_run(args);
+    cr_expect_eq(r.status, 0, "--scale 1e-40: %s", r.err);
+}
+
+/* REGRESSION (a low-severity bug found by the adversarial review, now fixed): tools/sdpa.c out_prepare()
+ * creates "<path>.tmp.XXXXXX" next to the output, 11 bytes longer than the
+ * name: an output whose name has 245..255 bytes (legal on Linux, NAME_MAX 255)
+ * fails with "cannot create: File name too long". */
+Test(cli, bug_cli_long_output_name, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    cli_inputs();
+    char name[256];
+    memset(name, 'o', 250);
+    strcpy(name + 250, ".npy"); /* 254 bytes */
+    const char *args[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P(name), NULL};
+    cli_res r = cli_run(args);
+    cr_expect_eq(r.status, 0, "a 254-byte output name: %s", r.err);
+}
+
+/* REGRESSION (a bug found by the adversarial review, now fixed): `sdpa backward --threads 4096` on a tiny
+ * problem asks libgomp for 4096 threads (see bug_backward_thread_count_not_capped);
+ * where they cannot be created libgomp prints its own message and exits 1,
+ * and the three "<out>.tmp.XXXXXX" temporaries are left behind, breaking the
+ * CLI contract (one "sdpa: error" line, exit 2, no file created). Skipped
+ * under ASan. */
+Test(cli, bug_cli_backward_many_threads_limited_memory, .timeout = 60)
+{
+    if (ADV_ASAN)
+        cr_skip_test("RLIMIT_AS cannot be used under AddressSanitizer");
+    cli_setup();
+    cli_inputs();
+    struct rlimit rl = {(rlim_t)1 << 30, (rlim_t)1 << 30}; /* 1 GiB: ~100 thread stacks */
+    const char *args[] = {"backward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "--do", P("q.npy"),
+                          "--dq", P("out_dq.npy"), "--dk", P("out_dk.npy"), "--dv", P("out_dv.npy"), "--threads",
+                          "4096", NULL};
+    cli_res r = cli_run_env(args, &rl);
+    cr_expect(r.status == 0 || (r.status == 2 && strncmp(r.err, "sdpa: error: ", 13) == 0),
+              "exit %d, stderr: %s", r.status, r.err);
+    if (r.status != 0)
+        cr_expect_eq(count_files("out"), 0, "temporaries left behind");
+    cli_teardown();
+}
