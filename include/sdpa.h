@@ -28,7 +28,8 @@
  * (calls already running keep the kernels they started with).
  *
  * Threads: sdpa_forward / sdpa_backward run an OpenMP team of num_threads
- * threads (0: omp_get_max_threads()). A server that calls the library from N
+ * threads (0: omp_get_max_threads(); at most four per processor; one when the
+ * library is built without OpenMP). A server that calls the library from N
  * threads of its own should pass num_threads = 1 (no team is started at all)
  * or split its cores between callers; with 0, N calls start N full teams. Inside
  * a caller's own OpenMP parallel region the call runs on one thread unless
@@ -219,9 +220,10 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * block sizes). Thread-safety: any number of calls may run at once; the inputs
  * are only read, so they may be shared between concurrent calls.
  * Workspace, allocated per call: per thread about 4 * block_q * (Dk + Dv +
- * block_k + 10) bytes, plus, when the keys are split (fewer than 64 query tiles,
- * e.g. decode), 4 * block_q * (Dv + 2) bytes per (tile, split), at most 64 of
- * them; failure returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with Tq x Tk.
+ * block_k + 7) bytes, plus, when the keys are split (fewer than 64 query tiles,
+ * e.g. decode), at most 4 * block_q * (Dv + 2) bytes per (tile, split), fewer
+ * than 128 of them; failure returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with
+ * Tq x Tk.
  * @return SDPA_OK, or SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_BAD_DESCRIPTOR,
  *   SDPA_ERR_NEGATIVE_SIZE, SDPA_ERR_HEAD_GROUPING, SDPA_ERR_BAD_SCALE,
  *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_BAD_WINDOW, SDPA_ERR_BAD_KV_LENGTH,
@@ -261,8 +263,10 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * that row's query tile), so its P is exp((S - max) - log(sum)), and its D is
  * sum_j P_j dP_j (float64 sums) instead of rowsum(dO * O), whose O has
  * rounded away the other keys' share when one key dominates.
- * Determinism: tiles are processed in an anti-diagonal wavefront so that every
- * accumulation happens in a fixed order: bitwise identical for every thread count.
+ * Determinism: every dQ tile receives its terms in increasing key-tile order and
+ * every dK/dV tile in increasing query-tile order, whether a thread runs whole
+ * heads or the team runs the tiles in anti-diagonal waves: bitwise identical for
+ * every thread count.
  * Thread-safety: as sdpa_forward(); the inputs are only read.
  * Workspace, allocated per call: 4 * B * Hq * Tq floats (D, and the recomputed
  * max, log-sum and D remainder of such rows), plus per thread about
