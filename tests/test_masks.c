@@ -761,3 +761,114 @@ Test(masks, bug_nan_key_masked_by_bias)
         }
     }
 }
+
+/* A finite bias never masks, even -FLT_MAX on every key of every row of a tile.
+ * Batch 0: every (head, row, key) carries -FLT_MAX, so every query tile of it is
+ * made only of such rows (nothing else in the tile keeps a key: a tile
+ * classification that took "very negative" for "masked" would skip it whole);
+ * batch 1: an ordinary finite bias. Each score of batch 0 rounds to -FLT_MAX
+ * exactly (in float and in double), so its rows attend uniformly: O = the mean
+ * of V, LSE finite (-FLT_MAX + log Tk rounds to -FLT_MAX), and the backward
+ * (|LSE| >= 256: statistics recomputed) is finite and follows P = 1/Tk. Tq = 70
+ * spans several query tiles plus a tail on every ISA. Forward and backward
+ * against the float64 reference with the FlashAttention rule (2x / 3x the
+ * naive fp32 error), with 1 and 2 threads, on every ISA. */
+Test(masks, finite_min_bias_tile_is_not_skipped, .timeout = 120)
+{
+    enum { B = 2, HQ = 2, HKV = 1, TQ = 70, TK = 45, DK = 24, DV = 20 };
+    const size_t nq = (size_t)B * HQ * TQ * DK, nk = (size_t)B * HKV * TK * DK, nv = (size_t)B * HKV * TK * DV;
+    const size_t no = (size_t)B * HQ * TQ * DV, nl = (size_t)B * HQ * TQ, nb = (size_t)B * HQ * TQ * TK;
+    util_rng rng;
+    util_rng_seed(&rng, "finite_min_bias_tile_is_not_skipped", 4242);
+    float *q = util_falloc(nq), *k = util_falloc(nk), *v = util_falloc(nv), *dO = util_falloc(no);
+    float *bias = util_falloc(nb);
+    util_fill_normal(&rng, q, nq, 1.0f);
+    util_fill_normal(&rng, k, nk, 1.0f);
+    util_fill_normal(&rng, v, nv, 1.0f);
+    util_fill_normal(&rng, dO, no, 1.0f);
+    for (size_t e = 0; e < nb; e++)
+        bias[e] = e < nb / 2 ? -FLT_MAX : (float)util_rng_normal(&rng);
+    sdpa_problem p = util_problem(B, HQ, HKV, TQ, TK, DK, DV);
+    p.bias = (sdpa_bias){bias, (int64_t)HQ * TQ * TK, (int64_t)TQ * TK, TK, 1};
+
+    double *ro = util_dalloc(no), *rl = util_dalloc(nl), *rdq = util_dalloc(nq), *rdk = util_dalloc(nk),
+           *rdv = util_dalloc(nv);
+    float *no32 = util_falloc(no), *nl32 = util_falloc(nl), *ndq = util_falloc(nq), *ndk = util_falloc(nk),
+          *ndv = util_falloc(nv);
+    ref_forward(&p, q, k, v, ro, rl);
+    ref_backward(&p, q, k, v, dO, rdq, rdk, rdv);
+    naive32_forward(&p, q, k, v, no32, nl32);
+    naive32_backward(&p, q, k, v, dO, ndq, ndk, ndv);
+    /* the reference itself: batch 0 attends uniformly */
+    for (int64_t h = 0; h < HQ; h++)
+        for (int64_t i = 0; i < TQ; i++) {
+            cr_assert(rl[h * TQ + i] == (double)-FLT_MAX, "reference LSE %.9g", rl[h * TQ + i]);
+            for (int64_t c = 0; c < DV; c++) {
+                double mean = 0.0;
+                for (int64_t j = 0; j < TK; j++)
+                    mean += (double)v[j * DV + c];
+                mean /= TK;
+                cr_assert(fabs(ro[(h * TQ + i) * DV + c] - mean) <= 1e-12, "reference O is not the mean of V");
+            }
+        }
+
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int ni = util_isas(isas);
+    for (int t = 0; t < ni; t++)
+        for (int threads = 1; threads <= 2; threads++) {
+            float *o = util_galloc(no), *l = util_galloc(nl), *dq = util_galloc(nq), *dk = util_galloc(nk),
+                  *dv = util_galloc(nv);
+            p.isa = isas[t];
+            p.num_threads = threads;
+            const sdpa_tensor tq = util_cview(q, HQ, TQ, DK), tk = util_cview(k, HKV, TK, DK),
+                              tv = util_cview(v, HKV, TK, DV), tdo = util_cview(dO, HQ, TQ, DV),
+                              oi = util_cview(o, HQ, TQ, DV), li = util_lse_view(l, HQ, TQ);
+            const sdpa_tensor_out to = util_cview_out(o, HQ, TQ, DV), tl = util_lse_view_out(l, HQ, TQ),
+                                  odq = util_cview_out(dq, HQ, TQ, DK), odk = util_cview_out(dk, HKV, TK, DK),
+                                  odv = util_cview_out(dv, HKV, TK, DV);
+            char w[96];
+            snprintf(w, sizeof w, "[%s, %d thread(s)]", sdpa_isa_name(isas[t]), threads);
+            cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK, "%s forward", w);
+            size_t skipped = 0;
+            for (size_t r = 0; r < nl / 2; r++)
+                if (!isfinite(l[r]) || l[r] != -FLT_MAX)
+                    skipped++;
+            cr_expect_eq(skipped, 0, "%s %zu row(s) of the -FLT_MAX batch have LSE != -FLT_MAX (first %.9g): "
+                         "skipped as masked?", w, skipped, (double)l[0]);
+            for (size_t e = 0; e < no / 2; e++) {
+                const int64_t c = (int64_t)(e % DV);
+                double mean = 0.0;
+                for (int64_t j = 0; j < TK; j++)
+                    mean += (double)v[j * DV + c];
+                mean /= TK;
+                if (!(fabs((double)o[e] - mean) <= 1e-5)) {
+                    cr_expect(0, "%s O[%zu] = %.9g, the mean of V is %.9g", w, e, (double)o[e], mean);
+                    break;
+                }
+            }
+            char what[128];
+            snprintf(what, sizeof what, "%s O", w);
+            util_fa_expect(what, o, no32, ro, no, 2.0);
+            snprintf(what, sizeof what, "%s LSE", w);
+            util_fa_expect(what, l, nl32, rl, nl, 2.0);
+            cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &oi, &li, &tdo, &odq, &odk, &odv), SDPA_OK,
+                         "%s backward", w);
+            cr_expect(!util_has_nan(dq, nq) && !util_has_nan(dk, nk) && !util_has_nan(dv, nv), "%s NaN gradient", w);
+            snprintf(what, sizeof what, "%s dQ", w);
+            util_fa_expect(what, dq, ndq, rdq, nq, 3.0);
+            snprintf(what, sizeof what, "%s dK", w);
+            util_fa_expect(what, dk, ndk, rdk, nk, 3.0);
+            snprintf(what, sizeof what, "%s dV", w);
+            util_fa_expect(what, dv, ndv, rdv, nv, 3.0);
+            cr_expect(util_gintact(o, "O") && util_gintact(l, "LSE") && util_gintact(dq, "dQ") &&
+                      util_gintact(dk, "dK") && util_gintact(dv, "dV"), "%s guard zones", w);
+            util_gfree(o);
+            util_gfree(l);
+            util_gfree(dq);
+            util_gfree(dk);
+            util_gfree(dv);
+        }
+    free(q); free(k); free(v); free(dO); free(bias);
+    free(ro); free(rl); free(rdq); free(rdk); free(rdv);
+    free(no32); free(nl32); free(ndq); free(ndk); free(ndv);
+}
