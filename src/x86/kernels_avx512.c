@@ -3,8 +3,11 @@
  *
  * gemm register block 6 x 64 (6 x 4 zmm accumulators); tails through opmask
  * registers; the skip-zero products are masked FMAs; exp is
- * Sleef_expf16_u10avx512f; gemm_nt (decode scores) keeps 4 rows x 4 keys of zmm
- * dot-product accumulators. Built with the AVX-512 F/VL/BW/DQ flags only. */
+ * Sleef_exp2f16_u10avx512f (2^y, see simd_tmpl.h); gemm_nt (decode scores)
+ * keeps one query row of up to 16 zmm or two of up to 8 in registers against 4
+ * or 2 keys per reduction, and longer rows from L1, up to 4 query rows per key.
+ * Built with the AVX-512 F/VL/BW/DQ flags only. It replaces every kernel of
+ * the AVX2 rung (the whole template over zmm). */
 #include "x86/vec_avx512.h"
 
 #include "simd_tmpl.h"
@@ -12,10 +15,11 @@
 void sdpa_kernels_init_avx512(sdpa_kernels *t)
 {
     tmpl_fill_table(t);
+    t->isa = SDPA_ISA_AVX512;
     t->name = "avx512";
-    t->block_q = 64; /* one column block of 4 zmm */
-    t->nt_max_cols = 16; /* decode (Tq=1, Hkv=8, Tk=2048, D=128) on Zen 4: the gemm_nt path is
-                            1.2-1.9x faster than the transposed one for 8..16 columns */
+    t->block_q = 64;     /* one column block of 4 zmm */
+    t->block_k = 128;    /* fewer per-tile passes than 64 (docs/perf-notes.md) */
     t->band_keys = 16;
-    t->block_k = 128; /* measured best on Zen 4 (T=2048 D=128 causal): fewer per-tile passes */
+    t->nt_max_cols = 16; /* decode: up to 16 query columns take gemm_nt and gemm_stream
+                            (docs/perf-notes.md) */
 }

@@ -87,6 +87,13 @@ static inline void avx2_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, floa
 /* gemm_stream, rows longer than V_NT_QREGS / 2 vectors: two rows at a time in
  * column chunks of 6 ymm (12 accumulators, 2 broadcasts and a B vector). */
 #define V_STREAM_PAIR_NV 6
+/* The few-column (decode) path: keys per step (the table's nt_step; gemm_nt's
+ * key block) and query rows attend_rows takes. The band column cut (col_align)
+ * is 16 floats on every ISA, scalar included, so that the driver cuts a given
+ * shape the same way whatever the ISA. */
+#define V_NT_STEP 16
+#define V_ATTEND_MAX_ROWS 16
+#define V_COL_ALIGN 16
 
 typedef __m256 v_f32;
 typedef __m256 v_mask; /* all-ones / all-zeros lanes */

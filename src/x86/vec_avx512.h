@@ -24,6 +24,13 @@
 #define V_NT_QREGS 16
 /* gemm_stream: one output row of up to 24 zmm in registers (head_dim 384). */
 #define V_STREAM_HREGS 24
+/* The few-column (decode) path: keys per step (the table's nt_step; gemm_nt's
+ * key block) and query rows attend_rows takes. The band column cut (col_align)
+ * is 16 floats on every ISA, scalar included, so that the driver cuts a given
+ * shape the same way whatever the ISA. */
+#define V_NT_STEP 16
+#define V_ATTEND_MAX_ROWS 16
+#define V_COL_ALIGN 16
 
 typedef __m512 v_f32;
 typedef __mmask16 v_mask;

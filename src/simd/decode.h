@@ -1,0 +1,489 @@
+/* SPDX-License-Identifier: MIT */
+/* simd/decode.h - the few-column (decode) kernels over the vector layer: gemm_nt (S = Q K^T
+ * with K rows read whole), gemm_stream (O = alpha O + P V with B rows read whole) and
+ * attend_rows (both, with the row softmax, one key step at a time).
+ *
+ * Part of src/simd_tmpl.h, included only from there (after a vector layer). The
+ * kernels instantiated per (rows, vectors) come from TMPL_UPTO lists, one per
+ * family, which define both the kernels and their table. */
+#ifndef SDPA_SIMD_DECODE_H
+#define SDPA_SIMD_DECODE_H
+
+/* Half of V_NT_QREGS as a literal (TMPL_UPTO needs one): the vectors per query
+ * row when two rows share the registers. */
+#define TMPL_HALF_8 4
+#define TMPL_HALF_16 8
+#define TMPL_NT_PAIR_NV TMPL_CAT(TMPL_HALF, V_NT_QREGS)
+#if V_NT_QREGS != 8 && V_NT_QREGS != 16
+#error "V_NT_QREGS must be 8 or 16 (add its half to TMPL_HALF_*)"
+#endif
+
+/* --------------------------------------------------------------- gemm_nt */
+
+/* Row n of B against rows 0..rb-1 of A (rb compile-time, 1..TMPL_REDUCE_N), for head_dims
+ * too long to keep query rows in registers: C(i, n) = alpha * sum_k A[i*lda + k] B[k]
+ * for i < rb. The key row is read once, front to back (see tmpl_nt_reg), and
+ * each query row's vector comes from L1; one accumulator per row, then
+ * V_REDUCE4. */
+TMPL_INLINE void tmpl_nt_key(const int rb, int K, float alpha, const float *A, ptrdiff_t lda,
+                             const float *b, float *c, ptrdiff_t rs_c)
+{
+    v_f32 acc[TMPL_REDUCE_N];
+    TMPL_UNROLL
+    for (int i = 0; i < TMPL_REDUCE_N; i++)
+        acc[i] = V_ZERO();
+    int k = 0;
+    for (; k + TMPL_VL <= K; k += TMPL_VL) {
+        const v_f32 bv = V_LOAD(b + k);
+        TMPL_UNROLL
+        for (int i = 0; i < rb; i++)
+            acc[i] = V_FMA(V_LOAD(A + (ptrdiff_t)i * lda + k), bv, acc[i]);
+    }
+    if (k < K) {
+        const v_tail t = V_TAIL_INIT(K - k);
+        const v_f32 bv = V_LOAD_T(b + k, t);
+        TMPL_UNROLL
+        for (int i = 0; i < rb; i++)
+            acc[i] = V_FMA(V_LOAD_T(A + (ptrdiff_t)i * lda + k, t), bv, acc[i]);
+    }
+    float s[TMPL_REDUCE_N];
+    V_REDUCE4(acc[0], acc[1], acc[2], acc[3], s);
+    TMPL_UNROLL
+    for (int i = 0; i < rb; i++)
+        c[(ptrdiff_t)i * rs_c] = alpha * s[i];
+}
+
+typedef void (*tmpl_nt_fn)(int N, int K, float alpha, const float *A, ptrdiff_t lda, const float *B,
+                           ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c);
+/* gemm_nt_keys_<rows>_<isa>, rows 1..TMPL_REDUCE_N */
+#define TMPL_NT_KEYS(rb, unused)                                                                   \
+    static void TMPL_FN(gemm_nt_keys_##rb)(int N, int K, float alpha, const float *A, ptrdiff_t lda, \
+                                           const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, \
+                                           ptrdiff_t cs_c)                                         \
+    {                                                                                              \
+        for (int n = 0; n < N; n++)                                                                \
+            tmpl_nt_key(rb, K, alpha, A, lda, B + (ptrdiff_t)n * ldb, C + (ptrdiff_t)n * cs_c, rs_c); \
+    }
+#define TMPL_NT_KEYS_PTR(rb, unused) [rb] = TMPL_FN(gemm_nt_keys_##rb),
+TMPL_UPTO(TMPL_REDUCE_N, TMPL_NT_KEYS, ~)
+static const tmpl_nt_fn TMPL_FN(gemm_nt_keys_tab)[TMPL_REDUCE_N + 1] = {
+    TMPL_UPTO(TMPL_REDUCE_N, TMPL_NT_KEYS_PTR, ~)};
+
+/* Register-resident query rows, for head_dim up to V_NT_QREGS vectors (decode).
+ * rb (1 or 2) query rows of nv vectors stay in registers, and keys are taken
+ * TMPL_REDUCE_N/rb at a time, each key row read whole, front to back, before
+ * the next: the hardware prefetchers follow that order (reading several key
+ * rows side by side, as a register-blocked dot product would, loses memory
+ * bandwidth: docs/perf-notes.md). Each (row, key) sums even and odd vectors in two chains, then
+ * V_REDUCE4 of their sum: C(m,n) depends only on row m, row n, K and alpha,
+ * the same for rb = 1 and 2. rb, nv compile-time; the last vector is partial
+ * when K % VL != 0. */
+TMPL_INLINE void tmpl_nt_reg(const int rb, const int nv, int mr, int N, int K, float alpha,
+                             const float *A, ptrdiff_t lda, const float *B, ptrdiff_t ldb, float *C,
+                             ptrdiff_t rs_c, ptrdiff_t cs_c)
+{
+    const int kpi = TMPL_REDUCE_N / rb; /* keys per iteration: one V_REDUCE4 */
+    const int tailn = K - (nv - 1) * TMPL_VL;
+    const v_tail t = V_TAIL_INIT(tailn);
+    const int part = tailn < TMPL_VL; /* the last vector is partial: masked loads */
+    v_f32 q[2][V_NT_QREGS];
+    TMPL_UNROLL
+    for (int i = 0; i < rb; i++) {
+        const float *a = A + (ptrdiff_t)(i < mr ? i : mr - 1) * lda;
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++)
+            q[i][v] = (v == nv - 1 && part) ? V_LOAD_T(a + v * TMPL_VL, t) : V_LOAD(a + v * TMPL_VL);
+    }
+    for (int n0 = 0; n0 < N; n0 += kpi) {
+        v_f32 acc[TMPL_REDUCE_N][2];
+        TMPL_UNROLL
+        for (int j = 0; j < kpi; j++) {
+            const float *b = B + (ptrdiff_t)(n0 + j < N ? n0 + j : N - 1) * ldb;
+            TMPL_UNROLL
+            for (int i = 0; i < rb; i++)
+                acc[j * rb + i][0] = acc[j * rb + i][1] = V_ZERO();
+            TMPL_UNROLL
+            for (int v = 0; v < nv; v++) {
+                const v_f32 bv = (v == nv - 1 && part) ? V_LOAD_T(b + v * TMPL_VL, t) : V_LOAD(b + v * TMPL_VL);
+                TMPL_UNROLL
+                for (int i = 0; i < rb; i++)
+                    acc[j * rb + i][v & 1] = V_FMA(q[i][v], bv, acc[j * rb + i][v & 1]);
+            }
+        }
+        float s[TMPL_REDUCE_N];
+        V_REDUCE4(V_ADD(acc[0][0], acc[0][1]), V_ADD(acc[1][0], acc[1][1]), V_ADD(acc[2][0], acc[2][1]),
+                  V_ADD(acc[3][0], acc[3][1]), s);
+        TMPL_UNROLL
+        for (int j = 0; j < kpi; j++)
+            if (n0 + j < N)
+                TMPL_UNROLL
+                for (int i = 0; i < rb; i++)
+                    if (i < mr)
+                        C[(ptrdiff_t)i * rs_c + (ptrdiff_t)(n0 + j) * cs_c] = alpha * s[j * rb + i];
+    }
+}
+
+typedef void (*tmpl_nt_reg_fn)(int mr, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                               const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c);
+/* gemm_nt_reg_<rows>_<vectors>_<isa>: one row up to V_NT_QREGS vectors, two rows
+ * up to half of them. TMPL_NT_REG_LIST(X) is X(nv, rb) for each. */
+#define TMPL_NT_REG_LIST(X) TMPL_UPTO(V_NT_QREGS, X, 1) TMPL_UPTO(TMPL_NT_PAIR_NV, X, 2)
+#define TMPL_NT_REG(nv, rb)                                                                        \
+    static void TMPL_FN(gemm_nt_reg_##rb##_##nv)(int mr, int N, int K, float alpha, const float *A, \
+                                                 ptrdiff_t lda, const float *B, ptrdiff_t ldb,     \
+                                                 float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)         \
+    {                                                                                              \
+        tmpl_nt_reg(rb, nv, mr, N, K, alpha, A, lda, B, ldb, C, rs_c, cs_c);                       \
+    }
+#define TMPL_NT_REG_PTR(nv, rb) [rb - 1][nv] = TMPL_FN(gemm_nt_reg_##rb##_##nv),
+TMPL_NT_REG_LIST(TMPL_NT_REG)
+/* [rows - 1][vectors] (unused entries NULL) */
+static const tmpl_nt_reg_fn TMPL_FN(gemm_nt_reg_tab)[2][V_NT_QREGS + 1] = {TMPL_NT_REG_LIST(TMPL_NT_REG_PTR)};
+
+/* C(m,n) = alpha * sum_k A[m*lda + k] B[n*ldb + k], see sdpa_gemm_nt_fn. Blocks
+ * of V_NT_STEP key rows: each row is read from memory once, whole and in order,
+ * by the first pass over the block; the other passes (query rows: one or two
+ * per pass in registers, up to TMPL_REDUCE_N from L1) find it in L1. */
+static void TMPL_FN(gemm_nt)(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                             const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) { /* no products: C = alpha * 0, and A, B (maybe NULL) are not touched */
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++)
+                C[(ptrdiff_t)m * rs_c + (ptrdiff_t)n * cs_c] = alpha * 0.0f;
+        return;
+    }
+    const int nvk = (K + TMPL_VL - 1) / TMPL_VL;
+    if (nvk <= V_NT_QREGS) { /* query rows in registers: key blocks of V_NT_STEP, row pairs inside */
+        const int two = 2 * nvk <= V_NT_QREGS;
+        for (int n0 = 0; n0 < N; n0 += V_NT_STEP) {
+            const int nb = N - n0 < V_NT_STEP ? N - n0 : V_NT_STEP;
+            for (int m0 = 0; m0 < M; m0 += 1 + two) {
+                const int mr = M - m0 < 1 + two ? M - m0 : 1 + two;
+                TMPL_FN(gemm_nt_reg_tab)[mr - 1][nvk](mr, nb, K, alpha, A + (ptrdiff_t)m0 * lda, lda,
+                                             B + (ptrdiff_t)n0 * ldb, ldb,
+                                             C + (ptrdiff_t)m0 * rs_c + (ptrdiff_t)n0 * cs_c, rs_c, cs_c);
+            }
+        }
+        return;
+    }
+    /* query rows from L1, up to TMPL_REDUCE_N per pass over a block of V_NT_STEP key rows */
+    for (int n0 = 0; n0 < N; n0 += V_NT_STEP) {
+        const int nb = N - n0 < V_NT_STEP ? N - n0 : V_NT_STEP;
+        for (int m0 = 0; m0 < M; m0 += TMPL_REDUCE_N) {
+            const int mr = M - m0 < TMPL_REDUCE_N ? M - m0 : TMPL_REDUCE_N;
+            TMPL_FN(gemm_nt_keys_tab)[mr](nb, K, alpha, A + (ptrdiff_t)m0 * lda, lda, B + (ptrdiff_t)n0 * ldb, ldb,
+                                 C + (ptrdiff_t)m0 * rs_c + (ptrdiff_t)n0 * cs_c, rs_c, cs_c);
+        }
+    }
+}
+
+/* ----------------------------------------------------------- gemm_stream */
+
+/* rb (1 or 2) rows of accumulators, nv vectors each, in registers for the
+ * whole call; per key, the row of B is read whole before the next. A term whose A(i,k)
+ * is the sentinel leaves the accumulator alone (skip_masked); a key whose
+ * terms are all skipped is not read. The last vector is partial when
+ * N % VL != 0. rb, nv compile-time. */
+TMPL_INLINE void tmpl_stream_reg(const int rb, const int nv, const int skip_masked, int mr, int N, int K,
+                                 const float *A, ptrdiff_t lda, const float *B, ptrdiff_t ldb, float *C,
+                                 ptrdiff_t ldc, const float *row_scale)
+{
+    const v_tail t = V_TAIL_INIT(N - (nv - 1) * TMPL_VL);
+    const int part = N - (nv - 1) * TMPL_VL < TMPL_VL; /* the last vector is partial: masked */
+    v_f32 acc[2][V_STREAM_HREGS];
+    const float *a[2];
+    TMPL_UNROLL
+    for (int i = 0; i < rb; i++) {
+        a[i] = A + (ptrdiff_t)(i < mr ? i : mr - 1) * lda;
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++)
+            acc[i][v] = V_ZERO();
+    }
+    const unsigned all = (1u << rb) - 1u;
+    for (int k = 0; k < K; k++) {
+        const float *b = B + (ptrdiff_t)k * ldb;
+        v_f32 p[2];
+        unsigned live = all;
+        TMPL_UNROLL
+        for (int i = 0; i < rb; i++) {
+            const float x = a[i][k];
+            p[i] = V_SET1(x);
+            if (skip_masked) {
+                uint32_t u;
+                memcpy(&u, &x, sizeof u);
+                if (u == 0x80000000u)
+                    live &= ~(1u << i);
+            }
+        }
+        if (live == all) {
+            TMPL_UNROLL
+            for (int v = 0; v < nv; v++) {
+                const v_f32 bv = (v == nv - 1 && part) ? V_LOAD_T(b + v * TMPL_VL, t) : V_LOAD(b + v * TMPL_VL);
+                TMPL_UNROLL
+                for (int i = 0; i < rb; i++)
+                    acc[i][v] = V_FMA(p[i], bv, acc[i][v]);
+            }
+        } else if (live) {
+            TMPL_UNROLL
+            for (int v = 0; v < nv; v++) {
+                const v_f32 bv = (v == nv - 1 && part) ? V_LOAD_T(b + v * TMPL_VL, t) : V_LOAD(b + v * TMPL_VL);
+                TMPL_UNROLL
+                for (int i = 0; i < rb; i++)
+                    if (live >> i & 1u)
+                        acc[i][v] = V_FMA(p[i], bv, acc[i][v]);
+            }
+        }
+    }
+    /* C = row_scale * C + acc: the step's products are summed on their own
+     * first (as the gemm does), then added with one rounding */
+    TMPL_UNROLL
+    for (int i = 0; i < rb; i++)
+        if (i < mr) {
+            float *c = C + (ptrdiff_t)i * ldc;
+            const v_f32 sc = V_SET1(row_scale ? row_scale[i] : 1.0f);
+            TMPL_UNROLL
+            for (int v = 0; v < nv; v++) {
+                if (v == nv - 1 && part)
+                    V_STORE_T(c + v * TMPL_VL, V_FMA(sc, V_LOAD_T(c + v * TMPL_VL, t), acc[i][v]), t);
+                else
+                    V_STORE(c + v * TMPL_VL, V_FMA(sc, V_LOAD(c + v * TMPL_VL), acc[i][v]));
+            }
+        }
+}
+
+typedef void (*tmpl_stream_fn)(int mr, int N, int K, const float *A, ptrdiff_t lda, const float *B,
+                               ptrdiff_t ldb, float *C, ptrdiff_t ldc, const float *row_scale);
+/* Vectors per row when two rows go together: half the query registers, or the
+ * pair path's column chunk where the layer has one and it is wider. */
+#if defined(V_STREAM_PAIR_NV) && V_STREAM_PAIR_NV > V_NT_QREGS / 2
+#define TMPL_STREAM_PAIR_NV V_STREAM_PAIR_NV
+#else
+#define TMPL_STREAM_PAIR_NV TMPL_NT_PAIR_NV
+#endif
+/* gemm_stream_<rows>_<vectors>_<skip_masked>_<isa>: one row up to V_STREAM_HREGS
+ * vectors, two rows up to TMPL_STREAM_PAIR_NV. TMPL_STREAM_LIST(X) is X(nv, rb). */
+#define TMPL_STREAM_LIST(X) TMPL_UPTO(V_STREAM_HREGS, X, 1) TMPL_UPTO(TMPL_STREAM_PAIR_NV, X, 2)
+#define TMPL_STREAM1(rb, nv, sk)                                                                   \
+    static void TMPL_FN(gemm_stream_##rb##_##nv##_##sk)(int mr, int N, int K, const float *A,      \
+                                                        ptrdiff_t lda, const float *B, ptrdiff_t ldb, \
+                                                        float *C, ptrdiff_t ldc, const float *row_scale) \
+    {                                                                                              \
+        tmpl_stream_reg(rb, nv, sk, mr, N, K, A, lda, B, ldb, C, ldc, row_scale);                  \
+    }
+#define TMPL_STREAM(nv, rb) TMPL_STREAM1(rb, nv, 0) TMPL_STREAM1(rb, nv, 1)
+#define TMPL_STREAM_PTR(nv, rb)                                                                    \
+    [0][rb - 1][nv] = TMPL_FN(gemm_stream_##rb##_##nv##_0), [1][rb - 1][nv] = TMPL_FN(gemm_stream_##rb##_##nv##_1),
+TMPL_STREAM_LIST(TMPL_STREAM)
+/* [skip_masked][rows - 1][vectors] (unused entries NULL) */
+static const tmpl_stream_fn TMPL_FN(gemm_stream_tab)[2][2][V_STREAM_HREGS + 1] = {TMPL_STREAM_LIST(TMPL_STREAM_PTR)};
+
+/* One row of C longer than V_STREAM_HREGS vectors: the first V_STREAM_HREGS
+ * vectors of accumulators in registers, the other columns (at most
+ * TMPL_STREAM_NMAX) in an L1 buffer; each row of B still read whole, in order,
+ * and the same sums as tmpl_stream_reg. */
+#define TMPL_STREAM_NMAX 512
+TMPL_INLINE void tmpl_stream_hyb(const int skip_masked, int N, int K, const float *A, const float *B,
+                                 ptrdiff_t ldb, float *C, const float *row_scale)
+{
+    enum { NR = V_STREAM_HREGS };
+    float accl[TMPL_STREAM_NMAX] __attribute__((aligned(64)));
+    const int n1 = NR * TMPL_VL, nl = N - n1, nlf = nl - nl % TMPL_VL;
+    const v_tail t = V_TAIL_INIT(nl > nlf ? nl - nlf : TMPL_VL);
+    v_f32 acc[NR];
+    TMPL_UNROLL
+    for (int v = 0; v < NR; v++)
+        acc[v] = V_ZERO();
+    for (int n = 0; n < nl; n++)
+        accl[n] = 0.0f;
+    for (int k = 0; k < K; k++) {
+        const float x = A[k];
+        if (skip_masked) {
+            uint32_t u;
+            memcpy(&u, &x, sizeof u);
+            if (u == 0x80000000u)
+                continue;
+        }
+        const v_f32 p = V_SET1(x);
+        const float *b = B + (ptrdiff_t)k * ldb;
+        TMPL_UNROLL
+        for (int v = 0; v < NR; v++)
+            acc[v] = V_FMA(p, V_LOAD(b + v * TMPL_VL), acc[v]);
+        int n = 0;
+        for (; n < nlf; n += TMPL_VL)
+            V_STORE(accl + n, V_FMA(p, V_LOAD(b + n1 + n), V_LOAD(accl + n)));
+        if (n < nl)
+            V_STORE_T(accl + n, V_FMA(p, V_LOAD_T(b + n1 + n, t), V_LOAD_T(accl + n, t)), t);
+    }
+    const v_f32 sc = V_SET1(row_scale ? row_scale[0] : 1.0f);
+    TMPL_UNROLL
+    for (int v = 0; v < NR; v++)
+        V_STORE(C + v * TMPL_VL, V_FMA(sc, V_LOAD(C + v * TMPL_VL), acc[v]));
+    int n = 0;
+    for (; n < nlf; n += TMPL_VL)
+        V_STORE(C + n1 + n, V_FMA(sc, V_LOAD(C + n1 + n), V_LOAD(accl + n)));
+    if (n < nl)
+        V_STORE_T(C + n1 + n, V_FMA(sc, V_LOAD_T(C + n1 + n, t), V_LOAD_T(accl + n, t)), t);
+}
+
+static void TMPL_FN(gemm_stream_hyb_0)(int N, int K, const float *A, const float *B, ptrdiff_t ldb, float *C,
+                              const float *row_scale)
+{
+    tmpl_stream_hyb(0, N, K, A, B, ldb, C, row_scale);
+}
+
+static void TMPL_FN(gemm_stream_hyb_1)(int N, int K, const float *A, const float *B, ptrdiff_t ldb, float *C,
+                              const float *row_scale)
+{
+    tmpl_stream_hyb(1, N, K, A, B, ldb, C, row_scale);
+}
+
+/* See sdpa_gemm_stream_fn: a row of accumulators in registers when N fits
+ * V_STREAM_HREGS vectors (two rows per pass when two fit V_NT_QREGS), else
+ * V_STREAM_HREGS vectors in registers and the rest in an L1 buffer (column
+ * chunks for very long rows). */
+static void TMPL_FN(gemm_stream)(int M, int N, int K, const float *A, ptrdiff_t lda, const float *B,
+                                 ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked,
+                                 const float *row_scale)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K < 0)
+        K = 0;
+    const int nv = (N + TMPL_VL - 1) / TMPL_VL;
+#ifdef V_STREAM_PAIR_NV
+    if (M >= 2 && 2 * nv > V_NT_QREGS) {
+        /* Rows too long for two in registers (AVX2 at head_dim > 32): the first
+         * row alone, reading each row of B whole and in address order (the
+         * order the prefetchers follow when B comes from memory; starting with
+         * the column chunks is slower), then the other rows in pairs,
+         * columns in chunks of V_STREAM_PAIR_NV vectors from L1, so that each B
+         * vector loaded serves two rows and no accumulator goes through L1 (the
+         * one-row kernels load each B vector once per row, and past
+         * V_STREAM_HREGS vectors add a load and a store of an L1 accumulator).
+         * Each (m, n) still sums its terms from zero in increasing k and then
+         * adds the scaled C: the same bits as the one-row kernels (the
+         * measured gain is in docs/perf-notes.md). */
+        const int cw = V_STREAM_PAIR_NV * TMPL_VL;
+        TMPL_FN(gemm_stream)(1, N, K, A, lda, B, ldb, C, ldc, skip_masked, row_scale); /* B rows read whole, in order */
+        M -= 1, A += lda, C += ldc, row_scale = row_scale ? row_scale + 1 : NULL;
+        for (; M >= 2; M -= 2, A += 2 * lda, C += 2 * ldc, row_scale = row_scale ? row_scale + 2 : NULL)
+            for (int n0 = 0; n0 < N; n0 += cw) {
+                const int nc = N - n0 < cw ? N - n0 : cw;
+                TMPL_FN(gemm_stream_tab)[skip_masked != 0][1][(nc + TMPL_VL - 1) / TMPL_VL](2, nc, K, A, lda, B + n0, ldb,
+                                                                                 C + n0, ldc, row_scale);
+            }
+        if (M == 0)
+            return;
+    }
+#endif
+    if (nv <= V_STREAM_HREGS) { /* rows of accumulators in registers, two at a time if they fit */
+        const int step = 2 * nv <= V_NT_QREGS ? 2 : 1;
+        for (int m0 = 0; m0 < M; m0 += step) {
+            const int mr = M - m0 < step ? M - m0 : step;
+            TMPL_FN(gemm_stream_tab)[skip_masked != 0][mr - 1][nv](mr, N, K, A + (ptrdiff_t)m0 * lda, lda, B, ldb,
+                                                          C + (ptrdiff_t)m0 * ldc, ldc,
+                                                          row_scale ? row_scale + m0 : NULL);
+        }
+        return;
+    }
+    /* longer rows: per row, V_STREAM_HREGS vectors in registers and up to
+     * TMPL_STREAM_NMAX more columns in L1, in column chunks of that width */
+    const int chunk = V_STREAM_HREGS * TMPL_VL + TMPL_STREAM_NMAX;
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int nc = N - n0 < chunk ? N - n0 : chunk;
+        for (int m = 0; m < M; m++) {
+            const float *am = A + (ptrdiff_t)m * lda;
+            float *cm = C + (ptrdiff_t)m * ldc + n0;
+            const float *sm = row_scale ? row_scale + m : NULL;
+            if (nc > V_STREAM_HREGS * TMPL_VL)
+                (skip_masked ? TMPL_FN(gemm_stream_hyb_1) : TMPL_FN(gemm_stream_hyb_0))(nc, K, am, B + n0, ldb, cm, sm);
+            else /* the last chunk is short enough for registers alone */
+                TMPL_FN(gemm_stream_tab)[skip_masked != 0][0][(nc + TMPL_VL - 1) / TMPL_VL](1, nc, K, am, lda, B + n0, ldb,
+                                                                                 cm, ldc, sm);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ attend_rows */
+
+/* Keys per step of attend_rows (and of the driver's few-column path: the
+ * table's nt_step) and the query rows it takes come from the layer; its
+ * scratch: S of every row, and alpha. */
+#define TMPL_ATTEND_STEP V_NT_STEP
+#define TMPL_ATTEND_MAX_ROWS V_ATTEND_MAX_ROWS
+#define TMPL_ATTEND_SCRATCH (TMPL_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP + TMPL_ATTEND_MAX_ROWS)
+
+/* One compile-time head_dim size (nv vectors for both Q.K and O): steps of
+ * TMPL_ATTEND_STEP keys, each S = scale Q K^T (query rows in registers, two at a time when two
+ * fit V_NT_QREGS, else one), the row softmax, O = alpha O + P V (O rows in
+ * registers, likewise); the pieces are the kernels above, inlined. */
+TMPL_INLINE void tmpl_attend(const int nv, int M, int N, int Dk, int Dv, float scale, const float *Q,
+                             ptrdiff_t ldq, const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv,
+                             float *m, float *l, float *O, ptrdiff_t ldo, float *S, float *alpha)
+{
+    const int pairs = 2 * nv <= V_NT_QREGS;
+    for (int j = 0; j < N; j += TMPL_ATTEND_STEP) {
+        const int n = N - j < TMPL_ATTEND_STEP ? N - j : TMPL_ATTEND_STEP;
+        const float *kj = K + (ptrdiff_t)j * ldk, *vj = V + (ptrdiff_t)j * ldv;
+        int m0 = 0;
+        if (pairs)
+            for (; m0 + 2 <= M; m0 += 2)
+                tmpl_nt_reg(2, nv, 2, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk,
+                            S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, 1);
+        for (; m0 < M; m0++)
+            tmpl_nt_reg(1, nv, 1, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk,
+                        S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, 1);
+        if (n < TMPL_ATTEND_STEP)
+            for (int r = 0; r < M; r++)
+                for (int jj = n; jj < TMPL_ATTEND_STEP; jj++)
+                    S[r * TMPL_ATTEND_STEP + jj] = -INFINITY;
+        TMPL_FN(online_softmax_rows)(M, TMPL_ATTEND_STEP, S, TMPL_ATTEND_STEP, m, l, alpha);
+        m0 = 0;
+        if (pairs)
+            for (; m0 + 2 <= M; m0 += 2)
+                tmpl_stream_reg(2, nv, 0, 2, Dv, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, vj, ldv,
+                                O + (ptrdiff_t)m0 * ldo, ldo, alpha + m0);
+        for (; m0 < M; m0++)
+            tmpl_stream_reg(1, nv, 0, 1, Dv, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, vj, ldv,
+                            O + (ptrdiff_t)m0 * ldo, ldo, alpha + m0);
+    }
+}
+
+typedef void (*tmpl_attend_fn)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                               const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
+                               float *l, float *O, ptrdiff_t ldo, float *S, float *alpha);
+/* attend_rows_<vectors>_<isa>, up to V_NT_QREGS vectors */
+#define TMPL_ATTEND_LIST(X) TMPL_UPTO(V_NT_QREGS, X, ~)
+#define TMPL_ATTEND(nv, unused)                                                                    \
+    static void TMPL_FN(attend_rows_##nv)(int M, int N, int Dk, int Dv, float scale, const float *Q, \
+                                          ptrdiff_t ldq, const float *K, ptrdiff_t ldk, const float *V, \
+                                          ptrdiff_t ldv, float *m, float *l, float *O, ptrdiff_t ldo, \
+                                          float *S, float *alpha)                                  \
+    {                                                                                              \
+        tmpl_attend(nv, M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, S, alpha);      \
+    }
+#define TMPL_ATTEND_PTR(nv, unused) [nv] = TMPL_FN(attend_rows_##nv),
+TMPL_ATTEND_LIST(TMPL_ATTEND)
+static const tmpl_attend_fn TMPL_FN(attend_rows_tab)[V_NT_QREGS + 1] = {TMPL_ATTEND_LIST(TMPL_ATTEND_PTR)};
+
+/* See sdpa_attend_rows_fn: the kernels above, inlined, when head_dim_qk and
+ * head_dim_v take the same number of vectors and a row fits V_NT_QREGS
+ * registers; returns 0 (nothing done) otherwise, and unless
+ * 0 < M <= TMPL_ATTEND_MAX_ROWS (the driver then composes the same steps). */
+static int TMPL_FN(attend_rows)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                                const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
+                                float *l, float *O, ptrdiff_t ldo, float *scratch)
+{
+    const int nvk = (Dk + TMPL_VL - 1) / TMPL_VL, nvv = (Dv + TMPL_VL - 1) / TMPL_VL;
+    if (Dk <= 0 || Dv <= 0 || nvk != nvv || nvk > V_NT_QREGS || M <= 0 || M > TMPL_ATTEND_MAX_ROWS)
+        return 0;
+    if (N > 0)
+        TMPL_FN(attend_rows_tab)[nvk](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch,
+                             scratch + TMPL_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP);
+    return 1;
+}
+
+#endif /* SDPA_SIMD_DECODE_H */
