@@ -3,10 +3,19 @@
  *
  * At load (a constructor, plus a pthread_once guard on every entry point for
  * static links and early callers) the CPU is probed, one kernel table per
- * runnable ISA is filled (scalar entries first, then upgraded: the dav1d
- * pattern), and the best runnable ISA, capped by the SDPA_ISA environment
- * variable, becomes the process-wide default. After that the tables are
- * read-only; only sdpa_force_isa() swaps the default pointer (atomically). */
+ * runnable ISA is filled, and the best runnable ISA, capped by the SDPA_ISA
+ * environment variable, becomes the process-wide default. After that the
+ * tables are read-only; only sdpa_force_isa() swaps the default pointer
+ * (atomically).
+ *
+ * The ladder (dav1d's init pattern): this architecture's ISAs as an ordered
+ * list of rungs, scalar first. The table of rung i is built by running the
+ * init of every rung up to i in order: scalar fills every entry, and each rung
+ * above overwrites only what it improves (AVX2 every kernel and shape of the
+ * template; AVX-512 the same entries again, since it re-instantiates the whole
+ * template over zmm). A rung is runnable when it is compiled in, the CPU (and
+ * OS) has its flag, and the rung below it is runnable, so the runnable rungs
+ * are always a prefix of the ladder and "best" is the last of them. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -17,6 +26,35 @@
 #include "cpu.h"
 #include "kernels.h"
 
+typedef struct sdpa_rung {
+    sdpa_isa isa;
+    unsigned cpu_flag;                /* 0: always runnable (the baseline) */
+    void (*init)(sdpa_kernels *table); /* NULL: not compiled in */
+} sdpa_rung;
+
+static const sdpa_rung ladder[] = {
+    {SDPA_ISA_SCALAR, 0, sdpa_kernels_init_scalar},
+#if ARCH_X86_64
+#if HAVE_AVX2
+    {SDPA_ISA_AVX2, SDPA_X86_CPU_FLAG_AVX2, sdpa_kernels_init_avx2},
+#else
+    {SDPA_ISA_AVX2, SDPA_X86_CPU_FLAG_AVX2, NULL},
+#endif
+#if HAVE_AVX512
+    {SDPA_ISA_AVX512, SDPA_X86_CPU_FLAG_AVX512, sdpa_kernels_init_avx512},
+#else
+    {SDPA_ISA_AVX512, SDPA_X86_CPU_FLAG_AVX512, NULL},
+#endif
+#elif ARCH_AARCH64
+#if HAVE_NEON
+    {SDPA_ISA_NEON, SDPA_ARM_CPU_FLAG_NEON, sdpa_kernels_init_neon},
+#else
+    {SDPA_ISA_NEON, SDPA_ARM_CPU_FLAG_NEON, NULL},
+#endif
+#endif
+};
+enum { N_RUNGS = (int)(sizeof ladder / sizeof ladder[0]) };
+
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static sdpa_kernels tables[SDPA_ISA_COUNT];
 static int runnable[SDPA_ISA_COUNT];
@@ -26,35 +64,31 @@ static char cpu_names[256];
 static char env_rejected[64];
 static int env_was_rejected;
 
+/* The rung of an ISA on this architecture's ladder, or -1. */
+static int rung_of(sdpa_isa isa)
+{
+    for (int i = 0; i < N_RUNGS; i++)
+        if (ladder[i].isa == isa)
+            return i;
+    return -1;
+}
+
 int sdpa_isa_compiled(sdpa_isa isa)
 {
-    switch (isa) {
-    case SDPA_ISA_SCALAR: return 1;
-    case SDPA_ISA_AVX2: return HAVE_AVX2;
-    case SDPA_ISA_AVX512: return HAVE_AVX512;
-    case SDPA_ISA_NEON: return HAVE_NEON;
-    default: return 0;
-    }
+    const int r = rung_of(isa);
+    return r >= 0 && ladder[r].init != NULL;
 }
 
 int sdpa_kernels_init(sdpa_kernels *t, sdpa_isa isa)
 {
-    if (!sdpa_isa_compiled(isa))
+    const int top = rung_of(isa);
+    if (top < 0)
         return -1;
-    sdpa_kernels_init_scalar(t);
-#if HAVE_AVX2
-    if (isa == SDPA_ISA_AVX2 || isa == SDPA_ISA_AVX512)
-        sdpa_kernels_init_avx2(t);
-#endif
-#if HAVE_AVX512
-    if (isa == SDPA_ISA_AVX512)
-        sdpa_kernels_init_avx512(t);
-#endif
-#if HAVE_NEON
-    if (isa == SDPA_ISA_NEON)
-        sdpa_kernels_init_neon(t);
-#endif
-    t->isa = isa;
+    for (int i = 0; i <= top; i++)
+        if (!ladder[i].init)
+            return -1;
+    for (int i = 0; i <= top; i++)
+        ladder[i].init(t);
     return 0;
 }
 
@@ -66,42 +100,35 @@ static void init_dispatch(void)
 #elif ARCH_AARCH64
     flags = sdpa_cpu_detect_arm(cpu_names, sizeof cpu_names);
 #endif
-    runnable[SDPA_ISA_SCALAR] = 1;
-    runnable[SDPA_ISA_AVX2] = HAVE_AVX2 && (flags & SDPA_X86_CPU_FLAG_AVX2);
-    runnable[SDPA_ISA_AVX512] = HAVE_AVX512 && (flags & SDPA_X86_CPU_FLAG_AVX512);
-    runnable[SDPA_ISA_NEON] = HAVE_NEON && (flags & SDPA_ARM_CPU_FLAG_NEON);
+    /* the runnable prefix of the ladder; each table built rung by rung */
+    int best = 0;
+    for (int i = 0; i < N_RUNGS; i++) {
+        const sdpa_rung *r = &ladder[i];
+        if (!r->init || (r->cpu_flag && !(flags & r->cpu_flag)))
+            break;
+        sdpa_kernels_init(&tables[r->isa], r->isa);
+        runnable[r->isa] = 1;
+        best = i;
+    }
 
-    sdpa_isa best = SDPA_ISA_SCALAR;
-    for (int i = 0; i < SDPA_ISA_COUNT; i++)
-        if (runnable[i]) {
-            sdpa_kernels_init(&tables[i], (sdpa_isa)i);
-            if (i != SDPA_ISA_NEON && i > (int)best)
-                best = (sdpa_isa)i;
-        }
-    if (runnable[SDPA_ISA_NEON])
-        best = SDPA_ISA_NEON;
-
-    /* SDPA_ISA caps the choice: the best runnable ISA not above the named one
-     * (scalar < avx2 < avx512 on x86; scalar < neon on AArch64). A value that
-     * is not an ISA name, or names an ISA of another architecture, is recorded
-     * and ignored: a library must not abort or print on behalf of its caller. */
+    /* SDPA_ISA caps the choice: the best runnable rung not above the named
+     * one's. A value that is not an ISA name, or names an ISA that is not on
+     * this architecture's ladder, is recorded and ignored: a library must not
+     * abort or print on behalf of its caller. */
     const char *env = getenv("SDPA_ISA");
     if (env && *env) {
         sdpa_isa cap;
         const int valid = sdpa_isa_from_name(env, &cap) == 0;
-        const int other_arch = valid && ((ARCH_X86_64 && cap == SDPA_ISA_NEON) ||
-                                         (!ARCH_X86_64 && (cap == SDPA_ISA_AVX2 || cap == SDPA_ISA_AVX512)));
-        if (!valid || other_arch) {
+        const int cap_rung = valid && cap != SDPA_ISA_AUTO ? rung_of(cap) : -1;
+        if (!valid || (cap != SDPA_ISA_AUTO && cap_rung < 0)) {
             env_was_rejected = 1;
             strncpy(env_rejected, env, sizeof env_rejected - 1);
-        } else if (cap != SDPA_ISA_AUTO && cap < best) {
-            best = cap;
-            while (!runnable[best])
-                best = (sdpa_isa)(best - 1);
+        } else if (cap != SDPA_ISA_AUTO && cap_rung < best) {
+            best = cap_rung;
         }
     }
-    load_choice = best;
-    atomic_store(&active_table, &tables[best]);
+    load_choice = ladder[best].isa;
+    atomic_store(&active_table, &tables[load_choice]);
 }
 
 __attribute__((constructor)) static void sdpa_dispatch_constructor(void)
