@@ -53,7 +53,9 @@ extern "C" {
 #define SDPA_API
 #endif
 
-/** Version of this header. The library's own version is sdpa_version_number(). */
+/** Version of this header. The library's own version is sdpa_version_number(). These three
+ *  lines are the one source of the version: meson.build reads them (library version, soname
+ *  libsdpa.so.MAJOR, pkg-config version). */
 #define SDPA_VERSION_MAJOR 0
 #define SDPA_VERSION_MINOR 1
 #define SDPA_VERSION_PATCH 0
