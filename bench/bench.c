@@ -36,6 +36,8 @@
  * Shapes run in order of increasing memory footprint for the same reason:
  * rss_mb is the process high-water mark (getrusage ru_maxrss) after the row,
  * rss_increase_mb how much this shape raised it.
+ * OpenBLAS is loaded with dlopen() only when these rows are wanted (bench/blas.h):
+ * the `sdpa` program links no BLAS.
  *
  * Output: a table on stdout; with --json, one JSON object per line on stdout
  * and the header and table on stderr. */
@@ -65,7 +67,8 @@
 #endif
 
 #ifdef SDPA_BENCH_HAVE_OPENBLAS
-#include <cblas.h>
+#include "blas.h" /* OpenBLAS, loaded at run time only for the naive rows */
+static bench_blas blas;
 #endif
 
 #define MAX_LIST 32
@@ -212,7 +215,7 @@ static void print_help(void)
         "  --warmup N                untimed runs first (default 1)\n"
         "  --max-time S              seconds of timed runs per row, about (default 5, --quick 1)\n"
         "  --json                    JSON lines on stdout; header and table go to stderr\n"
-        "  --naive / --no-naive      the naive OpenBLAS comparison (default on when built with it;\n"
+        "  --naive / --no-naive      the naive OpenBLAS comparison (default on when OpenBLAS loads;\n"
         "                            skipped for shapes whose S would exceed 1 GiB)\n"
         "  --quick                   small shapes, fewer runs, short limit measurements\n"
         "  --no-limits               do not measure the FMA peak and bandwidth\n"
@@ -530,8 +533,13 @@ static int parse_options(int argc, char **argv, options *o)
         fputs("sdpa bench: note: built without OpenBLAS; no naive-blas rows\n", stderr);
     o->naive = 0;
 #else
-    if (o->naive < 0)
-        o->naive = 1;
+    if (o->naive != 0) {
+        char why[600];
+        o->naive = bench_blas_load(&blas, why, sizeof why) == 0;
+        if (!o->naive)
+            fprintf(stderr, "sdpa bench: note: %s; no naive-blas rows (Debian: apt install "
+                            "libopenblas0-openmp)\n", why);
+    }
 #endif
     if (build_cases(o) != 0)
         return usage("too many shape and mask combinations (at most %s)", "128");
@@ -1193,7 +1201,7 @@ static int run_naive_forward(void *p)
     const int Tq = (int)s->Tq, Tk = (int)s->Tk, Dk = (int)s->Dk, Dv = (int)s->Dv;
     for (int64_t bh = 0; bh < s->B * s->Hq; bh++) {
         const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, Dk, x->scale,
+        blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, Dk, x->scale,
                     x->b->q + bh * s->Tq * s->Dk, Dk, x->b->k + bg * s->Tk * s->Dk, Dk, 0.0f,
                     x->S + bh * s->Tq * s->Tk, Tk);
     }
@@ -1217,7 +1225,7 @@ static int run_naive_forward(void *p)
     }
     for (int64_t bh = 0; bh < s->B * s->Hq; bh++) {
         const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, Dv, Tk, 1.0f,
+        blas.sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, Dv, Tk, 1.0f,
                     x->S + bh * s->Tq * s->Tk, Tk, x->b->v + bg * s->Tk * s->Dv, Dv, 0.0f,
                     x->o + bh * s->Tq * s->Dv, Dv);
     }
@@ -1235,9 +1243,9 @@ static int run_naive_backward(void *p)
         const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
         const float beta = (bh % s->Hq) % G == 0 ? 0.0f : 1.0f; /* GQA: sum over the group */
         const float *P = x->S + bh * s->Tq * s->Tk, *dO = x->b->dout + bh * s->Tq * s->Dv;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, Dv, Tq, 1.0f, P, Tk, dO, Dv, beta,
+        blas.sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, Dv, Tq, 1.0f, P, Tk, dO, Dv, beta,
                     x->dv + bg * s->Tk * s->Dv, Dv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, Dv, 1.0f, dO, Dv,
+        blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, Dv, 1.0f, dO, Dv,
                     x->b->v + bg * s->Tk * s->Dv, Dv, 0.0f, x->dP + bh * s->Tq * s->Tk, Tk);
     }
     const int64_t rows = s->B * s->Hq * s->Tq;
@@ -1255,9 +1263,9 @@ static int run_naive_backward(void *p)
         const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
         const float beta = (bh % s->Hq) % G == 0 ? 0.0f : 1.0f;
         const float *dS = x->dP + bh * s->Tq * s->Tk;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, Dk, Tk, x->scale, dS, Tk,
+        blas.sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, Dk, Tk, x->scale, dS, Tk,
                     x->b->k + bg * s->Tk * s->Dk, Dk, 0.0f, x->dq + bh * s->Tq * s->Dk, Dk);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, Dk, Tq, x->scale, dS, Tk,
+        blas.sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, Dk, Tq, x->scale, dS, Tk,
                     x->b->q + bh * s->Tq * s->Dk, Dk, beta, x->dk + bg * s->Tk * s->Dk, Dk);
     }
     return 0;
@@ -1326,7 +1334,7 @@ static int naive_pass(const options *o, const limits *L, out_state *st, const do
             setup_sdpa(&ref, c, &b, SDPA_ISA_AUTO, 0);
             double diff[2] = {-1.0, -1.0};
             x.threads = o->threads[o->n_threads - 1];
-            openblas_set_num_threads(x.threads);
+            blas.set_num_threads(x.threads);
             if (run_sdpa_forward(&ref) == 0) {
                 run_naive_forward(&x);
                 diff[0] = max_abs_diff(x.o, b.o, b.no);
@@ -1348,7 +1356,7 @@ static int naive_pass(const options *o, const limits *L, out_state *st, const do
                     continue;
                 for (int ti = 0; ti < o->n_threads; ti++) {
                     x.threads = o->threads[ti];
-                    openblas_set_num_threads(x.threads);
+                    blas.set_num_threads(x.threads);
                     timing t;
                     if (op == 1)
                         run_naive_forward(&x); /* P for the backward */
@@ -1428,8 +1436,8 @@ static void print_header(FILE *f, const options *o, const limits *L)
     }
 #ifdef SDPA_BENCH_HAVE_OPENBLAS
     if (o->naive) {
-        const int par = openblas_get_parallel(); /* 0 sequential, 1 its own pthreads, 2 OpenMP */
-        fprintf(f, "# naive-blas: %s (core %s, threads: %s)\n", openblas_get_config(), openblas_get_corename(),
+        const int par = blas.get_parallel(); /* 0 sequential, 1 its own pthreads, 2 OpenMP */
+        fprintf(f, "# naive-blas: %s (core %s, threads: %s)\n", blas.get_config(), blas.get_corename(),
                 par == 2 ? "OpenMP" : par == 1 ? "own pthread pool" : "none");
         if (par == 1)
             fprintf(f, "# note: this OpenBLAS runs its own thread pool, which spins when the library loads; "

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # tools/install-deps.sh - installs the Debian packages libsdpa needs, only if missing.
+# (libopenblas0-openmp: only `sdpa bench` uses it, loaded at run time for its naive-blas rows.)
 #   tools/install-deps.sh          build + test dependencies (native)
 #   tools/install-deps.sh --cross  also the aarch64 cross toolchain, arm64 libraries and qemu-user
 # Needs root (or sudo). Never removes anything.
 set -euo pipefail
 
-native=(meson ninja-build pkg-config gcc libc6-dev libsleef-dev libcriterion-dev libcjson-dev libopenblas-openmp-dev)
+native=(meson ninja-build pkg-config gcc libc6-dev libsleef-dev libcriterion-dev libcjson-dev libopenblas0-openmp)
 cross_native=(qemu-user gcc-aarch64-linux-gnu)
 cross_arm64=(libsleef-dev:arm64 libgomp1:arm64 libc6-dev:arm64 libcjson-dev:arm64)
 
