@@ -83,11 +83,13 @@ typedef enum sdpa_status {
                                          step over everything the smaller ones cover) */
     SDPA_ERR_BAD_WINDOW = -7,       /**< a window bound is negative and not SDPA_WINDOW_UNBOUNDED */
     SDPA_ERR_BAD_KV_LENGTH = -8,    /**< kv_lengths[b] is negative or larger than Tk */
-    SDPA_ERR_ALIASING = -9,         /**< an output overlaps an input or another output */
+    SDPA_ERR_ALIASING = -9,         /**< an output overlaps an input, another output or a mask operand */
     SDPA_ERR_BAD_THREADS = -10,     /**< num_threads is negative */
     SDPA_ERR_ISA_UNAVAILABLE = -11, /**< the ISA asked for is not compiled in or the CPU/OS cannot run it */
     SDPA_ERR_OUT_OF_MEMORY = -12,   /**< the workspace could not be allocated */
-    SDPA_ERR_SIZE_OVERFLOW = -13,   /**< a tensor extent overflows the address space */
+    SDPA_ERR_SIZE_OVERFLOW = -13,   /**< a tensor or mask extent overflows the address space, head_dim >
+                                         INT32_MAX, B*Hq*Tq or B*Hkv*Tk > INT64_MAX, or the workspace
+                                         size > SIZE_MAX */
     SDPA_ERR_BAD_BLOCK_SIZE = -14   /**< block_q or block_k is outside [0, SDPA_MAX_BLOCK] */
 } sdpa_status;
 

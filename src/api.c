@@ -25,19 +25,19 @@ const char *sdpa_status_string(sdpa_status s)
 {
     switch (s) {
     case SDPA_OK: return "success";
-    case SDPA_ERR_NULL_ARGUMENT: return "a required pointer is NULL";
+    case SDPA_ERR_NULL_ARGUMENT: return "a required pointer is NULL: the problem, a tensor view, or the data of a tensor that is not empty";
     case SDPA_ERR_BAD_DESCRIPTOR: return "problem descriptor not initialised by sdpa_problem_init (struct_size, reserved field or enum value)";
     case SDPA_ERR_NEGATIVE_SIZE: return "a size is negative";
     case SDPA_ERR_HEAD_GROUPING: return "q_heads is not a multiple of kv_heads";
-    case SDPA_ERR_BAD_SCALE: return "scale is not finite, or the default scale 1/sqrt(head_dim_qk) with head_dim_qk = 0";
-    case SDPA_ERR_BAD_STRIDE: return "a stride is negative, or an output overlaps itself";
+    case SDPA_ERR_BAD_SCALE: return "bad scale: .scale was set while use_default_scale is still 1 (set use_default_scale = 0 to use it); or, with use_default_scale = 0, .scale is NaN or infinite; or the default 1/sqrt(head_dim_qk) with head_dim_qk = 0";
+    case SDPA_ERR_BAD_STRIDE: return "a tensor or mask stride is negative, or an output's strides make it overlap itself";
     case SDPA_ERR_BAD_WINDOW: return "a window bound is negative and not SDPA_WINDOW_UNBOUNDED";
     case SDPA_ERR_BAD_KV_LENGTH: return "a per-batch key length is negative or larger than kv_len";
-    case SDPA_ERR_ALIASING: return "an output overlaps an input or another output";
+    case SDPA_ERR_ALIASING: return "an output overlaps an input, another output, or a mask operand (kv_lengths, bool_mask, bias)";
     case SDPA_ERR_BAD_THREADS: return "num_threads is negative";
     case SDPA_ERR_ISA_UNAVAILABLE: return "the requested ISA is not compiled in or not supported by this CPU/OS";
-    case SDPA_ERR_OUT_OF_MEMORY: return "workspace allocation failed";
-    case SDPA_ERR_SIZE_OVERFLOW: return "a tensor extent overflows the address space";
+    case SDPA_ERR_OUT_OF_MEMORY: return "the workspace could not be allocated (out of memory)";
+    case SDPA_ERR_SIZE_OVERFLOW: return "a size overflows: a tensor or mask extent exceeds the address space, head_dim exceeds INT32_MAX, B*Hq*Tq or B*Hkv*Tk exceeds INT64_MAX, or the workspace size exceeds SIZE_MAX";
     case SDPA_ERR_BAD_BLOCK_SIZE: return "block_q or block_k is outside [0, SDPA_MAX_BLOCK]";
     }
     return "unknown status";

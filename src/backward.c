@@ -212,12 +212,16 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
     const int nthreads = pl.nthreads;
     const size_t per = sdpa_bwd_ws_floats(&pl);
     const size_t nD = (size_t)(pl.B * pl.Hq * pl.Tq);
-    float *ws = sdpa_alloc_floats((size_t)nthreads * per + 4 * round_floats(nD));
+    size_t total; /* nthreads workspaces, then D, row_max, row_logsum, row_dlo */
+    const size_t nD_round = round_floats(nD); /* per array, rounded to the alignment */
+    if (nD_round < nD || nD_round > SIZE_MAX / 4 || __builtin_mul_overflow((size_t)nthreads, per, &total) ||
+        __builtin_add_overflow(total, 4 * nD_round, &total))
+        return SDPA_ERR_SIZE_OVERFLOW;
+    float *ws = sdpa_alloc_floats(total);
     if (!ws)
         return SDPA_ERR_OUT_OF_MEMORY;
     float *D = ws + (size_t)nthreads * per;
-    float *row_max = D + round_floats(nD), *row_logsum = row_max + round_floats(nD);
-    float *row_dlo = row_logsum + round_floats(nD);
+    float *row_max = D + nD_round, *row_logsum = row_max + nD_round, *row_dlo = row_logsum + nD_round;
 
     /* From here on the outputs are written (zeroed first, by the team below). */
     /* Few-column tiles (decode-sized Tq): S^T and dP^T as dot products along

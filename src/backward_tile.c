@@ -138,15 +138,20 @@ static int bwd_tile_begin(const plan *pl, bwd_ws *w, const bwd_args *a, bwd_tile
 static void bwd_tile_scores(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt)
 {
     const int ld = pl->ld;
-    if (a->nt) { /* few columns: dot products along head_dim, full vectors */
-        pl->kt->gemm_nt(pt->ncol, pt->nk, (int)pl->Dk, pl->scale, pt->qsrc, pt->ldq, pt->kb, a->k->seq_stride, w->p,
-                        1, ld);
-        if (pt->kind == TILE_PARTIAL)
-            sdpa_mask_tile(pl, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, w->lo, w->hi, pt->ks, pt->nk, w->p, ld, 1);
-    } else {
+    if (!a->nt) {
         sdpa_score_tile(pl, &pt->tk, pt->kind, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, pt->nk, pt->kb,
                         a->k->seq_stride, w->qt, w->p);
+        return;
     }
+    /* few columns: dot products along head_dim, full vectors */
+    if (pl->Dk == 0) /* no features: every score is 0 (Q and K may have no data) */
+        for (int jj = 0; jj < pt->nk; jj++)
+            memset(w->p + (size_t)jj * ld, 0, (size_t)pt->ncol * sizeof(float));
+    else
+        pl->kt->gemm_nt(pt->ncol, pt->nk, (int)pl->Dk, pl->scale, pt->qsrc, pt->ldq, pt->kb, a->k->seq_stride, w->p,
+                        1, ld);
+    if (pt->kind == TILE_PARTIAL)
+        sdpa_mask_tile(pl, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, w->lo, w->hi, pt->ks, pt->nk, w->p, ld, 1);
 }
 
 /* For a fresh tile of a gradient pair: the rows whose |LSE| >= BWD_LSE_EXACT_LIMIT

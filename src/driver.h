@@ -122,7 +122,6 @@ void sdpa_band_cols(const tile_keys *tk, int64_t jb, int64_t je, int c[4]);
 enum {
     KEYS_M_COLS_N, /* S^T = K Q^T, dP^T = V dO^T: keys are C's rows, columns C's columns */
     KEYS_M_COLS_K, /* dV += P^T dO, dK += dS^T Q: keys are C's rows, columns the inner dimension */
-    KEYS_K_COLS_N, /* O^T += V^T P^T: keys are the inner dimension, columns C's columns */
     KEYS_K_COLS_M  /* dQ += dS K: keys are the inner dimension, columns C's rows */
 };
 
@@ -193,16 +192,16 @@ static inline int64_t *carve_i64(float **base, size_t n)
  * overflows or the allocation fails. Free with free(). */
 float *sdpa_alloc_floats(size_t floats);
 
-/* Row i of head h of batch b of a tensor view. Callers never ask for a row of
- * a tensor without data. */
+/* Row i of head h of batch b of a tensor view; NULL for a view without data
+ * (an empty tensor may have none: no arithmetic on a NULL pointer). */
 static inline const float *row_in(const sdpa_tensor *t, int64_t b, int64_t h, int64_t i)
 {
-    return t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride;
+    return t->data ? t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride : NULL;
 }
 
 static inline float *row_out(const sdpa_tensor_out *t, int64_t b, int64_t h, int64_t i)
 {
-    return t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride;
+    return t->data ? t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride : NULL;
 }
 
 /* ------------------------------------------------------------- parallel.c */

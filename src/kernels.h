@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* kernels.h - the per-ISA micro-kernel table used by the ISA-neutral driver.
  *
- * The driver (src/sdpa.c) does validation, masks, tiling and threading once.
+ * The driver (the src/ files listed in src/driver.h) does validation, masks, tiling and
+ * threading once.
  * Everything that touches a whole tile of numbers goes through this table, which
  * holds one implementation per ISA (scalar in src/kernels_scalar.c, AVX2 and
  * AVX-512 in src/x86/, NEON in src/arm/).
@@ -70,7 +71,7 @@ typedef void (*sdpa_online_softmax_fn)(int M, int N, float *S, ptrdiff_t lds, fl
                                        float *alpha);
 
 /* The same update for a score tile in natural layout (few-column tiles): S is
- * M queries x N keys (row stride lds, N a multiple of 16; the caller fills keys
+ * M queries x N keys (row stride lds, N a multiple of the table's nt_step; the caller fills keys
  * past the tile with -inf), and every statistic is per row m:
  *   mx = max(m[r], max_n S[r][n]), mu = (mx == -inf) ? 0 : mx, alpha[r] = exp(m[r] - mu),
  *   S[r][n] = S[r][n] == -inf ? -0.0 : exp(S[r][n] - mu),
@@ -102,7 +103,7 @@ typedef void (*sdpa_bwd_dscores_fn)(int M, int N, const float *P, ptrdiff_t ldp,
 /* Dot-product form, for tiles with few queries (decode):
  *   C(m,n) = alpha * sum_k A[m*lda + k] * B[n*ldb + k],  stored at C[m*rs_c + n*cs_c]
  * (overwrites). A holds M query rows, B holds N key rows, both with K contiguous;
- * the forward stores S in natural layout (rs_c = 16, one 16-key step; cs_c = 1),
+ * the forward stores S in natural layout (rs_c = nt_step, one step of keys; cs_c = 1),
  * the backward of few-column tiles S^T and dP^T (rs_c = 1, cs_c = the tile's ld).
  * K may be 0 (C = 0). Each ISA sums over k in its own fixed order. */
 typedef void (*sdpa_gemm_nt_fn)(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
@@ -121,7 +122,7 @@ typedef void (*sdpa_gemm_nt_fn)(int M, int N, int K, float alpha, const float *A
  * long rows), except for rows of C longer than the ISA's registers plus 512
  * columns, which are done in 512-column chunks: front-to-back rows are the
  * order the hardware prefetchers follow (a register-blocked gemm reads B in
- * column panels, which on Zen 4 gets about half the memory bandwidth). On
+ * column panels, which the prefetchers follow far less well: docs/perf-notes.md). On
  * ISAs that set V_STREAM_PAIR_NV, when two rows of C do not fit the registers,
  * only the first row reads B that way; the others go in pairs over column
  * chunks of B, which the first row's pass has brought into L1. K may be 0. */

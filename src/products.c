@@ -23,10 +23,6 @@ void sdpa_gemm_part(const sdpa_kernels *kt, int where, int64_t koff, int nk, int
         kt->gemm(nk, other, nc, alpha, A + k * rs_a + c0 * cs_a, rs_a, cs_a, B + c0 * ldb, ldb, C + k * ldc, ldc,
                  flags, c_row_scale);
         break;
-    case KEYS_K_COLS_N:
-        kt->gemm(other, nc, nk, alpha, A + k * cs_a, rs_a, cs_a, B + k * ldb + c0, ldb, C + c0, ldc, flags,
-                 c_row_scale);
-        break;
     default: /* KEYS_K_COLS_M */
         kt->gemm(nc, other, nk, alpha, A + c0 * rs_a + k * cs_a, rs_a, cs_a, B + k * ldb, ldb, C + c0 * ldc, ldc,
                  flags, c_row_scale);

@@ -110,6 +110,14 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
     if (p->batch < 0 || p->q_heads < 0 || p->kv_heads < 0 || p->q_len < 0 || p->kv_len < 0 ||
         p->head_dim_qk < 0 || p->head_dim_v < 0)
         return SDPA_ERR_NEGATIVE_SIZE;
+    /* The row counts B*Hq*Tq and B*Hkv*Tk must fit int64 even where no tensor
+     * bounds them (Dk = 0 leaves Q, K, dQ, dK empty, and O, LSE, dO may be
+     * stride-0 inputs): the workspace and every row index (b*Hq + h)*Tq + i
+     * come from them. */
+    int64_t rows;
+    if (__builtin_mul_overflow(p->batch, p->q_heads, &rows) || __builtin_mul_overflow(rows, p->q_len, &rows) ||
+        __builtin_mul_overflow(p->batch, p->kv_heads, &rows) || __builtin_mul_overflow(rows, p->kv_len, &rows))
+        return SDPA_ERR_SIZE_OVERFLOW;
     /* Never divide by kv_heads before this check (Hq = Hkv = 0 is legal). */
     if ((p->kv_heads == 0 && p->q_heads > 0) || (p->kv_heads > 0 && p->q_heads % p->kv_heads))
         return SDPA_ERR_HEAD_GROUPING;

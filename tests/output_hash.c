@@ -44,6 +44,7 @@ static float *filled(size_t n)
 typedef struct shape {
     int64_t B, Hq, Hkv, Tq, Tk, Dk, Dv;
     int causal, wl, wr, align, kvlen, boolmask, bias, pad;
+    float scale; /* 0: the default 1/sqrt(Dk) */
 } shape;
 
 /* Runs forward then backward of one problem; hashes O, LSE, dQ, dK, dV. */
@@ -78,6 +79,10 @@ static uint64_t run(uint64_t h, const shape *s, sdpa_isa isa, int threads)
     p.kv_len = s->Tk;
     p.head_dim_qk = s->Dk;
     p.head_dim_v = s->Dv;
+    if (s->scale != 0.0f) {
+        p.use_default_scale = 0;
+        p.scale = s->scale;
+    }
     p.causal = (sdpa_causal)s->causal;
     p.window_left = s->wl;
     p.window_right = s->wr;
@@ -139,6 +144,8 @@ int main(void)
     sh[n++] = (shape){3, 6, 3, 70, 70, 64, 64, 1, U, U, 0, 1, 0, 0, 0};
     sh[n++] = (shape){1, 2, 2, 520, 520, 32, 32, 1, U, U, 0, 0, 0, 0, 0};
     sh[n++] = (shape){1, 1, 1, 5, 7, 0, 4, 0, U, U, 0, 0, 0, 0, 0};
+    sh[n++] = (shape){2, 2, 1, 5, 7, 0, 4, 1, U, U, 0, 1, 0, 0, 0, 0.5f};
+    sh[n++] = (shape){1, 4, 2, 1, 300, 0, 64, 0, U, U, 0, 0, 0, 0, 0, -0.25f};
     sh[n++] = (shape){1, 1, 1, 5, 7, 4, 0, 0, U, U, 0, 0, 0, 0, 0};
 
     static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
