@@ -1,0 +1,294 @@
+/* SPDX-License-Identifier: MIT */
+/* tools/cli_args.c - error messages, the option table, --help and option parsing
+ * of `sdpa forward`, `sdpa backward` and `sdpa demo`. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+/* ------------------------------------------------------------ messages */
+
+void file_error(const char *path, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "sdpa: error: %s: ", path);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+void plain_error(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("sdpa: error: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static const char *const usage_lines[] = {
+    [CMD_FORWARD] = "usage: sdpa forward -q Q.npy -k K.npy -v V.npy -o O.npy [--lse LSE.npy] [options]",
+    [CMD_BACKWARD] = "usage: sdpa backward -q Q.npy -k K.npy -v V.npy --do dO.npy --dq dQ.npy --dk dK.npy "
+                     "--dv dV.npy [-o O.npy --lse LSE.npy] [options]",
+    [CMD_DEMO] = "usage: sdpa demo [--data DIR] [--threads N] [--isa NAME]",
+};
+
+static const char *cmd_name(int cmd)
+{
+    return cmd == CMD_FORWARD ? "forward" : cmd == CMD_BACKWARD ? "backward" : "demo";
+}
+
+int usage_error(int cmd, const char *fmt, ...)
+{
+    va_list ap;
+    fputs("sdpa: error: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fprintf(stderr, "%s\n(see 'sdpa %s --help')\n", usage_lines[cmd], cmd_name(cmd));
+    return EXIT_BAD;
+}
+
+int library_error(sdpa_status st)
+{
+    plain_error("libsdpa: %s (status %d)", sdpa_status_string(st), (int)st);
+    return EXIT_BAD;
+}
+
+/* ------------------------------------------------------------ the option table */
+
+typedef enum opt_kind { K_PATH, K_SCALE, K_CAUSAL, K_ALIGN, K_WINDOW, K_THREADS, K_ISA } opt_kind;
+
+typedef struct opt_def {
+    const char *name, *alias; /* "--name", optional short "-x" */
+    opt_kind kind;
+    size_t offset;            /* into cli_opts */
+    unsigned cmds;
+    const char *help;
+} opt_def;
+
+#define OFF(f) offsetof(cli_opts, f)
+#define FB (CMD_FORWARD | CMD_BACKWARD)
+static const opt_def opt_defs[] = {
+    {"--query", "-q", K_PATH, OFF(q), FB, "Q, float32 (T, Dk), (Hq, T, Dk) or (B, Hq, Tq, Dk)"},
+    {"--key", "-k", K_PATH, OFF(k), FB, "K, float32 (B, Hkv, Tk, Dk) in Q's rank"},
+    {"--value", "-v", K_PATH, OFF(v), FB, "V, float32 (B, Hkv, Tk, Dv) in Q's rank"},
+    {"--out", "-o", K_PATH, OFF(o), FB,
+     "O (forward: written; backward: the forward's O, read, given with --lse)"},
+    {"--lse", NULL, K_PATH, OFF(lse), FB,
+     "logsumexp, float32 of shape Q.shape[:-1] (forward: written; backward: read)"},
+    {"--do", NULL, K_PATH, OFF(dout), CMD_BACKWARD, "dO, float32 shaped like O (read)"},
+    {"--dq", NULL, K_PATH, OFF(dq), CMD_BACKWARD, "dQ (written)"},
+    {"--dk", NULL, K_PATH, OFF(dk), CMD_BACKWARD, "dK (written)"},
+    {"--dv", NULL, K_PATH, OFF(dv), CMD_BACKWARD, "dV (written)"},
+    {"--scale", NULL, K_SCALE, OFF(scale), FB, "S: logit scale (default 1/sqrt(Dk))"},
+    {"--causal", NULL, K_CAUSAL, OFF(causal), FB,
+     "top-left|bottom-right: causal mask aligned at the top-left or bottom-right corner"},
+    {"--window-left", NULL, K_WINDOW, OFF(window_left), FB,
+     "N: keys at most N before the diagonal (-1: unbounded)"},
+    {"--window-right", NULL, K_WINDOW, OFF(window_right), FB,
+     "N: keys at most N after the diagonal (-1: unbounded)"},
+    {"--window-align", NULL, K_ALIGN, OFF(align), FB,
+     "top-left|bottom-right: diagonal of a window without --causal (default top-left)"},
+    {"--kv-len", NULL, K_PATH, OFF(kvlen), FB, "per-batch key lengths, int32 or int64 of shape (B,)"},
+    {"--mask", NULL, K_PATH, OFF(mask), FB,
+     "bool or uint8 mask (nonzero = may attend) broadcastable to (B, Hq, Tq, Tk)"},
+    {"--bias", NULL, K_PATH, OFF(bias), FB,
+     "float32 additive bias broadcastable to (B, Hq, Tq, Tk); -inf disallows a key"},
+    {"--data", NULL, K_PATH, OFF(data_dir), CMD_DEMO, "DIR: the examples directory"},
+    {"--threads", NULL, K_THREADS, OFF(threads), FB | CMD_DEMO, "N: OpenMP threads (0: OpenMP's default)"},
+    {"--isa", NULL, K_ISA, OFF(isa), FB | CMD_DEMO, "NAME: scalar|avx2|avx512|neon|auto"},
+};
+#undef FB
+#define N_OPTS (sizeof opt_defs / sizeof opt_defs[0])
+
+void print_help(int cmd)
+{
+    printf("%s\n\n", usage_lines[cmd]);
+    if (cmd == CMD_FORWARD)
+        printf("Computes O = softmax(scale * Q K^T + bias, masked) V (and the logsumexp).\n");
+    else if (cmd == CMD_BACKWARD)
+        printf("Computes dQ, dK, dV given dO. O and LSE are recomputed when not given\n"
+               "(give both or neither).\n");
+    else
+        printf("Runs the textbook worked example (examples/worked_example) and a timed causal\n"
+               "prefill B=1 H=8 T=1024 D=64, both checked against a float64 reference.\n"
+               "Exit status 0 if both are within tolerance, else 1.\n");
+    printf("\nOptions:\n");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const opt_def *d = &opt_defs[i];
+        char names[40];
+        if (!(d->cmds & (unsigned)cmd))
+            continue;
+        snprintf(names, sizeof names, "%s%s%s", d->alias ? d->alias : "", d->alias ? ", " : "", d->name);
+        printf("  %-20s %s\n", names, d->help);
+    }
+    if (cmd != CMD_DEMO)
+        printf("\nQ/K/V/O share one rank: 2 (T, D), 3 (H, T, D) or 4 (B, H, T, D); outputs have the\n"
+               "rank of their input. GQA: Hq a multiple of Hkv. Outputs are written only if\n"
+               "everything succeeds. Errors: one line on stderr, exit status 2.\n");
+}
+
+/* ------------------------------------------------------------ option values */
+
+static int parse_int64(const char *s, int64_t *out)
+{
+    char *end;
+    long long v;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || end == s || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_scale(int cmd, const char *val, cli_opts *o)
+{
+    char *end;
+    float s;
+    errno = 0;
+    s = strtof(val, &end);
+    /* ERANGE on underflow (a denormal or 0) is fine; only overflow is not */
+    if (end == val || *end || !isfinite(s) || (errno == ERANGE && fabsf(s) == HUGE_VALF))
+        return usage_error(cmd, "--scale '%s' is not a finite number", val);
+    o->scale = s;
+    o->have_scale = 1;
+    return 0;
+}
+
+static int parse_causal(int cmd, const char *val, cli_opts *o)
+{
+    if (strcmp(val, "top-left") == 0)
+        o->causal = SDPA_CAUSAL_TOP_LEFT;
+    else if (strcmp(val, "bottom-right") == 0)
+        o->causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+    else if (strcmp(val, "none") == 0)
+        o->causal = SDPA_CAUSAL_NONE;
+    else
+        return usage_error(cmd, "--causal '%s': expected top-left or bottom-right", val);
+    return 0;
+}
+
+static int parse_align(int cmd, const char *val, cli_opts *o)
+{
+    if (strcmp(val, "top-left") == 0)
+        o->align = SDPA_ALIGN_TOP_LEFT;
+    else if (strcmp(val, "bottom-right") == 0)
+        o->align = SDPA_ALIGN_BOTTOM_RIGHT;
+    else
+        return usage_error(cmd, "--window-align '%s': expected top-left or bottom-right", val);
+    o->have_align = 1;
+    return 0;
+}
+
+static int parse_isa(int cmd, const char *val, cli_opts *o)
+{
+    sdpa_isa isa;
+    if (sdpa_isa_from_name(val, &isa) != 0)
+        return usage_error(cmd, "--isa '%s': expected scalar, avx2, avx512, neon or auto", val);
+    if (isa != SDPA_ISA_AUTO && !sdpa_isa_supported(isa)) {
+        plain_error("--isa %s: %s on this machine", val,
+                    sdpa_isa_compiled(isa) ? "not supported by the CPU/OS" : "not compiled in");
+        return EXIT_BAD;
+    }
+    o->isa = isa;
+    return 0;
+}
+
+/* Stores the value of option d (spelt name on the command line) into *o. */
+static int parse_value(int cmd, const opt_def *d, const char *name, const char *val, cli_opts *o)
+{
+    char *field = (char *)o + d->offset;
+    int64_t n;
+    switch (d->kind) {
+    case K_PATH:
+        if (!*val)
+            return usage_error(cmd, "option '%s' needs a file name", name);
+        *(const char **)field = val;
+        return 0;
+    case K_SCALE: return parse_scale(cmd, val, o);
+    case K_CAUSAL: return parse_causal(cmd, val, o);
+    case K_ALIGN: return parse_align(cmd, val, o);
+    case K_WINDOW:
+        if (parse_int64(val, &n) != 0 || n < -1)
+            return usage_error(cmd, "%s '%s': expected an integer >= 0 (or -1: unbounded)", name, val);
+        *(int64_t *)field = n;
+        return 0;
+    case K_THREADS:
+        if (parse_int64(val, &n) != 0 || n < 0 || n > 4096)
+            return usage_error(cmd, "--threads '%s': expected an integer in [0, 4096]", val);
+        o->threads = (int)n;
+        return 0;
+    case K_ISA: return parse_isa(cmd, val, o);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ the command line */
+
+/* Index into opt_defs of the option called name for cmd, or -1. */
+static int find_option(int cmd, const char *name)
+{
+    for (size_t i = 0; i < N_OPTS; i++)
+        if ((opt_defs[i].cmds & (unsigned)cmd) &&
+            (strcmp(name, opt_defs[i].name) == 0 || (opt_defs[i].alias && strcmp(name, opt_defs[i].alias) == 0)))
+            return (int)i;
+    return -1;
+}
+
+static void default_options(cli_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->causal = SDPA_CAUSAL_NONE;
+    o->align = SDPA_ALIGN_TOP_LEFT;
+    o->window_left = o->window_right = SDPA_WINDOW_UNBOUNDED;
+    o->isa = SDPA_ISA_AUTO;
+}
+
+int parse_options(int cmd, int argc, char **argv, cli_opts *o, int *help)
+{
+    unsigned char seen[N_OPTS] = {0};
+    default_options(o);
+    *help = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *val = NULL, *eq;
+        char name[64];
+        int rc, di;
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            *help = 1;
+            return 0;
+        }
+        if (arg[0] != '-' || arg[1] == '\0')
+            return usage_error(cmd, "unexpected argument '%s'", arg);
+        snprintf(name, sizeof name, "%s", arg);
+        eq = strncmp(arg, "--", 2) == 0 ? strchr(arg, '=') : NULL;
+        if (eq) { /* --name=value */
+            size_t n = (size_t)(eq - arg);
+            name[n < sizeof name ? n : sizeof name - 1] = '\0';
+            val = eq + 1;
+        }
+        if ((di = find_option(cmd, name)) < 0)
+            return usage_error(cmd, "unknown option '%s' for 'sdpa %s'", name, cmd_name(cmd));
+        if (seen[di]++)
+            return usage_error(cmd, "option '%s' given twice", opt_defs[di].name);
+        if (!val) {
+            if (i + 1 >= argc)
+                return usage_error(cmd, "option '%s' needs a value", name);
+            val = argv[++i];
+        }
+        if ((rc = parse_value(cmd, &opt_defs[di], name, val, o)))
+            return rc;
+    }
+    if (o->have_align && o->causal != SDPA_CAUSAL_NONE)
+        return usage_error(cmd, "--window-align applies only without --causal (a causal window follows "
+                                "the causal alignment)");
+    return 0;
+}
