@@ -34,6 +34,17 @@
  * or split its cores between callers; with 0, N calls start N full teams. Inside
  * a caller's own OpenMP parallel region the call runs on one thread unless
  * nested parallelism is enabled. Results do not depend on the thread count.
+ *
+ * Out of memory: each call allocates one workspace (posix_memalign) and frees it
+ * before returning; if that fails the call returns SDPA_ERR_OUT_OF_MEMORY and
+ * writes nothing. With num_threads = 1 (or a build without OpenMP) that is the
+ * library's only allocation and the OpenMP runtime is never entered, so running
+ * out of memory always comes back as that status. With more threads the team
+ * belongs to the OpenMP runtime (libgomp with GCC): if it cannot allocate its
+ * team or create a thread, libgomp itself prints "libgomp: Out of memory ..." or
+ * "Thread creation failed" and exits the process; OpenMP has no way to report
+ * this to the library. A process that must survive memory exhaustion calls with
+ * num_threads = 1 from threads of its own.
  */
 #ifndef SDPA_H
 #define SDPA_H
