@@ -14,15 +14,19 @@
  * Every buffer sits between guard zones, and every element a kernel may not
  * write (guards, row padding, inputs) must keep its bits.
  *
- * Usage: checkasm [seed]. Prints one line per ISA and kernel and ends with
- * "N passed, N failed" (counts of checked calls); exits 1 on any failure. */
+ * Usage: checkasm [--test=NAME] [--bench] [--help] [seed] (dav1d's flags; see
+ * usage()). Prints one line per ISA and kernel and ends with "N passed, N
+ * failed" (counts of checked calls); exits 1 on any failure. --bench times
+ * each kernel per ISA on one fixed shape instead (no checks). */
 #include <float.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels.h"
 #include "sdpa.h"
@@ -224,7 +228,7 @@ static int n_sizes;
 
 static void add_size(int s)
 {
-    if (s < 0 || s > SDPA_MAX_BLOCK + 1)
+    if (s < 0 || s > SDPA_MAX_BLOCK + 1 || n_sizes >= (int)(sizeof sizes / sizeof sizes[0]))
         return;
     for (int i = 0; i < n_sizes; i++)
         if (sizes[i] == s)
@@ -232,16 +236,20 @@ static void add_size(int s)
     sizes[n_sizes++] = s;
 }
 
+/* A fixed spread of sizes, plus every vector shape of the table (one and two
+ * vectors, the column alignment and its multiples, the decode step) and the
+ * block sizes, each with its neighbours. */
 static void make_sizes(const sdpa_kernels *kt)
 {
     static const int base[] = {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65};
+    const int shapes[] = {kt->vec_floats, 2 * kt->vec_floats, kt->col_align, 2 * kt->col_align,
+                          4 * kt->col_align, kt->nt_step, kt->block_q, kt->block_k};
     n_sizes = 0;
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         add_size(base[i]);
-    for (int d = -1; d <= 1; d++) {
-        add_size(kt->block_q + d);
-        add_size(kt->block_k + d);
-    }
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int d = -1; d <= 1; d++)
+            add_size(shapes[i] + d);
     for (int i = 1; i < n_sizes; i++) /* sort */
         for (int j = i; j > 0 && sizes[j] < sizes[j - 1]; j--) {
             const int t = sizes[j];
@@ -370,24 +378,26 @@ static void check_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M
 }
 
 /* SDPA_GEMM_STREAM_C (non-temporal stores of C where C and ldc are aligned
- * for them) must store the very values of a plain call: C 64-byte aligned with
- * a row stride of a multiple of 16 floats (streamed on x86) and one float off
- * (plain stores), against the same call without the flag; the padding between
- * C's rows must stay untouched. */
+ * for them) must store the very values of a plain call: C aligned to the
+ * table's col_align floats with a row stride of a multiple of them, as the
+ * driver's tiles are (streamed on x86), and one float off (plain stores),
+ * against the same call without the flag; the padding between C's rows must
+ * stay untouched. */
 static void check_gemm_stream_c(const sdpa_kernels *kt, int M, int N, int K, int extra_flags)
 {
-    const ptrdiff_t ldc = (N + 15) / 16 * 16 + 16;
-    const size_t nc = (size_t)M * (size_t)ldc + 16;
+    const int ca = kt->col_align;
+    const ptrdiff_t ldc = (N + ca - 1) / ca * ca + ca;
+    const size_t nc = (size_t)M * (size_t)ldc + (size_t)ca;
     float *a = malloc(((size_t)M * K + 1) * sizeof(float)), *b = malloc(((size_t)K * N + 1) * sizeof(float));
     float *c[3];
-    for (int x = 0; x < 3; x++)
-        c[x] = aligned_alloc(64, (nc + 16) * sizeof(float)); /* nc + 16 is a multiple of 16 */
+    for (int x = 0; x < 3; x++) /* nc + ca is a multiple of ca */
+        c[x] = aligned_alloc((size_t)ca * sizeof(float), (nc + (size_t)ca) * sizeof(float));
     for (int i = 0; i < M * K; i++)
         a[i] = (extra_flags & SDPA_GEMM_SKIP_ZERO_A) && chance(5) ? -0.0f : frand(-1.0f, 1.0f);
     for (int i = 0; i < K * N; i++)
         b[i] = frand(-1.0f, 1.0f);
     for (int x = 0; x < 3; x++)
-        for (size_t i = 0; i < nc + 16; i++)
+        for (size_t i = 0; i < nc + (size_t)ca; i++)
             c[x][i] = bits_float(CANARY_BITS);
     float *dst[3] = {c[0], c[1], c[2] + 1};
     const int flags[3] = {extra_flags, extra_flags | SDPA_GEMM_STREAM_C, extra_flags | SDPA_GEMM_STREAM_C};
@@ -582,11 +592,11 @@ static void check_probs_flush(const sdpa_kernels *kt)
 
 /* online_softmax (rows = 0: S^T is M keys x N queries, one statistic per column)
  * and online_softmax_rows (rows = 1: S is M queries x N keys, one per row; N a
- * multiple of 16, as the driver pads). nstat statistics, each over len scores. */
+ * multiple of the table's nt_step, as the driver pads). nstat statistics, each over len scores. */
 static void check_softmax_layout(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N, int rows)
 {
     const int nstat = rows ? M : N, len = rows ? N : M;
-    const ptrdiff_t lds = N + (int)(rnd() % 3) * (rows ? 16 : 4);
+    const ptrdiff_t lds = N + (int)(rnd() % 3) * (rows ? kt->nt_step : 4);
     buf s = buf_new(M, N, lds > 0 ? lds : 1);
     buf m = buf_new(1, nstat, nstat > 0 ? nstat : 1), l = buf_new(1, nstat, nstat > 0 ? nstat : 1),
         al = buf_new(1, nstat, nstat > 0 ? nstat : 1);
@@ -708,12 +718,12 @@ static void test_softmax(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
 static void test_softmax_rows(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
 {
     static const int rows[] = {0, 1, 2, 3, 4, 5, 7, 8, 12, 16};
-    static const int widths[] = {0, 16, 32, 48, 64, 128, 144, 256, 512};
+    static const int steps[] = {0, 1, 2, 3, 4, 8, 9, 16, 32}; /* widths in nt_step keys */
     kernel_begin(kt->name, "online_softmax_rows");
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-        for (size_t j = 0; j < sizeof widths / sizeof widths[0]; j++)
+        for (size_t j = 0; j < sizeof steps / sizeof steps[0]; j++)
             for (int rep = 0; rep < 3; rep++)
-                check_softmax_layout(kt, ref_kt, rows[i], widths[j], 1);
+                check_softmax_layout(kt, ref_kt, rows[i], steps[j] * kt->nt_step, 1);
     check_softmax_flush(kt, 1);
     kernel_end();
 }
@@ -1003,13 +1013,21 @@ static void test_gemm_nt(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     kernel_begin(kt->name, "gemm_nt");
     static const int ms[] = {0, 1, 2, 3, 4, 5, 7, 8};
     static const int ns[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 17, 63, 64, 65, 127, 128, 129};
-    /* up to 256: query rows in registers (AVX-512); above: the blocked kernel */
+    /* a spread of depths; the register budget's edges follow below */
     static const int ks[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300};
     int combo = 0;
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
         for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
             for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++, combo++)
                 check_gemm_nt(kt, ref_kt, ms[i], ns[j], ks[q], combo & 1, combo % 7 == 0);
+    /* query rows in registers up to attend_max_vecs vectors (two rows up to half
+     * of them), the blocked kernel above: every edge, for every ISA */
+    const int qfl = kt->attend_max_vecs * kt->vec_floats;
+    for (int h = 1; h <= 2 && qfl > 0; h++)
+        for (int d = -1; d <= 1; d++)
+            for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++, combo++)
+                check_gemm_nt(kt, ref_kt, ms[i], ns[combo % (sizeof ns / sizeof ns[0])], qfl / h + d, combo & 1,
+                              combo % 7 == 0);
     /* the driver's shapes: up to nt_max_cols query rows, a key tile, typical head_dims */
     const int mmax = kt->nt_max_cols > 1 ? kt->nt_max_cols : 1;
     static const int dks[] = {64, 80, 96, 128, 256};
@@ -1211,14 +1229,19 @@ static void test_attend(const sdpa_kernels *kt)
     if (!kt->attend_rows)
         return;
     kernel_begin(kt->name, "attend_rows");
-    static const int ms[] = {1, 2, 3, 4, 5, 8, 16};
-    static const int ns[] = {0, 1, 5, 15, 16, 17, 33, 100};
-    static const int ds[] = {1, 4, 7, 8, 15, 16, 17, 32, 33, 64, 80, 100, 128, 129, 200, 256, 257};
+    const int mx = kt->attend_max_rows, st = kt->nt_step, qfl = kt->attend_max_vecs * kt->vec_floats;
+    const int ms[] = {1, 2, 3, 4, 5, 8, mx, mx + 1};
+    const int ns[] = {0, 1, 5, st - 1, st, st + 1, 2 * st + 1, 100};
+    /* head_dims: a spread, and the register budget's edges (one and two rows) */
+    const int ds[] = {1, 4, 7, 8, 15, 16, 17, 32, 33, 64, 80, 100, 128, 129, 200, 256, 257,
+                      qfl / 2 - 1, qfl / 2 + 1, qfl - 1, qfl, qfl + 1};
     int combo = 0;
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
         for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
             for (size_t d = 0; d < sizeof ds / sizeof ds[0]; d++, combo++)
-                check_attend(kt, ms[i], ns[j], ds[d], combo % 11 == 0 ? ds[d] + 16 : ds[d], combo % 3 ? 0 : ns[j] / 2 + 1);
+                if (ds[d] > 0)
+                    check_attend(kt, ms[i], ns[j], ds[d], combo % 11 == 0 ? ds[d] + kt->vec_floats : ds[d],
+                                 combo % 3 ? 0 : ns[j] / 2 + 1);
     kernel_end();
 }
 
@@ -1262,12 +1285,210 @@ static void test_transpose(const sdpa_kernels *kt)
     kernel_end();
 }
 
+/* ---------------------------------------------------------------- bench */
+
+/* --bench: each kernel of each ISA on one fixed, representative shape (a score
+ * tile of the forward, a decode step), the same shape for every ISA, so that
+ * the figures compare ISAs and are reproducible from the tree. The in-place
+ * kernels (the softmaxes, bwd_probs, bwd_dscores) run on their own output
+ * after the first call; their cost does not depend on the values (no
+ * denormals: exp flushes them). */
+
+#define BENCH_BQ 64   /* query columns of a score tile */
+#define BENCH_BK 128  /* keys of a score tile */
+#define BENCH_D 128   /* head_dim of the products */
+#define BENCH_DQ 4    /* query rows of a decode step (GQA group) */
+#define BENCH_DK 256  /* keys of a decode step */
+#define BENCH_DA 64   /* head_dim of attend_rows (every ISA takes it in registers) */
+#define BENCH_FLOATS (256 * 256)
+
+typedef struct bench_bufs {
+    float *a, *b, *c, *v1, *v2, *v3, *scratch;
+} bench_bufs;
+
+static void bench_fill(bench_bufs *w)
+{
+    for (int i = 0; i < BENCH_FLOATS; i++) {
+        w->a[i] = frand(-1.0f, 1.0f);
+        w->b[i] = frand(-1.0f, 1.0f);
+        w->c[i] = frand(0.0f, 1.0f);
+    }
+    for (int i = 0; i < 256; i++) {
+        w->v1[i] = -INFINITY; /* m: a first tile */
+        w->v2[i] = 0.0f;      /* l */
+        w->v3[i] = 2.0f;      /* alpha, lse, D */
+    }
+}
+
+/* One call of a kernel on its bench shape; returns 0 when the ISA does not take it. */
+static int bench_call(const sdpa_kernels *kt, const char *name, bench_bufs *w)
+{
+    if (!strcmp(name, "gemm"))
+        kt->gemm(BENCH_BK, BENCH_BQ, BENCH_D, 1.0f, w->a, BENCH_D, 1, w->b, BENCH_BQ, w->c, BENCH_BQ, 0, NULL);
+    else if (!strcmp(name, "online_softmax"))
+        kt->online_softmax(BENCH_BK, BENCH_BQ, w->c, BENCH_BQ, w->v1, w->v2, w->v3);
+    else if (!strcmp(name, "online_softmax_rows"))
+        kt->online_softmax_rows(BENCH_DQ, BENCH_DK, w->c, BENCH_DK, w->v1, w->v2, w->v3);
+    else if (!strcmp(name, "scale_rows"))
+        kt->scale_rows(BENCH_BQ, BENCH_D, w->a, BENCH_D, w->v3, w->c, BENCH_D);
+    else if (!strcmp(name, "bwd_probs"))
+        kt->bwd_probs(BENCH_BK, BENCH_BQ, w->c, BENCH_BQ, w->v3);
+    else if (!strcmp(name, "bwd_dscores"))
+        kt->bwd_dscores(BENCH_BK, BENCH_BQ, w->a, BENCH_BQ, w->c, BENCH_BQ, w->v3);
+    else if (!strcmp(name, "transpose"))
+        kt->transpose(BENCH_BK, BENCH_BQ, w->a, BENCH_BQ, w->c, BENCH_BK);
+    else if (!strcmp(name, "gemm_nt"))
+        kt->gemm_nt(BENCH_DQ, BENCH_DK, BENCH_D, 1.0f, w->a, BENCH_D, w->b, BENCH_D, w->c, BENCH_DK, 1);
+    else if (!strcmp(name, "gemm_stream"))
+        kt->gemm_stream(BENCH_DQ, BENCH_D, BENCH_DK, w->a, BENCH_DK, w->b, BENCH_D, w->c, BENCH_D, 0, NULL);
+    else if (!strcmp(name, "attend_rows"))
+        return kt->attend_rows && kt->attend_rows(BENCH_DQ, BENCH_DK, BENCH_DA, BENCH_DA, 0.125f, w->a, BENCH_DA, w->b,
+                                                  BENCH_DA, w->b + BENCH_DK * BENCH_DA, BENCH_DA, w->v1, w->v2,
+                                                  w->c, BENCH_DA, w->scratch);
+    return 1;
+}
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* ns per call: the best of 5 batches of about 2 ms each (after a warm-up), or
+ * -1 when the ISA does not take the shape. */
+static double bench_time(const sdpa_kernels *kt, const char *name, bench_bufs *w)
+{
+    bench_fill(w);
+    if (!bench_call(kt, name, w))
+        return -1.0;
+    double t0 = now_ns();
+    long n = 1;
+    while (now_ns() - t0 < 2e5) { /* warm-up and calibration: 0.2 ms */
+        bench_call(kt, name, w);
+        n++;
+    }
+    n = (long)(n * 10.0) + 1; /* about 2 ms per batch */
+    double best = INFINITY;
+    for (int rep = 0; rep < 5; rep++) {
+        t0 = now_ns();
+        for (long i = 0; i < n; i++)
+            bench_call(kt, name, w);
+        const double t = (now_ns() - t0) / (double)n;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+typedef struct bench_case {
+    const char *name, *shape;
+    double flops; /* per call; 0: not a product */
+} bench_case;
+
+static const bench_case bench_cases[] = {
+    {"gemm", "128x64x128 (S^T tile)", 2.0 * BENCH_BK * BENCH_BQ * BENCH_D},
+    {"online_softmax", "128x64", 0},
+    {"online_softmax_rows", "4x256", 0},
+    {"scale_rows", "64x128", 0},
+    {"bwd_probs", "128x64", 0},
+    {"bwd_dscores", "128x64", 0},
+    {"transpose", "128x64", 0},
+    {"gemm_nt", "4x256x128 (decode S)", 2.0 * BENCH_DQ * BENCH_DK * BENCH_D},
+    {"gemm_stream", "4x128x256 (decode PV)", 2.0 * BENCH_DQ * BENCH_D * BENCH_DK},
+    {"attend_rows", "4x256 D=64 (decode)", 2.0 * BENCH_DQ * BENCH_DK * (2 * BENCH_DA)},
+};
+
 /* ----------------------------------------------------------------- main */
+
+static const char *test_pattern; /* --test=NAME: only the kernels whose name matches */
+
+static int selected(const char *kernel)
+{
+    return !test_pattern || fnmatch(test_pattern, kernel, 0) == 0;
+}
+
+static void usage(const char *argv0)
+{
+    printf("usage: %s [--test=NAME] [--bench] [--help] [seed]\n"
+           "  checks every kernel of every ISA compiled in and supported here against float64\n"
+           "  and the scalar table, and ends with \"N passed, N failed\" (exit 1 on a failure)\n"
+           "  --test=NAME  only the kernels whose name matches NAME (a shell pattern: gemm,\n"
+           "               online_softmax, 'gemm*', ...); kernels: gemm online_softmax\n"
+           "               online_softmax_rows scale_rows bwd_probs bwd_dscores transpose gemm_nt\n"
+           "               gemm_stream attend_rows\n"
+           "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
+           "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
+           "  --help       this text\n"
+           "  seed         seeds the random inputs of the checks (default: a fixed seed)\n",
+           argv0);
+}
+
+static void run_bench(void)
+{
+    static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
+    bench_bufs w;
+    float **all[] = {&w.a, &w.b, &w.c, &w.v1, &w.v2, &w.v3, &w.scratch};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        *all[i] = aligned_alloc(64, BENCH_FLOATS * sizeof(float));
+        if (!*all[i]) {
+            fprintf(stderr, "checkasm: out of memory\n");
+            exit(2);
+        }
+    }
+    printf("checkasm --bench: CPU features: %s\n", sdpa_cpu_features());
+    printf("one thread, best of 5 batches of ~2 ms per kernel and ISA; the same shape for every ISA\n");
+    printf("%-20s %-22s %-7s %12s %9s %9s\n", "kernel", "shape", "isa", "ns/call", "GFLOP/s", "vs scalar");
+    for (size_t k = 0; k < sizeof bench_cases / sizeof bench_cases[0]; k++) {
+        const bench_case *bc = &bench_cases[k];
+        if (!selected(bc->name))
+            continue;
+        double t_scalar = -1.0;
+        for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+            const sdpa_kernels *kt = sdpa_isa_supported(isas[i]) ? sdpa_kernels_get(isas[i]) : NULL;
+            if (!kt)
+                continue;
+            const double t = bench_time(kt, bc->name, &w);
+            if (isas[i] == SDPA_ISA_SCALAR)
+                t_scalar = t;
+            if (t < 0) {
+                printf("%-20s %-22s %-7s %12s\n", bc->name, bc->shape, kt->name, "not taken");
+                continue;
+            }
+            char gf[32] = "-", sp[32] = "-";
+            if (bc->flops > 0)
+                snprintf(gf, sizeof gf, "%.2f", bc->flops / t);
+            if (t_scalar > 0)
+                snprintf(sp, sizeof sp, "%.2fx", t_scalar / t);
+            printf("%-20s %-22s %-7s %12.1f %9s %9s\n", bc->name, bc->shape, kt->name, t, gf, sp);
+        }
+    }
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(*all[i]);
+}
 
 int main(int argc, char **argv)
 {
-    if (argc > 1)
-        rng_state = strtoull(argv[1], NULL, 0) * 0x9E3779B97F4A7C15ull + 1;
+    int bench = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strncmp(argv[i], "--test=", 7) && argv[i][7]) {
+            test_pattern = argv[i] + 7;
+        } else if (!strcmp(argv[i], "--bench")) {
+            bench = 1;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(argv[0]);
+            return 0;
+        } else if (argv[i][0] == '-' && argv[i][1] == '-') {
+            fprintf(stderr, "checkasm: unknown option %s\n", argv[i]);
+            usage(argv[0]);
+            return 2;
+        } else {
+            rng_state = strtoull(argv[i], NULL, 0) * 0x9E3779B97F4A7C15ull + 1;
+        }
+    }
+    if (bench) {
+        run_bench();
+        return 0;
+    }
     const sdpa_kernels *ref_kt = sdpa_kernels_get(SDPA_ISA_SCALAR);
     if (!ref_kt) {
         printf("scalar kernels missing\n0 passed, 1 failed\n");
@@ -1289,16 +1510,26 @@ int main(int argc, char **argv)
         printf("%-7s table \"%s\", block_q %d, block_k %d\n", sdpa_isa_name(isa), kt->name, kt->block_q,
                kt->block_k);
         make_sizes(kt);
-        test_gemm(kt, ref_kt);
-        test_softmax(kt, ref_kt);
-        test_softmax_rows(kt, ref_kt);
-        test_scale(kt, ref_kt);
-        test_probs(kt, ref_kt);
-        test_dscores(kt, ref_kt);
-        test_transpose(kt);
-        test_gemm_nt(kt, ref_kt);
-        test_gemm_stream(kt, ref_kt);
-        test_attend(kt);
+        if (selected("gemm"))
+            test_gemm(kt, ref_kt);
+        if (selected("online_softmax"))
+            test_softmax(kt, ref_kt);
+        if (selected("online_softmax_rows"))
+            test_softmax_rows(kt, ref_kt);
+        if (selected("scale_rows"))
+            test_scale(kt, ref_kt);
+        if (selected("bwd_probs"))
+            test_probs(kt, ref_kt);
+        if (selected("bwd_dscores"))
+            test_dscores(kt, ref_kt);
+        if (selected("transpose"))
+            test_transpose(kt);
+        if (selected("gemm_nt"))
+            test_gemm_nt(kt, ref_kt);
+        if (selected("gemm_stream"))
+            test_gemm_stream(kt, ref_kt);
+        if (selected("attend_rows"))
+            test_attend(kt);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
