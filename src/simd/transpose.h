@@ -29,9 +29,10 @@ static void TMPL_FN(transpose)(int rows, int cols, const float *src, ptrdiff_t l
                                ptrdiff_t ldd)
 {
 #ifdef V_TRANSPOSE16
-    const int r16 = rows - rows % 16, c16 = cols - cols % 16;
-    for (int r0 = 0; r0 < r16; r0 += 16)
-        for (int c0 = 0; c0 < c16; c0 += 16)
+    enum { T16 = 16 }; /* the side of V_TRANSPOSE16's block */
+    const int r16 = rows - rows % T16, c16 = cols - cols % T16;
+    for (int r0 = 0; r0 < r16; r0 += T16)
+        for (int c0 = 0; c0 < c16; c0 += T16)
             V_TRANSPOSE16(src + (ptrdiff_t)r0 * lds + c0, lds, dst + (ptrdiff_t)c0 * ldd + r0, ldd);
     if (c16 < cols) /* rows [0, r16), columns [c16, cols) */
         TMPL_FN(transpose_blocks)(r16, cols - c16, src + c16, lds, dst + (ptrdiff_t)c16 * ldd, ldd);
