@@ -30,17 +30,6 @@
 #include "ref.h"
 #include "util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define ADV_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define ADV_ASAN 1
-#endif
-#endif
-#ifndef ADV_ASAN
-#define ADV_ASAN 0
-#endif
-
 /* The FlashAttention rule: the largest error against float64 is at most 3x
  * that of a naive fp32 computation of the same gradient, plus 1e-6 of the
  * largest |value|. */
@@ -364,7 +353,7 @@ static void backward_4000_threads_tiny(void)
  * cannot run with an address-space limit. */
 Test(backward, bug_backward_thread_count_not_capped)
 {
-    if (ADV_ASAN)
+    if (UTIL_ASAN)
         cr_skip_test("RLIMIT_AS cannot be used under AddressSanitizer");
     const int status = in_limited_child(backward_4000_threads_tiny, (size_t)512 << 20);
     cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,

@@ -30,17 +30,6 @@
 #include "ref.h"
 #include "util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define ADV_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define ADV_ASAN 1
-#endif
-#endif
-#ifndef ADV_ASAN
-#define ADV_ASAN 0
-#endif
-
 #ifndef SDPA_CLI_PATH
 #error "SDPA_CLI_PATH must name the built sdpa binary"
 #endif
@@ -428,7 +417,7 @@ Test(cli, bug_cli_long_output_name, .init = cli_setup, .fini = cli_teardown, .ti
  * under ASan. */
 Test(cli, bug_cli_backward_many_threads_limited_memory, .timeout = 60)
 {
-    if (ADV_ASAN)
+    if (UTIL_ASAN)
         cr_skip_test("RLIMIT_AS cannot be used under AddressSanitizer");
     cli_setup();
     cli_inputs();

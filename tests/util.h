@@ -214,6 +214,18 @@ float util_half_to_float(uint16_t h);
 
 /* ------------------------------------------------------ small helpers -- */
 
+/* 1 when built with AddressSanitizer (which cannot run under RLIMIT_AS), else 0. */
+#if defined(__SANITIZE_ADDRESS__)
+#define UTIL_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UTIL_ASAN 1
+#endif
+#endif
+#ifndef UTIL_ASAN
+#define UTIL_ASAN 0
+#endif
+
 /* 1 if a[0..n) and b[0..n) have the same bits (n = 0: 1). */
 int util_same_bits(const float *a, const float *b, size_t n);
 /* calloc of n (at least 1) floats / doubles, zero-filled; cr_assert on failure. */
