@@ -12,5 +12,7 @@ echo "== checkasm: every ISA's micro-kernels against scalar and float64 =="
 "$builddir/tests/checkasm" | tail -n 4
 echo "== conformance: every ISA end to end against the float64 reference =="
 "$builddir/tests/conformance" | grep -E "^\[|^FAIL|passed, .* failed"
+echo "== mask geometry: the driver's masks against the contract, without kernels =="
+"$builddir/tests/mask_geometry" | tail -n 1
 echo "== Criterion suite =="
 exec "$builddir/tests/sdpa_tests" "$@"
