@@ -148,6 +148,30 @@ typedef int (*sdpa_attend_rows_fn)(int M, int N, int Dk, int Dv, float scale, co
 typedef void (*sdpa_transpose_fn)(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
                                   ptrdiff_t ldd);
 
+/* Logit soft-capping (Gemma 2 report, 2024): for m < M, n < N,
+ *   t = tanh(S[m*lds + n] / cap),  S[m*lds + n] = cap * t,
+ * and with G non-NULL also G[m*ldg + n] = 1 - t*t (d capped / d uncapped, for the
+ * backward). cap is finite and > 0. Elementwise: the layout does not matter.
+ * tanh: libm's tanhf (scalar) or SLEEF's 1-ulp vector tanhf (each ISA's own
+ * fixed order of operations; NaN stays NaN, +-inf gives +-cap). */
+typedef void (*sdpa_softcap_fn)(int M, int N, float *S, ptrdiff_t lds, float cap, float *G, ptrdiff_t ldg);
+
+/* ALiBi (Press et al. 2022, "Train Short, Test Long") on a transposed score tile
+ * (one row per key, one column per query): for m < M, n < N,
+ *   S[m*lds + n] -= slope[n] * |m - pos[n]|
+ * where pos[n] is the column's aligned diagonal i + d minus the tile's first
+ * key, as a float (exact while |pos| < 2^24), and slope[n] its head's slope. */
+typedef void (*sdpa_alibi_cols_fn)(int M, int N, float *S, ptrdiff_t lds, const float *pos, const float *slope);
+
+/* The same on a natural score tile (one row per query, one column per key):
+ *   S[m*lds + n] -= slope[m] * |n - pos[m]|. */
+typedef void (*sdpa_alibi_rows_fn)(int M, int N, float *S, ptrdiff_t lds, const float *pos, const float *slope);
+
+/* Backward of the soft-cap: dS[m*ldd + n] = dS * G[m*ldg + n] + 0.0 for every entry
+ * that is not the masked sentinel (-0.0), which stays as it is (so -0.0 keeps
+ * meaning "masked"; an allowed entry becomes +0, never -0). */
+typedef void (*sdpa_bwd_softcap_fn)(int M, int N, float *dS, ptrdiff_t ldd, const float *G, ptrdiff_t ldg);
+
 /* One ISA's kernels and the shapes that go with them (BLIS keeps its block sizes
  * beside its micro-kernel pointers). The driver learns every vector width, step,
  * alignment and block size from here; no other file outside the ISA's own layer
@@ -181,6 +205,10 @@ typedef struct sdpa_kernels {
     sdpa_online_softmax_rows_fn online_softmax_rows;
     sdpa_gemm_stream_fn gemm_stream;
     sdpa_attend_rows_fn attend_rows; /* NULL: not provided */
+    sdpa_softcap_fn softcap;
+    sdpa_alibi_cols_fn alibi_cols;
+    sdpa_alibi_rows_fn alibi_rows;
+    sdpa_bwd_softcap_fn bwd_softcap;
 } sdpa_kernels;
 
 /* The masked-entry sentinel (see the top of this file): the probability of a

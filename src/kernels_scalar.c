@@ -174,6 +174,42 @@ static void gemm_nt_scalar(int M, int N, int K, float alpha, const float *A, ptr
         }
 }
 
+static void softcap_scalar(int M, int N, float *S, ptrdiff_t lds, float cap, float *G, ptrdiff_t ldg)
+{
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float *s = S + (ptrdiff_t)m * lds + n;
+            const float t = tanhf(*s / cap);
+            *s = cap * t;
+            if (G)
+                G[(ptrdiff_t)m * ldg + n] = 1.0f - t * t;
+        }
+}
+
+static void alibi_cols_scalar(int M, int N, float *S, ptrdiff_t lds, const float *pos, const float *slope)
+{
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++)
+            S[(ptrdiff_t)m * lds + n] -= slope[n] * fabsf((float)m - pos[n]);
+}
+
+static void alibi_rows_scalar(int M, int N, float *S, ptrdiff_t lds, const float *pos, const float *slope)
+{
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++)
+            S[(ptrdiff_t)m * lds + n] -= slope[m] * fabsf((float)n - pos[m]);
+}
+
+static void bwd_softcap_scalar(int M, int N, float *dS, ptrdiff_t ldd, const float *G, ptrdiff_t ldg)
+{
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float *d = dS + (ptrdiff_t)m * ldd + n;
+            if (!sdpa_is_masked_sentinel(*d))
+                *d = *d * G[(ptrdiff_t)m * ldg + n] + 0.0f;
+        }
+}
+
 void sdpa_kernels_init_scalar(sdpa_kernels *t)
 {
     t->isa = SDPA_ISA_SCALAR;
@@ -197,5 +233,9 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->gemm_stream = gemm_stream_scalar;
     t->online_softmax_rows = online_softmax_rows_scalar;
     t->attend_rows = NULL; /* the driver composes the steps from the entries above */
+    t->softcap = softcap_scalar;
+    t->alibi_cols = alibi_cols_scalar;
+    t->alibi_rows = alibi_rows_scalar;
+    t->bwd_softcap = bwd_softcap_scalar;
     t->nt_max_cols = 8; /* same driver path on every ISA for the same shape */
 }

@@ -126,27 +126,27 @@ int main(void)
     shape sh[512];
     int n = 0;
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) /* head_dim sweep */
-        sh[n++] = (shape){1, 2, 1, 33, 47, dims[i], dims[(i + 3) % 13], 1, U, U, 0, 0, 0, 0, 0};
+        sh[n++] = (shape){1, 2, 1, 33, 47, dims[i], dims[(i + 3) % 13], 1, U, U, 0, 0, 0, 0, 0, 0};
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) /* length sweep, masks */
         for (size_t j = 0; j < sizeof lens / sizeof lens[0]; j += 2) {
             const int64_t tq = lens[i], tk = lens[j];
-            sh[n++] = (shape){2, 4, 2, tq, tk, 64, 64, (int)((i + j) % 3), U, U, 0, 0, 0, 0, 0};
-            sh[n++] = (shape){2, 2, 2, tq, tk, 17, 15, 0, 5, 3, (int)(i % 2), 1, (int)(j % 2), (int)(i % 2), 3};
+            sh[n++] = (shape){2, 4, 2, tq, tk, 64, 64, (int)((i + j) % 3), U, U, 0, 0, 0, 0, 0, 0};
+            sh[n++] = (shape){2, 2, 2, tq, tk, 17, 15, 0, 5, 3, (int)(i % 2), 1, (int)(j % 2), (int)(i % 2), 3, 0};
         }
     /* prefill, decode (GQA groups in a tile, split-KV), windows, large tiles */
-    sh[n++] = (shape){1, 4, 2, 300, 300, 64, 64, 1, U, U, 0, 0, 0, 0, 0};
-    sh[n++] = (shape){1, 4, 2, 300, 300, 128, 128, 2, 64, U, 0, 0, 0, 0, 0};
-    sh[n++] = (shape){2, 8, 2, 1, 2000, 128, 128, 0, U, U, 0, 1, 0, 0, 0};
-    sh[n++] = (shape){1, 8, 8, 1, 1500, 64, 64, 2, U, U, 0, 0, 0, 0, 0};
-    sh[n++] = (shape){1, 32, 8, 1, 700, 96, 80, 0, U, U, 0, 0, 1, 1, 0};
-    sh[n++] = (shape){1, 8, 1, 4, 900, 128, 128, 2, U, U, 0, 0, 0, 0, 0};
-    sh[n++] = (shape){2, 4, 4, 130, 200, 80, 96, 0, 20, 20, 1, 1, 1, 1, 5};
-    sh[n++] = (shape){3, 6, 3, 70, 70, 64, 64, 1, U, U, 0, 1, 0, 0, 0};
-    sh[n++] = (shape){1, 2, 2, 520, 520, 32, 32, 1, U, U, 0, 0, 0, 0, 0};
-    sh[n++] = (shape){1, 1, 1, 5, 7, 0, 4, 0, U, U, 0, 0, 0, 0, 0};
+    sh[n++] = (shape){1, 4, 2, 300, 300, 64, 64, 1, U, U, 0, 0, 0, 0, 0, 0};
+    sh[n++] = (shape){1, 4, 2, 300, 300, 128, 128, 2, 64, U, 0, 0, 0, 0, 0, 0};
+    sh[n++] = (shape){2, 8, 2, 1, 2000, 128, 128, 0, U, U, 0, 1, 0, 0, 0, 0};
+    sh[n++] = (shape){1, 8, 8, 1, 1500, 64, 64, 2, U, U, 0, 0, 0, 0, 0, 0};
+    sh[n++] = (shape){1, 32, 8, 1, 700, 96, 80, 0, U, U, 0, 0, 1, 1, 0, 0};
+    sh[n++] = (shape){1, 8, 1, 4, 900, 128, 128, 2, U, U, 0, 0, 0, 0, 0, 0};
+    sh[n++] = (shape){2, 4, 4, 130, 200, 80, 96, 0, 20, 20, 1, 1, 1, 1, 5, 0};
+    sh[n++] = (shape){3, 6, 3, 70, 70, 64, 64, 1, U, U, 0, 1, 0, 0, 0, 0};
+    sh[n++] = (shape){1, 2, 2, 520, 520, 32, 32, 1, U, U, 0, 0, 0, 0, 0, 0};
+    sh[n++] = (shape){1, 1, 1, 5, 7, 0, 4, 0, U, U, 0, 0, 0, 0, 0, 0};
     sh[n++] = (shape){2, 2, 1, 5, 7, 0, 4, 1, U, U, 0, 1, 0, 0, 0, 0.5f};
     sh[n++] = (shape){1, 4, 2, 1, 300, 0, 64, 0, U, U, 0, 0, 0, 0, 0, -0.25f};
-    sh[n++] = (shape){1, 1, 1, 5, 7, 4, 0, 0, U, U, 0, 0, 0, 0, 0};
+    sh[n++] = (shape){1, 1, 1, 5, 7, 4, 0, 0, U, U, 0, 0, 0, 0, 0, 0};
 
     static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
     int bad = 0;
