@@ -7,6 +7,7 @@
  * (independent of the library and of tools/npy.c). The library itself is
  * never called from this file, so no OpenMP runs in Criterion's processes. */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
@@ -550,82 +551,62 @@ Test(cli, worked_example_forward)
 
 /* ------------------------------------------------------------ forward round trips */
 
-Test(cli, forward_rank2)
+/* Forward round trips that differ only by shape, rank and options: the
+ * descriptor fields the reference gets, and the flags that say the same to the tool. */
+typedef struct forward_options {
+    const char *name;
+    int rank, B, Hq, Hkv, Tq, Tk, Dk, Dv;
+    int causal;         /* refp.causal */
+    double scale;       /* refp.scale */
+    int windowed;       /* 0: wl = wr = -1 (unbounded) */
+    long wl, wr;
+    int align_br;
+    const char *extra[12]; /* the tool's flags, NULL-terminated */
+} forward_options;
+
+static const forward_options forward_options_cases[] = {
+    {"rank 2", 2, 1, 1, 1, 7, 9, 16, 12, 0, 0, 0, 0, 0, 0, {NULL}},
+    {"rank 3, causal top-left", 3, 1, 3, 3, 5, 5, 8, 8, 1, 0, 0, 0, 0, 0, {"--causal", "top-left", NULL}},
+    {"rank 4, scale", 4, 2, 2, 2, 4, 6, 5, 3, 0, 0.3, 0, 0, 0, 0, {"--scale", "0.3", NULL}},
+    {"negative scale, --scale=X form", 3, 1, 2, 2, 4, 6, 5, 3, 0, -1.5, 0, 0, 0, 0, {"--scale=-1.5", NULL}},
+    {"GQA, rank 4", 4, 2, 6, 2, 5, 7, 8, 6, 0, 0, 0, 0, 0, 0, {NULL}},
+    {"MQA, rank 3, causal bottom-right", 3, 1, 4, 1, 4, 9, 8, 4, 2, 0, 0, 0, 0, 0,
+     {"--causal", "bottom-right", NULL}},
+    {"window, bottom-right alignment", 4, 1, 2, 2, 6, 10, 4, 4, 0, 0, 1, 2, 1, 1,
+     {"--window-left", "2", "--window-right", "1", "--window-align", "bottom-right", NULL}},
+    {"causal + window", 2, 1, 1, 1, 9, 9, 4, 4, 1, 0, 1, 3, -1, 0,
+     {"--causal", "top-left", "--window-left", "3", NULL}},
+    {"empty keys (Tk = 0: every row fully masked)", 2, 1, 1, 1, 3, 0, 4, 5, 0, 0, 0, 0, 0, 0, {NULL}},
+    {"--isa scalar, one thread", 4, 1, 2, 2, 33, 40, 16, 16, 1, 0, 0, 0, 0, 0,
+     {"--isa", "scalar", "--threads", "1", "--causal", "top-left", NULL}},
+};
+
+#define N_FORWARD_OPTIONS (sizeof forward_options_cases / sizeof forward_options_cases[0])
+
+/* Criterion copies the parameters into each test's own process, where pointers
+ * into this one may not hold: the parameter is the index of the case. */
+ParameterizedTestParameters(cli, forward_with_options)
 {
-    fixture f;
-    fixture_make(&f, 2, 1, 1, 1, 7, 9, 16, 12);
-    check_forward(&f, NULL);
-    fixture_free(&f);
+    static size_t index[N_FORWARD_OPTIONS];
+    for (size_t i = 0; i < N_FORWARD_OPTIONS; i++)
+        index[i] = i;
+    return cr_make_param_array(size_t, index, N_FORWARD_OPTIONS);
 }
 
-Test(cli, forward_rank3_causal_top_left)
+ParameterizedTest(size_t *index, cli, forward_with_options)
 {
+    const forward_options *c = &forward_options_cases[*index];
     fixture f;
-    fixture_make(&f, 3, 1, 3, 3, 5, 5, 8, 8);
-    f.p.causal = 1;
-    const char *extra[] = {"--causal", "top-left", NULL};
-    check_forward(&f, extra);
-    fixture_free(&f);
-}
-
-Test(cli, forward_rank4_scale)
-{
-    fixture f;
-    fixture_make(&f, 4, 2, 2, 2, 4, 6, 5, 3);
-    f.p.scale = 0.3;
-    const char *extra[] = {"--scale", "0.3", NULL};
-    check_forward(&f, extra);
-    fixture_free(&f);
-}
-
-Test(cli, forward_negative_scale_equals_form)
-{
-    fixture f;
-    fixture_make(&f, 3, 1, 2, 2, 4, 6, 5, 3);
-    f.p.scale = -1.5;
-    const char *extra[] = {"--scale=-1.5", NULL};
-    check_forward(&f, extra);
-    fixture_free(&f);
-}
-
-Test(cli, forward_gqa_rank4)
-{
-    fixture f;
-    fixture_make(&f, 4, 2, 6, 2, 5, 7, 8, 6);
-    check_forward(&f, NULL);
-    fixture_free(&f);
-}
-
-Test(cli, forward_mqa_rank3_causal_bottom_right)
-{
-    fixture f;
-    fixture_make(&f, 3, 1, 4, 1, 4, 9, 8, 4);
-    f.p.causal = 2;
-    const char *extra[] = {"--causal", "bottom-right", NULL};
-    check_forward(&f, extra);
-    fixture_free(&f);
-}
-
-Test(cli, forward_window_bottom_right_alignment)
-{
-    fixture f;
-    fixture_make(&f, 4, 1, 2, 2, 6, 10, 4, 4);
-    f.p.wl = 2;
-    f.p.wr = 1;
-    f.p.align_br = 1;
-    const char *extra[] = {"--window-left", "2", "--window-right", "1", "--window-align", "bottom-right", NULL};
-    check_forward(&f, extra);
-    fixture_free(&f);
-}
-
-Test(cli, forward_causal_window)
-{
-    fixture f;
-    fixture_make(&f, 2, 1, 1, 1, 9, 9, 4, 4);
-    f.p.causal = 1;
-    f.p.wl = 3;
-    const char *extra[] = {"--causal", "top-left", "--window-left", "3", NULL};
-    check_forward(&f, extra);
+    cr_log_info("cli/forward_with_options: %s", c->name);
+    fixture_make(&f, c->rank, c->B, c->Hq, c->Hkv, c->Tq, c->Tk, c->Dk, c->Dv);
+    f.p.causal = c->causal;
+    f.p.scale = c->scale;
+    if (c->windowed) {
+        f.p.wl = c->wl;
+        f.p.wr = c->wr;
+    }
+    f.p.align_br = c->align_br;
+    check_forward(&f, c->extra);
     fixture_free(&f);
 }
 
@@ -761,24 +742,6 @@ Test(cli, forward_npy_versions_2_and_3)
     s[1] = 5;
     write_typed(P("K.npy"), "<f4", 4, 3, s, f.k, 3, 0);
     check_forward(&f, NULL);
-    fixture_free(&f);
-}
-
-Test(cli, forward_empty_keys)
-{
-    fixture f;
-    fixture_make(&f, 2, 1, 1, 1, 3, 0, 4, 5); /* Tk = 0: every row fully masked */
-    check_forward(&f, NULL);
-    fixture_free(&f);
-}
-
-Test(cli, forward_isa_scalar_one_thread)
-{
-    fixture f;
-    fixture_make(&f, 4, 1, 2, 2, 33, 40, 16, 16);
-    f.p.causal = 1;
-    const char *extra[] = {"--isa", "scalar", "--threads", "1", "--causal", "top-left", NULL};
-    check_forward(&f, extra);
     fixture_free(&f);
 }
 
