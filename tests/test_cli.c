@@ -610,17 +610,26 @@ ParameterizedTest(size_t *index, cli, forward_with_options)
     fixture_free(&f);
 }
 
+/* check_forward with the boolean mask m (dtype descr, the given .npy shape) as
+ * M.npy, read by the reference through the element strides ms (batch, head,
+ * query, key). */
+static void check_forward_mask(fixture *f, const char *descr, int ndim, const int64_t *shape, const uint8_t *m,
+                               const long ms[4])
+{
+    write_typed(P("M.npy"), descr, 1, ndim, shape, m, 1, 0);
+    f->p.mask = m;
+    memcpy(f->p.ms, ms, sizeof f->p.ms);
+    const char *extra[] = {"--mask", P("M.npy"), NULL};
+    check_forward(f, extra);
+}
+
 Test(cli, forward_mask_keys_bool)
 {
     fixture f;
     fixture_make(&f, 4, 2, 2, 1, 5, 7, 8, 6);
     uint8_t m[7] = {1, 0, 1, 1, 0, 0, 1};
     const int64_t s[1] = {7};
-    write_typed(P("M.npy"), "|b1", 1, 1, s, m, 1, 0);
-    f.p.mask = m;
-    f.p.ms[3] = 1;
-    const char *extra[] = {"--mask", P("M.npy"), NULL};
-    check_forward(&f, extra);
+    check_forward_mask(&f, "|b1", 1, s, m, (const long[4]){0, 0, 0, 1});
     fixture_free(&f);
 }
 
@@ -632,12 +641,7 @@ Test(cli, forward_mask_query_key_uint8)
     for (int i = 0; i < 30; i++)
         m[i] = (uint8_t)((i * 7) % 3 == 0 ? 0 : (i % 2 ? 2 : 255)); /* any nonzero byte allows */
     const int64_t s[2] = {5, 6};
-    write_typed(P("M.npy"), "|u1", 1, 2, s, m, 1, 0);
-    f.p.mask = m;
-    f.p.ms[2] = 6;
-    f.p.ms[3] = 1;
-    const char *extra[] = {"--mask", P("M.npy"), NULL};
-    check_forward(&f, extra);
+    check_forward_mask(&f, "|u1", 2, s, m, (const long[4]){0, 0, 6, 1});
     fixture_free(&f);
 }
 
@@ -651,13 +655,7 @@ Test(cli, forward_mask_batch_1_q_k_with_empty_row)
     for (int j = 0; j < 5; j++) /* batch 1, query 2: no key allowed -> O = 0, LSE = -inf */
         m[20 + 2 * 5 + j] = 0;
     const int64_t s[4] = {2, 1, 4, 5};
-    write_typed(P("M.npy"), "|b1", 1, 4, s, m, 1, 0);
-    f.p.mask = m;
-    f.p.ms[0] = 20;
-    f.p.ms[2] = 5;
-    f.p.ms[3] = 1;
-    const char *extra[] = {"--mask", P("M.npy"), NULL};
-    check_forward(&f, extra);
+    check_forward_mask(&f, "|b1", 4, s, m, (const long[4]){20, 0, 5, 1});
     fixture_free(&f);
 }
 
