@@ -948,6 +948,16 @@ static void float_zeros_npy(const char *path, const char *descr, size_t elsize, 
     free(z);
 }
 
+/* Q.npy replaced by zeros of Q's valid shape (2, 4, 5, 8) stored as `descr`
+ * (elsize bytes an element, Fortran order if fortran): forward must fail naming it. */
+static void expect_bad_query_storage(const char *descr, size_t elsize, int fortran)
+{
+    valid_inputs();
+    const int64_t s[4] = {2, 4, 5, 8};
+    float_zeros_npy(P("bad.npy"), descr, elsize, 4, s, 1, fortran);
+    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+}
+
 Test(cli, bad_missing_file)
 {
     valid_inputs();
@@ -983,18 +993,12 @@ Test(cli, bad_version)
 
 Test(cli, bad_dtype_float64)
 {
-    valid_inputs();
-    const int64_t s[4] = {2, 4, 5, 8};
-    float_zeros_npy(P("bad.npy"), "<f8", 8, 4, s, 1, 0);
-    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+    expect_bad_query_storage("<f8", 8, 0);
 }
 
 Test(cli, bad_dtype_int32_for_query)
 {
-    valid_inputs();
-    const int64_t s[4] = {2, 4, 5, 8};
-    float_zeros_npy(P("bad.npy"), "<i4", 4, 4, s, 1, 0);
-    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+    expect_bad_query_storage("<i4", 4, 0);
 }
 
 Test(cli, bad_big_endian)
@@ -1011,10 +1015,7 @@ Test(cli, bad_big_endian)
 
 Test(cli, bad_fortran_order)
 {
-    valid_inputs();
-    const int64_t s[4] = {2, 4, 5, 8};
-    float_zeros_npy(P("bad.npy"), "<f4", 4, 4, s, 1, 1);
-    expect_forward_failure(P("bad.npy"), NULL, NULL, NULL, P("bad.npy"));
+    expect_bad_query_storage("<f4", 4, 1);
 }
 
 Test(cli, bad_truncated_data)
