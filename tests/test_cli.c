@@ -703,14 +703,28 @@ Test(cli, forward_mask_and_bias_full_shape)
     fixture_free(&f);
 }
 
+/* The per-batch key lengths lens[0..B) as L.npy in dtype descr ("<i4" or
+ * "<i8"), and for the reference. */
+static void write_kv_len(fixture *f, const int32_t *lens, const char *descr)
+{
+    const int64_t s[1] = {f->p.B};
+    int64_t wide[16];
+    cr_assert_leq(f->p.B, 16);
+    for (int b = 0; b < f->p.B; b++)
+        wide[b] = lens[b];
+    if (strcmp(descr, "<i8") == 0)
+        write_typed(P("L.npy"), descr, 8, 1, s, wide, 1, 0);
+    else
+        write_typed(P("L.npy"), descr, 4, 1, s, lens, 1, 0);
+    f->p.kvlen = lens;
+}
+
 Test(cli, forward_kv_len_int32)
 {
     fixture f;
     fixture_make(&f, 4, 3, 2, 2, 4, 6, 8, 5);
     int32_t lens[3] = {6, 3, 0};
-    const int64_t s[1] = {3};
-    write_typed(P("L.npy"), "<i4", 4, 1, s, lens, 1, 0);
-    f.p.kvlen = lens;
+    write_kv_len(&f, lens, "<i4");
     const char *extra[] = {"--kv-len", P("L.npy"), NULL};
     check_forward(&f, extra);
     fixture_free(&f);
@@ -720,11 +734,8 @@ Test(cli, forward_kv_len_int64_causal_bottom_right)
 {
     fixture f;
     fixture_make(&f, 4, 2, 2, 1, 3, 8, 4, 4);
-    int64_t lens[2] = {5, 8};
-    int32_t lens32[2] = {5, 8};
-    const int64_t s[1] = {2};
-    write_typed(P("L.npy"), "<i8", 8, 1, s, lens, 1, 0);
-    f.p.kvlen = lens32;
+    int32_t lens[2] = {5, 8};
+    write_kv_len(&f, lens, "<i8");
     f.p.causal = 2;
     const char *extra[] = {"--kv-len", P("L.npy"), "--causal", "bottom-right", NULL};
     check_forward(&f, extra);
