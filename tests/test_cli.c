@@ -1139,18 +1139,20 @@ Test(cli, bad_kv_len)
     int32_t three[3] = {1, 2, 3}, too_long[2] = {7, 8}, negative[2] = {-1, 3};
     int64_t huge[2] = {3, (int64_t)1 << 40};
     float fl[2] = {3, 4};
-    write_typed(P("L.npy"), "<i4", 4, 1, s3, three, 1, 0);
-    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
-    write_typed(P("L.npy"), "<i4", 4, 2, s12, too_long, 1, 0);
-    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
-    write_typed(P("L.npy"), "<i4", 4, 1, s2, too_long, 1, 0);
-    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
-    write_typed(P("L.npy"), "<i4", 4, 1, s2, negative, 1, 0);
-    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
-    write_typed(P("L.npy"), "<i8", 8, 1, s2, huge, 1, 0);
-    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
-    write_typed(P("L.npy"), "<f4", 4, 1, s2, fl, 1, 0);
-    expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
+    const struct {
+        const char *descr;
+        size_t elsize;
+        int ndim;
+        const int64_t *shape;
+        const void *data;
+    } bad[] = {
+        {"<i4", 4, 1, s3, three},   {"<i4", 4, 2, s12, too_long}, {"<i4", 4, 1, s2, too_long},
+        {"<i4", 4, 1, s2, negative}, {"<i8", 8, 1, s2, huge},      {"<f4", 4, 1, s2, fl},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_typed(P("L.npy"), bad[i].descr, bad[i].elsize, bad[i].ndim, bad[i].shape, bad[i].data, 1, 0);
+        expect_forward_failure(NULL, NULL, NULL, extra, P("L.npy"));
+    }
 }
 
 Test(cli, bad_output_directory)
