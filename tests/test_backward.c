@@ -858,6 +858,20 @@ Test(backward, key_tile_passes_bitwise_and_accurate, .timeout = 600)
     }
 }
 
+/* Every element of x[0..n) equals `value` ("<what>: <name>[i] = ..." otherwise). */
+static void expect_all_equal(const char *what, const char *name, const float *x, size_t n, float value)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_expect(x[i] == value, "%s: %s[%zu] = %g", what, name, i, (double)x[i]);
+}
+
+/* got[0..n) == want[0..n) element by element. */
+static void expect_equal_values(const char *what, const char *name, const float *got, const float *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_expect(got[i] == want[i], "%s: %s[%zu] %g vs %g", what, name, i, (double)got[i], (double)want[i]);
+}
+
 /* Fully masked rows (LSE = -inf) contribute exactly 0: their dQ rows are +-0,
  * and dK, dV are bitwise what they are when those rows' dO is 0 or NaN. */
 Test(backward, fully_masked_rows_contribute_zero)
@@ -919,15 +933,9 @@ Test(backward, fully_masked_rows_contribute_zero)
                 snprintf(w2, sizeof w2, "%s, dO of empty rows %s", w, pass ? "NaN" : "0");
                 run_fb(&p, &L, &in, pass ? &n : &z, w2);
                 const results *x = pass ? &n : &z;
-                for (size_t i = 0; i < in.nq; i++)
-                    cr_expect(x->dq[i] == a.dq[i], "%s: dQ[%zu] %g vs %g", w2, i, (double)x->dq[i],
-                              (double)a.dq[i]);
-                for (size_t i = 0; i < in.nk; i++)
-                    cr_expect(x->dk[i] == a.dk[i], "%s: dK[%zu] %g vs %g", w2, i, (double)x->dk[i],
-                              (double)a.dk[i]);
-                for (size_t i = 0; i < in.nv; i++)
-                    cr_expect(x->dv[i] == a.dv[i], "%s: dV[%zu] %g vs %g", w2, i, (double)x->dv[i],
-                              (double)a.dv[i]);
+                expect_equal_values(w2, "dQ", x->dq, a.dq, in.nq);
+                expect_equal_values(w2, "dK", x->dk, a.dk, in.nk);
+                expect_equal_values(w2, "dV", x->dv, a.dv, in.nv);
                 memcpy(in.dout, saved, in.no * sizeof(float));
                 free(saved);
             }
@@ -1026,96 +1034,84 @@ Test(backward, nan_in_masked_inputs_never_leaks)
 
 /* -------------------------------------------------------- empty extents -- */
 
-/* Tq = 0: dK and dV are overwritten with 0 in full (strided, gaps untouched). */
-Test(backward, tq_zero_zeroes_dk_dv)
+/* The checks of one empty-extent run (`what` names it). */
+typedef void (*empty_extent_check)(const char *what, const sdpa_problem *p, const inputs *in, const results *res);
+
+/* For each mask kind of kinds[0..nk) and every ISA: the problem of sizes `sizes`
+ * with that mask, random inputs (seed `seed`, the same for every ISA) stored
+ * with layout `layout`, forward + backward through run_fb (which checks the
+ * statuses, guard zones and gaps), then `check`. */
+static void run_empty_extent(const char *label, sdpa_problem sizes, uint64_t seed, const int *kinds, size_t nk,
+                             int layout, empty_extent_check check)
 {
     sdpa_isa isas[SDPA_ISA_COUNT];
     const int ni = util_isas(isas);
-    const int masks_to_try[] = {M_NONE, M_CAUSAL_BR, M_KVLEN};
-    for (size_t mi = 0; mi < sizeof masks_to_try / sizeof masks_to_try[0]; mi++)
+    for (size_t mi = 0; mi < nk; mi++)
         for (int ii = 0; ii < ni; ii++) {
             util_rng r;
-            util_rng_init(&r, 3);
-            sdpa_problem p = util_problem(3, 4, 2, 0, 29, 12, 7);
+            util_rng_init(&r, seed);
+            sdpa_problem p = sizes;
             masks m;
-            masks_setup(&p, masks_to_try[mi], &r, &m);
+            masks_setup(&p, kinds[mi], &r, &m);
             p.isa = isas[ii];
-            const layouts L = make_layouts(&p, L_PADDED);
+            const layouts L = make_layouts(&p, layout);
             inputs in = make_inputs(&p, &L, &r, 0);
             char w[96];
-            snprintf(w, sizeof w, "Tq = 0, %s [%s]", mask_name[masks_to_try[mi]], sdpa_isa_name(isas[ii]));
+            snprintf(w, sizeof w, "%s, %s [%s]", label, mask_name[kinds[mi]], sdpa_isa_name(isas[ii]));
             results res;
-            run_fb(&p, &L, &in, &res, w); /* checks guards and gaps */
-            for (size_t i = 0; i < in.nk; i++)
-                cr_expect(res.dk[i] == 0.0f, "%s: dK[%zu] = %g", w, i, (double)res.dk[i]);
-            for (size_t i = 0; i < in.nv; i++)
-                cr_expect(res.dv[i] == 0.0f, "%s: dV[%zu] = %g", w, i, (double)res.dv[i]);
+            run_fb(&p, &L, &in, &res, w);
+            check(w, &p, &in, &res);
             results_free(&res);
             inputs_free(&in);
             masks_free(&m);
         }
+}
+
+static void check_tq_zero(const char *w, const sdpa_problem *p, const inputs *in, const results *res)
+{
+    expect_all_equal(w, "dK", res->dk, in->nk, 0.0f);
+    expect_all_equal(w, "dV", res->dv, in->nv, 0.0f);
+}
+
+/* Tq = 0: dK and dV are overwritten with 0 in full (strided, gaps untouched). */
+Test(backward, tq_zero_zeroes_dk_dv)
+{
+    const int kinds[] = {M_NONE, M_CAUSAL_BR, M_KVLEN};
+    run_empty_extent("Tq = 0", util_problem(3, 4, 2, 0, 29, 12, 7), 3, kinds, sizeof kinds / sizeof kinds[0],
+                     L_PADDED, check_tq_zero);
+}
+
+static void check_dv_zero(const char *w, const sdpa_problem *p, const inputs *in, const results *res)
+{
+    double *rl = util_dalloc(in->nl), *ro = util_dalloc(1);
+    ref_forward(p, in->q, in->k, in->v, ro, rl);
+    expect_all_equal(w, "dQ", res->dq, in->nq, 0.0f);
+    expect_all_equal(w, "dK", res->dk, in->nk, 0.0f);
+    for (size_t i = 0; i < in->nl; i++) /* LSE is still defined by Q and K */
+        cr_expect(util_close(res->lse[i], rl[i], 1e-5, 1e-5), "%s: LSE[%zu] = %g, ref %g", w, i,
+                  (double)res->lse[i], rl[i]);
+    free(rl);
+    free(ro);
 }
 
 /* Dv = 0: O is empty, D = 0 and dP = 0, so dS = 0 and dQ = dK = 0 exactly. */
 Test(backward, dv_zero)
 {
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int ni = util_isas(isas);
-    const int masks_to_try[] = {M_NONE, M_CAUSAL_TL, M_ALL};
-    for (size_t mi = 0; mi < sizeof masks_to_try / sizeof masks_to_try[0]; mi++)
-        for (int ii = 0; ii < ni; ii++) {
-            util_rng r;
-            util_rng_init(&r, 4);
-            sdpa_problem p = util_problem(3, 2, 1, 19, 23, 10, 0);
-            masks m;
-            masks_setup(&p, masks_to_try[mi], &r, &m);
-            p.isa = isas[ii];
-            const layouts L = make_layouts(&p, L_BTHD);
-            inputs in = make_inputs(&p, &L, &r, 0);
-            double *rl = util_dalloc(in.nl), *ro = util_dalloc(1);
-            ref_forward(&p, in.q, in.k, in.v, ro, rl);
-            char w[96];
-            snprintf(w, sizeof w, "Dv = 0, %s [%s]", mask_name[masks_to_try[mi]], sdpa_isa_name(isas[ii]));
-            results res;
-            run_fb(&p, &L, &in, &res, w);
-            for (size_t i = 0; i < in.nq; i++)
-                cr_expect(res.dq[i] == 0.0f, "%s: dQ[%zu] = %g", w, i, (double)res.dq[i]);
-            for (size_t i = 0; i < in.nk; i++)
-                cr_expect(res.dk[i] == 0.0f, "%s: dK[%zu] = %g", w, i, (double)res.dk[i]);
-            for (size_t i = 0; i < in.nl; i++) /* LSE is still defined by Q and K */
-                cr_expect(util_close(res.lse[i], rl[i], 1e-5, 1e-5), "%s: LSE[%zu] = %g, ref %g", w, i,
-                          (double)res.lse[i], rl[i]);
-            free(rl);
-            free(ro);
-            results_free(&res);
-            inputs_free(&in);
-            masks_free(&m);
-        }
+    const int kinds[] = {M_NONE, M_CAUSAL_TL, M_ALL};
+    run_empty_extent("Dv = 0", util_problem(3, 2, 1, 19, 23, 10, 0), 4, kinds, sizeof kinds / sizeof kinds[0],
+                     L_BTHD, check_dv_zero);
+}
+
+static void check_tk_zero(const char *w, const sdpa_problem *p, const inputs *in, const results *res)
+{
+    expect_all_equal(w, "dQ", res->dq, in->nq, 0.0f);
+    expect_all_equal(w, "LSE", res->lse, in->nl, -INFINITY);
+    expect_all_equal(w, "O", res->o, in->no, 0.0f);
 }
 
 /* Tk = 0: every row is empty: dQ = 0 in full, LSE = -inf, O = 0. */
 Test(backward, tk_zero)
 {
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int ni = util_isas(isas);
-    for (int ii = 0; ii < ni; ii++) {
-        util_rng r;
-        util_rng_init(&r, 5);
-        sdpa_problem p = util_problem(2, 4, 2, 13, 0, 9, 6);
-        p.isa = isas[ii];
-        const layouts L = make_layouts(&p, L_MIXED);
-        inputs in = make_inputs(&p, &L, &r, 0);
-        char w[64];
-        snprintf(w, sizeof w, "Tk = 0 [%s]", sdpa_isa_name(isas[ii]));
-        results res;
-        run_fb(&p, &L, &in, &res, w);
-        for (size_t i = 0; i < in.nq; i++)
-            cr_expect(res.dq[i] == 0.0f, "%s: dQ[%zu] = %g", w, i, (double)res.dq[i]);
-        for (size_t i = 0; i < in.nl; i++)
-            cr_expect(res.lse[i] == -INFINITY, "%s: LSE[%zu] = %g", w, i, (double)res.lse[i]);
-        for (size_t i = 0; i < in.no; i++)
-            cr_expect(res.o[i] == 0.0f, "%s: O[%zu] = %g", w, i, (double)res.o[i]);
-        results_free(&res);
-        inputs_free(&in);
-    }
+    const int kinds[] = {M_NONE};
+    run_empty_extent("Tk = 0", util_problem(2, 4, 2, 13, 0, 9, 6), 5, kinds, 1, L_MIXED, check_tk_zero);
 }
