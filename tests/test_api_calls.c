@@ -793,3 +793,252 @@ Test(api, interleaved_outputs_random_layouts, .timeout = 120)
 }
 
 /* ============================================================ bugs ===== */
+
+/* ------------------------------------------------------------------------
+ * Issue 14 (hardening): overflow descriptors for both passes, NULL data views
+ * with Dk = 0, and status strings that name their cause. Each test failed on
+ * the tree before the fixes (eafc80f): see the comment on each. */
+
+/* One descriptor near an integer limit. Inputs are stride-0 views of a small
+ * buffer (O, LSE, dO, V, and Q, K when Dk > 0); Dk = 0 leaves Q, K, dQ, dK
+ * without data. The outputs are guarded buffers that must stay untouched. */
+typedef struct ovf_case {
+    const char *what;
+    int64_t B, Hq, Hkv, Tq, Tk, Dk, Dv;
+    int fwd; /* also run the forward (its O/LSE are bounded by the check that fails) */
+    int64_t k_seq_stride;   /* 0: broadcast */
+    int64_t bias_key_stride, mask_query_stride; /* -1: no bias / no mask */
+} ovf_case;
+
+static void ovf_run(const ovf_case *c, int threads)
+{
+    const int64_t P62 = (int64_t)1 << 62;
+    (void)P62;
+    sdpa_problem p = util_problem(c->B, c->Hq, c->Hkv, c->Tq, c->Tk, c->Dk, c->Dv);
+    p.use_default_scale = 0;
+    p.scale = 0.5f;
+    p.num_threads = threads;
+    float *in = util_galloc_fill(64, 0.25f);
+    float *lse_in = util_galloc_fill(64, 1.0f);
+    uint8_t mask[64];
+    memset(mask, 1, sizeof mask);
+    if (c->bias_key_stride >= 0) {
+        p.bias.data = in;
+        p.bias.key_stride = c->bias_key_stride;
+    }
+    if (c->mask_query_stride >= 0) {
+        p.bool_mask.data = mask;
+        p.bool_mask.query_stride = c->mask_query_stride;
+        p.bool_mask.key_stride = 1;
+    }
+    const float *qk = c->Dk ? in : NULL;
+    sdpa_tensor q = {qk, 0, 0, 0}, k = {qk, 0, 0, c->k_seq_stride}, v = {in, 0, 0, 0};
+    sdpa_tensor o_in = {in, 0, 0, 0}, lse = {lse_in, 0, 0, 0}, dout = {in, 0, 0, 0};
+    /* Outputs: dense [1,1,1,D] views where the sizes are 1, else dense strides
+     * of the whole (huge) tensor, which the library must reject before writing. */
+    float *dq_b = util_galloc(64), *dk_b = util_galloc(64), *dv_b = util_galloc(64);
+    float *o_b = util_galloc(64), *l_b = util_galloc(64);
+    const int64_t big = INT64_MAX / 4;
+    sdpa_tensor_out dq = {c->Dk ? dq_b : NULL, big, big, c->Dk};
+    sdpa_tensor_out dk = {c->Dk ? dk_b : NULL, big, big, c->Dk};
+    sdpa_tensor_out dv = {dv_b, c->Hkv * c->Tk * c->Dv, c->Tk * c->Dv, c->Dv};
+    if (c->Hkv <= 1 && c->Tk <= 1 && c->B <= 1)
+        dv.batch_stride = dv.head_stride = c->Dv;
+    sdpa_tensor_out o = {o_b, big, big, c->Dv}, lo = {l_b, big, big, 1};
+
+    char w[256];
+    snprintf(w, sizeof w, "%s (threads %d)", c->what, threads);
+    sdpa_status st = sdpa_backward(&p, &q, &k, &v, &o_in, &lse, &dout, &dq, &dk, &dv);
+    cr_expect(st == SDPA_ERR_SIZE_OVERFLOW || st == SDPA_ERR_OUT_OF_MEMORY,
+              "%s: backward returned %d (%s), expected SIZE_OVERFLOW or OUT_OF_MEMORY", w, st,
+              sdpa_status_string(st));
+    if (c->fwd) {
+        st = sdpa_forward(&p, &q, &k, &v, &o, &lo);
+        cr_expect(st == SDPA_ERR_SIZE_OVERFLOW || st == SDPA_ERR_OUT_OF_MEMORY,
+                  "%s: forward returned %d (%s), expected SIZE_OVERFLOW or OUT_OF_MEMORY", w, st,
+                  sdpa_status_string(st));
+    }
+    float *outs[] = {dq_b, dk_b, dv_b, o_b, l_b};
+    const char *names[] = {"dQ", "dK", "dV", "O", "LSE"};
+    for (int i = 0; i < 5; i++) {
+        cr_expect(util_gintact(outs[i], names[i]), "%s: %s guard zone written", w, names[i]);
+        for (size_t j = 0; j < 64; j++)
+            if (!util_is_sentinel(outs[i][j])) {
+                cr_expect(0, "%s: %s[%zu] written on error", w, names[i], j);
+                break;
+            }
+    }
+    for (int i = 0; i < 5; i++)
+        util_gfree(outs[i]);
+    util_gfree(in);
+    util_gfree(lse_in);
+}
+
+/* Defect 1 (issue 14): with Dk = 0 no output bounds B*Hq*Tq. Before the fix,
+ * Hq = 2^60 made the backward's workspace size wrap and the D rows were written
+ * past a small allocation (SIGSEGV: this test crashed); B = Hq = Tq = 2^21
+ * overflowed int64 (UB) and came back as BAD_STRIDE. Sizes, strides near 2^31,
+ * 2^62 and INT64_MAX, stride-0 inputs: SIZE_OVERFLOW or OUT_OF_MEMORY, nothing
+ * written, never a crash. */
+Test(api, overflow_descriptors_both_passes, .timeout = 120)
+{
+    const int64_t P31 = (int64_t)1 << 31, P21 = (int64_t)1 << 21, P62 = (int64_t)1 << 62;
+    const int64_t P60 = (int64_t)1 << 60, MX = INT64_MAX;
+    const ovf_case cases[] = {
+        {"Hq = 2^60, Dk = 0 (workspace size wraps)", 1, P60, 1, 1, 1, 0, 1, 0, 0, -1, -1},
+        {"B = Hq = Tq = 2^21 (B*Hq*Tq > INT64_MAX)", P21, P21, 1, P21, 1, 0, 1, 1, 0, -1, -1},
+        {"Hq = Tq = 2^31, Dk = 0 (4 rows of D per query row wrap)", 1, P31, 1, P31, 1, 0, 1, 0, 0, -1, -1},
+        {"Hq = INT64_MAX, Dk = 0", 1, MX, 1, 1, 1, 0, 1, 0, 0, -1, -1},
+        {"Tq = INT64_MAX, Dk = 0", 1, 1, 1, MX, 1, 0, 1, 0, 0, -1, -1},
+        {"Tq = 2^62, Dk = 0, Dv = 2", 1, 1, 1, P62, 1, 0, 2, 0, 0, -1, -1},
+        {"B = 2, Hq = 2^62 (B*Hq overflows)", 2, P62, 1, 1, 1, 0, 1, 1, 0, -1, -1},
+        {"B = 4, Hkv = Hq = 2^62, Tk = 1 (B*Hkv*Tk overflows)", 4, P62, P62, 1, 1, 0, 1, 1, 0, -1, -1},
+        {"Tk = INT64_MAX, Dk = 0 (dV extent)", 1, 1, 1, 1, MX, 0, 1, 0, 0, -1, -1},
+        {"Dk = 2^31 (head_dim > INT32_MAX)", 1, 1, 1, 1, 1, P31, 1, 1, 0, -1, -1},
+        {"Dv = 2^31 (head_dim > INT32_MAX)", 1, 1, 1, 1, 1, 0, P31, 1, 0, -1, -1},
+        {"K seq_stride = INT64_MAX / 2, Tk = 3", 1, 1, 1, 1, 3, 4, 1, 1, MX / 2, -1, -1},
+        {"K seq_stride = 2^62, Tk = 3", 1, 1, 1, 1, 3, 4, 1, 1, P62, -1, -1},
+        {"bias key_stride = 2^62, Tk = 2", 1, 1, 1, 1, 2, 0, 1, 1, 0, P62, -1},
+        {"bias key_stride = INT64_MAX, Tk = 2", 1, 1, 1, 1, 2, 0, 1, 1, 0, MX, -1},
+        {"bool mask query_stride = INT64_MAX, Tq = 2", 1, 1, 1, 2, 1, 0, 1, 1, 0, -1, MX},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int t = 1; t <= 2; t++)
+            ovf_run(&cases[i], t);
+}
+
+/* Windows near 2^31, 2^62 and INT64_MAX (both alignments, causal) limit
+ * nothing on a small problem: both passes give the bits of the unbounded
+ * window (no overflow in i + d +- window). */
+Test(api, huge_windows_equal_unbounded, .timeout = 60)
+{
+    const int64_t Tq = 5, Tk = 9, D = 8;
+    util_rng r;
+    util_rng_seed(&r, "huge_windows_equal_unbounded", 14);
+    const size_t nq = (size_t)(Tq * D), nk = (size_t)(Tk * D);
+    float *q = util_galloc(nq), *k = util_galloc(nk), *v = util_galloc(nk), *dO = util_galloc(nq);
+    util_fill_normal(&r, q, nq, 1.0f);
+    util_fill_normal(&r, k, nk, 1.0f);
+    util_fill_normal(&r, v, nk, 1.0f);
+    util_fill_normal(&r, dO, nq, 1.0f);
+    const int64_t wins[] = {(int64_t)1 << 31, ((int64_t)1 << 31) - 1, (int64_t)1 << 62, INT64_MAX, INT64_MAX - 1};
+    float o0[40], l0[5], dq0[40], dk0[72], dv0[72];
+    for (int causal = 0; causal <= 2; causal++)
+        for (int align = 0; align <= 1; align++) {
+            sdpa_problem p = util_problem(1, 1, 1, Tq, Tk, D, D);
+            p.causal = (sdpa_causal)causal;
+            p.window_alignment = (sdpa_alignment)align;
+            p.num_threads = 1;
+            sdpa_tensor tq = util_cview(q, 1, Tq, D), tk = util_cview(k, 1, Tk, D), tv = util_cview(v, 1, Tk, D);
+            sdpa_tensor_out to = util_cview_out(o0, 1, Tq, D), tl = util_lse_view_out(l0, 1, Tq);
+            cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+            sdpa_tensor ti = util_cview(o0, 1, Tq, D), tli = util_lse_view(l0, 1, Tq), tdo = util_cview(dO, 1, Tq, D);
+            sdpa_tensor_out tdq = util_cview_out(dq0, 1, Tq, D), tdk = util_cview_out(dk0, 1, Tk, D),
+                            tdv = util_cview_out(dv0, 1, Tk, D);
+            cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &ti, &tli, &tdo, &tdq, &tdk, &tdv), SDPA_OK);
+            for (size_t wi = 0; wi < sizeof wins / sizeof wins[0]; wi++)
+                for (int side = 0; side < 3; side++) {
+                    float o[40], l[5], dq[40], dk[72], dv[72];
+                    sdpa_problem pw = p;
+                    if (side != 1)
+                        pw.window_left = wins[wi];
+                    if (side != 0)
+                        pw.window_right = wins[wi];
+                    sdpa_tensor_out wo = util_cview_out(o, 1, Tq, D), wl = util_lse_view_out(l, 1, Tq);
+                    sdpa_tensor_out wdq = util_cview_out(dq, 1, Tq, D), wdk = util_cview_out(dk, 1, Tk, D),
+                                    wdv = util_cview_out(dv, 1, Tk, D);
+                    cr_assert_eq(sdpa_forward(&pw, &tq, &tk, &tv, &wo, &wl), SDPA_OK);
+                    cr_assert_eq(sdpa_backward(&pw, &tq, &tk, &tv, &ti, &tli, &tdo, &wdq, &wdk, &wdv), SDPA_OK);
+                    const int same = util_same_bits(o, o0, 40) && util_same_bits(l, l0, 5) &&
+                                     util_same_bits(dq, dq0, 40) && util_same_bits(dk, dk0, 72) &&
+                                     util_same_bits(dv, dv0, 72);
+                    cr_expect(same, "causal %d align %d window %lld (side %d) differs from unbounded", causal, align,
+                              (long long)wins[wi], side);
+                }
+        }
+    util_gfree(q);
+    util_gfree(k);
+    util_gfree(v);
+    util_gfree(dO);
+}
+
+/* Defect 3 (issue 14): B = H = 1, Tq = 2 (and 1: the decode backward), Tk = 3,
+ * Dk = 0, Dv = 4, Q = K = dQ = dK = NULL (the header allows NULL data for empty
+ * tensors). Every score is 0, so O is the mean of V, LSE = log(Tk) and dV_j =
+ * sum_i dO_i / Tk. Before the fix the library did pointer arithmetic on the NULL
+ * data (row_in, and gemm_nt's A + m*lda for the Dk = 0 decode backward): no
+ * crash in a plain build, but clang's -fsanitize=undefined aborts on it
+ * (tests/ub_cases.c is the same reproducer for the sanitizer builds of CI). */
+Test(api, dk_zero_null_views_both_passes)
+{
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas(isas);
+    for (int64_t Tq = 1; Tq <= 2; Tq++)
+        for (int ii = 0; ii < nisa; ii++)
+            for (int t = 1; t <= 2; t++) {
+                const int64_t Tk = 3, Dv = 4;
+                sdpa_problem p = util_problem(1, 1, 1, Tq, Tk, 0, Dv);
+                p.use_default_scale = 0;
+                p.scale = 1.0f;
+                p.isa = isas[ii];
+                p.num_threads = t;
+                float V[12], O[8], L[2], DO[8], DV[12];
+                for (int i = 0; i < 12; i++)
+                    V[i] = (float)i * 0.1f;
+                for (int i = 0; i < 8; i++)
+                    DO[i] = 1.0f + (float)i;
+                sdpa_tensor q = {NULL, 0, 0, 0}, k = {NULL, 0, 0, 0}, tv = util_cview(V, 1, Tk, Dv);
+                sdpa_tensor_out to = util_cview_out(O, 1, Tq, Dv), tl = util_lse_view_out(L, 1, Tq);
+                sdpa_tensor_out dq = {NULL, 0, 0, 0}, dk = {NULL, 0, 0, 0}, tdv = util_cview_out(DV, 1, Tk, Dv);
+                cr_assert_eq(sdpa_forward(&p, &q, &k, &tv, &to, &tl), SDPA_OK);
+                for (int64_t i = 0; i < Tq; i++) {
+                    cr_expect(fabsf(L[i] - logf(3.0f)) < 1e-6f, "LSE %g", (double)L[i]);
+                    for (int d = 0; d < Dv; d++) {
+                        const float mean = (V[d] + V[4 + d] + V[8 + d]) / 3.0f;
+                        cr_expect(fabsf(O[i * Dv + d] - mean) < 1e-6f, "%s Tq %lld O[%lld][%d] = %g, expected %g",
+                                  sdpa_isa_name(isas[ii]), (long long)Tq, (long long)i, d, (double)O[i * Dv + d],
+                                  (double)mean);
+                    }
+                }
+                sdpa_tensor ti = util_cview(O, 1, Tq, Dv), tli = util_lse_view(L, 1, Tq), tdo = util_cview(DO, 1, Tq, Dv);
+                cr_assert_eq(sdpa_backward(&p, &q, &k, &tv, &ti, &tli, &tdo, &dq, &dk, &tdv), SDPA_OK);
+                for (int j = 0; j < Tk; j++)
+                    for (int d = 0; d < Dv; d++) {
+                        float s = 0;
+                        for (int64_t i = 0; i < Tq; i++)
+                            s += DO[i * Dv + d];
+                        cr_expect(fabsf(DV[j * Dv + d] - s / 3.0f) < 1e-5f, "%s Tq %lld dV[%d][%d] = %g, expected %g",
+                                  sdpa_isa_name(isas[ii]), (long long)Tq, j, d, (double)DV[j * Dv + d],
+                                  (double)(s / 3.0f));
+                    }
+            }
+}
+
+/* Defect 5 (issue 14): a caller who sets .scale but leaves use_default_scale
+ * = 1 (the most natural mistake) gets SDPA_ERR_BAD_SCALE; its string must name
+ * use_default_scale (it said "scale is not finite or head_dim_qk is 0"). Every
+ * cause of a status is named: aliasing with a mask operand names the masks,
+ * SIZE_OVERFLOW names B*Hq*Tq and the workspace. */
+Test(api, status_strings_name_their_causes)
+{
+    float q[8] = {0}, o[8];
+    sdpa_problem p = util_problem(1, 1, 1, 1, 1, 8, 8);
+    p.scale = 0.125f; /* use_default_scale still 1 */
+    sdpa_tensor tq = util_cview(q, 1, 1, 8);
+    sdpa_tensor_out to = util_cview_out(o, 1, 1, 8);
+    const sdpa_status st = sdpa_forward(&p, &tq, &tq, &tq, &to, NULL);
+    cr_assert_eq(st, SDPA_ERR_BAD_SCALE);
+    const char *s = sdpa_status_string(st);
+    cr_expect(strstr(s, "use_default_scale") != NULL, "BAD_SCALE string does not name use_default_scale: %s", s);
+    cr_expect(strstr(s, "NaN") != NULL || strstr(s, "finite") != NULL, "BAD_SCALE string: %s", s);
+    cr_expect(strstr(s, "head_dim_qk") != NULL, "BAD_SCALE string: %s", s);
+    s = sdpa_status_string(SDPA_ERR_ALIASING);
+    cr_expect(strstr(s, "mask") != NULL, "ALIASING string does not name the mask operands: %s", s);
+    s = sdpa_status_string(SDPA_ERR_SIZE_OVERFLOW);
+    cr_expect(strstr(s, "B*Hq*Tq") != NULL && strstr(s, "workspace") != NULL && strstr(s, "head_dim") != NULL,
+              "SIZE_OVERFLOW string does not name each cause: %s", s);
+    for (int c = -1; c >= -14; c--) {
+        s = sdpa_status_string((sdpa_status)c);
+        cr_expect(s && strcmp(s, "unknown status") != 0 && strlen(s) > 8, "status %d: '%s'", c, s ? s : "(null)");
+    }
+}

@@ -432,3 +432,49 @@ Test(cli, bug_cli_backward_many_threads_limited_memory, .timeout = 60)
         cr_expect_eq(count_files("out"), 0, "temporaries left behind");
     cli_teardown();
 }
+
+/* Defect 4 (issue 14): header-only .npy files (a 0 in the shape, so no data)
+ * with huge other dimensions passed the reader, and the CLI multiplied the
+ * shapes without overflow checks (int64 UB; the release build wrapped, exited 0
+ * and wrote outputs). Now every shape product is checked: exit 2, one
+ * "sdpa: error: <file>: ..." line, no output file, for both passes. */
+Test(cli, cli_header_only_huge_shapes_overflow, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    static const struct {
+        const char *q, *kv;
+    } shapes[] = {
+        {"(0, 1099511627776, 1099511627776, 4)", "(0, 1, 4, 4)"},         /* 2^40 x 2^40 */
+        {"(0, 4611686018427387904, 2, 4)", "(0, 1, 4, 4)"},               /* Hq = 2^62 */
+        {"(0, 2, 9223372036854775807, 4)", "(0, 1, 4, 4)"},               /* Tq = INT64_MAX */
+        {"(0, 1, 4, 4)", "(0, 1, 4611686018427387904, 4)"},               /* Tk = 2^62 */
+        {"(0, 2147483648, 2147483648, 8)", "(0, 1, 4, 8)"},               /* 2^31 x 2^31 x 8 */
+    };
+    char dict[256];
+    static const char *outs[] = {"out.npy", "out_lse.npy", "out_dq.npy", "out_dk.npy", "out_dv.npy"};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        for (size_t j = 0; j < sizeof outs / sizeof outs[0]; j++)
+            unlink(P(outs[j])); /* what a failing run left, so each shape is judged alone */
+        snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }", shapes[i].q);
+        write_raw(P("q.npy"), dict, NULL, 0);
+        snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }", shapes[i].kv);
+        write_raw(P("k.npy"), dict, NULL, 0);
+        write_raw(P("v.npy"), dict, NULL, 0);
+        char what[160];
+        snprintf(what, sizeof what, "forward q %s kv %s", shapes[i].q, shapes[i].kv);
+        const char *fa[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"),
+                            "--lse", P("out_lse.npy"), NULL};
+        cli_res r = cli_run(fa);
+        cr_expect_eq(r.status, 2, "%s: exit %d, stderr: %s", what, r.status, r.err);
+        cr_expect(strncmp(r.err, "sdpa: error: ", 13) == 0 && r.err_lines == 1, "%s: stderr: %s", what, r.err);
+        cr_expect_eq(count_files("out"), 0, "%s: an output was written", what);
+        snprintf(what, sizeof what, "backward q %s kv %s", shapes[i].q, shapes[i].kv);
+        const char *ba[] = {"backward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "--do", P("q.npy"),
+                            "--dq", P("out_dq.npy"), "--dk", P("out_dk.npy"), "--dv", P("out_dv.npy"), NULL};
+        for (size_t j = 0; j < sizeof outs / sizeof outs[0]; j++)
+            unlink(P(outs[j]));
+        r = cli_run(ba);
+        cr_expect_eq(r.status, 2, "%s: exit %d, stderr: %s", what, r.status, r.err);
+        cr_expect(strncmp(r.err, "sdpa: error: ", 13) == 0 && r.err_lines == 1, "%s: stderr: %s", what, r.err);
+        cr_expect_eq(count_files("out"), 0, "%s: an output was written", what);
+    }
+}
