@@ -584,40 +584,19 @@ typedef struct ec_opts {
     int threads;
 } ec_opts;
 
-typedef struct ec_result {
-    float *o, *lse, *dq, *dk, *dv; /* contiguous copies (malloc'd), NULL if not run */
-} ec_result;
-
-static void result_free(ec_result *r)
-{
-    free(r->o);
-    free(r->lse);
-    free(r->dq);
-    free(r->dk);
-    free(r->dv);
-    memset(r, 0, sizeof *r);
-}
-
 /* 1 if both arrays hold the same n floats bit for bit (or are both absent). */
 static int same_bits(const float *a, const float *b, size_t n)
 {
     if (!a || !b)
         return a == b;
-    return !memcmp(a, b, n * sizeof(float));
+    return util_same_bits(a, b, n);
 }
 
-static int same_results(const ec *e, const ec_result *a, const ec_result *b)
+static int same_results(const ec *e, const util_outputs *a, const util_outputs *b)
 {
     return same_bits(a->o, b->o, e->no) && same_bits(a->lse, b->lse, e->nl) &&
            same_bits(a->dq, b->dq, e->nq) && same_bits(a->dk, b->dk, e->nk) &&
            same_bits(a->dv, b->dv, e->nv);
-}
-
-static float *galloc_pack(const util_layout *l, const float *src)
-{
-    float *buf = util_galloc(util_extent(l));
-    util_pack(l, buf, src);
-    return buf;
 }
 
 static int all_sentinel(const float *p, size_t n)
@@ -677,7 +656,7 @@ static void expect_close(rep *R, const char *what, const float *got, const doubl
 }
 
 /* Checks every expectation of the case on the contiguous results. */
-static void check_results(const ec *e, const ec_result *r, const char *tag, rep *R)
+static void check_results(const ec *e, const util_outputs *r, const char *tag, rep *R)
 {
     char what[256];
     snprintf(what, sizeof what, "%s O", tag);
@@ -709,7 +688,7 @@ static void check_results(const ec *e, const ec_result *r, const char *tag, rep 
  * expectations. Fills *res with contiguous copies of the outputs when res !=
  * NULL. Returns 1 if every call that had to succeed succeeded (then *res is
  * complete), else 0 (*res empty). */
-static int ec_run(const ec *e, sdpa_isa isa, const ec_opts *opt, int check_exp, ec_result *res, rep *R)
+static int ec_run(const ec *e, sdpa_isa isa, const ec_opts *opt, int check_exp, util_outputs *res, rep *R)
 {
     const int64_t B = e->B, Hq = e->Hq, Tq = e->Tq, Tk = e->Tk, Dk = e->Dk, Dv = e->Dv;
     const int64_t Hkv = e->Hkv;
@@ -751,7 +730,7 @@ static int ec_run(const ec *e, sdpa_isa isa, const ec_opts *opt, int check_exp, 
         ldo = (util_layout){B, Hq, Tq, Dv, 2 * Hq * Tq * Dv, Tq * Dv, Dv};
     } else {
         lq = bthd ? util_bthd(B, Hq, Tq, Dk) : util_contig(B, Hq, Tq, Dk);
-        qbuf = galloc_pack(&lq, e->q);
+        qbuf = util_gpack(&lq, e->q);
         tq = util_view(&lq, qbuf);
         if (opt->kv_head_bcast) {
             /* K, V identical across heads: store head 0 once, head stride 0 */
@@ -762,8 +741,8 @@ static int ec_run(const ec *e, sdpa_isa isa, const ec_opts *opt, int check_exp, 
                 memcpy(kh + b * Tk * Dk, k + b * Hkv * Tk * Dk, sizeof(float) * (size_t)(Tk * Dk));
                 memcpy(vh + b * Tk * Dv, v + b * Hkv * Tk * Dv, sizeof(float) * (size_t)(Tk * Dv));
             }
-            kbuf = galloc_pack(&k1l, kh);
-            vbuf = galloc_pack(&v1l, vh);
+            kbuf = util_gpack(&k1l, kh);
+            vbuf = util_gpack(&v1l, vh);
             free(kh);
             free(vh);
             lk = util_contig(B, Hkv, Tk, Dk);
@@ -774,8 +753,8 @@ static int ec_run(const ec *e, sdpa_isa isa, const ec_opts *opt, int check_exp, 
         } else {
             lk = bthd ? util_bthd(B, Hkv, Tk, Dk) : util_contig(B, Hkv, Tk, Dk);
             lv = bthd ? util_bthd(B, Hkv, Tk, Dv) : util_contig(B, Hkv, Tk, Dv);
-            kbuf = galloc_pack(&lk, k);
-            vbuf = galloc_pack(&lv, v);
+            kbuf = util_gpack(&lk, k);
+            vbuf = util_gpack(&lv, v);
         }
         tk = util_view(&lk, kbuf);
         tv = util_view(&lv, vbuf);
@@ -851,7 +830,7 @@ static int ec_run(const ec *e, sdpa_isa isa, const ec_opts *opt, int check_exp, 
         util_gfree(dv);
         complete = 1;
     } else {
-        ec_result r;
+        util_outputs r;
         memset(&r, 0, sizeof r);
         const sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
         if (!check(R, st == SDPA_OK, "%s: forward returned %s", tag, sdpa_status_string(st)))
@@ -894,7 +873,7 @@ static int ec_run(const ec *e, sdpa_isa isa, const ec_opts *opt, int check_exp, 
             util_gfree(dk);
             util_gfree(dv);
             if (!bw_ok) {
-                result_free(&r);
+                util_outputs_free(&r);
                 goto done;
             }
         }
@@ -904,7 +883,7 @@ static int ec_run(const ec *e, sdpa_isa isa, const ec_opts *opt, int check_exp, 
         if (res)
             *res = r;
         else
-            result_free(&r);
+            util_outputs_free(&r);
     }
 done:
     util_gfree(obuf);
@@ -1001,7 +980,7 @@ static void group_ec02(const ec_suite *s, const char *prefix, int expected, sdpa
     ec e;
     if (load_id(s, "EC-02b", &e, R) != 0)
         return;
-    ec_result r;
+    util_outputs r;
     if (ec_run(&e, isa, &contig_default, 0, &r, R) &&
         check(R, r.dk && r.dv, "EC-02b [%s]: backward results missing", sdpa_isa_name(isa))) {
         double sum_o = 0, sum_dv = 0, sum_dk = 0;
@@ -1015,7 +994,7 @@ static void group_ec02(const ec_suite *s, const char *prefix, int expected, sdpa
         check(R, fabs(sum_dv - 4800.0) < 1e-2, "[%s] EC-02b sum(dV) = %.5f", sdpa_isa_name(isa), sum_dv);
         check(R, fabs(sum_dk) < 1e-3, "[%s] EC-02b sum(dK) = %.7f", sdpa_isa_name(isa), sum_dk);
     }
-    result_free(&r);
+    util_outputs_free(&r);
     ec_free(&e);
 }
 
@@ -1082,20 +1061,20 @@ static void ec08b_one_kv_head(const ec *e, sdpa_isa isa, rep *R)
 static void ec08_case(const ec_suite *s, ec *e, sdpa_isa isa, rep *R)
 {
     const int is_b = !strcmp(e->id, "EC-08b");
-    ec_result r0;
+    util_outputs r0;
     const int ok0 = ec_run(e, isa, &contig_default, 1, &r0, R);
     for (int lay = LAY_BTHD; lay <= LAY_BTHD_GAPS; lay++)
         for (int bc = 0; bc <= is_b; bc++) {
             if (bc && lay == LAY_PACKED_GAPS)
                 continue; /* a packed buffer holds every head */
             const ec_opts opt = {0, 0, lay, bc, 0, 0};
-            ec_result r;
+            util_outputs r;
             if (ec_run(e, isa, &opt, 1, &r, R) && ok0 && !same_results(e, &r, &r0))
                 note(R, "%s [%s, %s%s]: not bitwise equal to the contiguous call (within tolerance)", e->id,
                      sdpa_isa_name(isa), lay_names[lay], bc ? ", K/V head stride 0" : "");
-            result_free(&r);
+            util_outputs_free(&r);
         }
-    result_free(&r0);
+    util_outputs_free(&r0);
     if (is_b)
         ec08b_one_kv_head(e, isa, R);
 }
@@ -1130,7 +1109,7 @@ static void group_threads(const ec_suite *s, const char *prefix, int expected, s
     ec e;
     if (load_id(s, "EC-05p", &e, R) != 0)
         return;
-    ec_result r[3];
+    util_outputs r[3];
     int ok[3];
     for (int t = 0; t < 3; t++) {
         const ec_opts opt = {0, 0, LAY_CONTIG, 0, 0, t + 1};
@@ -1141,7 +1120,7 @@ static void group_threads(const ec_suite *s, const char *prefix, int expected, s
             check(R, same_results(&e, &r[t], &r[0]), "[%s] EC-05p: %d threads give the same bits as 1 thread",
                   sdpa_isa_name(isa), t + 1);
     for (int t = 0; t < 3; t++)
-        result_free(&r[t]);
+        util_outputs_free(&r[t]);
     ec_free(&e);
 }
 

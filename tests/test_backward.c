@@ -250,36 +250,14 @@ static void inputs_free(inputs *in)
     free(in->dout);
 }
 
-/* Results of one forward + backward, unpacked to contiguous arrays. */
-typedef struct results {
-    float *o, *lse, *dq, *dk, *dv;
-} results;
-
-static void results_free(results *r)
-{
-    free(r->o);
-    free(r->lse);
-    free(r->dq);
-    free(r->dk);
-    free(r->dv);
-    memset(r, 0, sizeof *r);
-}
-
-static float *packed_input(const util_layout *l, const float *src)
-{
-    float *g = util_galloc(util_extent(l));
-    util_pack(l, g, src);
-    return g;
-}
-
 /* Runs sdpa_forward then sdpa_backward (O and LSE from that forward) with the
  * given layouts, checks statuses, guard zones and untouched gaps, and returns
  * the unpacked results. `what` names the run in messages. */
-static int run_fb(const sdpa_problem *p, const layouts *L, const inputs *in, results *res,
+static int run_fb(const sdpa_problem *p, const layouts *L, const inputs *in, util_outputs *res,
                   const char *what)
 {
-    float *gq = packed_input(&L->q, in->q), *gk = packed_input(&L->k, in->k),
-          *gv = packed_input(&L->v, in->v), *gdo = packed_input(&L->dout, in->dout);
+    float *gq = util_gpack(&L->q, in->q), *gk = util_gpack(&L->k, in->k),
+          *gv = util_gpack(&L->v, in->v), *gdo = util_gpack(&L->dout, in->dout);
     const size_t eo = util_extent(&L->o), el = util_extent(&L->lse), edq = util_extent(&L->dq),
                  edk = util_extent(&L->dk), edv = util_extent(&L->dv);
     float *go = util_galloc(eo), *gl = util_galloc(el), *gdq = util_galloc(edq), *gdk = util_galloc(edk),
@@ -365,7 +343,7 @@ static void refs_free(refs *R)
 }
 
 /* FlashAttention rule on all five outputs: 2x naive for O/LSE, 3x for gradients. */
-static int compare_all(const char *what, const results *res, const refs *R, const inputs *in)
+static int compare_all(const char *what, const util_outputs *res, const refs *R, const inputs *in)
 {
     char w[256];
     int ok = 1;
@@ -514,7 +492,7 @@ static void run_fd_case(const fd_case *c, uint64_t seed)
     const int ni = util_isas(isas);
     for (int ii = 0; ii < ni; ii++) {
         p.isa = isas[ii];
-        results res;
+        util_outputs res;
         snprintf(w, sizeof w, "%s [%s]", c->name, sdpa_isa_name(isas[ii]));
         run_fb(&p, &L, &in, &res, w);
         char w2[200];
@@ -524,7 +502,7 @@ static void run_fd_case(const fd_case *c, uint64_t seed)
         expect_grad_close_f(w2, res.dk, gk, in.nk, 1e-3, 1e-6);
         snprintf(w2, sizeof w2, "%s dV", w);
         expect_grad_close_f(w2, res.dv, gv, in.nv, 1e-3, 1e-6);
-        results_free(&res);
+        util_outputs_free(&res);
     }
     free(gq);
     free(gk);
@@ -590,7 +568,7 @@ Test(backward, fd_gqa_and_head_dims)
  * below 1.5e-6 here (dK: cancellation inside each dK[j] makes it larger than
  * the plain sqrt(n) * 6e-8 of the sum), so the margin is about 20, and a lost
  * or doubled tile contribution is O(1e-2..1) of it. */
-static void check_invariants(const char *what, const sdpa_problem *p, const results *res,
+static void check_invariants(const char *what, const sdpa_problem *p, const util_outputs *res,
                              const inputs *in)
 {
     const int64_t B = p->batch, Hq = p->q_heads, Hkv = p->kv_heads, Tq = p->q_len, Tk = p->kv_len;
@@ -672,10 +650,10 @@ Test(backward, invariants)
             char w[160];
             snprintf(w, sizeof w, "invariants %zu (%s) [%s]", ci, mask_name[cases[ci].mask],
                      sdpa_isa_name(isas[ii]));
-            results res;
+            util_outputs res;
             run_fb(&p, &L, &in, &res, w);
             check_invariants(w, &p, &res, &in);
-            results_free(&res);
+            util_outputs_free(&res);
         }
         inputs_free(&in);
         masks_free(&m);
@@ -758,10 +736,10 @@ Test(backward, shape_sweep, .timeout = 600)
                      ci, (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->Tq,
                      (long long)c->Tk, (long long)c->Dk, (long long)c->Dv, mask_name[c->mask],
                      layout_name[c->layout], c->bq, c->bk, sdpa_isa_name(isas[ii]));
-            results res;
+            util_outputs res;
             run_fb(&p, &L, &in, &res, w);
             compare_all(w, &res, &R, &in);
-            results_free(&res);
+            util_outputs_free(&res);
         }
         refs_free(&R);
         inputs_free(&in);
@@ -778,13 +756,13 @@ Test(backward, shape_sweep, .timeout = 600)
 static void check_thread_counts(sdpa_problem p, const layouts *L, const inputs *in, const refs *R,
                                 const int *threads, size_t nt, const char *what)
 {
-    results first;
+    util_outputs first;
     memset(&first, 0, sizeof first);
     for (size_t ti = 0; ti < nt; ti++) {
         p.num_threads = threads[ti];
         char w[160];
         snprintf(w, sizeof w, "[%s] %s, %d threads", sdpa_isa_name(p.isa), what, threads[ti]);
-        results res;
+        util_outputs res;
         run_fb(&p, L, in, &res, w);
         if (ti == 0) {
             if (R)
@@ -797,9 +775,9 @@ static void check_thread_counts(sdpa_problem p, const layouts *L, const inputs *
         cr_expect(util_same_bits(res.dq, first.dq, in->nq), "%s: dQ differs from %d threads", w, threads[0]);
         cr_expect(util_same_bits(res.dk, first.dk, in->nk), "%s: dK differs from %d threads", w, threads[0]);
         cr_expect(util_same_bits(res.dv, first.dv, in->nv), "%s: dV differs from %d threads", w, threads[0]);
-        results_free(&res);
+        util_outputs_free(&res);
     }
-    results_free(&first);
+    util_outputs_free(&first);
 }
 
 Test(backward, bitwise_across_thread_counts, .timeout = 600)
@@ -909,7 +887,7 @@ Test(backward, fully_masked_rows_contribute_zero)
             p.isa = isas[ii];
             char w[128];
             snprintf(w, sizeof w, "%s [%s]", mask_name[kinds[ki]], sdpa_isa_name(isas[ii]));
-            results a, z, n;
+            util_outputs a, z, n;
             run_fb(&p, &L, &in, &a, w);
             for (size_t row = 0; row < in.nl; row++) {
                 if (!empty[row])
@@ -932,16 +910,16 @@ Test(backward, fully_masked_rows_contribute_zero)
                 char w2[160];
                 snprintf(w2, sizeof w2, "%s, dO of empty rows %s", w, pass ? "NaN" : "0");
                 run_fb(&p, &L, &in, pass ? &n : &z, w2);
-                const results *x = pass ? &n : &z;
+                const util_outputs *x = pass ? &n : &z;
                 expect_equal_values(w2, "dQ", x->dq, a.dq, in.nq);
                 expect_equal_values(w2, "dK", x->dk, a.dk, in.nk);
                 expect_equal_values(w2, "dV", x->dv, a.dv, in.nv);
                 memcpy(in.dout, saved, in.no * sizeof(float));
                 free(saved);
             }
-            results_free(&a);
-            results_free(&z);
-            results_free(&n);
+            util_outputs_free(&a);
+            util_outputs_free(&z);
+            util_outputs_free(&n);
         }
         free(empty);
         inputs_free(&in);
@@ -1007,7 +985,7 @@ Test(backward, nan_in_masked_inputs_never_leaks)
             p.isa = isas[ii];
             char w[128];
             snprintf(w, sizeof w, "poisoned masked inputs, variant %d [%s]", variant, sdpa_isa_name(isas[ii]));
-            results res;
+            util_outputs res;
             run_fb(&p, &L, &in, &res, w);
             cr_expect(!util_has_nan(res.o, in.no), "%s: NaN in O", w);
             cr_expect(!util_has_nan(res.dq, in.nq), "%s: NaN in dQ", w);
@@ -1023,7 +1001,7 @@ Test(backward, nan_in_masked_inputs_never_leaks)
                                   (long long)row);
                 }
             compare_all(w, &res, &R, &in);
-            results_free(&res);
+            util_outputs_free(&res);
         }
         refs_free(&R);
         free(used);
@@ -1035,7 +1013,7 @@ Test(backward, nan_in_masked_inputs_never_leaks)
 /* -------------------------------------------------------- empty extents -- */
 
 /* The checks of one empty-extent run (`what` names it). */
-typedef void (*empty_extent_check)(const char *what, const sdpa_problem *p, const inputs *in, const results *res);
+typedef void (*empty_extent_check)(const char *what, const sdpa_problem *p, const inputs *in, const util_outputs *res);
 
 /* For each mask kind of kinds[0..nk) and every ISA: the problem of sizes `sizes`
  * with that mask, random inputs (seed `seed`, the same for every ISA) stored
@@ -1058,16 +1036,16 @@ static void run_empty_extent(const char *label, sdpa_problem sizes, uint64_t see
             inputs in = make_inputs(&p, &L, &r, 0);
             char w[96];
             snprintf(w, sizeof w, "%s, %s [%s]", label, mask_name[kinds[mi]], sdpa_isa_name(isas[ii]));
-            results res;
+            util_outputs res;
             run_fb(&p, &L, &in, &res, w);
             check(w, &p, &in, &res);
-            results_free(&res);
+            util_outputs_free(&res);
             inputs_free(&in);
             masks_free(&m);
         }
 }
 
-static void check_tq_zero(const char *w, const sdpa_problem *p, const inputs *in, const results *res)
+static void check_tq_zero(const char *w, const sdpa_problem *p, const inputs *in, const util_outputs *res)
 {
     expect_all_equal(w, "dK", res->dk, in->nk, 0.0f);
     expect_all_equal(w, "dV", res->dv, in->nv, 0.0f);
@@ -1081,7 +1059,7 @@ Test(backward, tq_zero_zeroes_dk_dv)
                      L_PADDED, check_tq_zero);
 }
 
-static void check_dv_zero(const char *w, const sdpa_problem *p, const inputs *in, const results *res)
+static void check_dv_zero(const char *w, const sdpa_problem *p, const inputs *in, const util_outputs *res)
 {
     double *rl = util_dalloc(in->nl), *ro = util_dalloc(1);
     ref_forward(p, in->q, in->k, in->v, ro, rl);
@@ -1102,7 +1080,7 @@ Test(backward, dv_zero)
                      L_BTHD, check_dv_zero);
 }
 
-static void check_tk_zero(const char *w, const sdpa_problem *p, const inputs *in, const results *res)
+static void check_tk_zero(const char *w, const sdpa_problem *p, const inputs *in, const util_outputs *res)
 {
     expect_all_equal(w, "dQ", res->dq, in->nq, 0.0f);
     expect_all_equal(w, "LSE", res->lse, in->nl, -INFINITY);

@@ -8,8 +8,8 @@
  * that log or expect through Criterion) and tests/util_core.c (no Criterion, also
  * linked into the plain-C conformance program): the guarded buffers (util_galloc*,
  * util_glen, util_gcheck, util_gfree, util_gdup, the sentinel), the layouts and
- * views, util_problem, util_close / util_close_elem, util_data_path and
- * util_read_file. */
+ * views, util_gpack, util_problem, util_close / util_close_elem, util_data_path,
+ * util_read_file, util_outputs_free and util_same_bits. */
 #ifndef SDPA_TEST_UTIL_H
 #define SDPA_TEST_UTIL_H
 
@@ -111,6 +111,10 @@ int util_gaps_intact(const util_layout *l, const float *buf, size_t n, const cha
 /* Same without Criterion: 1 if intact, else 0 with the first written gap described
  * in msg[0..len). */
 int util_gaps_check(const util_layout *l, const float *buf, size_t n, char *msg, size_t len);
+
+/* A guarded buffer (util_galloc) holding the contiguous [B,H,T,D] `src` stored
+ * with layout l (only the view's elements written; the gaps keep the sentinel). */
+float *util_gpack(const util_layout *l, const float *src);
 
 /* Views. */
 sdpa_tensor util_view(const util_layout *l, const float *data);
@@ -225,6 +229,14 @@ float util_half_to_float(uint16_t h);
 #ifndef UTIL_ASAN
 #define UTIL_ASAN 0
 #endif
+
+/* The five outputs of one forward + backward as contiguous arrays (malloc'd;
+ * NULL where not produced). */
+typedef struct util_outputs {
+    float *o, *lse, *dq, *dk, *dv;
+} util_outputs;
+/* Frees the five arrays and zeroes the struct. */
+void util_outputs_free(util_outputs *r);
 
 /* 1 if a[0..n) and b[0..n) have the same bits (n = 0: 1). */
 int util_same_bits(const float *a, const float *b, size_t n);

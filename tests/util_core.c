@@ -167,6 +167,13 @@ void util_pack(const util_layout *l, float *dst, const float *src)
                     dst[util_offset(l, b, h, t, d)] = src[i++];
 }
 
+float *util_gpack(const util_layout *l, const float *src)
+{
+    float *g = util_galloc(util_extent(l));
+    util_pack(l, g, src);
+    return g;
+}
+
 void util_unpack(const util_layout *l, float *dst, const float *src)
 {
     size_t i = 0;
@@ -319,6 +326,16 @@ char *util_read_file(const char *path, size_t *len)
 }
 
 /* ------------------------------------------------------ small helpers -- */
+
+void util_outputs_free(util_outputs *r)
+{
+    free(r->o);
+    free(r->lse);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
+    memset(r, 0, sizeof *r);
+}
 
 int util_same_bits(const float *a, const float *b, size_t n)
 {
