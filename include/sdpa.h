@@ -101,7 +101,10 @@ typedef enum sdpa_status {
     SDPA_ERR_SIZE_OVERFLOW = -13,   /**< a tensor or mask extent overflows the address space, head_dim >
                                          INT32_MAX, B*Hq*Tq or B*Hkv*Tk > INT64_MAX, or the workspace
                                          size > SIZE_MAX */
-    SDPA_ERR_BAD_BLOCK_SIZE = -14   /**< block_q or block_k is outside [0, SDPA_MAX_BLOCK] */
+    SDPA_ERR_BAD_BLOCK_SIZE = -14,  /**< block_q or block_k is outside [0, SDPA_MAX_BLOCK] */
+    SDPA_ERR_BAD_SOFTCAP = -15,     /**< softcap is negative, NaN or infinite (0 = off) */
+    SDPA_ERR_BAD_ALIBI = -16,       /**< an ALiBi slope is NaN or infinite */
+    SDPA_ERR_BAD_SINKS = -17        /**< a sink is NaN or +inf, or dsinks is set without sinks */
 } sdpa_status;
 
 /** Instruction sets. Order within an architecture is "better is larger". */
@@ -210,7 +213,36 @@ typedef struct sdpa_problem {
     int num_threads;       /**< OpenMP threads for this call; 0 = OpenMP's default */
     sdpa_isa isa;          /**< SDPA_ISA_AUTO (default) = the process-wide choice; else this ISA */
     int block_q, block_k;  /**< tile sizes; 0 (default) = the ISA's tuned values */
-    uint64_t reserved[8];  /**< must be 0 */
+    /* Attention variants (all off by default; off, the results are bit for bit
+     * those of a descriptor without them). Order of operations on a logit:
+     *   x = scale * q.k;  x = softcap * tanh(x / softcap)  (softcap != 0);
+     *   x += -alibi_slopes[h] * |j - (i + d)|  (alibi_slopes != NULL; d as for the window);
+     *   x += bias;  then the masks (-inf wins, whatever came before). */
+    float softcap;         /**< logit soft-capping (Gemma 2 report, 2024): 0 (default) = off,
+                                else finite and > 0 (SDPA_ERR_BAD_SOFTCAP otherwise). Applied
+                                before ALiBi, the bias and the masks, as FlashAttention and
+                                ONNX Attention do; the backward applies its derivative
+                                1 - tanh^2 inside the streaming pass */
+    uint32_t reserved1;    /**< must be 0 */
+    const float *alibi_slopes; /**< NULL (default), or Hq finite slopes (SDPA_ERR_BAD_ALIBI
+                                otherwise): ALiBi (Press et al. 2022, "Train Short, Test
+                                Long"), -slope[h] * |j - (i + d)| added to the logit of query i
+                                and key j of query head h, d = 0 top-left, Tk_b - Tq
+                                bottom-right (the alignment of causal / the window). Computed per
+                                tile, never materialised; no gradient (a constant). Read only */
+    const float *sinks;    /**< NULL (default), or Hq logits, each finite or -inf
+                                (SDPA_ERR_BAD_SINKS otherwise): attention sinks (gpt-oss model
+                                card, 2025; vLLM s_aux): one logit s_h per query head joins every
+                                row's softmax denominator and carries no value:
+                                P_ij = exp(S_ij - m) / (exp(s_h - m) + sum_j exp(S_ij - m)),
+                                LSE = log(exp(s_h) + sum_j exp(S_ij)); a row with no allowed key
+                                gets O = 0 and LSE = s_h. Read only */
+    float *dsinks;         /**< sdpa_backward only (sdpa_forward ignores it): NULL, or Hq floats
+                                overwritten with d loss / d sinks[h] = -sum over batch and rows of
+                                exp(s_h - LSE) * D, D = rowsum(dO * O); needs sinks
+                                (SDPA_ERR_BAD_SINKS without); must not overlap any input or
+                                output (SDPA_ERR_ALIASING) */
+    uint64_t reserved[4];  /**< must be 0 */
 } sdpa_problem;
 
 /** Fills *problem with defaults: all sizes 0, default scale, no masks,
@@ -243,7 +275,8 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  *   SDPA_ERR_NEGATIVE_SIZE, SDPA_ERR_HEAD_GROUPING, SDPA_ERR_BAD_SCALE,
  *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_BAD_WINDOW, SDPA_ERR_BAD_KV_LENGTH,
  *   SDPA_ERR_ALIASING, SDPA_ERR_BAD_THREADS, SDPA_ERR_ISA_UNAVAILABLE,
- *   SDPA_ERR_BAD_BLOCK_SIZE, SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_OUT_OF_MEMORY.
+ *   SDPA_ERR_BAD_BLOCK_SIZE, SDPA_ERR_BAD_SOFTCAP, SDPA_ERR_BAD_ALIBI, SDPA_ERR_BAD_SINKS,
+ *   SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_OUT_OF_MEMORY.
  *   On error nothing is written.
  */
 SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor *q,

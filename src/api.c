@@ -39,6 +39,9 @@ const char *sdpa_status_string(sdpa_status s)
     case SDPA_ERR_OUT_OF_MEMORY: return "the workspace could not be allocated (out of memory)";
     case SDPA_ERR_SIZE_OVERFLOW: return "a size overflows: a tensor or mask extent exceeds the address space, head_dim exceeds INT32_MAX, B*Hq*Tq or B*Hkv*Tk exceeds INT64_MAX, or the workspace size exceeds SIZE_MAX";
     case SDPA_ERR_BAD_BLOCK_SIZE: return "block_q or block_k is outside [0, SDPA_MAX_BLOCK]";
+    case SDPA_ERR_BAD_SOFTCAP: return "softcap is negative, NaN or infinite (0 turns it off)";
+    case SDPA_ERR_BAD_ALIBI: return "an ALiBi slope (alibi_slopes[h]) is NaN or infinite";
+    case SDPA_ERR_BAD_SINKS: return "a sink (sinks[h]) is NaN or +inf, or dsinks is set without sinks";
     }
     return "unknown status";
 }

@@ -79,6 +79,26 @@ static void bwd_head_prologue(const plan *pl, const bwd_args *a, int64_t bh)
     bwd_rows_D(pl, a->o, a->dout, a->D, q0 * pl->Tq, (q0 + pl->G) * pl->Tq, a->nt);
 }
 
+/* d loss / d sinks[h] = -sum over batch and rows of exp(s_h - LSE) * D (the sink's
+ * P times dS = P (0 - D)), in a fixed order, in float64; D of the rows whose LSE
+ * the statistics pass replaced is D + D_rest. D == NULL: nothing flows back
+ * (Dv = 0 or an empty problem), dsinks = 0. */
+static void bwd_dsinks(const plan *pl, const sdpa_tensor *lse, const float *D, const float *D_rest)
+{
+    for (int64_t h = 0; h < pl->Hq; h++) {
+        const double s = pl->sinks[h];
+        double acc = 0.0;
+        for (int64_t b = 0; b < pl->B && D && s != -INFINITY; b++)
+            for (int64_t i = 0; i < pl->Tq; i++) {
+                const float lv = *row_in(lse, b, h, i);
+                const int64_t r = (b * pl->Hq + h) * pl->Tq + i;
+                const double d = (double)D[r] + (lse_needs_stats(lv) ? (double)D_rest[r] : 0.0);
+                acc += exp(s - (double)lv) * d;
+            }
+        pl->dsinks[h] = (float)-acc;
+    }
+}
+
 /* What every thread of the backward's team shares, and one thread's own part. */
 typedef struct bwd_team {
     const plan *pl;
@@ -182,7 +202,8 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
                   sdo[3] = STR3(dout), sdq[3] = STR3(dq), sdk[3] = STR3(dk), sdv[3] = STR3(dv);
 #undef STR3
     const int64_t nq3[3] = {pl.B, pl.Hq, pl.Tq}, nk3[3] = {pl.B, pl.Hkv, pl.Tk};
-    tensor_desc t[9] = {
+    static const int64_t s_vec[3] = {0, 0, 1}; /* dsinks: Hq contiguous floats */
+    tensor_desc t[10] = {
         {q->data, sq, {nq3[0], nq3[1], nq3[2]}, pl.Dk, 4, 0, 1},
         {k->data, sk, {nk3[0], nk3[1], nk3[2]}, pl.Dk, 4, 0, 1},
         {v->data, sv, {nk3[0], nk3[1], nk3[2]}, pl.Dv, 4, 0, 1},
@@ -192,8 +213,9 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
         {dq->data, sdq, {nq3[0], nq3[1], nq3[2]}, pl.Dk, 4, 1, 1},
         {dk->data, sdk, {nk3[0], nk3[1], nk3[2]}, pl.Dk, 4, 1, 1},
         {dv->data, sdv, {nk3[0], nk3[1], nk3[2]}, pl.Dv, 4, 1, 1},
+        {pl.dsinks, s_vec, {1, 1, pl.Hq}, 1, 4, 1, pl.dsinks != NULL},
     };
-    if ((st = sdpa_check_tensors(&pl, t, 9)) != SDPA_OK)
+    if ((st = sdpa_check_tensors(&pl, t, 10)) != SDPA_OK)
         return st;
 
     /* With Dv = 0 nothing flows back (dS = P * (0 - 0) = 0): the gradients are
@@ -201,6 +223,8 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
      * compute either; this also keeps empty problems of huge B x H instant. */
     if (pl.Dv == 0 || pl.B == 0 || pl.Hq == 0 || pl.Tq == 0 || pl.Tk == 0) {
         zero_grads(&pl, dq, dk, dv, 0, 1, 1);
+        if (pl.dsinks)
+            bwd_dsinks(&pl, lse, NULL, NULL);
         return SDPA_OK;
     }
     /* Query tiles as in the forward (several heads of a group per tile when Tq
@@ -240,6 +264,8 @@ sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdp
 
     const bwd_team tm = {&pl, &a, &L, ws, per, nthreads, BH, R, nkt, kchunk};
     sdpa_parallel(nthreads, bwd_team_body, (void *)&tm);
+    if (pl.dsinks)
+        bwd_dsinks(&pl, lse, D, row_dlo);
     free(ws);
     return SDPA_OK;
 }

@@ -4,6 +4,8 @@
 #ifndef SDPA_BACKWARD_H
 #define SDPA_BACKWARD_H
 
+#include <math.h>
+
 #include "driver.h"
 
 /* Bytes of K, V, dK and dV rows per pass of the per-head order (sdpa_backward). */
@@ -18,6 +20,13 @@
  * which is the relative error it would give P; below, LSE is used as it is. */
 #define BWD_LSE_EXACT_LIMIT 256.0f
 
+/* A row whose LSE is too coarse for P = exp(S - LSE): the statistics pass
+ * recomputes its max, log-sum and D. */
+static inline int lse_needs_stats(float lse)
+{
+    return isfinite(lse) && fabsf(lse) >= BWD_LSE_EXACT_LIMIT;
+}
+
 /* One thread's workspace. */
 typedef struct bwd_ws {
     float *qt, *dot, *p, *dp, *lse, *dd;
@@ -30,6 +39,8 @@ typedef struct bwd_ws {
     int shift;               /* some column of the packed tile is shifted */
     int dshift;              /* some column's dP is shifted */
     float *qn, *don; /* Q and dO rows packed [ncol][D] when a tile spans several heads */
+    float *g;        /* with softcap: its derivative 1 - tanh^2 of the pair's scores, like p */
+    float *vs;       /* 2 * ld floats: the logit variants' per-column scratch */
     int64_t *lo, *hi;
     int64_t packed_tile; /* the query tile whose Q^T, dO^T, LSE, D (and packed rows) are in
                             qt, dot, lse, dd, qn, don; -1: none */

@@ -17,8 +17,9 @@
 size_t sdpa_bwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
-    return 2 * round_floats(pl->Dk * ld) + 2 * round_floats(pl->Dv * ld) + 2 * round_floats(pl->bk * ld) +
-           6 * round_floats(ld) + 4 * round_floats(ld) + 2 * round_floats(2 * ld);
+    const size_t g = pl->softcap != 0.0f ? round_floats(pl->bk * ld) : 0;
+    return 2 * round_floats(pl->Dk * ld) + 2 * round_floats(pl->Dv * ld) + 2 * round_floats(pl->bk * ld) + g +
+           6 * round_floats(ld) + 4 * round_floats(ld) + 3 * round_floats(2 * ld);
 }
 
 bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
@@ -31,6 +32,8 @@ bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
     w.don = carve(&base, pl->Dv * ld);
     w.p = carve(&base, pl->bk * ld);
     w.dp = carve(&base, pl->bk * ld);
+    w.g = pl->softcap != 0.0f ? carve(&base, pl->bk * ld) : NULL;
+    w.vs = carve(&base, 2 * ld);
     w.lse = carve(&base, ld);
     w.dd = carve(&base, ld);
     w.rm = carve(&base, ld);
@@ -81,11 +84,6 @@ static const float *bwd_tile_dp(const plan *pl, bwd_ws *w, const bwd_args *a, co
     return dob;
 }
 
-static inline int lse_needs_stats(float lse)
-{
-    return isfinite(lse) && fabsf(lse) >= BWD_LSE_EXACT_LIMIT;
-}
-
 /* A pair: its query tile, key range, and the operands both kinds of pass use. */
 typedef struct bwd_tile {
     int64_t tile, b, hk, h0, i0, j0, j1, ks, ke;
@@ -134,13 +132,14 @@ static int bwd_tile_begin(const plan *pl, bwd_ws *w, const bwd_args *a, bwd_tile
     return pt->kind;
 }
 
-/* S^T = scale K Q^T of the pair, masked, into w->p. */
-static void bwd_tile_scores(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt)
+/* S^T = scale K Q^T of the pair, with the logit variants (G: the softcap's
+ * derivative, or NULL), masked, into w->p. */
+static void bwd_tile_scores(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt, float *G)
 {
     const int ld = pl->ld;
     if (!a->nt) {
         sdpa_score_tile(pl, &pt->tk, pt->kind, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, pt->nk, pt->kb,
-                        a->k->seq_stride, w->qt, w->p);
+                        a->k->seq_stride, w->qt, w->p, G, w->vs);
         return;
     }
     /* few columns: dot products along head_dim, full vectors */
@@ -150,6 +149,8 @@ static void bwd_tile_scores(const plan *pl, bwd_ws *w, const bwd_args *a, const 
     else
         pl->kt->gemm_nt(pt->ncol, pt->nk, (int)pl->Dk, pl->scale, pt->qsrc, pt->ldq, pt->kb, a->k->seq_stride, w->p,
                         1, ld);
+    if (pl->logit_variants)
+        sdpa_logit_variants_t(pl, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, pt->ks, pt->nk, w->p, ld, G, w->vs);
     if (pt->kind == TILE_PARTIAL)
         sdpa_mask_tile(pl, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, w->lo, w->hi, pt->ks, pt->nk, w->p, ld, 1);
 }
@@ -221,12 +222,15 @@ static void bwd_tile_probs_dv(const plan *pl, bwd_ws *w, const bwd_args *a, cons
                     w->dp[(size_t)jj * ld + c] -= w->dhi[c];
 }
 
-/* dS^T = P^T * (dP^T - D); dK (+)= scale dS^T Q; dQ += scale dS K per head. */
+/* dS^T = P^T * (dP^T - D) (times the softcap's derivative); dK (+)= scale dS^T Q;
+ * dQ += scale dS K per head. */
 static void bwd_tile_dqdk(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt, int kv_flags, int skip)
 {
     const sdpa_kernels *kt = pl->kt;
     const int ld = pl->ld, Dk = (int)pl->Dk, nh = pt->nh, nr = pt->nr;
     kt->bwd_dscores(pt->nk, pt->ncol, w->p, ld, w->dp, ld, w->dd);
+    if (pl->softcap != 0.0f)
+        kt->bwd_softcap(pt->nk, pt->ncol, w->dp, ld, w->g, ld);
     if (Dk == 0)
         return;
     float *dkb = row_out(a->dk, pt->b, pt->hk, pt->ks);
@@ -266,7 +270,7 @@ void sdpa_bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_layo
     const int skip = kind == TILE_PARTIAL ? SDPA_GEMM_SKIP_ZERO_A : 0;
     /* dV, dK: write once (large ones with non-temporal stores), or add */
     const int kv_flags = a->kv_once ? (a->kv_stream ? SDPA_GEMM_STREAM_C : 0) : SDPA_GEMM_ACCUMULATE;
-    bwd_tile_scores(pl, w, a, &pt);
+    bwd_tile_scores(pl, w, a, &pt, w->g);
     bwd_tile_probs_dv(pl, w, a, &pt, kv_flags, skip);
     bwd_tile_dqdk(pl, w, a, &pt, kv_flags, skip);
     w->packed_tile = pt.tile;
@@ -283,7 +287,7 @@ static void bwd_stats_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const t
     if (bwd_tile_begin(pl, w, a, &pt) == TILE_SKIP)
         return;
     const int ld = pl->ld, ncol = pt.ncol;
-    bwd_tile_scores(pl, w, a, &pt);
+    bwd_tile_scores(pl, w, a, &pt, NULL);
     pl->kt->online_softmax(pt.nk, ncol, w->p, ld, w->rm, w->rl, w->ralpha);
     if (pl->Dv > 0) { /* w->p holds exp(s - m) now */
         ptrdiff_t lddo;
@@ -328,7 +332,11 @@ void sdpa_bwd_tile_stats(const plan *pl, bwd_ws *w, const bwd_args *a, const til
     for (int c = 0; c < nh * nr; c++) {
         w->rm[c] = -INFINITY;
         w->rl[c] = 0.0f;
-        w->rd[c] = w->rs[c] = 0.0;
+    }
+    sdpa_sink_state(pl, h0, nh, nr, w->rm, w->rl); /* the sink's P is 1 at m = s_h, its dP 0 */
+    for (int c = 0; c < nh * nr; c++) {
+        w->rd[c] = 0.0;
+        w->rs[c] = w->rl[c];
     }
     w->packed_tile = -1;
     for (int64_t c = 0; c < L->nkt; c++)

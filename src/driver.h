@@ -35,6 +35,10 @@ typedef struct plan {
     sdpa_bool_mask bm;
     sdpa_bias bias;
     int elem_mask;  /* boolean mask or bias present */
+    float softcap;  /* 0: off */
+    const float *slopes, *sinks; /* ALiBi slopes, sinks: Hq each, or NULL */
+    float *dsinks;  /* the backward's d loss / d sinks, or NULL */
+    int logit_variants; /* softcap or ALiBi: score tiles are transformed (sdpa_logit_variants_*) */
     int bq, bk, ld; /* tile sizes; ld = row stride of tile buffers (a multiple of kt->col_align) */
     int nthreads;
     const sdpa_kernels *kt;
@@ -131,8 +135,27 @@ void sdpa_gemm_part(const sdpa_kernels *kt, int where, int64_t koff, int nk, int
 void sdpa_gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, int ncols, int other, float alpha,
                     const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,
                     ptrdiff_t ldc, int flags, int skip_flag);
+/* The masked score tile S^T = scale K Q^T (the tile's keys x its columns, row
+ * stride pl->ld), with the logit variants (G, scratch: see
+ * sdpa_logit_variants_t) before the bias and the masks. */
 void sdpa_score_tile(const plan *pl, const tile_keys *tk, int kind, int64_t b, int64_t h0, int nh, int64_t i0,
-                     int nr, int nk, const float *krows, ptrdiff_t ldk, const float *qt, float *s);
+                     int nr, int nk, const float *krows, ptrdiff_t ldk, const float *qt, float *s, float *G,
+                     float *scratch);
+
+/* ------------------------------------------------------------- variants.c */
+
+/* Softcap (G non-NULL: also its derivative 1 - tanh^2, row stride ld) and ALiBi
+ * on a transposed score tile S^T (nk keys from ks x the tile's columns, row
+ * stride ld), before the bias and the masks. scratch: 2 * nh * nr floats. */
+void sdpa_logit_variants_t(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, int64_t ks, int nk,
+                           float *S, ptrdiff_t ld, float *G, float *scratch);
+/* The same on a natural score tile S (the tile's columns as rows x nk keys from
+ * j0, row stride lds). */
+void sdpa_logit_variants_n(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, int64_t j0, int nk,
+                           float *S, ptrdiff_t lds, float *scratch);
+/* With sinks: the online softmax's starting state of the tile's columns is the
+ * sink's, m = s_h and l = 1 (l = 0 for s_h = -inf). No-op without sinks. */
+void sdpa_sink_state(const plan *pl, int64_t h0, int nh, int nr, float *m, float *l);
 
 /* --------------------------------------------------------------- tiling.c */
 

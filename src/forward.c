@@ -39,6 +39,7 @@ static size_t fwd_s_floats(const plan *pl)
 
 typedef struct fwd_ws {
     float *qt, *s, *m, *l, *alpha;
+    float *vs; /* 2 * ld floats: the logit variants' per-column scratch */
     float *on; /* the output accumulator O, natural layout [ncol][Dv] (row stride Dv) */
     int64_t *lo, *hi;
 } fwd_ws;
@@ -52,9 +53,9 @@ static size_t fwd_o_rows(const plan *pl)
 static size_t fwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
-    /* qt, s, m, l, alpha, and lo/hi as int64 (2 floats each), on */
+    /* qt, s, m, l, alpha, and lo/hi as int64 (2 floats each), vs, on */
     return round_floats(pl->Dk * ld) + round_floats(fwd_s_floats(pl)) + 3 * round_floats(ld) +
-           4 * round_floats(ld) + round_floats(fwd_o_rows(pl) * pl->Dv);
+           4 * round_floats(ld) + round_floats(2 * ld) + round_floats(fwd_o_rows(pl) * pl->Dv);
 }
 
 static fwd_ws fwd_ws_carve(const plan *pl, float *base)
@@ -68,6 +69,7 @@ static fwd_ws fwd_ws_carve(const plan *pl, float *base)
     w.alpha = carve(&base, ld);
     w.lo = carve_i64(&base, ld);
     w.hi = carve_i64(&base, ld);
+    w.vs = carve(&base, 2 * ld);
     w.on = base;
     return w;
 }
@@ -149,7 +151,7 @@ static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_t
     const int Dk = (int)pl->Dk, Dv = (int)pl->Dv, ncol = ft->ncol, step = kt->nt_step;
     const ptrdiff_t sk = a->k->seq_stride, sv = a->v->seq_stride;
     const float *kb = ft->kb, *vb = ft->vb;
-    if (!partial && kt->attend_rows && Dk > 0 && Dv > 0 && ke - ks <= INT32_MAX &&
+    if (!partial && !pl->logit_variants && kt->attend_rows && Dk > 0 && Dv > 0 && ke - ks <= INT32_MAX &&
         kt->attend_rows(ncol, (int)(ke - ks), Dk, Dv, pl->scale, w->qt, Dk, kb + ks * sk, sk, vb + ks * sv, sv,
                         w->m, w->l, w->on, Dv, w->s))
         return;
@@ -160,6 +162,8 @@ static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_t
                 memset(w->s + (size_t)c * step, 0, (size_t)n * sizeof(float));
         else
             kt->gemm_nt(ncol, n, Dk, pl->scale, w->qt, Dk, kb + j * sk, sk, w->s, step, 1);
+        if (pl->logit_variants)
+            sdpa_logit_variants_n(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, j, n, w->s, step, w->vs);
         if (n < step)
             for (int c = 0; c < ncol; c++)
                 for (int jj = n; jj < step; jj++)
@@ -240,7 +244,7 @@ static void fwd_wide_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fw
     tile_keys tk;
     sdpa_tile_keys_init(pl, &tk, w->lo, w->hi, kind, ft->nh, ft->nr, ks, ke);
     sdpa_score_tile(pl, &tk, kind, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, nk,
-                    ft->kb ? ft->kb + ks * a->k->seq_stride : NULL, a->k->seq_stride, w->qt, w->s);
+                    ft->kb ? ft->kb + ks * a->k->seq_stride : NULL, a->k->seq_stride, w->qt, w->s, NULL, w->vs);
     kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
     if (Dv == 0)
         return;
@@ -256,8 +260,8 @@ static void fwd_wide_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fw
 }
 
 /* The tile of item t and its starting state: allowed key intervals, m = -inf,
- * l = 0, O = 0. */
-static void fwd_tile_begin(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, fwd_tile *ft)
+ * l = 0 (the sinks' state in the first split), O = 0. */
+static void fwd_tile_begin(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int64_t split, fwd_tile *ft)
 {
     sdpa_tile_coords(pl, &a->L, t, &ft->b, &ft->hk, &ft->h0, &ft->nh, &ft->i0, &ft->nr);
     ft->ncol = ft->nh * ft->nr;
@@ -274,6 +278,8 @@ static void fwd_tile_begin(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t
         w->m[c] = -INFINITY;
         w->l[c] = 0.0f;
     }
+    if (split == 0) /* a sink joins each row's softmax once, in the first split */
+        sdpa_sink_state(pl, ft->h0, ft->nh, ft->nr, w->m, w->l);
     memset(w->on, 0, (size_t)ft->ncol * pl->Dv * sizeof(float));
 }
 
@@ -301,7 +307,7 @@ static void fwd_tile_end(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd
 static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int64_t split)
 {
     fwd_tile ft;
-    fwd_tile_begin(pl, w, a, t, &ft);
+    fwd_tile_begin(pl, w, a, t, split, &ft);
     int64_t kt_first, kt_end;
     fwd_key_tiles(pl, &a->L, w, ft.nr, split, &kt_first, &kt_end);
     int packed = 0;

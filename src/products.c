@@ -84,12 +84,9 @@ void sdpa_gemm_keys(const sdpa_kernels *kt, const tile_keys *tk, int where, int 
     }
 }
 
-/* The masked score tile S^T = scale K Q^T (the tile's keys x its columns,
- * row stride ld) from K rows (stride ldk, from key ks) and the packed Q^T,
- * cut as tk says; -inf and bias where the tile is partial. Dk = 0: every
- * score is 0 and K is not read. */
 void sdpa_score_tile(const plan *pl, const tile_keys *tk, int kind, int64_t b, int64_t h0, int nh, int64_t i0,
-                     int nr, int nk, const float *krows, ptrdiff_t ldk, const float *qt, float *s)
+                     int nr, int nk, const float *krows, ptrdiff_t ldk, const float *qt, float *s, float *G,
+                     float *scratch)
 {
     const int ld = pl->ld, ncol = nh * nr;
     if (pl->Dk == 0)
@@ -97,6 +94,8 @@ void sdpa_score_tile(const plan *pl, const tile_keys *tk, int kind, int64_t b, i
             memset(s + (size_t)jj * ld, 0, (size_t)ncol * sizeof(float));
     else
         sdpa_gemm_keys(pl->kt, tk, KEYS_M_COLS_N, ncol, (int)pl->Dk, pl->scale, krows, ldk, 1, qt, ld, s, ld, 0, 0);
+    if (pl->logit_variants)
+        sdpa_logit_variants_t(pl, b, h0, nh, i0, nr, tk->ks, nk, s, ld, G, scratch);
     if (kind == TILE_PARTIAL)
         sdpa_mask_tile(pl, b, h0, nh, i0, nr, tk->lo, tk->hi, tk->ks, nk, s, ld, 1);
 }

@@ -92,12 +92,31 @@ static sdpa_status check_tensor(const tensor_desc *t, span *sp)
     return SDPA_OK;
 }
 
+/* The attention variants: softcap 0 or finite > 0; Hq finite slopes; Hq sinks
+ * finite or -inf; dsinks only with sinks. */
+static sdpa_status check_variants(const sdpa_problem *p)
+{
+    if (p->softcap != 0.0f && !(isfinite(p->softcap) && p->softcap > 0.0f))
+        return SDPA_ERR_BAD_SOFTCAP;
+    if (p->alibi_slopes)
+        for (int64_t h = 0; h < p->q_heads; h++)
+            if (!isfinite(p->alibi_slopes[h]))
+                return SDPA_ERR_BAD_ALIBI;
+    if (p->dsinks && !p->sinks)
+        return SDPA_ERR_BAD_SINKS;
+    if (p->sinks)
+        for (int64_t h = 0; h < p->q_heads; h++)
+            if (isnan(p->sinks[h]) || p->sinks[h] == INFINITY)
+                return SDPA_ERR_BAD_SINKS;
+    return SDPA_OK;
+}
+
 /* The descriptor's own checks (no tensors, no kernels). */
 static sdpa_status check_descriptor(const sdpa_problem *p)
 {
     if (!p)
         return SDPA_ERR_NULL_ARGUMENT;
-    if (p->struct_size != sizeof(sdpa_problem) || p->reserved0 != 0)
+    if (p->struct_size != sizeof(sdpa_problem) || p->reserved0 != 0 || p->reserved1 != 0)
         return SDPA_ERR_BAD_DESCRIPTOR;
     for (size_t i = 0; i < sizeof p->reserved / sizeof p->reserved[0]; i++)
         if (p->reserved[i])
@@ -143,7 +162,7 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
         for (int64_t b = 0; b < p->batch; b++)
             if (p->kv_lengths[b] < 0 || p->kv_lengths[b] > p->kv_len)
                 return SDPA_ERR_BAD_KV_LENGTH;
-    return SDPA_OK;
+    return check_variants(p);
 }
 
 sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
@@ -181,6 +200,11 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
     pl->bm = p->bool_mask;
     pl->bias = p->bias;
     pl->elem_mask = p->bool_mask.data != NULL || p->bias.data != NULL;
+    pl->softcap = p->softcap;
+    pl->slopes = p->alibi_slopes;
+    pl->sinks = p->sinks;
+    pl->dsinks = p->dsinks;
+    pl->logit_variants = p->softcap != 0.0f || p->alibi_slopes != NULL;
     pl->kt = kt;
     pl->bq = p->block_q ? p->block_q : kt->block_q;
     pl->bk = p->block_k ? p->block_k : kt->block_k;
@@ -190,13 +214,27 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
 }
 
 /* Mask operands as tensor descriptors, for overflow and aliasing checks. */
-static sdpa_status mask_spans(const plan *pl, span sp[3])
+#define N_OPERAND_SPANS 5
+
+/* The byte span of n elements of elem bytes at data (empty for NULL or n = 0). */
+static span array_span(const void *data, int64_t n, size_t elem)
 {
-    memset(sp, 0, 3 * sizeof(span));
-    if (pl->kv_lengths && pl->B > 0) {
-        sp[0].lo = (uintptr_t)pl->kv_lengths;
-        sp[0].hi = sp[0].lo + (uintptr_t)pl->B * sizeof(int32_t);
+    span s = {0, 0};
+    if (data && n > 0) {
+        s.lo = (uintptr_t)data;
+        s.hi = s.lo + (uintptr_t)n * elem;
     }
+    return s;
+}
+
+/* The mask and variant operands (kv_lengths, bool_mask, bias, alibi_slopes,
+ * sinks), for overflow and aliasing checks. */
+static sdpa_status mask_spans(const plan *pl, span sp[N_OPERAND_SPANS])
+{
+    memset(sp, 0, N_OPERAND_SPANS * sizeof(span));
+    sp[0] = array_span(pl->kv_lengths, pl->B, sizeof(int32_t));
+    sp[3] = array_span(pl->slopes, pl->Hq, sizeof(float));
+    sp[4] = array_span(pl->sinks, pl->Hq, sizeof(float));
     const int64_t n4[4] = {pl->B, pl->Hq, pl->Tq, pl->Tk};
     for (int which = 0; which < 2; which++) {
         const void *data = which ? (const void *)pl->bias.data : (const void *)pl->bm.data;
@@ -276,7 +314,7 @@ sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt)
         if ((st = check_tensor(&t[i], &sp[i])) != SDPA_OK)
             return st;
     }
-    span ms[3];
+    span ms[N_OPERAND_SPANS];
     if ((st = mask_spans(pl, ms)) != SDPA_OK)
         return st;
     for (int i = 0; i < nt; i++) {
@@ -285,7 +323,7 @@ sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt)
         for (int j = 0; j < nt; j++)
             if (j != i && spans_overlap(sp[i], sp[j]) && !interleaved_disjoint(&t[i], &t[j]))
                 return SDPA_ERR_ALIASING;
-        for (int j = 0; j < 3; j++)
+        for (int j = 0; j < N_OPERAND_SPANS; j++)
             if (spans_overlap(sp[i], ms[j]))
                 return SDPA_ERR_ALIASING;
     }

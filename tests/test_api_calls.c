@@ -56,7 +56,12 @@ Test(api, problem_init_defaults)
     cr_assert_eq(p.isa, SDPA_ISA_AUTO);
     cr_assert_eq(p.block_q, 0);
     cr_assert_eq(p.block_k, 0);
-    for (int i = 0; i < 8; i++)
+    cr_assert_eq(p.softcap, 0.0f);
+    cr_assert_eq(p.reserved1, 0);
+    cr_assert_null(p.alibi_slopes);
+    cr_assert_null(p.sinks);
+    cr_assert_null(p.dsinks);
+    for (size_t i = 0; i < sizeof p.reserved / sizeof p.reserved[0]; i++)
         cr_assert_eq(p.reserved[i], 0);
     sdpa_problem_init(NULL); /* ignored, no crash */
     /* An all-zero problem is valid (empty). */
@@ -499,7 +504,7 @@ Test(api, invalid_arguments_write_nothing)
     } while (0)
     CASE("struct_size garbage", SDPA_ERR_BAD_DESCRIPTOR, PP->struct_size = 0xdeadbeef);
     CASE("struct_size one less", SDPA_ERR_BAD_DESCRIPTOR, PP->struct_size -= 1);
-    CASE("reserved[7]", SDPA_ERR_BAD_DESCRIPTOR, PP->reserved[7] = 1);
+    CASE("reserved[3]", SDPA_ERR_BAD_DESCRIPTOR, PP->reserved[3] = 1);
     CASE("causal 3", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)3);
     CASE("causal -1", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)-1);
     CASE("alignment 2", SDPA_ERR_BAD_DESCRIPTOR, PP->window_alignment = (sdpa_alignment)2);
