@@ -27,6 +27,7 @@
 #include "ec_cases.h"
 #include "ref.h"
 #include "sdpa.h"
+#include "util.h"
 
 #ifndef SDPA_TEST_DATA_DIR
 #define SDPA_TEST_DATA_DIR "tests/data"
@@ -84,15 +85,6 @@ static double max_err(const float *x, const double *ref, size_t n)
     }
     return e;
 }
-static double max_abs(const double *ref, size_t n)
-{
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++)
-        if (isfinite(ref[i]) && fabs(ref[i]) > m)
-            m = fabs(ref[i]);
-    return m;
-}
-
 static int passed, failed;
 
 static void check(int ok, const char *isa, const char *what, const char *desc, double err, double bound)
@@ -125,15 +117,7 @@ typedef struct shape {
 
 static void run_case(sdpa_isa isa, const shape *s, int mask_kind, int threads, int blocks, int backward)
 {
-    sdpa_problem p;
-    sdpa_problem_init(&p);
-    p.batch = s->B;
-    p.q_heads = s->Hq;
-    p.kv_heads = s->Hkv;
-    p.q_len = s->Tq;
-    p.kv_len = s->Tk;
-    p.head_dim_qk = s->Dk;
-    p.head_dim_v = s->Dv;
+    sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
     p.isa = isa;
     p.num_threads = threads;
     if (blocks) {
@@ -206,11 +190,11 @@ static void run_case(sdpa_isa isa, const shape *s, int mask_kind, int threads, i
     ref_forward(&p, q, k, v, ro, rl);
     naive32_forward(&p, q, k, v, no32, nl32);
     {
-        const double slack = 1e-6 * (1.0 + max_abs(ro, no));
+        const double slack = 1e-6 * (1.0 + util_max_abs_finite(ro, no));
         const double bound = 2.0 * max_err(no32, ro, no) + slack;
         const double e = max_err(o, ro, no);
         check(e <= bound, name, "forward O", desc, e, bound);
-        const double lslack = 1e-6 * (1.0 + max_abs(rl, nl));
+        const double lslack = 1e-6 * (1.0 + util_max_abs_finite(rl, nl));
         const double lbound = 2.0 * max_err(nl32, rl, nl) + lslack;
         const double le = max_err(lse, rl, nl);
         check(le <= lbound, name, "forward LSE", desc, le, lbound);
@@ -238,7 +222,7 @@ static void run_case(sdpa_isa isa, const shape *s, int mask_kind, int threads, i
             size_t n;
         } g[3] = {{"backward dQ", dq, n32q, rq, nq}, {"backward dK", dk, n32k, rk, nk}, {"backward dV", dv, n32v, rv, nv}};
         for (int i = 0; i < 3; i++) {
-            const double slack = 1e-5 * (1.0 + max_abs(g[i].ref, g[i].n));
+            const double slack = 1e-5 * (1.0 + util_max_abs_finite(g[i].ref, g[i].n));
             const double bound = 3.0 * max_err(g[i].naive, g[i].ref, g[i].n) + slack;
             const double e = max_err(g[i].x, g[i].ref, g[i].n);
             check(e <= bound, name, g[i].what, desc, e, bound);

@@ -457,15 +457,6 @@ static int tb_check(const tbuf *got, const double *ref, double tol, const char *
     return bad;
 }
 
-static double max_abs(const double *x, size_t n)
-{
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++)
-        if (isfinite(x[i]) && fabs(x[i]) > m)
-            m = fabs(x[i]);
-    return m;
-}
-
 static int fz_check(const fz *f, int iter)
 {
     const sdpa_problem *p = &f->p;
@@ -491,9 +482,9 @@ static int fz_check(const fz *f, int iter)
                     if (isfinite(x) && fabsf(x) > vmax)
                         vmax = fabsf(x);
                 }
-    const double tolO = 3e-5 * (1.0 + vmax), tolL = 3e-5 * (1.0 + max_abs(rl, nL));
-    const double tq = 2e-3 * (1.0 + max_abs(rdq, nQ)), tk = 2e-3 * (1.0 + max_abs(rdk, nK)),
-                 tv = 2e-3 * (1.0 + max_abs(rdv, nV));
+    const double tolO = 3e-5 * (1.0 + vmax), tolL = 3e-5 * (1.0 + util_max_abs_finite(rl, nL));
+    const double tq = 2e-3 * (1.0 + util_max_abs_finite(rdq, nQ)), tk = 2e-3 * (1.0 + util_max_abs_finite(rdk, nK)),
+                 tv = 2e-3 * (1.0 + util_max_abs_finite(rdv, nV));
     sdpa_isa isas[SDPA_ISA_COUNT];
     const int nisa = util_isas(isas);
     int bad = 0;

@@ -8,7 +8,8 @@
  * that log or expect through Criterion) and tests/util_core.c (no Criterion, also
  * linked into the plain-C conformance program): the guarded buffers (util_galloc*,
  * util_glen, util_gcheck, util_gfree, util_gdup, the sentinel), the layouts and
- * views, util_gpack, util_problem, util_close / util_close_elem, util_data_path,
+ * views, util_gpack, util_problem, util_close / util_close_elem,
+ * util_max_abs_finite, util_data_path,
  * util_read_file, util_outputs_free and util_same_bits. */
 #ifndef SDPA_TEST_UTIL_H
 #define SDPA_TEST_UTIL_H
@@ -177,6 +178,8 @@ int util_close_elem(float got, double ref, double atol, double rtol, int exact);
  * Returns the number of failing elements. */
 size_t util_expect_close(const char *what, const float *got, const double *ref, size_t n,
                          double atol, double rtol, int exact);
+/* max |x[i]| over the finite elements of x[0..n) (0 when there are none). */
+double util_max_abs_finite(const double *x, size_t n);
 /* 1 if any element is NaN. */
 int util_has_nan(const float *x, size_t n);
 

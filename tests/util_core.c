@@ -157,14 +157,26 @@ int64_t util_offset(const util_layout *l, int64_t b, int64_t h, int64_t t, int64
     return b * l->sb + h * l->sh + t * l->st + d;
 }
 
-void util_pack(const util_layout *l, float *dst, const float *src)
+/* Every element of the view l in order b, h, t, d: pack != 0 stores the
+ * contiguous src into dst at the view's offsets, pack == 0 gathers them back. */
+static void copy_view(const util_layout *l, float *dst, const float *src, int pack)
 {
     size_t i = 0;
     for (int64_t b = 0; b < l->B; b++)
         for (int64_t h = 0; h < l->H; h++)
             for (int64_t t = 0; t < l->T; t++)
-                for (int64_t d = 0; d < l->D; d++)
-                    dst[util_offset(l, b, h, t, d)] = src[i++];
+                for (int64_t d = 0; d < l->D; d++, i++) {
+                    const int64_t off = util_offset(l, b, h, t, d);
+                    if (pack)
+                        dst[off] = src[i];
+                    else
+                        dst[i] = src[off];
+                }
+}
+
+void util_pack(const util_layout *l, float *dst, const float *src)
+{
+    copy_view(l, dst, src, 1);
 }
 
 float *util_gpack(const util_layout *l, const float *src)
@@ -176,12 +188,7 @@ float *util_gpack(const util_layout *l, const float *src)
 
 void util_unpack(const util_layout *l, float *dst, const float *src)
 {
-    size_t i = 0;
-    for (int64_t b = 0; b < l->B; b++)
-        for (int64_t h = 0; h < l->H; h++)
-            for (int64_t t = 0; t < l->T; t++)
-                for (int64_t d = 0; d < l->D; d++)
-                    dst[i++] = src[util_offset(l, b, h, t, d)];
+    copy_view(l, dst, src, 0);
 }
 
 int util_gaps_check(const util_layout *l, const float *buf, size_t n, char *msg, size_t len)
@@ -326,6 +333,15 @@ char *util_read_file(const char *path, size_t *len)
 }
 
 /* ------------------------------------------------------ small helpers -- */
+
+double util_max_abs_finite(const double *x, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(x[i]) && fabs(x[i]) > m)
+            m = fabs(x[i]);
+    return m;
+}
 
 void util_outputs_free(util_outputs *r)
 {
