@@ -106,6 +106,25 @@ static poison_case poison_cases[] = {
     {3, 2, 2, 2, 35, 50, 8, 8},
 };
 
+/* Guarded O and LSE of a run on clean inputs (oc, lc) and of the same run with
+ * poison where the masks forbid it (op, lp). */
+typedef struct clean_poisoned {
+    float *oc, *lc, *op, *lp;
+} clean_poisoned;
+
+static clean_poisoned clean_poisoned_alloc(size_t no, size_t nl)
+{
+    return (clean_poisoned){util_galloc(no), util_galloc(nl), util_galloc(no), util_galloc(nl)};
+}
+
+static void clean_poisoned_free(clean_poisoned *r)
+{
+    util_gfree(r->oc);
+    util_gfree(r->lc);
+    util_gfree(r->op);
+    util_gfree(r->lp);
+}
+
 ParameterizedTestParameters(masks, nan_in_masked_keys)
 {
     return cr_make_param_array(poison_case, poison_cases, sizeof poison_cases / sizeof poison_cases[0]);
@@ -177,16 +196,13 @@ ParameterizedTest(poison_case *pc, masks, nan_in_masked_keys)
     sdpa_isa isas[SDPA_ISA_COUNT];
     const int nisa = util_isas(isas);
     for (int ii = 0; ii < nisa; ii++) {
-        float *oc = util_galloc(no), *lc = util_galloc(nl), *op = util_galloc(no), *lp = util_galloc(nl);
-        util_forward_contig(&p, isas[ii], q, k, v, oc, lc);
-        util_forward_contig(&p, isas[ii], q, kp, vp, op, lp);
+        clean_poisoned r = clean_poisoned_alloc(no, nl);
+        util_forward_contig(&p, isas[ii], q, k, v, r.oc, r.lc);
+        util_forward_contig(&p, isas[ii], q, kp, vp, r.op, r.lp);
         char what[160];
         snprintf(what, sizeof what, "[%s] poison %s", sdpa_isa_name(isas[ii]), poison_names[pc->kind]);
-        compare_rows(&p, what, poisoned, oc, lc, op, lp, expect_nan);
-        util_gfree(oc);
-        util_gfree(lc);
-        util_gfree(op);
-        util_gfree(lp);
+        compare_rows(&p, what, poisoned, r.oc, r.lc, r.op, r.lp, expect_nan);
+        clean_poisoned_free(&r);
     }
     free(q);
     free(k);
@@ -222,19 +238,16 @@ Test(masks, nan_in_masked_bias)
     sdpa_isa isas[SDPA_ISA_COUNT];
     const int nisa = util_isas(isas);
     for (int ii = 0; ii < nisa; ii++) {
-        float *oc = util_galloc(no), *lc = util_galloc(nl), *op = util_galloc(no), *lp = util_galloc(nl);
+        clean_poisoned r = clean_poisoned_alloc(no, nl);
         p.bias = (sdpa_bias){bias, Tq * Tk, 0, Tk, 1};
-        util_forward_contig(&p, isas[ii], q, k, v, oc, lc);
+        util_forward_contig(&p, isas[ii], q, k, v, r.oc, r.lc);
         p.bias = (sdpa_bias){biasp, Tq * Tk, 0, Tk, 1};
-        util_forward_contig(&p, isas[ii], q, k, v, op, lp);
-        cr_expect(util_same_bits(oc, op, no) && util_same_bits(lc, lp, nl),
+        util_forward_contig(&p, isas[ii], q, k, v, r.op, r.lp);
+        cr_expect(util_same_bits(r.oc, r.op, no) && util_same_bits(r.lc, r.lp, nl),
                   "[%s] poisoned bias entries under a false mask changed the output",
                   sdpa_isa_name(isas[ii]));
-        cr_expect(!util_has_nan(op, no), "[%s] NaN in O", sdpa_isa_name(isas[ii]));
-        util_gfree(oc);
-        util_gfree(lc);
-        util_gfree(op);
-        util_gfree(lp);
+        cr_expect(!util_has_nan(r.op, no), "[%s] NaN in O", sdpa_isa_name(isas[ii]));
+        clean_poisoned_free(&r);
     }
     free(q);
     free(k);
