@@ -35,8 +35,10 @@ enum { CMD_FORWARD = 1, CMD_BACKWARD = 2, CMD_DEMO = 4 };
 typedef struct cli_opts {
     const char *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
     const char *kvlen, *mask, *bias, *data_dir;
+    const char *alibi, *sinks, *dsinks; /* --alibi-slopes, --sinks (read), --dsinks (written) */
     int have_scale;
     float scale;
+    float softcap; /* --softcap: 0 = off, else finite > 0 */
     sdpa_causal causal;
     int have_align;
     sdpa_alignment align;

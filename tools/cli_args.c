@@ -35,7 +35,7 @@ void plain_error(const char *fmt, ...)
 static const char *const usage_lines[] = {
     [CMD_FORWARD] = "usage: sdpa forward -q Q.npy -k K.npy -v V.npy -o O.npy [--lse LSE.npy] [options]",
     [CMD_BACKWARD] = "usage: sdpa backward -q Q.npy -k K.npy -v V.npy --do dO.npy --dq dQ.npy --dk dK.npy "
-                     "--dv dV.npy [-o O.npy --lse LSE.npy] [options]",
+                     "--dv dV.npy [-o O.npy --lse LSE.npy] [--dsinks dSINKS.npy] [options]",
     [CMD_DEMO] = "usage: sdpa demo [--data DIR] [--threads N] [--isa NAME]",
 };
 
@@ -64,7 +64,7 @@ int library_error(sdpa_status st)
 
 /* ------------------------------------------------------------ the option table */
 
-typedef enum opt_kind { K_PATH, K_SCALE, K_CAUSAL, K_ALIGN, K_WINDOW, K_THREADS, K_ISA } opt_kind;
+typedef enum opt_kind { K_PATH, K_SCALE, K_SOFTCAP, K_CAUSAL, K_ALIGN, K_WINDOW, K_THREADS, K_ISA } opt_kind;
 
 typedef struct opt_def {
     const char *name, *alias; /* "--name", optional short "-x" */
@@ -102,6 +102,14 @@ static const opt_def opt_defs[] = {
      "bool or uint8 mask (nonzero = may attend) broadcastable to (B, Hq, Tq, Tk)"},
     {"--bias", NULL, K_PATH, OFF(bias), FB,
      "float32 additive bias broadcastable to (B, Hq, Tq, Tk); -inf disallows a key"},
+    {"--softcap", NULL, K_SOFTCAP, OFF(softcap), FB,
+     "C: logit soft-cap, x -> C * tanh(x / C) (0: off, the default)"},
+    {"--alibi-slopes", NULL, K_PATH, OFF(alibi), FB,
+     "ALiBi slopes, float32 (Hq,), each finite (see below)"},
+    {"--sinks", NULL, K_PATH, OFF(sinks), FB,
+     "attention sinks, float32 (Hq,), each finite or -inf (see below)"},
+    {"--dsinks", NULL, K_PATH, OFF(dsinks), CMD_BACKWARD,
+     "dsinks, float32 (Hq,) (written; needs --sinks)"},
     {"--data", NULL, K_PATH, OFF(data_dir), CMD_DEMO, "DIR: the examples directory"},
     {"--threads", NULL, K_THREADS, OFF(threads), FB | CMD_DEMO, "N: OpenMP threads (0: OpenMP's default)"},
     {"--isa", NULL, K_ISA, OFF(isa), FB | CMD_DEMO, "NAME: scalar|avx2|avx512|neon|auto"},
@@ -116,7 +124,7 @@ void print_help(int cmd)
         printf("Computes O = softmax(scale * Q K^T + bias, masked) V (and the logsumexp).\n");
     else if (cmd == CMD_BACKWARD)
         printf("Computes dQ, dK, dV given dO. O and LSE are recomputed when not given\n"
-               "(give both or neither).\n");
+               "(give both or neither). With --sinks, --dsinks also writes the sinks' gradient.\n");
     else
         printf("Runs the textbook worked example (examples/worked_example) and a timed causal\n"
                "prefill B=1 H=8 T=1024 D=64, both checked against a float64 reference.\n"
@@ -130,6 +138,11 @@ void print_help(int cmd)
         snprintf(names, sizeof names, "%s%s%s", d->alias ? d->alias : "", d->alias ? ", " : "", d->name);
         printf("  %-20s %s\n", names, d->help);
     }
+    if (cmd != CMD_DEMO)
+        printf("\nAttention variants (Gemma 2 softcap, ALiBi, gpt-oss sinks): the logit of query i, key j of\n"
+               "head h is x = scale * q.k, then C * tanh(x / C) (--softcap), then - slope[h] * |j - (i + d)|\n"
+               "(--alibi-slopes; d: the diagonal of --causal / --window-align), then + bias and the masks.\n"
+               "A sink s[h] joins every row's softmax denominator and carries no value.\n");
     if (cmd != CMD_DEMO)
         printf("\nQ/K/V/O share one rank: 2 (T, D), 3 (H, T, D) or 4 (B, H, T, D); outputs have the\n"
                "rank of their input. GQA: Hq a multiple of Hkv. Outputs are written only if\n"
@@ -161,6 +174,26 @@ static int parse_scale(int cmd, const char *val, cli_opts *o)
         return usage_error(cmd, "--scale '%s' is not a finite number", val);
     o->scale = s;
     o->have_scale = 1;
+    return 0;
+}
+
+/* --softcap C: 0 (off) or a finite float32 > 0. A value that underflows to 0
+ * is refused rather than silently turning the softcap off. */
+static int parse_softcap(int cmd, const char *val, cli_opts *o)
+{
+    char *end;
+    float c;
+    errno = 0;
+    c = strtof(val, &end);
+    if (end == val || *end || isnan(c))
+        return usage_error(cmd, "--softcap '%s' is not a number (expected C > 0, or 0: off)", val);
+    if (!isfinite(c) || (errno == ERANGE && fabsf(c) == HUGE_VALF))
+        return usage_error(cmd, "--softcap '%s' is not finite (expected C > 0, or 0: off)", val);
+    if (c < 0.0f)
+        return usage_error(cmd, "--softcap '%s' is negative (expected C > 0, or 0: off)", val);
+    if (errno == ERANGE && c == 0.0f && strtod(val, NULL) != 0.0)
+        return usage_error(cmd, "--softcap '%s' underflows float32 to 0 (0 means off)", val);
+    o->softcap = c == 0.0f ? 0.0f : c; /* -0 is off too */
     return 0;
 }
 
@@ -215,6 +248,7 @@ static int parse_value(int cmd, const opt_def *d, const char *name, const char *
         *(const char **)field = val;
         return 0;
     case K_SCALE: return parse_scale(cmd, val, o);
+    case K_SOFTCAP: return parse_softcap(cmd, val, o);
     case K_CAUSAL: return parse_causal(cmd, val, o);
     case K_ALIGN: return parse_align(cmd, val, o);
     case K_WINDOW:
@@ -287,6 +321,8 @@ int parse_options(int cmd, int argc, char **argv, cli_opts *o, int *help)
         if ((rc = parse_value(cmd, &opt_defs[di], name, val, o)))
             return rc;
     }
+    if (o->dsinks && !o->sinks)
+        return usage_error(cmd, "--dsinks needs --sinks (it is the gradient of the sinks)");
     if (o->have_align && o->causal != SDPA_CAUSAL_NONE)
         return usage_error(cmd, "--window-align applies only without --causal (a causal window follows "
                                 "the causal alignment)");

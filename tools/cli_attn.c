@@ -4,6 +4,7 @@
  * Every input is read and validated, and every output's temporary file is
  * created, before anything is computed (cli_out.c), so a bad input never
  * creates or changes an output file. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,7 +13,7 @@
 typedef struct job {
     cli_opts opt;
     tensor q, k, v, o, lse, dout;
-    npy_array kvlen_raw, mask, bias;
+    npy_array kvlen_raw, mask, bias, alibi, sinks;
     int32_t *kvlen;
     sdpa_problem p;
     int64_t osize[4]; /* O (B, Hq, Tq, Dv): element count, then strides (dims_sizes) */
@@ -30,6 +31,8 @@ static void job_free(job *j)
     npy_free(&j->kvlen_raw);
     npy_free(&j->mask);
     npy_free(&j->bias);
+    npy_free(&j->alibi);
+    npy_free(&j->sinks);
     free(j->kvlen);
 }
 
@@ -37,7 +40,7 @@ static void job_free(job *j)
  * must never replace an input by accident). */
 static const char *output_clobbers_input(const cli_opts *o, const char *const *outs, int nout)
 {
-    const char *ins[] = {o->q, o->k, o->v, o->dout, o->kvlen, o->mask, o->bias};
+    const char *ins[] = {o->q, o->k, o->v, o->dout, o->kvlen, o->mask, o->bias, o->alibi, o->sinks};
     for (int i = 0; i < nout; i++)
         for (size_t j = 0; j < sizeof ins / sizeof ins[0]; j++)
             if (same_file(outs[i], ins[j]))
@@ -104,6 +107,38 @@ static void fill_problem(job *j)
     p->window_right = o->window_right;
     p->num_threads = o->threads;
     p->isa = o->isa;
+    p->softcap = o->softcap;
+}
+
+/* --alibi-slopes / --sinks: float32 of shape (Hq,), one value per query head,
+ * checked here (naming the option and the file) before the library sees them:
+ * slopes finite, sinks finite or -inf. */
+static int load_head_values(job *j, const char *flag, const char *path, const char *what, int sinks,
+                            npy_array *a)
+{
+    char sh[160], err[256];
+    if (npy_read(path, a, err, sizeof err) != 0) { /* e.g. float64: '<f8' is refused by the reader */
+        file_error(path, "%s: %s", flag, err);
+        return EXIT_BAD;
+    }
+    if (a->dtype != NPY_F4) {
+        file_error(path, "%s: the %s must be float32 ('<f4'), got %s ('%s')", flag, what, npy_dtype_name(a->dtype),
+                   npy_dtype_descr(a->dtype));
+        return EXIT_BAD;
+    }
+    if (a->ndim != 1 || a->shape[0] != j->q.h) {
+        file_error(path, "%s: the %s have shape %s, expected (Hq,) = (%lld,) (one per query head)", flag, what,
+                   npy_shape_str(a->shape, a->ndim, sh, sizeof sh), (long long)j->q.h);
+        return EXIT_BAD;
+    }
+    const float *x = a->data;
+    for (size_t i = 0; i < a->count; i++)
+        if (sinks ? (isnan(x[i]) || x[i] == INFINITY) : !isfinite(x[i])) {
+            file_error(path, "%s: %s [%zu] is %s; each must be %s", flag, sinks ? "sink" : "slope", i,
+                       isnan(x[i]) ? "NaN" : x[i] > 0 ? "+inf" : "-inf", sinks ? "finite or -inf" : "finite");
+            return EXIT_BAD;
+        }
+    return 0;
 }
 
 /* --mask: bool or uint8, broadcast to target (B, Hq, Tq, Tk). */
@@ -228,6 +263,16 @@ static int load_common(job *j)
     if ((o->mask && (rc = load_mask(j, target))) || (o->bias && (rc = load_bias(j, target))) ||
         (o->kvlen && (rc = load_kv_lengths(j))))
         return rc;
+    if (o->alibi) {
+        if ((rc = load_head_values(j, "--alibi-slopes", o->alibi, "ALiBi slopes", 0, &j->alibi)))
+            return rc;
+        j->p.alibi_slopes = j->alibi.data;
+    }
+    if (o->sinks) {
+        if ((rc = load_head_values(j, "--sinks", o->sinks, "sinks", 1, &j->sinks)))
+            return rc;
+        j->p.sinks = j->sinks.data;
+    }
     return output_sizes(j);
 }
 
@@ -318,14 +363,14 @@ static int backward_args(const cli_opts *op)
     if (!op->o != !op->lse)
         return usage_error(CMD_BACKWARD, "give both -o O.npy and --lse LSE.npy (the forward's outputs) or "
                                          "neither (they are then recomputed)");
-    const char *outp[3] = {op->dq, op->dk, op->dv};
-    if (same_paths(outp, 3))
-        return usage_error(CMD_BACKWARD, "--dq, --dk and --dv must name different files");
-    const char *clob = output_clobbers_input(op, outp, 3);
-    if (!clob && op->o && (same_file(op->o, op->dq) || same_file(op->o, op->dk) || same_file(op->o, op->dv)))
-        clob = op->o;
-    if (!clob && op->lse && (same_file(op->lse, op->dq) || same_file(op->lse, op->dk) || same_file(op->lse, op->dv)))
-        clob = op->lse;
+    const char *outp[4] = {op->dq, op->dk, op->dv, op->dsinks};
+    const int nout = op->dsinks ? 4 : 3;
+    if (same_paths(outp, nout))
+        return usage_error(CMD_BACKWARD, "--dq, --dk, --dv%s must name different files", op->dsinks ? " and --dsinks" : "");
+    const char *clob = output_clobbers_input(op, outp, nout);
+    for (int i = 0; i < nout && !clob; i++)
+        if (same_file(op->o, outp[i]) || same_file(op->lse, outp[i]))
+            clob = outp[i];
     if (clob)
         return usage_error(CMD_BACKWARD, "output %s is also an input", clob);
     return 0;
@@ -376,7 +421,7 @@ static int load_backward_inputs(job *j)
 
 /* Runs the backward into dq, dk, dv (shaped like Q, K, V), recomputing O and
  * LSE first (into buffers freed here) when they were not given. */
-static int run_backward(job *j, float *dq, float *dk, float *dv)
+static int run_backward(job *j, float *dq, float *dk, float *dv, float *dsinks)
 {
     const sdpa_tensor tq = tensor_view(&j->q), tk = tensor_view(&j->k), tv = tensor_view(&j->v),
                       tdo = tensor_view(&j->dout);
@@ -398,6 +443,7 @@ static int run_backward(job *j, float *dq, float *dk, float *dv)
     const sdpa_tensor_out odq = {dq, tq.batch_stride, tq.head_stride, tq.seq_stride},
                           odk = {dk, tk.batch_stride, tk.head_stride, tk.seq_stride},
                           odv = {dv, tv.batch_stride, tv.head_stride, tv.seq_stride};
+    j->p.dsinks = dsinks; /* sdpa_forward above ignores it */
     if (st == SDPA_OK)
         st = sdpa_backward(&j->p, &tq, &tk, &tv, &to, &tl, &tdo, &odq, &odk, &odv);
     free(o);
@@ -409,8 +455,9 @@ int cmd_backward(int argc, char **argv)
 {
     job j;
     int rc, help;
-    float *dq = NULL, *dk = NULL, *dv = NULL;
-    out_file outs[3];
+    float *dq = NULL, *dk = NULL, *dv = NULL, *dsinks = NULL;
+    out_file outs[4];
+    int nout = 0;
     memset(&j, 0, sizeof j);
     memset(outs, 0, sizeof outs);
     if ((rc = parse_options(CMD_BACKWARD, argc, argv, &j.opt, &help)))
@@ -424,7 +471,8 @@ int cmd_backward(int argc, char **argv)
     dq = alloc_floats((int64_t)j.q.a.count);
     dk = alloc_floats((int64_t)j.k.a.count);
     dv = alloc_floats((int64_t)j.v.a.count);
-    if (!dq || !dk || !dv) {
+    dsinks = j.opt.dsinks ? alloc_floats(j.p.q_heads) : NULL;
+    if (!dq || !dk || !dv || (j.opt.dsinks && !dsinks)) {
         rc = library_error(SDPA_ERR_OUT_OF_MEMORY);
         goto done;
     }
@@ -435,16 +483,20 @@ int cmd_backward(int argc, char **argv)
         outs[i] = (out_file){paths[i], NULL, data[i], in[i]->a.ndim, {0}};
         memcpy(outs[i].shape, in[i]->a.shape, (size_t)in[i]->a.ndim * sizeof(int64_t));
     }
-    for (int i = 0; i < 3; i++)
+    nout = 3;
+    if (j.opt.dsinks) /* float32 (Hq,), like the sinks */
+        outs[nout++] = (out_file){j.opt.dsinks, NULL, dsinks, 1, {j.p.q_heads}};
+    for (int i = 0; i < nout; i++)
         if ((rc = out_prepare(&outs[i])))
             goto done;
-    if ((rc = run_backward(&j, dq, dk, dv)) == 0)
-        rc = out_commit(outs, 3);
+    if ((rc = run_backward(&j, dq, dk, dv, dsinks)) == 0)
+        rc = out_commit(outs, nout);
 done:
-    out_discard(outs, 3);
+    out_discard(outs, nout);
     free(dq);
     free(dk);
     free(dv);
+    free(dsinks);
     job_free(&j);
     return rc;
 }
