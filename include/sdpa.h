@@ -328,6 +328,48 @@ SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tenso
                                    const sdpa_tensor *dout, const sdpa_tensor_out *dq,
                                    const sdpa_tensor_out *dk, const sdpa_tensor_out *dv);
 
+/**
+ * Merges two partial attention states computed over disjoint key sets of the
+ * same queries (prefix caching / cascade attention, context parallelism, or
+ * split-KV done by the caller) into the state over their union.
+ *
+ * Math (FlashAttention-2's online softmax, natural log throughout; a base-2 LSE
+ * mixed in silently corrupts the merge):
+ *   LSE = log(exp(LSE_a) + exp(LSE_b)),
+ *   O   = exp(LSE_a - LSE) O_a + exp(LSE_b - LSE) O_b,
+ * computed as M = max(LSE_a, LSE_b), w = exp(LSE - M) per part. A part with
+ * LSE = -inf (no key) has weight 0 and its O row is not read; both -inf: O = 0,
+ * LSE = -inf. NaN propagates.
+ *
+ * @param batch, heads, len, head_dim_v  B, H, T, Dv of every state.
+ * @param o_a, o_b  O [B, H, T, Dv] of the parts (head_dim contiguous, strides in
+ *   elements, 0 broadcasts); @param lse_a, lse_b LSE [B, H, T] (natural log).
+ * @param o, lse  the merged O [B, H, T, Dv] and LSE [B, H, T]: written. Each may
+ *   be exactly one of the inputs of its kind (same data pointer and strides: in
+ *   place); otherwise an output must not overlap any input or the other output
+ *   (SDPA_ERR_ALIASING) nor itself (SDPA_ERR_BAD_STRIDE).
+ * Ownership: the caller owns every buffer. Thread-safety: reentrant; runs on the
+ * calling thread; allocates n floats and n pointers (one small block).
+ * @return SDPA_OK, or SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_NEGATIVE_SIZE,
+ *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_ALIASING, SDPA_ERR_SIZE_OVERFLOW,
+ *   SDPA_ERR_OUT_OF_MEMORY; on error nothing is written.
+ */
+SDPA_API sdpa_status sdpa_merge_states(int64_t batch, int64_t heads, int64_t len, int64_t head_dim_v,
+                                       const sdpa_tensor *o_a, const sdpa_tensor *lse_a,
+                                       const sdpa_tensor *o_b, const sdpa_tensor *lse_b,
+                                       const sdpa_tensor_out *o, const sdpa_tensor_out *lse);
+
+/**
+ * The N-way form of sdpa_merge_states(): n >= 1 parts, o_parts[s] and
+ * lse_parts[s] for s < n (arrays of n views), merged in increasing s
+ * (M = max_s LSE_s, L = sum_s exp(LSE_s - M), O = sum_s exp(LSE_s - M) O_s / L,
+ * LSE = M + log L). The same code merges the forward's own split-KV partials.
+ * n < 1: SDPA_ERR_NEGATIVE_SIZE. Otherwise as sdpa_merge_states().
+ */
+SDPA_API sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, int64_t len, int64_t head_dim_v,
+                                         const sdpa_tensor *o_parts, const sdpa_tensor *lse_parts,
+                                         const sdpa_tensor_out *o, const sdpa_tensor_out *lse);
+
 /** A static English description of a status code ("unknown status" for others). */
 SDPA_API const char *sdpa_status_string(sdpa_status status);
 

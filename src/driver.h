@@ -157,6 +157,17 @@ void sdpa_logit_variants_n(const plan *pl, int64_t b, int64_t h0, int nh, int64_
  * sink's, m = s_h and l = 1 (l = 0 for s_h = -inf). No-op without sinks. */
 void sdpa_sink_state(const plan *pl, int64_t h0, int nh, int nr, float *m, float *l);
 
+/* --------------------------------------------------------------- merge.c */
+
+/* The merge of n partial states (m_s, l_s, O_s unnormalised) of one row over
+ * disjoint key sets: M = max m_s, a_s = e^(m_s - M) (0 where m_s = -inf),
+ * L = sum_s l_s a_s, out[d] = sum_s a_s O_s[d] (unnormalised), each sum in
+ * increasing s. Returns L; *M_out = M; alpha: n floats of scratch (the a_s).
+ * l == NULL: normalised states (O, LSE), l_s = 1, and the O of a state with
+ * m_s = -inf is not read. out may be one of the o[s] (in place). */
+float sdpa_merge_row(int n, const float *m, const float *l, const float *const *o, int64_t dv, float *out,
+                     float *M_out, float *alpha);
+
 /* --------------------------------------------------------------- tiling.c */
 
 /* How both passes cut the work: a tile holds rows [i0, i0+nr) of up to hpt
@@ -165,6 +176,9 @@ void sdpa_sink_state(const plan *pl, int64_t h0, int nh, int nr, float *m, float
  * when there are few tiles the forward splits the keys into nsplit chunks whose
  * partial (m, l, O) are merged in a fixed order. Everything here depends on the
  * shape only, never on the thread count. */
+/* The most key splits of a tile (split-KV). */
+#define SDPA_MAX_SPLITS 64
+
 typedef struct tile_layout {
     int64_t rows;   /* rows per tile (nr) */
     int64_t hpt;    /* heads per tile */

@@ -336,44 +336,29 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
     fwd_tile_end(pl, w, a, &ft, t, split);
 }
 
-/* Merges the nsplit partial states of tile t in split order:
+/* Merges the nsplit partial states of tile t in split order (sdpa_merge_row):
  * M = max m_s, l = sum l_s exp(m_s - M), O = sum O_s exp(m_s - M) / l. */
 static void fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
 {
     const tile_layout *L = &a->L;
-    const int Dv = (int)pl->Dv;
+    const int Dv = (int)pl->Dv, n = (int)L->nsplit;
     const size_t pf = fwd_partial_floats(pl, L), off_l = round_floats((size_t)tile_cols(L)),
                  off_o = 2 * off_l;
     int64_t b, hk, h0, i0;
     int nh, nr;
     sdpa_tile_coords(pl, L, t, &b, &hk, &h0, &nh, &i0, &nr);
-    const int ncol = nh * nr;
     const float *first = a->partials + (size_t)(t * L->nsplit) * pf;
-    for (int c = 0; c < ncol; c++) {
-        float mx = -INFINITY;
-        for (int64_t s = 0; s < L->nsplit; s++)
-            mx = fmaxf(mx, first[s * pf + c]);
-        w->m[c] = mx;
-        w->l[c] = 0.0f;
-    }
-    memset(w->on, 0, (size_t)ncol * Dv * sizeof(float));
-    for (int64_t s = 0; s < L->nsplit; s++) {
-        const float *part = first + s * pf;
-        for (int c = 0; c < ncol; c++) {
-            /* a split that saw nothing (m_s = -inf) has l_s = 0 and O_s = 0 */
-            w->alpha[c] = part[c] == -INFINITY ? 0.0f : expf(part[c] - w->m[c]);
-            w->l[c] += part[off_l + c] * w->alpha[c];
+    float m[SDPA_MAX_SPLITS], l[SDPA_MAX_SPLITS], alpha[SDPA_MAX_SPLITS];
+    const float *o[SDPA_MAX_SPLITS];
+    for (int c = 0; c < nh * nr; c++) {
+        for (int s = 0; s < n; s++) {
+            m[s] = first[s * pf + c];
+            l[s] = first[s * pf + off_l + c];
+            o[s] = first + s * pf + off_o + (size_t)c * Dv;
         }
-        const float *po = part + off_o;
-        for (int c = 0; c < ncol; c++) {
-            float *dst = w->on + (size_t)c * Dv;
-            const float *src = po + (size_t)c * Dv, al = w->alpha[c];
-            for (int d = 0; d < Dv; d++)
-                dst[d] += src[d] * al;
-        }
-    }
-    for (int c = 0; c < ncol; c++)
+        w->l[c] = sdpa_merge_row(n, m, l, o, Dv, w->on + (size_t)c * Dv, &w->m[c], alpha);
         w->alpha[c] = w->l[c] == 0.0f ? 0.0f : 1.0f / w->l[c];
+    }
     fwd_store(pl, a, w->on, w->m, w->l, w->alpha, b, h0, nh, i0, nr);
 }
 

@@ -7,7 +7,7 @@
 #include "driver.h"
 
 /* Below this many tiles the keys are split (covers up to 64 threads). */
-#define SPLIT_TARGET_ITEMS 64
+#define SPLIT_TARGET_ITEMS SDPA_MAX_SPLITS /* so nsplit <= SDPA_MAX_SPLITS */
 /* Each split keeps at least this many key tiles, so merging stays cheap. */
 #define SPLIT_MIN_KEY_TILES 4
 

@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: MIT */
+/* test_merge.c - sdpa_merge_states / sdpa_merge_states_n: attention over key
+ * sets split in two or more parts, each part's (O, LSE) from sdpa_forward,
+ * merged, against the float64 reference of the whole problem (the FlashAttention
+ * rule: 2x the naive fp32 error); in place; parts with no key (LSE = -inf, O
+ * poisoned with NaN: never read); both parts empty; bad arguments write nothing. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref.h"
+#include "util.h"
+
+enum { B = 2, H = 3, TQ = 21, TK = 150, D = 24 };
+
+typedef struct parts {
+    float *o[4], *lse[4];
+    int n;
+} parts;
+
+/* Forward of the keys [k0, k1) of the problem (with kv_lengths kvl, causal as
+ * given, top-left) into o, lse: K and V views start at key k0. A part whose
+ * range is empty for a row gets LSE = -inf and O = 0 from the library. */
+static void part_forward(const sdpa_problem *full, const float *q, const float *k, const float *v, int64_t k0,
+                         int64_t k1, sdpa_isa isa, float *o, float *lse)
+{
+    sdpa_problem p = *full;
+    p.kv_len = k1 - k0;
+    p.kv_lengths = NULL; /* the parts below never cross the key length */
+    p.isa = isa;
+    p.num_threads = 1;
+    const sdpa_tensor tq = util_cview(q, H, TQ, D);
+    sdpa_tensor tk = util_cview(k, H, TK, D), tv = util_cview(v, H, TK, D);
+    tk.data = k + k0 * D;
+    tv.data = v + k0 * D;
+    const sdpa_tensor_out to = util_cview_out(o, H, TQ, D), tl = util_lse_view_out(lse, H, TQ);
+    cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+}
+
+static void check_merge(int nparts, int in_place)
+{
+    util_rng r;
+    util_rng_seed(&r, "merge", 0x5eed + (uint64_t)nparts * 7 + (uint64_t)in_place);
+    const size_t nq = (size_t)B * H * TQ * D, nk = (size_t)B * H * TK * D, nl = (size_t)B * H * TQ;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    util_fill_uniform(&r, q, nq, -2.0f, 2.0f);
+    util_fill_uniform(&r, k, nk, -2.0f, 2.0f);
+    util_fill_uniform(&r, v, nk, -1.0f, 1.0f);
+    sdpa_problem full = util_problem(B, H, H, TQ, TK, D, D);
+    double *ro = malloc(nq * sizeof(double)), *rl = malloc(nl * sizeof(double));
+    float *no = malloc(nq * 4), *nlse = malloc(nl * 4);
+    ref_forward(&full, q, k, v, ro, rl);
+    naive32_forward(&full, q, k, v, no, nlse);
+    const int64_t cut[5] = {0, 40, 41, 128, TK}; /* part 1 is one key; 4 parts */
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int ni = util_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        parts ps = {.n = nparts};
+        for (int s = 0; s < nparts; s++) {
+            ps.o[s] = util_galloc(nq);
+            ps.lse[s] = util_galloc(nl);
+            const int64_t k0 = nparts == 2 ? (s ? 70 : 0) : cut[s], k1 = nparts == 2 ? (s ? TK : 70) : cut[s + 1];
+            part_forward(&full, q, k, v, k0, k1, isas[ii], ps.o[s], ps.lse[s]);
+        }
+        sdpa_tensor vo[4], vl[4];
+        for (int s = 0; s < nparts; s++) {
+            vo[s] = util_cview(ps.o[s], H, TQ, D);
+            vl[s] = util_lse_view(ps.lse[s], H, TQ);
+        }
+        float *mo = in_place ? ps.o[0] : util_galloc(nq), *ml = in_place ? ps.lse[0] : util_galloc(nl);
+        const sdpa_tensor_out to = util_cview_out(mo, H, TQ, D), tl = util_lse_view_out(ml, H, TQ);
+        const sdpa_status st = nparts == 2 ? sdpa_merge_states(B, H, TQ, D, &vo[0], &vl[0], &vo[1], &vl[1], &to, &tl)
+                                           : sdpa_merge_states_n(nparts, B, H, TQ, D, vo, vl, &to, &tl);
+        cr_assert_eq(st, SDPA_OK, "%s: %s", sdpa_isa_name(isas[ii]), sdpa_status_string(st));
+        util_fa_expect("merged O", mo, no, ro, nq, 2.0);
+        util_fa_expect("merged LSE", ml, nlse, rl, nl, 2.0);
+        cr_expect(util_gintact(mo, "merged O") && util_gintact(ml, "merged LSE"));
+        for (int s = 0; s < nparts; s++) {
+            util_gfree(ps.o[s]);
+            util_gfree(ps.lse[s]);
+        }
+        if (!in_place) {
+            util_gfree(mo);
+            util_gfree(ml);
+        }
+    }
+    free(q), free(k), free(v), free(ro), free(rl), free(no), free(nlse);
+}
+
+Test(merge, two_parts_match_the_whole)
+{
+    check_merge(2, 0);
+}
+
+Test(merge, two_parts_in_place)
+{
+    check_merge(2, 1);
+}
+
+Test(merge, four_parts_n_way)
+{
+    check_merge(4, 0);
+}
+
+/* Empty parts: LSE = -inf with NaN in O (never read); both empty: O = 0, LSE = -inf;
+ * one empty: the other part's state bit for bit (weight 1, the other 0). */
+Test(merge, empty_parts)
+{
+    enum { T = 3, DV = 5 };
+    float oa[T * DV], ob[T * DV], la[T] = {-INFINITY, -INFINITY, 0.25f}, lb[T] = {-INFINITY, 1.5f, -INFINITY};
+    for (int i = 0; i < T * DV; i++) {
+        oa[i] = NAN;
+        ob[i] = NAN;
+    }
+    for (int d = 0; d < DV; d++) {
+        ob[1 * DV + d] = 0.5f + (float)d; /* row 1: only b */
+        oa[2 * DV + d] = -1.0f - (float)d; /* row 2: only a */
+    }
+    float o[T * DV], l[T];
+    const sdpa_tensor va = util_cview(oa, 1, T, DV), vb = util_cview(ob, 1, T, DV), vla = util_lse_view(la, 1, T),
+                      vlb = util_lse_view(lb, 1, T);
+    const sdpa_tensor_out to = util_cview_out(o, 1, T, DV), tl = util_lse_view_out(l, 1, T);
+    cr_assert_eq(sdpa_merge_states(1, 1, T, DV, &va, &vla, &vb, &vlb, &to, &tl), SDPA_OK);
+    cr_expect(isinf(l[0]) && l[0] < 0, "both empty: LSE %g", l[0]);
+    for (int d = 0; d < DV; d++) {
+        cr_expect(o[d] == 0.0f, "both empty: O[%d] = %g", d, o[d]);
+        cr_expect(o[DV + d] == ob[DV + d], "only b: O[%d] = %g", d, o[DV + d]);
+        cr_expect(o[2 * DV + d] == oa[2 * DV + d], "only a: O[%d] = %g", d, o[2 * DV + d]);
+    }
+    cr_expect(l[1] == 1.5f && l[2] == 0.25f, "LSE %g %g", l[1], l[2]);
+}
+
+/* Bad arguments: a status, and nothing written. */
+Test(merge, bad_arguments_write_nothing)
+{
+    enum { T = 4, DV = 8 };
+    float oa[T * DV] = {0}, ob[T * DV] = {0}, la[T] = {0}, lb[T] = {0};
+    float *o = util_galloc(T * DV), *l = util_galloc(T);
+    const sdpa_tensor va = util_cview(oa, 1, T, DV), vb = util_cview(ob, 1, T, DV), vla = util_lse_view(la, 1, T),
+                      vlb = util_lse_view(lb, 1, T);
+    const sdpa_tensor_out to = util_cview_out(o, 1, T, DV), tl = util_lse_view_out(l, 1, T);
+    cr_expect_eq(sdpa_merge_states(1, 1, T, DV, NULL, &vla, &vb, &vlb, &to, &tl), SDPA_ERR_NULL_ARGUMENT);
+    cr_expect_eq(sdpa_merge_states(1, 1, T, DV, &va, &vla, &vb, &vlb, NULL, &tl), SDPA_ERR_NULL_ARGUMENT);
+    cr_expect_eq(sdpa_merge_states(1, -1, T, DV, &va, &vla, &vb, &vlb, &to, &tl), SDPA_ERR_NEGATIVE_SIZE);
+    cr_expect_eq(sdpa_merge_states_n(0, 1, 1, T, DV, &va, &vla, &to, &tl), SDPA_ERR_NEGATIVE_SIZE);
+    /* the output overlapping an input it is not: part b's O shifted by one row */
+    const sdpa_tensor_out shifted = util_cview_out(ob + DV, 1, T - 1, DV);
+    cr_expect_eq(sdpa_merge_states(1, 1, T - 1, DV, &va, &vla, &vb, &vlb, &shifted, &tl), SDPA_ERR_ALIASING);
+    /* an output overlapping itself */
+    const sdpa_tensor_out self = {o, 0, 0, 1};
+    cr_expect_eq(sdpa_merge_states(1, 1, T, DV, &va, &vla, &vb, &vlb, &self, &tl), SDPA_ERR_BAD_STRIDE);
+    for (int i = 0; i < T * DV; i++)
+        cr_expect(util_is_sentinel(o[i]), "O[%d] written", i);
+    for (int i = 0; i < T; i++)
+        cr_expect(util_is_sentinel(l[i]), "LSE[%d] written", i);
+    util_gfree(o);
+    util_gfree(l);
+}
