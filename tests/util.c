@@ -454,6 +454,17 @@ double *util_dalloc(size_t n)
     return p;
 }
 
+void util_forward_plain(const sdpa_problem *p, const float *q, const float *k, const float *v, float *o,
+                        float *lse)
+{
+    const int64_t Hq = p->q_heads, Hkv = p->kv_heads, Tq = p->q_len, Tk = p->kv_len;
+    const sdpa_tensor tq = util_cview(q, Hq, Tq, p->head_dim_qk), tk = util_cview(k, Hkv, Tk, p->head_dim_qk),
+                      tv = util_cview(v, Hkv, Tk, p->head_dim_v);
+    const sdpa_tensor_out to = util_cview_out(o, Hq, Tq, p->head_dim_v), tl = util_lse_view_out(lse, Hq, Tq);
+    const sdpa_status st = sdpa_forward(p, &tq, &tk, &tv, &to, &tl);
+    cr_assert_eq(st, SDPA_OK, "sdpa_forward: %s", sdpa_status_string(st));
+}
+
 void util_forward_contig(const sdpa_problem *p0, sdpa_isa isa, const float *q, const float *k,
                          const float *v, float *o, float *lse)
 {

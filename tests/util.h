@@ -253,6 +253,11 @@ int util_close_tol(float got, double ref, double tol);
 void util_forward_contig(const sdpa_problem *p, sdpa_isa isa, const float *q, const float *k,
                          const float *v, float *o, float *lse);
 
+/* sdpa_forward of contiguous q, k, v (sizes from p) into contiguous o and lse
+ * as they are (no guards, p's ISA and threads); cr_assert that it returns SDPA_OK. */
+void util_forward_plain(const sdpa_problem *p, const float *q, const float *k, const float *v, float *o,
+                        float *lse);
+
 /* A strided [B, H, T, D] buffer (guarded, util_galloc) with row stride D + pad,
  * the pad filled with `gap`: tb_in / tb_out view it, tb_at is row (b, h, i). */
 typedef struct tbuf {
