@@ -4,7 +4,7 @@
  * libdeflate / ggml style: an ISA translation unit includes its vector layer
  * (src/x86/vec_avx2.h, src/x86/vec_avx512.h, src/arm/vec_neon.h) and then this
  * file, which includes one header per kernel family (src/simd/gemm.h,
- * softmax.h, decode.h, transpose.h) and provides tmpl_fill_table(). Only
+ * softmax.h, decode.h, transpose.h, variants.h) and provides tmpl_fill_table(). Only
  * static (inline) definitions live in these headers, so nothing compiled with
  * one ISA's flags can leak into another translation unit. Every function they
  * instantiate carries the layer's name as a suffix (TMPL_FN(gemm) is gemm_avx2,
@@ -27,7 +27,8 @@
  *   V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p,v) V_BCAST(p: one float to all lanes)
  *   V_TAIL_INIT(n) V_LOAD_T(p,t) V_STORE_T(p,v,t)   touch only the n leading
  *                       elements (the loaded vector's other lanes are 0)
- *   V_ADD V_SUB V_MUL, V_FMA(a,b,c) = a*b + c (fused)
+ *   V_ADD V_SUB V_MUL V_DIV, V_FMA(a,b,c) = a*b + c (fused)
+ *   V_ABS(a)            a with its sign bit cleared (NaN stays NaN)
  *   V_MAX(a,b)          a > b ? a : b (so b when either is NaN, as x86 max)
  *   V_NEZ(a)            a != 0, true for NaN;  V_EQ, V_LT (ordered: false for NaN)
  *   V_ISMASKED(a), V_NOTMASKED(a)  a is / is not the masked sentinel -0.0 (bitwise)
@@ -36,6 +37,7 @@
  *   either V_FMA_M(a,b,c,m) = m ? a*b + c : c (a masked FMA, AVX-512), or
  *   V_ZERO_UNLESS(v,m)  m ? v : +0 (a bitwise and, off the accumulator chain)
  *   V_EXP2(x)           SLEEF's u10 vector exp2f of this ISA
+ *   V_TANH(x)           SLEEF's u10 vector tanhf of this ISA (1 ulp; +-inf gives +-1)
  *   V_TRANSPOSE(src,lds,dst,ldd)   one V_TRANSPOSE_BLOCK square block
  *   V_TRANSPOSE16(src,lds,dst,ldd) (optional) one 16 x 16 block
  *   V_NT_QREGS          vector registers for query rows (gemm_nt, attend_rows) and
@@ -177,6 +179,7 @@ TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
 #include "simd/softmax.h"
 #include "simd/decode.h"
 #include "simd/transpose.h"
+#include "simd/variants.h"
 
 /* Installs every kernel of these headers and the vector shapes that go with
  * them; the ISA's init sets isa, name and block sizes. */
@@ -198,6 +201,10 @@ TMPL_INLINE void tmpl_fill_table(sdpa_kernels *t)
     t->online_softmax_rows = TMPL_FN(online_softmax_rows);
     t->gemm_stream = TMPL_FN(gemm_stream);
     t->attend_rows = TMPL_FN(attend_rows);
+    t->softcap = TMPL_FN(softcap);
+    t->alibi_cols = TMPL_FN(alibi_cols);
+    t->alibi_rows = TMPL_FN(alibi_rows);
+    t->bwd_softcap = TMPL_FN(bwd_softcap);
 }
 
 #endif /* SDPA_SIMD_TMPL_H */

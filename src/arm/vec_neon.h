@@ -91,6 +91,8 @@ static inline void neon_reduce4(float32x4_t a0, float32x4_t a1, float32x4_t a2, 
 #define V_SUB(a, b) vsubq_f32((a), (b))
 #define V_MUL(a, b) vmulq_f32((a), (b))
 #define V_FMA(a, b, c) vfmaq_f32((c), (a), (b))
+#define V_DIV(a, b) vdivq_f32((a), (b))
+#define V_ABS(a) vabsq_f32(a) /* clears the sign bit */
 #define V_MAX(a, b) neon_max((a), (b))
 #define V_NEZ(a) vmvnq_u32(vceqq_f32((a), vdupq_n_f32(0.0f))) /* NaN: true */
 /* the masked-entry sentinel -0.0 (bit pattern 0x80000000), and its negation */
@@ -103,6 +105,7 @@ static inline void neon_reduce4(float32x4_t a0, float32x4_t a1, float32x4_t a2, 
 #define V_SEL(m, a, b) vbslq_f32((m), (a), (b)) /* m ? a : b */
 #define V_ZERO_UNLESS(v, m) vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), (m))) /* m ? v : +0 */
 #define V_EXP2(x) Sleef_exp2f4_u10advsimd(x)
+#define V_TANH(x) Sleef_tanhf4_u10advsimd(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) neon_transpose4x4((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) neon_reduce4((a0), (a1), (a2), (a3), (out))
 #define V_HMAX(a) vmaxvq_f32(a)

@@ -123,6 +123,8 @@ static inline float avx2_hmax(__m256 a)
 #define V_SUB(a, b) _mm256_sub_ps((a), (b))
 #define V_MUL(a, b) _mm256_mul_ps((a), (b))
 #define V_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define V_DIV(a, b) _mm256_div_ps((a), (b))
+#define V_ABS(a) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), (a)) /* clears the sign bit */
 /* a > b ? a : b: the result is b when either is NaN (x86 max semantics) */
 #define V_MAX(a, b) _mm256_max_ps((a), (b))
 #define V_NEZ(a) _mm256_cmp_ps((a), _mm256_setzero_ps(), _CMP_NEQ_UQ) /* NaN: true */
@@ -137,6 +139,7 @@ static inline float avx2_hmax(__m256 a)
 #define V_SEL(m, a, b) _mm256_blendv_ps((b), (a), (m)) /* m ? a : b */
 #define V_ZERO_UNLESS(v, m) _mm256_and_ps((v), (m)) /* m ? v : +0 */
 #define V_EXP2(x) Sleef_exp2f8_u10avx2(x)
+#define V_TANH(x) Sleef_tanhf8_u10avx2(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) avx2_reduce4((a0), (a1), (a2), (a3), (out))
 #define V_HMAX(a) avx2_hmax(a)

@@ -96,6 +96,8 @@ static inline void avx512_transpose16x16(const float *src, ptrdiff_t lds, float 
 #define V_SUB(a, b) _mm512_sub_ps((a), (b))
 #define V_MUL(a, b) _mm512_mul_ps((a), (b))
 #define V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define V_DIV(a, b) _mm512_div_ps((a), (b))
+#define V_ABS(a) _mm512_abs_ps(a) /* clears the sign bit */
 /* a > b ? a : b: the result is b when either is NaN (x86 max semantics) */
 #define V_MAX(a, b) _mm512_max_ps((a), (b))
 #define V_NEZ(a) _mm512_cmp_ps_mask((a), _mm512_setzero_ps(), _CMP_NEQ_UQ) /* NaN: true */
@@ -109,6 +111,7 @@ static inline void avx512_transpose16x16(const float *src, ptrdiff_t lds, float 
 #define V_SEL(m, a, b) _mm512_mask_blend_ps((m), (b), (a)) /* m ? a : b */
 #define V_FMA_M(a, b, c, m) _mm512_mask3_fmadd_ps((a), (b), (c), (m))
 #define V_EXP2(x) Sleef_exp2f16_u10avx512f(x)
+#define V_TANH(x) Sleef_tanhf16_u10avx512f(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
 #define V_TRANSPOSE16(src, lds, dst, ldd) avx512_transpose16x16((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) avx512_reduce4((a0), (a1), (a2), (a3), (out))
