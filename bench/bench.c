@@ -39,6 +39,18 @@
  * OpenBLAS is loaded with dlopen() only when these rows are wanted (bench/blas.h):
  * the `sdpa` program links no BLAS.
  *
+ * Attention variants (--softcap C, --alibi, --sinks): each one given is timed
+ * alone, and all of them together when more than one is given, next to the
+ * plain kernel on the same shape, ISA and thread count: the runs of the plain
+ * and the variant problems are interleaved (plain, variant 1, ..., plain, ...)
+ * so that a change of the machine's load hits them alike, and every variant
+ * row reports ratio_vs_plain = its median / the plain median of the same run.
+ * ALiBi slopes are the usual geometric 2^(-8 (h + 1) / Hq); sinks are 0.5 for
+ * every head; the backward of a sinks problem also writes dsinks. The backward
+ * rows of a variant start from the O and LSE of a forward of that variant.
+ * Without these options the output is exactly as before; with them every row
+ * (table and JSON) also says which variant it is.
+ *
  * Output: a table on stdout; with --json, one JSON object per line on stdout
  * and the header and table on stderr. */
 #include <errno.h>
@@ -76,6 +88,8 @@ static bench_blas blas;
 #define MAX_REPS 1000
 #define NAIVE_MAX_S_BYTES ((int64_t)1 << 30)
 #define DECODE_MAX_TQ 16
+#define MAX_VARIANTS 4 /* softcap, alibi, sinks alone, and the ones given together */
+#define SINK_VALUE 0.5f
 
 /* ------------------------------------------------------------ shapes and masks */
 
@@ -173,6 +187,16 @@ static const bcase quick_cases[] = {
     {{4, 4, 4, 128, 128, 64, 64}, MASK_PADDING},
 };
 
+/* ------------------------------------------------------------ attention variants */
+
+typedef struct variant {
+    float softcap; /* 0: off */
+    int alibi, sinks;
+    char name[48]; /* "plain", "softcap", "alibi", "sinks", "softcap+alibi+sinks" */
+} variant;
+
+static const variant plain_variant = {0.0f, 0, 0, "plain"};
+
 /* ------------------------------------------------------------ options */
 
 typedef struct options {
@@ -192,6 +216,10 @@ typedef struct options {
     int bw_mib;
     bcase cases[MAX_CASES];
     int n_cases;
+    float softcap;     /* --softcap C (0: off) */
+    int alibi, sinks;  /* --alibi, --sinks */
+    variant variants[MAX_VARIANTS];
+    int n_variants;    /* 0: no variant option given */
 } options;
 
 static void print_help(void)
@@ -221,6 +249,13 @@ static void print_help(void)
         "  --no-limits               do not measure the FMA peak and bandwidth\n"
         "  --limits-only             only measure and print them (the header)\n"
         "  --bw-mib N                bandwidth buffer in MiB (default 256; keep it >> the LLC)\n"
+        "  --softcap C               also time logit soft-capping with cap C (0: off)\n"
+        "  --alibi                   also time ALiBi (slopes 2^(-8(h+1)/Hq))\n"
+        "  --sinks                   also time attention sinks (0.5 per head; backward writes dsinks)\n"
+        "                            Each variant given is timed alone (all together too when\n"
+        "                            several are given), interleaved with the plain kernel on\n"
+        "                            the same shape, ISA and threads: its row has ratio_vs_plain\n"
+        "                            (variant ms / plain ms of the same run)\n"
         "\n"
         "default shapes: 1,8,8,512,512,64,64 (none and causal), 1,8,8,2048,2048,128,128 causal,\n"
         "decode 1,32,8,1,4096,128,128, 8,12,12,128,128,64,64 with key padding (kv lengths from\n"
@@ -375,6 +410,26 @@ static int build_cases(options *o)
     return 0;
 }
 
+/* Each variant given alone, then all of them together when more than one is given. */
+static void build_variants(options *o)
+{
+    const int given = (o->softcap != 0.0f) + o->alibi + o->sinks;
+    variant all = {o->softcap, o->alibi, o->sinks, ""};
+    o->n_variants = 0;
+    if (o->softcap != 0.0f)
+        o->variants[o->n_variants++] = (variant){o->softcap, 0, 0, "softcap"};
+    if (o->alibi)
+        o->variants[o->n_variants++] = (variant){0.0f, 1, 0, "alibi"};
+    if (o->sinks)
+        o->variants[o->n_variants++] = (variant){0.0f, 0, 1, "sinks"};
+    if (given > 1) {
+        snprintf(all.name, sizeof all.name, "%s%s%s%s%s", o->softcap != 0.0f ? "softcap" : "",
+                 o->softcap != 0.0f && (o->alibi || o->sinks) ? "+" : "", o->alibi ? "alibi" : "",
+                 o->alibi && o->sinks ? "+" : "", o->sinks ? "sinks" : "");
+        o->variants[o->n_variants++] = all;
+    }
+}
+
 static int parse_options(int argc, char **argv, options *o)
 {
     memset(o, 0, sizeof *o);
@@ -405,9 +460,9 @@ static int parse_options(int argc, char **argv, options *o)
             strcpy(name, arg);
         }
         static const char *const flags[] = {"--help", "--json", "--naive", "--no-naive", "--quick",
-                                            "--no-limits", "--limits-only"};
+                                            "--no-limits", "--limits-only", "--alibi", "--sinks"};
         static const char *const valued[] = {"--isa", "--threads", "--shape", "--mask", "--op",
-                                             "--reps", "--warmup", "--bw-mib", "--max-time"};
+                                             "--reps", "--warmup", "--bw-mib", "--max-time", "--softcap"};
         int is_flag = 0, is_valued = 0;
         for (size_t f = 0; f < sizeof flags / sizeof flags[0]; f++)
             is_flag |= strcmp(name, flags[f]) == 0;
@@ -437,6 +492,18 @@ static int parse_options(int argc, char **argv, options *o)
             o->limits = 0;
         } else if (strcmp(name, "--limits-only") == 0) {
             o->limits_only = 1;
+        } else if (strcmp(name, "--alibi") == 0) {
+            o->alibi = 1;
+        } else if (strcmp(name, "--sinks") == 0) {
+            o->sinks = 1;
+        } else if (strcmp(name, "--softcap") == 0) {
+            char *end;
+            errno = 0;
+            const float v = strtof(val, &end);
+            if (end == val || *end != '\0' || !isfinite(v) || v < 0.0f ||
+                (errno == ERANGE && (fabsf(v) == HUGE_VALF || v == 0.0f)))
+                return usage("--softcap '%s': expected a finite number C > 0 (or 0: off)", val);
+            o->softcap = v == 0.0f ? 0.0f : v;
         } else if (strcmp(name, "--isa") == 0) {
             const int rc = parse_isas(val, o);
             if (rc != 0)
@@ -543,6 +610,7 @@ static int parse_options(int argc, char **argv, options *o)
 #endif
     if (build_cases(o) != 0)
         return usage("too many shape and mask combinations (at most %s)", "128");
+    build_variants(o);
     return 0;
 }
 
@@ -668,41 +736,64 @@ static void flush_caches(const evict_list *e)
  * long: about o->max_time seconds per row, at least one run). When the last
  * warm-up run alone exceeds o->max_time it is the measurement (reps = 1): at
  * that length cold-start effects are negligible and the row costs half.
- * evict: buffers to evict from the caches before each timed run (decode-like
- * rows), or NULL. */
-static int time_runs(run_fn fn, void *ctx, const options *o, const evict_list *evict, timing *t)
+ * n problems (fns[i], ctxs[i]) are timed together, their runs interleaved
+ * (0, 1, ..., n-1, 0, 1, ...: the plain kernel and its variants see the same
+ * load), each its own row with its own budget; n = 1 is one row on its own.
+ * evicts[i]: buffers to evict from the caches before each timed run of problem
+ * i (decode-like rows), or NULL. */
+static int time_interleaved(int n, const run_fn *fns, void *const *ctxs, const options *o,
+                            const evict_list *const *evicts, timing *t, int *failed_index)
 {
-    double last = 0.0;
-    for (int w = 0; w < o->warmup; w++) {
-        const double t0 = now_s();
-        if (fn(ctx) != 0)
-            return -1;
-        last = now_s() - t0;
-    }
-    if (o->warmup > 0 && last > o->max_time) {
+    double last[1 + MAX_VARIANTS] = {0}, longest = 0.0;
+    for (int w = 0; w < o->warmup; w++)
+        for (int k = 0; k < n; k++) {
+            const double t0 = now_s();
+            if (fns[k](ctxs[k]) != 0) {
+                *failed_index = k;
+                return -1;
+            }
+            last[k] = now_s() - t0;
+        }
+    for (int k = 0; k < n; k++)
+        longest = last[k] > longest ? last[k] : longest;
+    if (o->warmup > 0 && longest > o->max_time) {
         /* one run already takes longer than the row's budget: it is the measurement */
-        t->median_s = last;
-        t->reps = 1;
+        for (int k = 0; k < n; k++) {
+            t[k].median_s = last[k];
+            t[k].reps = 1;
+        }
         return 0;
     }
     int reps = o->reps;
-    if (o->warmup > 0 && last * reps > o->max_time)
-        reps = last > 0.0 ? (int)(o->max_time / last) : reps;
+    if (o->warmup > 0 && longest * reps > o->max_time)
+        reps = longest > 0.0 ? (int)(o->max_time / longest) : reps;
     if (reps < 1)
         reps = 1;
-    double times[MAX_REPS];
-    for (int r = 0; r < reps; r++) {
-        if (evict)
-            flush_caches(evict);
-        const double t0 = now_s();
-        if (fn(ctx) != 0)
-            return -1;
-        times[r] = now_s() - t0;
+    static double times[1 + MAX_VARIANTS][MAX_REPS];
+    for (int r = 0; r < reps; r++)
+        for (int k = 0; k < n; k++) {
+            if (evicts && evicts[k])
+                flush_caches(evicts[k]);
+            const double t0 = now_s();
+            if (fns[k](ctxs[k]) != 0) {
+                *failed_index = k;
+                return -1;
+            }
+            times[k][r] = now_s() - t0;
+        }
+    for (int k = 0; k < n; k++) {
+        qsort(times[k], (size_t)reps, sizeof times[k][0], cmp_double);
+        t[k].median_s = reps % 2 ? times[k][reps / 2] : 0.5 * (times[k][reps / 2 - 1] + times[k][reps / 2]);
+        t[k].reps = reps;
     }
-    qsort(times, (size_t)reps, sizeof times[0], cmp_double);
-    t->median_s = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
-    t->reps = reps;
     return 0;
+}
+
+/* One problem on its own (see time_interleaved). */
+static int time_runs(run_fn fn, void *ctx, const options *o, const evict_list *evict, timing *t)
+{
+    int failed = 0;
+    return time_interleaved(1, &fn, &ctx, o, &evict, t, &failed);
 }
 
 /* ------------------------------------------------------------ limits */
@@ -901,6 +992,8 @@ typedef struct row {
     const bcase *c;
     double ms, gflops, peak_gflops, gbps, peak_gbps, rss_mb, rss_increase_mb, speedup, pairs,
         max_abs_diff;
+    const variant *var; /* the attention variant (plain when NULL); shown only with variant options */
+    double ratio;       /* variant ms / plain ms of the same run, or < 0 (plain rows) */
 } row;
 
 typedef struct out_state {
@@ -928,10 +1021,15 @@ static void emit_row(out_state *st, const row *r)
     const shape *s = &r->c->s;
     char sh[160];
     fmt_shape(sh, sizeof sh, s);
+    const int variants = st->o->n_variants > 0;
+    const variant *var = r->var ? r->var : &plain_variant;
     if (!st->header_done) {
-        fprintf(st->table, "%-10s %-8s %3s  %-28s %-19s %-8s %10s %9s %6s %8s %8s %5s %8s\n", "impl",
+        fprintf(st->table, "%-10s %-8s %3s  %-28s %-19s %-8s %10s %9s %6s %8s %8s %5s %8s", "impl",
                 "isa", "thr", "B,Hq,Hkv,Tq,Tk,Dk,Dv", "mask", "op", "ms", "GFLOP/s", "%peak",
                 "xscalar", "GB/s", "%bw", "RSS MiB");
+        if (variants)
+            fprintf(st->table, "  %-19s %8s", "variant", "/plain");
+        fputc('\n', st->table);
         st->header_done = 1;
     }
     char pk[16] = "-", sp[16] = "-", gb[16] = "", pb[16] = "";
@@ -945,9 +1043,20 @@ static void emit_row(out_state *st, const row *r)
         if (r->peak_gbps > 0.0)
             snprintf(pb, sizeof pb, "%.1f", 100.0 * r->gbps / r->peak_gbps);
     }
-    fprintf(st->table, "%-10s %-8s %3d  %-28s %-19s %-8s %10.3f %9.2f %6s %8s %8s %5s %8.1f\n",
+    fprintf(st->table, "%-10s %-8s %3d  %-28s %-19s %-8s %10.3f %9.2f %6s %8s %8s %5s %8.1f",
             r->impl, r->isa, r->threads, sh, mask_names[r->c->mask], r->op, r->ms, r->gflops, pk, sp,
             gb, pb, r->rss_mb);
+    if (variants) {
+        char vn[64] = "plain", ra[16] = "-";
+        if (var->softcap != 0.0f && strcmp(var->name, "softcap") == 0)
+            snprintf(vn, sizeof vn, "softcap=%g", (double)var->softcap);
+        else
+            snprintf(vn, sizeof vn, "%s", var->name);
+        if (r->ratio > 0.0)
+            snprintf(ra, sizeof ra, "%.3fx", r->ratio);
+        fprintf(st->table, "  %-19s %8s", vn, ra);
+    }
+    fputc('\n', st->table);
     fflush(st->table);
     if (!st->o->json)
         return;
@@ -972,6 +1081,13 @@ static void emit_row(out_state *st, const row *r)
         json_num("speedup_vs_scalar", r->speedup);
     if (r->max_abs_diff >= 0.0)
         json_num("max_abs_diff_vs_sdpa", r->max_abs_diff);
+    if (variants) {
+        printf(",\"variant\":\"%s\"", var->name);
+        json_num("softcap", var->softcap);
+        printf(",\"alibi\":%s,\"sinks\":%s", var->alibi ? "true" : "false", var->sinks ? "true" : "false");
+        if (r->ratio > 0.0)
+            json_num("ratio_vs_plain", r->ratio);
+    }
     printf(",\"version\":\"%s\"}\n", sdpa_version());
     fflush(stdout);
 }
@@ -992,6 +1108,8 @@ static void fill_row(row *r, const bcase *c, int backward, const timing *t, doub
     r->rss_increase_mb = r->rss_mb - rss_before;
     r->speedup = -1.0;
     r->max_abs_diff = -1.0;
+    r->var = NULL;
+    r->ratio = -1.0;
 }
 
 /* ------------------------------------------------------------ problem buffers */
@@ -1119,14 +1237,83 @@ static int run_sdpa_backward(void *p)
 
 /* ------------------------------------------------------------ the sdpa pass */
 
+/* The buffers of the attention variants of one shape: the slopes and sinks
+ * (Hq each), and per variant its own O and LSE (written by its forward, read by
+ * its backward) and dsinks. */
+typedef struct variant_bufs {
+    float *slopes, *sinks;
+    float *o[MAX_VARIANTS], *lse[MAX_VARIANTS], *dsinks[MAX_VARIANTS];
+} variant_bufs;
+
+static void free_variant_bufs(variant_bufs *vb)
+{
+    free(vb->slopes), free(vb->sinks);
+    for (int i = 0; i < MAX_VARIANTS; i++)
+        free(vb->o[i]), free(vb->lse[i]), free(vb->dsinks[i]);
+    memset(vb, 0, sizeof *vb);
+}
+
+static int alloc_variant_bufs(const options *o, const bcase *c, const bufs *b, variant_bufs *vb)
+{
+    const int64_t Hq = c->s.Hq;
+    memset(vb, 0, sizeof *vb);
+    if (o->n_variants == 0)
+        return 0;
+    vb->slopes = alloc_floats(Hq), vb->sinks = alloc_floats(Hq);
+    int ok = vb->slopes && vb->sinks;
+    for (int i = 0; ok && i < o->n_variants; i++) {
+        vb->o[i] = alloc_floats(b->no), vb->lse[i] = alloc_floats(b->nl), vb->dsinks[i] = alloc_floats(Hq);
+        ok = vb->o[i] && vb->lse[i] && vb->dsinks[i];
+        if (ok) {
+            memset(vb->o[i], 0, (size_t)b->no * sizeof(float));
+            memset(vb->lse[i], 0, (size_t)b->nl * sizeof(float));
+        }
+    }
+    if (!ok) {
+        free_variant_bufs(vb);
+        return -1;
+    }
+    for (int64_t h = 0; h < Hq; h++) {
+        vb->slopes[h] = (float)exp2(-8.0 * (double)(h + 1) / (double)Hq); /* Press et al. 2022 */
+        vb->sinks[h] = SINK_VALUE;
+    }
+    return 0;
+}
+
+/* The problem of variant vi of the shape: setup_sdpa's, with the variant's
+ * options and its own O, LSE and dsinks. */
+static void setup_variant(sdpa_ctx *x, const bcase *c, const bufs *b, const variant_bufs *vb, const variant *v,
+                          int vi, sdpa_isa isa, int threads)
+{
+    const shape *s = &c->s;
+    setup_sdpa(x, c, b, isa, threads);
+    x->pb.softcap = v->softcap;
+    x->pb.alibi_slopes = v->alibi ? vb->slopes : NULL;
+    x->pb.sinks = v->sinks ? vb->sinks : NULL;
+    x->pb.dsinks = v->sinks ? vb->dsinks[vi] : NULL; /* sdpa_forward ignores it */
+    x->o = tout(vb->o[vi], s->Hq, s->Tq, s->Dv);
+    x->lse = tout(vb->lse[vi], s->Hq, s->Tq, 1);
+    x->lse.seq_stride = 1;
+    x->o_in = tin(vb->o[vi], s->Hq, s->Tq, s->Dv);
+    x->lse_in = tin(vb->lse[vi], s->Hq, s->Tq, 1);
+    x->lse_in.seq_stride = 1;
+}
+
 static int sdpa_pass(const options *o, const limits *L, out_state *st, double *scalar_ms)
 {
     int failed = 0;
+    const int nv = o->n_variants, n = 1 + nv; /* problem 0 is the plain one */
     for (int ci = 0; ci < o->n_cases; ci++) {
         const bcase *c = &o->cases[ci];
         const double rss_before = peak_rss_mb();
         bufs b;
-        if (alloc_bufs(c, o->bwd, &b) != 0) {
+        variant_bufs vb;
+        int ok = alloc_bufs(c, o->bwd, &b) == 0;
+        if (ok && alloc_variant_bufs(o, c, &b, &vb) != 0) {
+            free_bufs(&b);
+            ok = 0;
+        }
+        if (!ok) {
             char sh[160];
             fmt_shape(sh, sizeof sh, &c->s);
             fprintf(stderr, "sdpa bench: error: %s: out of memory; shape skipped\n", sh);
@@ -1137,44 +1324,80 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
             if ((op == 0 && !o->fwd) || (op == 1 && !o->bwd))
                 continue;
             if (op == 1) { /* O and LSE for the backward: once, with the default ISA and threads */
-                sdpa_ctx x;
-                setup_sdpa(&x, c, &b, SDPA_ISA_AUTO, 0);
-                if (run_sdpa_forward(&x) != 0) {
-                    fprintf(stderr, "sdpa bench: error: forward: %s\n", sdpa_status_string(x.st));
+                int bad = 0;
+                for (int k = 0; k < n && !bad; k++) {
+                    sdpa_ctx x;
+                    if (k == 0)
+                        setup_sdpa(&x, c, &b, SDPA_ISA_AUTO, 0);
+                    else
+                        setup_variant(&x, c, &b, &vb, &o->variants[k - 1], k - 1, SDPA_ISA_AUTO, 0);
+                    if (run_sdpa_forward(&x) != 0) {
+                        fprintf(stderr, "sdpa bench: error: forward%s%s: %s\n", k ? " " : "",
+                                k ? o->variants[k - 1].name : "", sdpa_status_string(x.st));
+                        bad = 1;
+                    }
+                }
+                if (bad) {
                     failed = 1;
                     continue;
                 }
             }
+            double vscalar[MAX_VARIANTS][MAX_LIST] = {{0}}; /* each variant's scalar ms */
             for (int ti = 0; ti < o->n_threads; ti++)
                 for (int ii = 0; ii < o->n_isas; ii++) {
                     const sdpa_isa isa = o->isas[ii];
-                    sdpa_ctx x;
-                    setup_sdpa(&x, c, &b, isa, o->threads[ti]);
-                    timing t;
-                    evict_list ev = {0};
-                    evict_bufs(&ev, &b);
-                    const int rc = time_runs(op ? run_sdpa_backward : run_sdpa_forward, &x, o,
-                                             is_decode(c) ? &ev : NULL, &t);
-                    if (rc != 0) {
-                        fprintf(stderr, "sdpa bench: error: %s %s: %s\n", sdpa_isa_name(isa),
-                                op ? "backward" : "forward", sdpa_status_string(x.st));
+                    sdpa_ctx x[1 + MAX_VARIANTS];
+                    run_fn fns[1 + MAX_VARIANTS];
+                    void *ctxs[1 + MAX_VARIANTS];
+                    evict_list ev[1 + MAX_VARIANTS];
+                    const evict_list *evp[1 + MAX_VARIANTS];
+                    timing t[1 + MAX_VARIANTS];
+                    memset(ev, 0, sizeof ev);
+                    for (int k = 0; k < n; k++) {
+                        if (k == 0)
+                            setup_sdpa(&x[k], c, &b, isa, o->threads[ti]);
+                        else
+                            setup_variant(&x[k], c, &b, &vb, &o->variants[k - 1], k - 1, isa, o->threads[ti]);
+                        fns[k] = op ? run_sdpa_backward : run_sdpa_forward;
+                        ctxs[k] = &x[k];
+                        bufs bk = b; /* a variant has its own O and LSE */
+                        if (k > 0)
+                            bk.o = vb.o[k - 1], bk.lse = vb.lse[k - 1];
+                        evict_bufs(&ev[k], &bk);
+                        evp[k] = is_decode(c) ? &ev[k] : NULL;
+                    }
+                    int bad_k = 0;
+                    if (time_interleaved(n, fns, ctxs, o, evp, t, &bad_k) != 0) {
+                        fprintf(stderr, "sdpa bench: error: %s %s%s%s: %s\n", sdpa_isa_name(isa),
+                                op ? "backward" : "forward", bad_k ? " " : "",
+                                bad_k ? o->variants[bad_k - 1].name : "", sdpa_status_string(x[bad_k].st));
                         failed = 1;
                         continue;
                     }
-                    row r;
-                    memset(&r, 0, sizeof r);
-                    r.impl = "sdpa";
-                    r.isa = sdpa_isa_name(isa);
-                    r.threads = o->threads[ti];
-                    fill_row(&r, c, op, &t, L->peak[isa][ti], L->bw[ti], rss_before);
-                    double *ref = &scalar_ms[(ci * 2 + op) * MAX_LIST + ti];
-                    if (isa == SDPA_ISA_SCALAR)
-                        *ref = r.ms;
-                    if (*ref > 0.0)
-                        r.speedup = *ref / r.ms;
-                    emit_row(st, &r);
+                    double plain_ms = 0.0;
+                    for (int k = 0; k < n; k++) {
+                        row r;
+                        memset(&r, 0, sizeof r);
+                        r.impl = "sdpa";
+                        r.isa = sdpa_isa_name(isa);
+                        r.threads = o->threads[ti];
+                        fill_row(&r, c, op, &t[k], L->peak[isa][ti], L->bw[ti], rss_before);
+                        double *ref = k == 0 ? &scalar_ms[(ci * 2 + op) * MAX_LIST + ti] : &vscalar[k - 1][ti];
+                        if (isa == SDPA_ISA_SCALAR)
+                            *ref = r.ms;
+                        if (*ref > 0.0)
+                            r.speedup = *ref / r.ms;
+                        if (k == 0)
+                            plain_ms = r.ms;
+                        else {
+                            r.var = &o->variants[k - 1];
+                            r.ratio = plain_ms > 0.0 ? r.ms / plain_ms : -1.0;
+                        }
+                        emit_row(st, &r);
+                    }
                 }
         }
+        free_variant_bufs(&vb);
         free_bufs(&b);
     }
     return failed;
@@ -1433,6 +1656,19 @@ static void print_header(FILE *f, const options *o, const limits *L)
                 }
     } else {
         fprintf(f, "# limits not measured (--no-limits)\n");
+    }
+    if (o->n_variants > 0) {
+        fprintf(f, "# attention variants:");
+        for (int i = 0; i < o->n_variants; i++)
+            fprintf(f, "%s %s", i ? "," : "", o->variants[i].name);
+        if (o->softcap != 0.0f)
+            fprintf(f, "; softcap C = %g", (double)o->softcap);
+        if (o->alibi)
+            fprintf(f, "; ALiBi slopes 2^(-8(h+1)/Hq)");
+        if (o->sinks)
+            fprintf(f, "; sinks %g per head (backward: with dsinks)", (double)SINK_VALUE);
+        fprintf(f, "\n# each timed interleaved with the plain kernel (same shape, ISA, threads); "
+                   "/plain = variant ms / plain ms of the same run\n");
     }
 #ifdef SDPA_BENCH_HAVE_OPENBLAS
     if (o->naive) {

@@ -247,8 +247,8 @@ def load_sdpa_rows(paths):
             if not line.startswith("{"):
                 continue
             r = json.loads(line)
-            if r.get("impl") != "sdpa":
-                continue
+            if r.get("impl") != "sdpa" or r.get("variant", "plain") != "plain":
+                continue  # torch runs plain attention: skip `sdpa bench --softcap/--alibi/--sinks` rows
             t = r["threads"]
             case = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"])
             if case not in cases:
