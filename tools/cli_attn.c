@@ -366,7 +366,8 @@ static int backward_args(const cli_opts *op)
     const char *outp[4] = {op->dq, op->dk, op->dv, op->dsinks};
     const int nout = op->dsinks ? 4 : 3;
     if (same_paths(outp, nout))
-        return usage_error(CMD_BACKWARD, "--dq, --dk, --dv%s must name different files", op->dsinks ? " and --dsinks" : "");
+        return usage_error(CMD_BACKWARD, "--dq, --dk, --dv%s must name different files",
+                           op->dsinks ? " and --dsinks" : "");
     const char *clob = output_clobbers_input(op, outp, nout);
     for (int i = 0; i < nout && !clob; i++)
         if (same_file(op->o, outp[i]) || same_file(op->lse, outp[i]))

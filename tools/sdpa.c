@@ -2,8 +2,10 @@
 /* tools/sdpa.c - the sdpa command-line tool: attention forward/backward on .npy files.
  *
  *   sdpa info                       version, CPU features, ISAs, OpenMP threads
- *   sdpa forward  -q Q -k K -v V -o O [--lse LSE] [mask options]
- *   sdpa backward -q Q -k K -v V --do dO --dq dQ --dk dK --dv dV [-o O --lse LSE] [mask options]
+ *   sdpa forward  -q Q -k K -v V -o O [--lse LSE] [mask and variant options]
+ *   sdpa backward -q Q -k K -v V --do dO --dq dQ --dk dK --dv dV [-o O --lse LSE] [--dsinks dS]
+ *                 [mask and variant options]
+ *   (variants: --softcap C, --alibi-slopes SLOPES, --sinks SINKS; see 'sdpa forward --help')
  *   sdpa demo     [--data DIR]      the worked example, then a timed causal prefill
  *   sdpa bench    ...               the benchmark (when built with bench/bench.c)
  *
