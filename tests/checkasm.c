@@ -14,6 +14,11 @@
  * Every buffer sits between guard zones, and every element a kernel may not
  * write (guards, row padding, inputs) must keep its bits.
  *
+ * The attention variants' element-wise kernels (softcap, alibi_cols, alibi_rows,
+ * bwd_softcap) are checked the same way over their own sizes (every tail of the
+ * ISA's vectors, row strides longer than N) with their special values; their
+ * tolerances, in ulps with the reasons, are at each check.
+ *
  * Usage: checkasm [--test=NAME] [--bench] [--help] [seed] (dav1d's flags; see
  * usage()). Prints one line per ISA and kernel and ends with "N passed, N
  * failed" (counts of checked calls); exits 1 on any failure. --bench times
@@ -1285,6 +1290,355 @@ static void test_transpose(const sdpa_kernels *kt)
     kernel_end();
 }
 
+/* ------------------------------------------------- attention variants */
+
+/* softcap, alibi_cols, alibi_rows, bwd_softcap over their own sizes: M around the
+ * small counts and the block edges, N over every tail of the ISA's vectors (VL - 1,
+ * VL, VL + 1, 2 VL + 3, ...); row strides mostly longer than N (padding between
+ * rows must keep its bits), every buffer between guard zones. */
+static int var_m[12], n_var_m, var_n[20], n_var_n;
+
+static void var_add(int *list, int *n, int cap, int s)
+{
+    if (s < 0 || *n >= cap)
+        return;
+    for (int i = 0; i < *n; i++)
+        if (list[i] == s)
+            return;
+    list[(*n)++] = s;
+}
+
+static void make_variant_sizes(const sdpa_kernels *kt)
+{
+    static const int ms[] = {0, 1, 2, 3, 7, 16, 17, 33, 64};
+    const int vl = kt->vec_floats;
+    const int ns[] = {0, 1, 2, 3, vl - 1, vl, vl + 1, 2 * vl - 1, 2 * vl, 2 * vl + 3, 3 * vl + 1, 4 * vl + 5, 64, 65};
+    n_var_m = n_var_n = 0;
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        var_add(var_m, &n_var_m, (int)(sizeof var_m / sizeof var_m[0]), ms[i]);
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+        var_add(var_n, &n_var_n, (int)(sizeof var_n / sizeof var_n[0]), ns[i]);
+}
+
+/* A row stride for N columns: N + 1..9 three times in four, else N (at least 1). */
+static ptrdiff_t var_ld(int N)
+{
+    const int pad = chance(25) ? 0 : 1 + (int)(rnd() % 9);
+    return N + pad > 0 ? N + pad : 1;
+}
+
+/* The value an element had before the call. */
+static float snap_at(const buf *b, int r, int c)
+{
+    return b->snap[b->off + (size_t)r * (size_t)b->ld + (size_t)c];
+}
+
+/* NaN matches NaN (payloads may differ), else the same bits. */
+static int same_value(float a, float b)
+{
+    return (isnan(a) && isnan(b)) || float_bits(a) == float_bits(b);
+}
+
+/* --- softcap
+ * Tolerances, per element, with u = x / cap rounded to float (the kernels divide, as
+ * the scalar kernel does) and t64 = tanh(u) in float64:
+ *  S against cap * t64: 2 ulp of the result (SLEEF's u10 tanhf: 1 ulp; cap * t: 0.5;
+ *    0.5 of slack for measuring in ulps of the product instead of t); against float64
+ *    cap * tanh(x / cap) with an exact quotient, 0.5 ulp more (the quotient's rounding
+ *    moves tanh by at most tanh'(u) |u| 2^-24 <= |tanh(u)| 2^-24). Plus an absolute
+ *    cap * FLT_MIN, where t is below FLT_MIN (denormal ulps are absolute).
+ *  G against 1 - t64^2: 2^-23 (2 t^2 + |G|) absolute (t's 1 ulp, doubled by the
+ *    square, plus the fused 1 - t*t's rounding with room); against the exact quotient,
+ *    2^-24 * 2 |t| G |u| more (dG/du = -2 t G).
+ *  Against the scalar table (libm's tanhf, which glibc documents to 2 ulp, then cap*t
+ *    and an unfused 1 - t*t): the sum of both sides' bounds, 5 ulp for S and
+ *    2^-23 (7 t^2 + 2 |G|) for G.
+ *  Exact: NaN gives NaN (G too), +-inf gives +-cap bitwise and G = +0, a zero keeps its
+ *    sign (tanh is odd) and G = 1. */
+static float softcap_input(float cap)
+{
+    const float sign = chance(50) ? 1.0f : -1.0f;
+    switch (rnd() % 24) {
+    case 0:
+        return sign * INFINITY;
+    case 1:
+        return NAN;
+    case 2:
+        return sign * 0.0f;
+    case 3: /* large |x|: tanh is 1 in float from |u| ~ 9 on */
+        return sign * powf(10.0f, frand(1.0f, 38.0f));
+    case 4:
+        return sign * FLT_MAX;
+    case 5: /* tiny |x|, denormals included */
+        return sign * powf(10.0f, frand(-44.0f, -20.0f));
+    case 6: /* around the saturation of tanh */
+        return sign * cap * frand(7.0f, 10.0f);
+    default:
+        return frand(-4.0f * cap, 4.0f * cap);
+    }
+}
+
+static void check_softcap(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
+{
+    static const float caps[] = {0.25f, 1.0f, 5.0f, 30.0f, 50.0f, 1000.0f};
+    const float cap = caps[rnd() % (sizeof caps / sizeof caps[0])];
+    const int with_g = chance(60);
+    buf s = buf_new(M, N, var_ld(N));
+    buf g = buf_new(M, N, var_ld(N));
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            *at(&s, m, n) = softcap_input(cap);
+            *at(&g, m, n) = NAN; /* must be overwritten without being read */
+        }
+    buf s2 = buf_clone(&s), g2 = buf_clone(&g);
+    buf_snap(&s);
+    buf_snap(&g);
+    kt->softcap(M, N, s.p, s.ld, cap, with_g ? g.p : NULL, g.ld);
+    ref_kt->softcap(M, N, s2.p, s2.ld, cap, with_g ? g2.p : NULL, g2.ld);
+    int ok = 1;
+    const long bad = buf_changed(&s, 1) + buf_changed(&g, with_g);
+    if (bad) {
+        ok = 0;
+        report("M=%d N=%d cap=%g G=%s: %ld elements outside the output changed", M, N, (double)cap,
+               with_g ? "yes" : "NULL", bad);
+    }
+    const double e = FLT_EPSILON;
+    for (int m = 0; m < M && ok; m++)
+        for (int n = 0; n < N && ok; n++) {
+            const float x = snap_at(&s, m, n), got = *at(&s, m, n), sc = *at(&s2, m, n);
+            const float gg = with_g ? *at(&g, m, n) : 0.0f, gs = with_g ? *at(&g2, m, n) : 0.0f;
+            const float u = x / cap;
+            const double t64 = tanh((double)u), tt = tanh((double)x / (double)cap);
+            const double ref = (double)cap * t64, tru = (double)cap * tt;
+            const double g64 = 1.0 - t64 * t64, gtru = 1.0 - tt * tt;
+            int good_s, good_g = 1;
+            if (isnan(x)) {
+                good_s = isnan(got) && isnan(sc);
+                good_g = !with_g || (isnan(gg) && isnan(gs));
+            } else if (isinf(x)) {
+                good_s = float_bits(got) == float_bits(copysignf(cap, x)) && same_value(got, sc);
+                good_g = !with_g || (float_bits(gg) == 0 && float_bits(gs) == 0);
+            } else if (x == 0.0f) {
+                good_s = float_bits(got) == float_bits(x) && float_bits(sc) == float_bits(x);
+                good_g = !with_g || (gg == 1.0f && gs == 1.0f);
+            } else {
+                const double floor_s = (double)cap * FLT_MIN;
+                good_s = close_to(got, ref, 2.0 * e * fabs(ref) + floor_s) &&
+                         close_to(got, tru, 2.5 * e * fabs(tru) + floor_s) &&
+                         close_to(got, sc, 5.0 * e * fabs(ref) + floor_s);
+                if (with_g) {
+                    const double tol = e * (2.0 * t64 * t64 + fabs(g64)) + FLT_MIN;
+                    good_g = close_to(gg, g64, tol) &&
+                             close_to(gg, gtru, tol + 0.5 * e * 2.0 * fabs(tt) * gtru * fabs((double)x / cap)) &&
+                             close_to(gg, gs, e * (7.0 * t64 * t64 + 2.0 * fabs(g64)) + FLT_MIN);
+                }
+            }
+            if (!good_s || !good_g) {
+                ok = 0;
+                report("M=%d N=%d cap=%g: x(%d,%d) = %.9g: S %.9g (float64 %.9g, scalar %.9g), G %.9g (float64 "
+                       "%.9g, scalar %.9g)",
+                       M, N, (double)cap, m, n, (double)x, (double)got, ref, (double)sc, (double)gg, g64,
+                       (double)gs);
+            }
+        }
+    record(ok);
+    buf_free(&s);
+    buf_free(&g);
+    buf_free(&s2);
+    buf_free(&g2);
+}
+
+static void test_softcap(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
+{
+    kernel_begin(kt->name, "softcap");
+    for (int i = 0; i < n_var_m; i++)
+        for (int j = 0; j < n_var_n; j++)
+            for (int rep = 0; rep < 2; rep++)
+                check_softcap(kt, ref_kt, var_m[i], var_n[j]);
+    kernel_end();
+}
+
+/* --- alibi_cols, alibi_rows
+ * S - slope |i - pos| against float64: 2^-23 (|slope d| + |result| / 2) (the
+ * difference i - pos is exact for the positions used here, then 1 ulp for the
+ * product and half an ulp for the subtraction), and bitwise against the scalar
+ * table (the same three roundings in the same order; NaN matches NaN). Positions:
+ * negative, fractional (.5) and beyond the tile; slopes 0, -0, negative, tiny and
+ * large; scores with -inf (masked) and NaN. */
+static float alibi_pos(int extent)
+{
+    const float base = (float)((int)(rnd() % (unsigned)(2 * extent + 40)) - extent - 20);
+    switch (rnd() % 4) {
+    case 0:
+        return base + 0.5f;
+    case 1:
+        return -base - 0.5f;
+    default:
+        return base;
+    }
+}
+
+static float alibi_slope(void)
+{
+    switch (rnd() % 10) {
+    case 0:
+        return 0.0f;
+    case 1:
+        return -0.0f;
+    case 2:
+        return -frand(0.0f, 2.0f);
+    case 3:
+        return 0x1p-8f;
+    case 4:
+        return 1e6f;
+    default:
+        return frand(0.0f, 1.0f);
+    }
+}
+
+static float alibi_score(void)
+{
+    const int r = (int)(rnd() % 100);
+    return r < 10 ? -INFINITY : r < 12 ? NAN : r < 14 ? (chance(50) ? 0.0f : -0.0f) : frand(-20.0f, 20.0f);
+}
+
+static void check_alibi(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N, int rows)
+{
+    const int per = rows ? M : N; /* pos and slope per column (cols) or per row (rows) */
+    buf s = buf_new(M, N, var_ld(N));
+    buf pos = buf_new(1, per, per > 0 ? per : 1), slope = buf_new(1, per, per > 0 ? per : 1);
+    for (int i = 0; i < per; i++) {
+        pos.p[i] = alibi_pos(rows ? N : M);
+        slope.p[i] = alibi_slope();
+    }
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++)
+            *at(&s, m, n) = alibi_score();
+    buf s2 = buf_clone(&s);
+    buf_snap(&s);
+    buf_snap(&pos);
+    buf_snap(&slope);
+    if (rows) {
+        kt->alibi_rows(M, N, s.p, s.ld, pos.p, slope.p);
+        ref_kt->alibi_rows(M, N, s2.p, s2.ld, pos.p, slope.p);
+    } else {
+        kt->alibi_cols(M, N, s.p, s.ld, pos.p, slope.p);
+        ref_kt->alibi_cols(M, N, s2.p, s2.ld, pos.p, slope.p);
+    }
+    int ok = 1;
+    const long bad = buf_changed(&s, 1) + buf_changed(&pos, 0) + buf_changed(&slope, 0);
+    if (bad) {
+        ok = 0;
+        report("M=%d N=%d: %ld elements outside the output changed", M, N, bad);
+    }
+    for (int m = 0; m < M && ok; m++)
+        for (int n = 0; n < N && ok; n++) {
+            const int i = rows ? n : m, j = rows ? m : n;
+            const float x = snap_at(&s, m, n), got = *at(&s, m, n), sc = *at(&s2, m, n);
+            const double p = (double)slope.p[j] * fabs((double)i - (double)pos.p[j]);
+            const double ref = (double)x - p;
+            const double tol = FLT_EPSILON * (fabs(p) + 0.5 * fabs(ref)) + FLT_MIN;
+            if (!close_to(got, ref, tol) || !same_value(got, sc)) {
+                ok = 0;
+                report("M=%d N=%d: S(%d,%d) = %.9g for s=%.9g slope=%.9g pos=%.9g, float64 %.9g, scalar %.9g", M,
+                       N, m, n, (double)got, (double)x, (double)slope.p[j], (double)pos.p[j], ref, (double)sc);
+            }
+        }
+    record(ok);
+    buf_free(&s);
+    buf_free(&pos);
+    buf_free(&slope);
+    buf_free(&s2);
+}
+
+static void test_alibi(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int rows)
+{
+    kernel_begin(kt->name, rows ? "alibi_rows" : "alibi_cols");
+    for (int i = 0; i < n_var_m; i++)
+        for (int j = 0; j < n_var_n; j++)
+            for (int rep = 0; rep < 2; rep++)
+                check_alibi(kt, ref_kt, var_m[i], var_n[j], rows);
+    kernel_end();
+}
+
+/* --- bwd_softcap
+ * dS G + 0: one rounding (the product; + 0 only turns -0 into +0): half an ulp
+ * against float64, and bitwise against the scalar table (the same two operations;
+ * NaN matches NaN). Exact: the sentinel -0.0 stays -0.0 bitwise whatever G holds
+ * there (NaN, Inf, 0), and an allowed entry whose product is zero (a +0 dS, a zero
+ * G, an underflow) is +0, never -0. */
+static void check_bwd_softcap(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int M, int N)
+{
+    buf d = buf_new(M, N, var_ld(N));
+    buf g = buf_new(M, N, var_ld(N));
+    static const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            const int r = (int)(rnd() % 100);
+            float dv, gv = frand(0.0f, 1.0f);
+            if (r < 30) { /* masked: the sentinel, and often a non-finite G behind it */
+                dv = -0.0f;
+                if (chance(50))
+                    gv = bad[rnd() % 3];
+            } else if (r < 40) {
+                dv = 0.0f;
+            } else if (r < 45) { /* products that underflow to +-0 or a denormal */
+                dv = (chance(50) ? -1.0f : 1.0f) * powf(10.0f, frand(-45.0f, -30.0f));
+                gv = frand(0.0f, 1e-8f);
+            } else {
+                dv = frand(-3.0f, 3.0f);
+                const int q = (int)(rnd() % 100);
+                gv = q < 8 ? 0.0f : q < 10 ? -0.0f : q < 12 ? NAN : gv;
+            }
+            *at(&d, m, n) = dv;
+            *at(&g, m, n) = gv;
+        }
+    buf d2 = buf_clone(&d);
+    buf_snap(&d);
+    buf_snap(&g);
+    kt->bwd_softcap(M, N, d.p, d.ld, g.p, g.ld);
+    ref_kt->bwd_softcap(M, N, d2.p, d2.ld, g.p, g.ld);
+    int ok = 1;
+    const long nbad = buf_changed(&d, 1) + buf_changed(&g, 0);
+    if (nbad) {
+        ok = 0;
+        report("M=%d N=%d: %ld elements outside the output changed", M, N, nbad);
+    }
+    for (int m = 0; m < M && ok; m++)
+        for (int n = 0; n < N && ok; n++) {
+            const float x = snap_at(&d, m, n), gv = *at(&g, m, n), got = *at(&d, m, n), sc = *at(&d2, m, n);
+            const double ref = (double)x * (double)gv;
+            int good;
+            if (float_bits(x) == 0x80000000u) /* the sentinel, whatever G holds */
+                good = float_bits(got) == 0x80000000u && float_bits(sc) == 0x80000000u;
+            else if (isnan(ref))
+                good = isnan(got) && isnan(sc);
+            else if (fabs(ref) < FLT_MIN) /* zero or below the normals: +0 or a tiny value, never -0 */
+                good = !(got == 0.0f && signbit(got)) && fabs((double)got) < FLT_MIN && same_value(got, sc);
+            else
+                good = close_to(got, ref, 0.5 * FLT_EPSILON * fabs(ref)) && same_value(got, sc);
+            if (!good) {
+                ok = 0;
+                report("M=%d N=%d: dS(%d,%d) = %.9g (bits %08x) for dS=%.9g G=%.9g, float64 %.9g, scalar %.9g", M,
+                       N, m, n, (double)got, (unsigned)float_bits(got), (double)x, (double)gv, ref, (double)sc);
+            }
+        }
+    record(ok);
+    buf_free(&d);
+    buf_free(&g);
+    buf_free(&d2);
+}
+
+static void test_bwd_softcap(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
+{
+    kernel_begin(kt->name, "bwd_softcap");
+    for (int i = 0; i < n_var_m; i++)
+        for (int j = 0; j < n_var_n; j++)
+            for (int rep = 0; rep < 2; rep++)
+                check_bwd_softcap(kt, ref_kt, var_m[i], var_n[j]);
+    kernel_end();
+}
+
 /* ---------------------------------------------------------------- bench */
 
 /* --bench: each kernel of each ISA on one fixed, representative shape (a score
@@ -1303,7 +1657,7 @@ static void test_transpose(const sdpa_kernels *kt)
 #define BENCH_FLOATS (256 * 256)
 
 typedef struct bench_bufs {
-    float *a, *b, *c, *v1, *v2, *v3, *scratch;
+    float *a, *b, *c, *v1, *v2, *v3, *scratch, *g;
 } bench_bufs;
 
 static void bench_fill(bench_bufs *w)
@@ -1312,6 +1666,7 @@ static void bench_fill(bench_bufs *w)
         w->a[i] = frand(-1.0f, 1.0f);
         w->b[i] = frand(-1.0f, 1.0f);
         w->c[i] = frand(0.0f, 1.0f);
+        w->g[i] = chance(50) ? 1.0f : -1.0f; /* bwd_softcap's G: dS keeps its magnitude call after call */
     }
     for (int i = 0; i < 256; i++) {
         w->v1[i] = -INFINITY; /* m: a first tile */
@@ -1320,8 +1675,9 @@ static void bench_fill(bench_bufs *w)
     }
 }
 
-/* One call of a kernel on its bench shape; returns 0 when the ISA does not take it. */
-static int bench_call(const sdpa_kernels *kt, const char *name, bench_bufs *w)
+/* One call of a kernel on its bench shape; returns 0 when the ISA does not take it.
+ * variant: softcap with G (1) or without (0). */
+static int bench_call(const sdpa_kernels *kt, const char *name, int variant, bench_bufs *w)
 {
     if (!strcmp(name, "gemm"))
         kt->gemm(BENCH_BK, BENCH_BQ, BENCH_D, 1.0f, w->a, BENCH_D, 1, w->b, BENCH_BQ, w->c, BENCH_BQ, 0, NULL);
@@ -1345,6 +1701,14 @@ static int bench_call(const sdpa_kernels *kt, const char *name, bench_bufs *w)
         return kt->attend_rows && kt->attend_rows(BENCH_DQ, BENCH_DK, BENCH_DA, BENCH_DA, 0.125f, w->a, BENCH_DA, w->b,
                                                   BENCH_DA, w->b + BENCH_DK * BENCH_DA, BENCH_DA, w->v1, w->v2,
                                                   w->c, BENCH_DA, w->scratch);
+    else if (!strcmp(name, "softcap"))
+        kt->softcap(BENCH_BK, BENCH_BQ, w->c, BENCH_BQ, 30.0f, variant ? w->b : NULL, BENCH_BQ);
+    else if (!strcmp(name, "alibi_cols"))
+        kt->alibi_cols(BENCH_BK, BENCH_BQ, w->c, BENCH_BQ, w->v2, w->v3);
+    else if (!strcmp(name, "alibi_rows"))
+        kt->alibi_rows(BENCH_DQ, BENCH_DK, w->c, BENCH_DK, w->v2, w->v3);
+    else if (!strcmp(name, "bwd_softcap"))
+        kt->bwd_softcap(BENCH_BK, BENCH_BQ, w->a, BENCH_BQ, w->g, BENCH_BQ);
     return 1;
 }
 
@@ -1357,15 +1721,15 @@ static double now_ns(void)
 
 /* ns per call: the best of 5 batches of about 2 ms each (after a warm-up), or
  * -1 when the ISA does not take the shape. */
-static double bench_time(const sdpa_kernels *kt, const char *name, bench_bufs *w)
+static double bench_time(const sdpa_kernels *kt, const char *name, int variant, bench_bufs *w)
 {
     bench_fill(w);
-    if (!bench_call(kt, name, w))
+    if (!bench_call(kt, name, variant, w))
         return -1.0;
     double t0 = now_ns();
     long n = 1;
     while (now_ns() - t0 < 2e5) { /* warm-up and calibration: 0.2 ms */
-        bench_call(kt, name, w);
+        bench_call(kt, name, variant, w);
         n++;
     }
     n = (long)(n * 10.0) + 1; /* about 2 ms per batch */
@@ -1373,7 +1737,7 @@ static double bench_time(const sdpa_kernels *kt, const char *name, bench_bufs *w
     for (int rep = 0; rep < 5; rep++) {
         t0 = now_ns();
         for (long i = 0; i < n; i++)
-            bench_call(kt, name, w);
+            bench_call(kt, name, variant, w);
         const double t = (now_ns() - t0) / (double)n;
         best = t < best ? t : best;
     }
@@ -1383,19 +1747,25 @@ static double bench_time(const sdpa_kernels *kt, const char *name, bench_bufs *w
 typedef struct bench_case {
     const char *name, *shape;
     double flops; /* per call; 0: not a product */
+    int variant;  /* softcap: 1 with G */
 } bench_case;
 
 static const bench_case bench_cases[] = {
-    {"gemm", "128x64x128 (S^T tile)", 2.0 * BENCH_BK * BENCH_BQ * BENCH_D},
-    {"online_softmax", "128x64", 0},
-    {"online_softmax_rows", "4x256", 0},
-    {"scale_rows", "64x128", 0},
-    {"bwd_probs", "128x64", 0},
-    {"bwd_dscores", "128x64", 0},
-    {"transpose", "128x64", 0},
-    {"gemm_nt", "4x256x128 (decode S)", 2.0 * BENCH_DQ * BENCH_DK * BENCH_D},
-    {"gemm_stream", "4x128x256 (decode PV)", 2.0 * BENCH_DQ * BENCH_D * BENCH_DK},
-    {"attend_rows", "4x256 D=64 (decode)", 2.0 * BENCH_DQ * BENCH_DK * (2 * BENCH_DA)},
+    {"gemm", "128x64x128 (S^T tile)", 2.0 * BENCH_BK * BENCH_BQ * BENCH_D, 0},
+    {"online_softmax", "128x64", 0, 0},
+    {"online_softmax_rows", "4x256", 0, 0},
+    {"scale_rows", "64x128", 0, 0},
+    {"bwd_probs", "128x64", 0, 0},
+    {"bwd_dscores", "128x64", 0, 0},
+    {"transpose", "128x64", 0, 0},
+    {"gemm_nt", "4x256x128 (decode S)", 2.0 * BENCH_DQ * BENCH_DK * BENCH_D, 0},
+    {"gemm_stream", "4x128x256 (decode PV)", 2.0 * BENCH_DQ * BENCH_D * BENCH_DK, 0},
+    {"attend_rows", "4x256 D=64 (decode)", 2.0 * BENCH_DQ * BENCH_DK * (2 * BENCH_DA), 0},
+    {"softcap", "128x64 cap=30", 0, 0},
+    {"softcap", "128x64 cap=30 +G", 0, 1},
+    {"alibi_cols", "128x64", 0, 0},
+    {"alibi_rows", "4x256", 0, 0},
+    {"bwd_softcap", "128x64", 0, 0},
 };
 
 /* ----------------------------------------------------------------- main */
@@ -1415,7 +1785,7 @@ static void usage(const char *argv0)
            "  --test=NAME  only the kernels whose name matches NAME (a shell pattern: gemm,\n"
            "               online_softmax, 'gemm*', ...); kernels: gemm online_softmax\n"
            "               online_softmax_rows scale_rows bwd_probs bwd_dscores transpose gemm_nt\n"
-           "               gemm_stream attend_rows\n"
+           "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"
@@ -1427,7 +1797,7 @@ static void run_bench(void)
 {
     static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
     bench_bufs w;
-    float **all[] = {&w.a, &w.b, &w.c, &w.v1, &w.v2, &w.v3, &w.scratch};
+    float **all[] = {&w.a, &w.b, &w.c, &w.v1, &w.v2, &w.v3, &w.scratch, &w.g};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         *all[i] = aligned_alloc(64, BENCH_FLOATS * sizeof(float));
         if (!*all[i]) {
@@ -1447,7 +1817,7 @@ static void run_bench(void)
             const sdpa_kernels *kt = sdpa_isa_supported(isas[i]) ? sdpa_kernels_get(isas[i]) : NULL;
             if (!kt)
                 continue;
-            const double t = bench_time(kt, bc->name, &w);
+            const double t = bench_time(kt, bc->name, bc->variant, &w);
             if (isas[i] == SDPA_ISA_SCALAR)
                 t_scalar = t;
             if (t < 0) {
@@ -1530,6 +1900,15 @@ int main(int argc, char **argv)
             test_gemm_stream(kt, ref_kt);
         if (selected("attend_rows"))
             test_attend(kt);
+        make_variant_sizes(kt);
+        if (selected("softcap"))
+            test_softcap(kt, ref_kt);
+        if (selected("alibi_cols"))
+            test_alibi(kt, ref_kt, 0);
+        if (selected("alibi_rows"))
+            test_alibi(kt, ref_kt, 1);
+        if (selected("bwd_softcap"))
+            test_bwd_softcap(kt, ref_kt);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
