@@ -104,7 +104,8 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_BLOCK_SIZE = -14,  /**< block_q or block_k is outside [0, SDPA_MAX_BLOCK] */
     SDPA_ERR_BAD_SOFTCAP = -15,     /**< softcap is negative, NaN or infinite (0 = off) */
     SDPA_ERR_BAD_ALIBI = -16,       /**< an ALiBi slope is NaN or infinite */
-    SDPA_ERR_BAD_SINKS = -17        /**< a sink is NaN or +inf, or dsinks is set without sinks */
+    SDPA_ERR_BAD_SINKS = -17,       /**< a sink is NaN or +inf, or dsinks is set without sinks */
+    SDPA_ERR_WORKSPACE_TOO_SMALL = -18 /**< a caller's workspace is smaller than the size query says */
 } sdpa_status;
 
 /** Instruction sets. Order within an architecture is "better is larger". */
@@ -369,6 +370,37 @@ SDPA_API sdpa_status sdpa_merge_states(int64_t batch, int64_t heads, int64_t len
 SDPA_API sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, int64_t len, int64_t head_dim_v,
                                          const sdpa_tensor *o_parts, const sdpa_tensor *lse_parts,
                                          const sdpa_tensor_out *o, const sdpa_tensor_out *lse);
+
+/**
+ * Caller-owned workspace, so that a server's hot path makes no allocation of
+ * the library's own: sdpa_forward_workspace_size() / sdpa_backward_workspace_size()
+ * give the bytes a call with this descriptor needs (shapes, block sizes and
+ * num_threads; with num_threads = 0 the size follows OpenMP's default at the
+ * time of the query: pass an explicit num_threads to keep it fixed), and the
+ * _with_workspace calls take that memory instead of allocating it. Any
+ * alignment (the library aligns inside; the size includes the slack). The
+ * workspace is scratch for the duration of the call only: one workspace per
+ * concurrent call. The size is at most the one documented for sdpa_forward() /
+ * sdpa_backward() plus 64 bytes; 0 is possible (nothing to compute).
+ * With more than one thread the OpenMP runtime still creates (and caches) its
+ * team, see "Out of memory" at the top of this file.
+ * @return the codes of the plain calls, plus SDPA_ERR_WORKSPACE_TOO_SMALL (the
+ *   workspace is smaller than the size query says; nothing written) and
+ *   SDPA_ERR_NULL_ARGUMENT (workspace NULL, or bytes NULL for the queries);
+ *   never SDPA_ERR_OUT_OF_MEMORY. Thread-safety: as the plain calls.
+ */
+SDPA_API sdpa_status sdpa_forward_workspace_size(const sdpa_problem *problem, size_t *bytes);
+SDPA_API sdpa_status sdpa_forward_with_workspace(const sdpa_problem *problem, const sdpa_tensor *q,
+                                                 const sdpa_tensor *k, const sdpa_tensor *v,
+                                                 const sdpa_tensor_out *o, const sdpa_tensor_out *lse,
+                                                 void *workspace, size_t workspace_bytes);
+SDPA_API sdpa_status sdpa_backward_workspace_size(const sdpa_problem *problem, size_t *bytes);
+SDPA_API sdpa_status sdpa_backward_with_workspace(const sdpa_problem *problem, const sdpa_tensor *q,
+                                                  const sdpa_tensor *k, const sdpa_tensor *v,
+                                                  const sdpa_tensor *o, const sdpa_tensor *lse,
+                                                  const sdpa_tensor *dout, const sdpa_tensor_out *dq,
+                                                  const sdpa_tensor_out *dk, const sdpa_tensor_out *dv,
+                                                  void *workspace, size_t workspace_bytes);
 
 /** A static English description of a status code ("unknown status" for others). */
 SDPA_API const char *sdpa_status_string(sdpa_status status);

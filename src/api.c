@@ -42,6 +42,7 @@ const char *sdpa_status_string(sdpa_status s)
     case SDPA_ERR_BAD_SOFTCAP: return "softcap is negative, NaN or infinite (0 turns it off)";
     case SDPA_ERR_BAD_ALIBI: return "an ALiBi slope (alibi_slopes[h]) is NaN or infinite";
     case SDPA_ERR_BAD_SINKS: return "a sink (sinks[h]) is NaN or +inf, or dsinks is set without sinks";
+    case SDPA_ERR_WORKSPACE_TOO_SMALL: return "the caller's workspace is smaller than sdpa_forward_workspace_size / sdpa_backward_workspace_size says";
     }
     return "unknown status";
 }

@@ -186,86 +186,146 @@ static void bwd_team_body(void *ctx, int tid, int team)
     }
 }
 
+/* The views of a backward call. */
+typedef struct bwd_views {
+    const sdpa_tensor *q, *k, *v, *o, *lse, *dout;
+    const sdpa_tensor_out *dq, *dk, *dv;
+} bwd_views;
+
+/* Validation of a call and its tensors. */
+static sdpa_status bwd_check(const bwd_views *x, const plan *pl)
+{
+    if (!x->q || !x->k || !x->v || !x->o || !x->lse || !x->dout || !x->dq || !x->dk || !x->dv)
+        return SDPA_ERR_NULL_ARGUMENT;
+#define STR3(t) {x->t->batch_stride, x->t->head_stride, x->t->seq_stride}
+    const int64_t sq[3] = STR3(q), sk[3] = STR3(k), sv[3] = STR3(v), so[3] = STR3(o), sl[3] = STR3(lse),
+                  sdo[3] = STR3(dout), sdq[3] = STR3(dq), sdk[3] = STR3(dk), sdv[3] = STR3(dv);
+#undef STR3
+    const int64_t B = pl->B, Hq = pl->Hq, Hkv = pl->Hkv, Tq = pl->Tq, Tk = pl->Tk;
+    static const int64_t s_vec[3] = {0, 0, 1}; /* dsinks: Hq contiguous floats */
+    tensor_desc t[10] = {
+        {x->q->data, sq, {B, Hq, Tq}, pl->Dk, 4, 0, 1},      {x->k->data, sk, {B, Hkv, Tk}, pl->Dk, 4, 0, 1},
+        {x->v->data, sv, {B, Hkv, Tk}, pl->Dv, 4, 0, 1},     {x->o->data, so, {B, Hq, Tq}, pl->Dv, 4, 0, 1},
+        {x->lse->data, sl, {B, Hq, Tq}, 1, 4, 0, 1},         {x->dout->data, sdo, {B, Hq, Tq}, pl->Dv, 4, 0, 1},
+        {x->dq->data, sdq, {B, Hq, Tq}, pl->Dk, 4, 1, 1},    {x->dk->data, sdk, {B, Hkv, Tk}, pl->Dk, 4, 1, 1},
+        {x->dv->data, sdv, {B, Hkv, Tk}, pl->Dv, 4, 1, 1},   {pl->dsinks, s_vec, {1, 1, Hq}, 1, 4, 1, pl->dsinks != NULL},
+    };
+    return sdpa_check_tensors(pl, t, 10);
+}
+
+/* With Dv = 0 nothing flows back (dS = P * (0 - 0) = 0): the gradients are
+ * zero. With Dk = Dv = 0, or no query or key rows, there is nothing else to
+ * compute either; this also keeps empty problems of huge B x H instant. */
+static int bwd_trivial(const plan *pl)
+{
+    return pl->Dv == 0 || pl->B == 0 || pl->Hq == 0 || pl->Tq == 0 || pl->Tk == 0;
+}
+
+/* The workspace of a call: nthreads per-thread parts, then D, row_max,
+ * row_logsum, row_dlo of B*Hq*Tq floats each (rounded to the alignment). */
+static sdpa_status bwd_workspace_floats(const plan *pl, size_t *floats, size_t *nD_round)
+{
+    const size_t nD = (size_t)(pl->B * pl->Hq * pl->Tq), nr = round_floats(nD);
+    size_t total;
+    *floats = *nD_round = 0;
+    if (bwd_trivial(pl)) /* nothing is allocated */
+        return SDPA_OK;
+    if (nr < nD || nr > SIZE_MAX / 4 || __builtin_mul_overflow((size_t)pl->nthreads, sdpa_bwd_ws_floats(pl), &total) ||
+        __builtin_add_overflow(total, 4 * nr, &total))
+        return SDPA_ERR_SIZE_OVERFLOW;
+    *floats = total;
+    *nD_round = nr;
+    return SDPA_OK;
+}
+
+/* Runs a validated, non-trivial call on the workspace ws. From here on the
+ * outputs are written (zeroed first, by the team). */
+static void bwd_run(const plan *pl, const bwd_views *x, float *ws, size_t nD_round)
+{
+    /* Query tiles as in the forward (several heads of a group per tile when Tq
+     * is short); the wavefront's rows are (head tile, row tile). */
+    const tile_layout L = sdpa_tile_layout(pl);
+    const int64_t R = L.ngt * L.nrt;
+    const size_t per = sdpa_bwd_ws_floats(pl);
+    float *D = ws + (size_t)pl->nthreads * per;
+    float *row_max = D + nD_round, *row_logsum = row_max + nD_round, *row_dlo = row_logsum + nD_round;
+    /* Few-column tiles (decode-sized Tq): S^T and dP^T as dot products along
+     * head_dim (gemm_nt) instead of a gemm whose vectors would hold a handful
+     * of query columns. Chosen from the tile width, which depends on the shape
+     * only, so D (which must round like dP) is computed the same way. */
+    const int nt = tile_cols(&L) <= pl->kt->nt_max_cols;
+    const double kv_bytes =
+        (double)pl->B * (double)pl->Hkv * (double)pl->Tk * (double)(pl->Dk + pl->Dv) * sizeof(float);
+    const bwd_args a = {x->q,       x->k,    x->v, x->o,   x->lse, x->dout, x->dq, x->dk, x->dv, D, row_max,
+                        row_logsum, row_dlo, nt,   R == 1, R == 1 && kv_bytes >= (double)BWD_STREAM_KV_BYTES};
+    /* Key tiles per pass of the per-head order: as many as BWD_KV_CHUNK_BYTES of
+     * their K, V, dK and dV rows (bwd_head_of). */
+    int64_t kchunk = BWD_KV_CHUNK_BYTES / ((int64_t)pl->bk * (int64_t)sizeof(float) * (2 * pl->Dk + 2 * pl->Dv));
+    if (kchunk < 1)
+        kchunk = 1;
+    const bwd_team tm = {pl, &a, &L, ws, per, pl->nthreads, pl->B * pl->Hkv, R, L.nkt, kchunk};
+    sdpa_parallel(pl->nthreads, bwd_team_body, (void *)&tm);
+    if (pl->dsinks)
+        bwd_dsinks(pl, x->lse, D, row_dlo);
+}
+
+/* A trivial call's outputs: zero gradients (and dsinks). */
+static void bwd_run_trivial(const plan *pl, const bwd_views *x)
+{
+    zero_grads(pl, x->dq, x->dk, x->dv, 0, 1, 1);
+    if (pl->dsinks)
+        bwd_dsinks(pl, x->lse, NULL, NULL);
+}
+
 sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
                           const sdpa_tensor *v, const sdpa_tensor *o, const sdpa_tensor *lse,
                           const sdpa_tensor *dout, const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
                           const sdpa_tensor_out *dv)
 {
+    return sdpa_backward_with_workspace(p, q, k, v, o, lse, dout, dq, dk, dv, NULL, 0);
+}
+
+sdpa_status sdpa_backward_workspace_size(const sdpa_problem *p, size_t *bytes)
+{
     plan pl;
     sdpa_status st = sdpa_make_plan(p, &pl);
     if (st != SDPA_OK)
         return st;
-    if (!q || !k || !v || !o || !lse || !dout || !dq || !dk || !dv)
+    if (!bytes)
         return SDPA_ERR_NULL_ARGUMENT;
-#define STR3(t) {t->batch_stride, t->head_stride, t->seq_stride}
-    const int64_t sq[3] = STR3(q), sk[3] = STR3(k), sv[3] = STR3(v), so[3] = STR3(o), sl[3] = STR3(lse),
-                  sdo[3] = STR3(dout), sdq[3] = STR3(dq), sdk[3] = STR3(dk), sdv[3] = STR3(dv);
-#undef STR3
-    const int64_t nq3[3] = {pl.B, pl.Hq, pl.Tq}, nk3[3] = {pl.B, pl.Hkv, pl.Tk};
-    static const int64_t s_vec[3] = {0, 0, 1}; /* dsinks: Hq contiguous floats */
-    tensor_desc t[10] = {
-        {q->data, sq, {nq3[0], nq3[1], nq3[2]}, pl.Dk, 4, 0, 1},
-        {k->data, sk, {nk3[0], nk3[1], nk3[2]}, pl.Dk, 4, 0, 1},
-        {v->data, sv, {nk3[0], nk3[1], nk3[2]}, pl.Dv, 4, 0, 1},
-        {o->data, so, {nq3[0], nq3[1], nq3[2]}, pl.Dv, 4, 0, 1},
-        {lse->data, sl, {nq3[0], nq3[1], nq3[2]}, 1, 4, 0, 1},
-        {dout->data, sdo, {nq3[0], nq3[1], nq3[2]}, pl.Dv, 4, 0, 1},
-        {dq->data, sdq, {nq3[0], nq3[1], nq3[2]}, pl.Dk, 4, 1, 1},
-        {dk->data, sdk, {nk3[0], nk3[1], nk3[2]}, pl.Dk, 4, 1, 1},
-        {dv->data, sdv, {nk3[0], nk3[1], nk3[2]}, pl.Dv, 4, 1, 1},
-        {pl.dsinks, s_vec, {1, 1, pl.Hq}, 1, 4, 1, pl.dsinks != NULL},
-    };
-    if ((st = sdpa_check_tensors(&pl, t, 10)) != SDPA_OK)
+    size_t floats, nr;
+    if ((st = bwd_workspace_floats(&pl, &floats, &nr)) != SDPA_OK)
         return st;
+    return sdpa_workspace_bytes(floats, bytes);
+}
 
-    /* With Dv = 0 nothing flows back (dS = P * (0 - 0) = 0): the gradients are
-     * zero. With Dk = Dv = 0, or no query or key rows, there is nothing else to
-     * compute either; this also keeps empty problems of huge B x H instant. */
-    if (pl.Dv == 0 || pl.B == 0 || pl.Hq == 0 || pl.Tq == 0 || pl.Tk == 0) {
-        zero_grads(&pl, dq, dk, dv, 0, 1, 1);
-        if (pl.dsinks)
-            bwd_dsinks(&pl, lse, NULL, NULL);
+/* workspace == NULL and workspace_bytes == 0: the call allocates its own (sdpa_backward). */
+sdpa_status sdpa_backward_with_workspace(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                                         const sdpa_tensor *v, const sdpa_tensor *o, const sdpa_tensor *lse,
+                                         const sdpa_tensor *dout, const sdpa_tensor_out *dq,
+                                         const sdpa_tensor_out *dk, const sdpa_tensor_out *dv, void *workspace,
+                                         size_t workspace_bytes)
+{
+    plan pl;
+    sdpa_status st = sdpa_make_plan(p, &pl);
+    if (st != SDPA_OK)
+        return st;
+    const bwd_views x = {q, k, v, o, lse, dout, dq, dk, dv};
+    size_t floats, nr;
+    if ((st = bwd_check(&x, &pl)) != SDPA_OK || (st = bwd_workspace_floats(&pl, &floats, &nr)) != SDPA_OK)
+        return st;
+    if (bwd_trivial(&pl)) {
+        bwd_run_trivial(&pl, &x);
         return SDPA_OK;
     }
-    /* Query tiles as in the forward (several heads of a group per tile when Tq
-     * is short); the wavefront's rows are (head tile, row tile). */
-    const tile_layout L = sdpa_tile_layout(&pl);
-    const int64_t nkt = L.nkt;
-    const int64_t R = L.ngt * L.nrt;
-    const int64_t BH = pl.B * pl.Hkv;
-    const int nthreads = pl.nthreads;
-    const size_t per = sdpa_bwd_ws_floats(&pl);
-    const size_t nD = (size_t)(pl.B * pl.Hq * pl.Tq);
-    size_t total; /* nthreads workspaces, then D, row_max, row_logsum, row_dlo */
-    const size_t nD_round = round_floats(nD); /* per array, rounded to the alignment */
-    if (nD_round < nD || nD_round > SIZE_MAX / 4 || __builtin_mul_overflow((size_t)nthreads, per, &total) ||
-        __builtin_add_overflow(total, 4 * nD_round, &total))
-        return SDPA_ERR_SIZE_OVERFLOW;
-    float *ws = sdpa_alloc_floats(total);
-    if (!ws)
+    const int own = !workspace && workspace_bytes == 0;
+    float *ws = NULL;
+    if (own && !(ws = sdpa_alloc_floats(floats)))
         return SDPA_ERR_OUT_OF_MEMORY;
-    float *D = ws + (size_t)nthreads * per;
-    float *row_max = D + nD_round, *row_logsum = row_max + nD_round, *row_dlo = row_logsum + nD_round;
-
-    /* From here on the outputs are written (zeroed first, by the team below). */
-    /* Few-column tiles (decode-sized Tq): S^T and dP^T as dot products along
-     * head_dim (gemm_nt) instead of a gemm whose vectors would hold a handful
-     * of query columns. Chosen from the tile width, which depends on the shape
-     * only, so D (which must round like dP) is computed the same way. */
-    const int nt = tile_cols(&L) <= pl.kt->nt_max_cols;
-    const double kv_bytes = (double)pl.B * (double)pl.Hkv * (double)pl.Tk * (double)(pl.Dk + pl.Dv) * sizeof(float);
-    const bwd_args a = {q,          k,       v,  o,      lse,    dout, dq, dk, dv, D, row_max,
-                        row_logsum, row_dlo, nt, R == 1, R == 1 && kv_bytes >= (double)BWD_STREAM_KV_BYTES};
-    /* Key tiles per pass of the per-head order: as many as BWD_KV_CHUNK_BYTES of
-     * their K, V, dK and dV rows (bwd_head_of). */
-    int64_t kchunk = BWD_KV_CHUNK_BYTES / ((int64_t)pl.bk * (int64_t)sizeof(float) * (2 * pl.Dk + 2 * pl.Dv));
-    if (kchunk < 1)
-        kchunk = 1;
-
-    const bwd_team tm = {&pl, &a, &L, ws, per, nthreads, BH, R, nkt, kchunk};
-    sdpa_parallel(nthreads, bwd_team_body, (void *)&tm);
-    if (pl.dsinks)
-        bwd_dsinks(&pl, lse, D, row_dlo);
-    free(ws);
+    if (!own && (st = sdpa_workspace_take(workspace, workspace_bytes, floats, &ws)) != SDPA_OK)
+        return st;
+    bwd_run(&pl, &x, ws, nr);
+    if (own)
+        free(ws);
     return SDPA_OK;
 }

@@ -228,6 +228,13 @@ static inline int64_t *carve_i64(float **base, size_t n)
 /* floats * sizeof(float) bytes aligned to SDPA_ALIGN_BYTES; NULL when the size
  * overflows or the allocation fails. Free with free(). */
 float *sdpa_alloc_floats(size_t floats);
+/* The bytes a caller-owned workspace of `floats` floats needs (with room to
+ * align any pointer), or SDPA_ERR_SIZE_OVERFLOW. */
+sdpa_status sdpa_workspace_bytes(size_t floats, size_t *bytes);
+/* The aligned start of a caller's workspace of `bytes` bytes for `floats` floats:
+ * SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_WORKSPACE_TOO_SMALL or SDPA_ERR_SIZE_OVERFLOW
+ * otherwise. */
+sdpa_status sdpa_workspace_take(void *workspace, size_t bytes, size_t floats, float **ws);
 
 /* Row i of head h of batch b of a tensor view; NULL for a view without data
  * (an empty tensor may have none: no arithmetic on a NULL pointer). */

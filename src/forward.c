@@ -401,11 +401,29 @@ static void fwd_team_body(void *ctx, int tid, int team)
         sdpa_for_dynamic(team, L->tiles, fwd_merge_of, &th, 0);
 }
 
-sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
-                         const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
+/* The workspace of a call: nthreads per-thread parts, then the split-KV
+ * partials. Depends on the plan (shape, tiles, thread count) only. */
+static size_t fwd_workspace_floats(const plan *pl, const tile_layout *L, int nthreads)
 {
-    plan pl;
-    sdpa_status st = sdpa_make_plan(p, &pl);
+    const int64_t items = L->tiles * L->nsplit;
+    const size_t npart = L->nsplit > 1 ? (size_t)items * fwd_partial_floats(pl, L) : 0;
+    return (size_t)nthreads * fwd_ws_floats(pl) + npart;
+}
+
+/* The threads a call runs: the plan's, at most one per item. */
+static int fwd_threads(const plan *pl, const tile_layout *L)
+{
+    const int64_t items = L->tiles * L->nsplit;
+    return pl->nthreads > items ? (int)(items > 0 ? items : 1) : pl->nthreads;
+}
+
+/* Validation of a call and its tensors; *nothing = 1 when there is nothing to
+ * compute (an empty problem, or Dv = 0 without LSE). */
+static sdpa_status fwd_prepare(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                               const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse, plan *pl,
+                               fwd_args *a, int *nothing)
+{
+    sdpa_status st = sdpa_make_plan(p, pl);
     if (st != SDPA_OK)
         return st;
     if (!q || !k || !v || !o)
@@ -414,35 +432,75 @@ sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa
     const int64_t sk[3] = {k->batch_stride, k->head_stride, k->seq_stride};
     const int64_t sv[3] = {v->batch_stride, v->head_stride, v->seq_stride};
     const int64_t so[3] = {o->batch_stride, o->head_stride, o->seq_stride};
-    const int64_t sl[3] = {lse ? lse->batch_stride : 0, lse ? lse->head_stride : 0,
-                           lse ? lse->seq_stride : 0};
+    const int64_t sl[3] = {lse ? lse->batch_stride : 0, lse ? lse->head_stride : 0, lse ? lse->seq_stride : 0};
     tensor_desc t[5] = {
-        {q->data, sq, {pl.B, pl.Hq, pl.Tq}, pl.Dk, 4, 0, 1},
-        {k->data, sk, {pl.B, pl.Hkv, pl.Tk}, pl.Dk, 4, 0, 1},
-        {v->data, sv, {pl.B, pl.Hkv, pl.Tk}, pl.Dv, 4, 0, 1},
-        {o->data, so, {pl.B, pl.Hq, pl.Tq}, pl.Dv, 4, 1, 1},
-        {lse ? lse->data : NULL, sl, {pl.B, pl.Hq, pl.Tq}, 1, 4, 1, lse && lse->data},
+        {q->data, sq, {pl->B, pl->Hq, pl->Tq}, pl->Dk, 4, 0, 1},
+        {k->data, sk, {pl->B, pl->Hkv, pl->Tk}, pl->Dk, 4, 0, 1},
+        {v->data, sv, {pl->B, pl->Hkv, pl->Tk}, pl->Dv, 4, 0, 1},
+        {o->data, so, {pl->B, pl->Hq, pl->Tq}, pl->Dv, 4, 1, 1},
+        {lse ? lse->data : NULL, sl, {pl->B, pl->Hq, pl->Tq}, 1, 4, 1, lse && lse->data},
     };
-    if ((st = sdpa_check_tensors(&pl, t, 5)) != SDPA_OK)
+    if ((st = sdpa_check_tensors(pl, t, 5)) != SDPA_OK)
         return st;
+    const fwd_args args = {q, k, v, o, lse, sdpa_tile_layout(pl), NULL};
+    *a = args;
+    *nothing = (pl->Dv == 0 && !(lse && lse->data)) || a->L.tiles * a->L.nsplit == 0;
+    return SDPA_OK;
+}
 
-    if (pl.Dv == 0 && !(lse && lse->data))
-        return SDPA_OK; /* nothing to write */
-    fwd_args a = {q, k, v, o, lse, sdpa_tile_layout(&pl), NULL};
-    const int64_t items = a.L.tiles * a.L.nsplit;
-    if (items == 0)
-        return SDPA_OK;
-    int nthreads = pl.nthreads;
-    if (nthreads > items)
-        nthreads = (int)items;
-    const size_t per = fwd_ws_floats(&pl);
-    const size_t npart = a.L.nsplit > 1 ? (size_t)items * fwd_partial_floats(&pl, &a.L) : 0;
-    float *ws = sdpa_alloc_floats((size_t)nthreads * per + npart);
+/* Runs a prepared call on the workspace ws (fwd_workspace_floats floats). */
+static void fwd_run(const plan *pl, fwd_args *a, float *ws)
+{
+    const int nthreads = fwd_threads(pl, &a->L);
+    const size_t per = fwd_ws_floats(pl);
+    a->partials = a->L.nsplit > 1 ? ws + (size_t)nthreads * per : NULL;
+    const fwd_team tm = {pl, a, ws, per};
+    sdpa_parallel(nthreads, fwd_team_body, (void *)&tm);
+}
+
+sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                         const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
+{
+    plan pl;
+    fwd_args a;
+    int nothing;
+    const sdpa_status st = fwd_prepare(p, q, k, v, o, lse, &pl, &a, &nothing);
+    if (st != SDPA_OK || nothing)
+        return st;
+    float *ws = sdpa_alloc_floats(fwd_workspace_floats(&pl, &a.L, fwd_threads(&pl, &a.L)));
     if (!ws)
         return SDPA_ERR_OUT_OF_MEMORY;
-    a.partials = npart ? ws + (size_t)nthreads * per : NULL;
-    const fwd_team tm = {&pl, &a, ws, per};
-    sdpa_parallel(nthreads, fwd_team_body, (void *)&tm);
+    fwd_run(&pl, &a, ws);
     free(ws);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_forward_workspace_size(const sdpa_problem *p, size_t *bytes)
+{
+    plan pl;
+    const sdpa_status st = sdpa_make_plan(p, &pl);
+    if (st != SDPA_OK)
+        return st;
+    if (!bytes)
+        return SDPA_ERR_NULL_ARGUMENT;
+    const tile_layout L = sdpa_tile_layout(&pl);
+    return sdpa_workspace_bytes(fwd_workspace_floats(&pl, &L, fwd_threads(&pl, &L)), bytes);
+}
+
+sdpa_status sdpa_forward_with_workspace(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                                        const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse,
+                                        void *workspace, size_t workspace_bytes)
+{
+    plan pl;
+    fwd_args a;
+    int nothing;
+    sdpa_status st = fwd_prepare(p, q, k, v, o, lse, &pl, &a, &nothing);
+    if (st != SDPA_OK || nothing)
+        return st;
+    float *ws;
+    if ((st = sdpa_workspace_take(workspace, workspace_bytes,
+                                  fwd_workspace_floats(&pl, &a.L, fwd_threads(&pl, &a.L)), &ws)) != SDPA_OK)
+        return st;
+    fwd_run(&pl, &a, ws);
     return SDPA_OK;
 }

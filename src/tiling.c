@@ -61,3 +61,26 @@ float *sdpa_alloc_floats(size_t floats)
         return NULL;
     return ptr;
 }
+
+sdpa_status sdpa_workspace_bytes(size_t floats, size_t *bytes)
+{
+    if (floats > (SIZE_MAX - SDPA_ALIGN_BYTES) / sizeof(float))
+        return SDPA_ERR_SIZE_OVERFLOW;
+    *bytes = floats * sizeof(float) + SDPA_ALIGN_BYTES; /* room to align any pointer */
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_workspace_take(void *workspace, size_t bytes, size_t floats, float **ws)
+{
+    size_t need;
+    const sdpa_status st = sdpa_workspace_bytes(floats, &need);
+    if (st != SDPA_OK)
+        return st;
+    if (!workspace)
+        return SDPA_ERR_NULL_ARGUMENT;
+    if (bytes < need)
+        return SDPA_ERR_WORKSPACE_TOO_SMALL;
+    const uintptr_t a = ((uintptr_t)workspace + SDPA_ALIGN_BYTES - 1) & ~(uintptr_t)(SDPA_ALIGN_BYTES - 1);
+    *ws = (float *)a;
+    return SDPA_OK;
+}

@@ -157,3 +157,74 @@ Test(merge, bad_arguments_write_nothing)
     util_gfree(o);
     util_gfree(l);
 }
+
+/* ------------------------------------------------ caller-owned workspace -- */
+
+/* sdpa_*_with_workspace: the same bits as the allocating calls, with a
+ * misaligned workspace of exactly the queried size; one byte less is refused
+ * with nothing written. Decode (split-KV partials) and prefill, both passes. */
+static void check_workspace(int64_t Tq, int64_t Tk, int threads)
+{
+    enum { BW = 1, HQ = 4, HKV = 2, DW = 32 };
+    util_rng r;
+    util_rng_seed(&r, "workspace", 0xa11c + (uint64_t)Tq);
+    const size_t nq = (size_t)BW * HQ * Tq * DW, nk = (size_t)BW * HKV * Tk * DW, nl = (size_t)BW * HQ * Tq;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dO = malloc(nq * 4);
+    util_fill_uniform(&r, q, nq, -1.0f, 1.0f);
+    util_fill_uniform(&r, k, nk, -1.0f, 1.0f);
+    util_fill_uniform(&r, v, nk, -1.0f, 1.0f);
+    util_fill_uniform(&r, dO, nq, -1.0f, 1.0f);
+    sdpa_problem p = util_problem(BW, HQ, HKV, Tq, Tk, DW, DW);
+    p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+    p.num_threads = threads;
+    const sdpa_tensor tq = util_cview(q, HQ, Tq, DW), tk = util_cview(k, HKV, Tk, DW), tv = util_cview(v, HKV, Tk, DW),
+                      tdo = util_cview(dO, HQ, Tq, DW);
+    float *o1 = util_galloc(nq), *l1 = util_galloc(nl), *o2 = util_galloc(nq), *l2 = util_galloc(nl);
+    const sdpa_tensor_out to1 = util_cview_out(o1, HQ, Tq, DW), tl1 = util_lse_view_out(l1, HQ, Tq),
+                          to2 = util_cview_out(o2, HQ, Tq, DW), tl2 = util_lse_view_out(l2, HQ, Tq);
+    size_t fb = 0, bb = 0;
+    cr_assert_eq(sdpa_forward_workspace_size(&p, &fb), SDPA_OK);
+    cr_assert_eq(sdpa_backward_workspace_size(&p, &bb), SDPA_OK);
+    char *ws = malloc((fb > bb ? fb : bb) + 3);
+    cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to1, &tl1), SDPA_OK);
+    cr_expect_eq(sdpa_forward_with_workspace(&p, &tq, &tk, &tv, &to2, &tl2, ws + 3, fb - 1),
+                 SDPA_ERR_WORKSPACE_TOO_SMALL);
+    cr_expect(util_is_sentinel(o2[0]) && util_is_sentinel(l2[0]), "a refused call wrote its outputs");
+    cr_assert_eq(sdpa_forward_with_workspace(&p, &tq, &tk, &tv, &to2, &tl2, ws + 3, fb), SDPA_OK);
+    cr_expect(util_same_bits(o1, o2, nq) && util_same_bits(l1, l2, nl), "forward: workspace changes the bits");
+    float *g1[3] = {util_galloc(nq), util_galloc(nk), util_galloc(nk)}, *g2[3] = {util_galloc(nq), util_galloc(nk),
+                                                                                   util_galloc(nk)};
+    const sdpa_tensor to = util_cview(o1, HQ, Tq, DW), tl = util_lse_view(l1, HQ, Tq);
+    sdpa_tensor_out d1[3] = {util_cview_out(g1[0], HQ, Tq, DW), util_cview_out(g1[1], HKV, Tk, DW),
+                             util_cview_out(g1[2], HKV, Tk, DW)},
+                    d2[3] = {util_cview_out(g2[0], HQ, Tq, DW), util_cview_out(g2[1], HKV, Tk, DW),
+                             util_cview_out(g2[2], HKV, Tk, DW)};
+    cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &to, &tl, &tdo, &d1[0], &d1[1], &d1[2]), SDPA_OK);
+    cr_expect_eq(sdpa_backward_with_workspace(&p, &tq, &tk, &tv, &to, &tl, &tdo, &d2[0], &d2[1], &d2[2], ws + 1,
+                                              bb - 1),
+                 SDPA_ERR_WORKSPACE_TOO_SMALL);
+    cr_expect(util_is_sentinel(g2[0][0]) && util_is_sentinel(g2[1][0]), "a refused backward wrote its outputs");
+    cr_assert_eq(sdpa_backward_with_workspace(&p, &tq, &tk, &tv, &to, &tl, &tdo, &d2[0], &d2[1], &d2[2], ws + 1, bb),
+                 SDPA_OK);
+    cr_expect(util_same_bits(g1[0], g2[0], nq) && util_same_bits(g1[1], g2[1], nk) &&
+                  util_same_bits(g1[2], g2[2], nk),
+              "backward: workspace changes the bits");
+    cr_expect_eq(sdpa_forward_with_workspace(&p, &tq, &tk, &tv, &to2, &tl2, NULL, fb), SDPA_ERR_NULL_ARGUMENT);
+    cr_expect_eq(sdpa_forward_workspace_size(&p, NULL), SDPA_ERR_NULL_ARGUMENT);
+    for (int i = 0; i < 3; i++) {
+        util_gfree(g1[i]);
+        util_gfree(g2[i]);
+    }
+    util_gfree(o1), util_gfree(l1), util_gfree(o2), util_gfree(l2);
+    free(ws), free(q), free(k), free(v), free(dO);
+}
+
+Test(workspace, decode_split_kv_one_thread)
+{
+    check_workspace(1, 900, 1);
+}
+
+Test(workspace, prefill_two_threads)
+{
+    check_workspace(70, 90, 2);
+}
