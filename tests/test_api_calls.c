@@ -615,7 +615,7 @@ Test(api, garbage_descriptors, .timeout = 120)
         case 6: p.window_left = small_wins[util_rng_int(&r, 0, 9)]; p.window_right = small_wins[util_rng_int(&r, 0, 9)];
                 p.causal = (sdpa_causal)util_rng_int(&r, 0, 2); break;
         case 7: p.reserved0 = g.reserved0; break;
-        case 8: p.reserved[util_rng_int(&r, 0, 7)] = g.reserved[0]; break;
+        case 8: p.reserved[util_rng_int(&r, 0, (int64_t)(sizeof p.reserved / sizeof p.reserved[0]) - 1)] = g.reserved[0]; break;
         default: p.use_default_scale = 0; p.scale = g.scale; p.causal = (sdpa_causal)util_rng_int(&r, 0, 2); break;
         }
         util_gfree(o);
