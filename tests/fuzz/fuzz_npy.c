@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* tests/fuzz_npy.c - libFuzzer harness for the .npy reader of the sdpa tool (tools/npy.c).
+/* tests/fuzz/fuzz_npy.c - libFuzzer target for the .npy reader of the sdpa tool (tools/npy.c).
  *
- * Not part of the Meson build. Build and run (clang with libFuzzer):
+ * Built by meson with -Dfuzzing=enabled (clang; see README "Fuzzing"), seeds in
+ * tests/fuzz/corpus_npy/. By hand:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
- *         -Itools tests/fuzz_npy.c tools/npy.c -o /tmp/fuzz_npy
- *   mkdir -p /tmp/npy_corpus && python3 -c "import numpy as n; n.save('/tmp/npy_corpus/a.npy', n.ones((2, 3), 'f4'))"
- *   /tmp/fuzz_npy -max_total_time=120 -rss_limit_mb=1024 -malloc_limit_mb=512 /tmp/npy_corpus
+ *         -Itools tests/fuzz/fuzz_npy.c tools/npy.c -o /tmp/fuzz_npy
+ *   /tmp/fuzz_npy -max_total_time=120 -rss_limit_mb=1024 -malloc_limit_mb=512 /tmp/corpus tests/fuzz/corpus_npy
  * Each input is written to a memfd and read back with npy_read(); a successful
  * read touches every byte of the data, a failed one must give a non-empty,
  * one-line reason. */
