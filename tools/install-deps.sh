@@ -4,17 +4,26 @@
 # (libopenblas0-openmp: only `sdpa bench` uses it, loaded at run time for its naive-blas rows.)
 #   tools/install-deps.sh          build + test dependencies (native)
 #   tools/install-deps.sh --cross  also the aarch64 cross toolchain, arm64 libraries and qemu-user
+#   tools/install-deps.sh --fuzz   also clang with libFuzzer and the sanitizer runtimes (the
+#                                  -Dfuzzing=enabled build and the ThreadSanitizer run of .ci/run)
+#   (flags combine: --cross --fuzz)
 # Needs root (or sudo). Never removes anything.
 set -euo pipefail
 
 native=(meson ninja-build pkg-config gcc libc6-dev libsleef-dev libcriterion-dev libcjson-dev libopenblas0-openmp)
 cross_native=(qemu-user gcc-aarch64-linux-gnu)
 cross_arm64=(libsleef-dev:arm64 libgomp1:arm64 libc6-dev:arm64 libcjson-dev:arm64)
+fuzz=(clang libclang-rt-dev)   # Debian 12: clang 14 and libclang-rt-14-dev (libFuzzer, ASan, UBSan, TSan)
 
+cross=0
 want=("${native[@]}")
-if [[ "${1:-}" == "--cross" ]]; then
-  want+=("${cross_native[@]}" "${cross_arm64[@]}")
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --cross) cross=1; want+=("${cross_native[@]}" "${cross_arm64[@]}") ;;
+    --fuzz) want+=("${fuzz[@]}") ;;
+    *) echo "install-deps: unknown option $arg (--cross, --fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then
@@ -28,7 +37,7 @@ for p in "${want[@]}"; do
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 
-if [[ "${1:-}" == "--cross" ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+if [[ $cross == 1 ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
   $SUDO dpkg --add-architecture arm64
 fi
 export DEBIAN_FRONTEND=noninteractive
