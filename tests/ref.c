@@ -12,14 +12,27 @@ double ref_scale(const sdpa_problem *p)
     return p->use_default_scale ? 1.0 / sqrt((double)p->head_dim_qk) : (double)p->scale;
 }
 
+/* 1 if the problem's diagonal is bottom-right aligned (causal's alignment, or the
+ * window's without causal). */
+static int bottom_right(const sdpa_problem *p)
+{
+    return p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
+           (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT);
+}
+
+int64_t ref_diagonal(const sdpa_problem *p, int64_t b, int64_t i)
+{
+    const int64_t tk = p->kv_lengths ? p->kv_lengths[b] : p->kv_len;
+    return i + (bottom_right(p) ? tk - p->q_len : 0);
+}
+
 /* 128-bit arithmetic so that windows near INT64_MAX are exact. */
 int ref_allowed_nobias(const sdpa_problem *p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
     const int64_t tk = p->kv_lengths ? p->kv_lengths[b] : p->kv_len;
     if (j >= tk)
         return 0;
-    const int br = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
-                   (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT);
+    const int br = bottom_right(p);
     /* the aligned diagonal key of row i */
     const __int128 diag = (__int128)i + (br ? (__int128)tk - p->q_len : 0);
     if (p->causal != SDPA_CAUSAL_NONE && (__int128)j > diag)
@@ -61,27 +74,38 @@ double ref_score(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor 
     double s = 0.0;
     for (int64_t c = 0; c < p->head_dim_qk; c++)
         s += (double)qr[c] * (double)kr[c];
-    return s * ref_scale(p) + ref_bias(p, b, h, i, j);
+    s *= ref_scale(p);
+    if (p->softcap != 0.0f)
+        s = (double)p->softcap * tanh(s / (double)p->softcap);
+    if (p->alibi_slopes) {
+        const int64_t d = ref_diagonal(p, b, i);
+        s += -(double)p->alibi_slopes[h] * (double)(j > d ? j - d : d - j);
+    }
+    return s + ref_bias(p, b, h, i, j);
 }
 
 #define RT double
 #define REXP exp
 #define RLOG log
+#define RTANH tanh
 #define RN(name) ref64_##name
 #include "ref_tmpl.h"
 #undef RT
 #undef REXP
 #undef RLOG
+#undef RTANH
 #undef RN
 
 #define RT float
 #define REXP expf
 #define RLOG logf
+#define RTANH tanhf
 #define RN(name) naive32_##name##_views
 #include "ref_tmpl.h"
 #undef RT
 #undef REXP
 #undef RLOG
+#undef RTANH
 #undef RN
 
 void ref_forward_row(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -90,7 +114,7 @@ void ref_forward_row(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_ten
     const int64_t Tk = p->kv_len, Dv = p->head_dim_v, hk = h / (p->q_heads / p->kv_heads);
     double *prob = malloc(sizeof(double) * (size_t)(Tk ? Tk : 1));
     unsigned char *ok = malloc((size_t)(Tk ? Tk : 1));
-    *lse = ref64_row(p, q, k, b, h, i, prob, ok);
+    *lse = ref64_row(p, q, k, b, h, i, prob, ok, NULL);
     for (int64_t c = 0; c < Dv; c++) {
         double acc = 0.0;
         for (int64_t j = 0; j < Tk; j++)
@@ -112,7 +136,7 @@ void ref_backward_views(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_
                         const sdpa_tensor *v, const sdpa_tensor *dout, double *dq, double *dk,
                         double *dv)
 {
-    ref64_backward(p, q, k, v, dout, dq, dk, dv);
+    ref64_backward(p, q, k, v, dout, dq, dk, dv, NULL);
 }
 
 /* Contiguous [B, H, T, D] views of the problem's arrays. */
@@ -143,7 +167,14 @@ void ref_backward(const sdpa_problem *p, const float *q, const float *k, const f
                   const float *dout, double *dq, double *dk, double *dv)
 {
     const views w = contiguous(p, q, k, v, dout);
-    ref64_backward(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv);
+    ref64_backward(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, NULL);
+}
+
+void ref_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, const float *v,
+                         const float *dout, double *dq, double *dk, double *dv, double *dsinks)
+{
+    const views w = contiguous(p, q, k, v, dout);
+    ref64_backward(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, dsinks);
 }
 
 void naive32_forward(const sdpa_problem *p, const float *q, const float *k, const float *v, float *o,
@@ -157,5 +188,12 @@ void naive32_backward(const sdpa_problem *p, const float *q, const float *k, con
                       const float *dout, float *dq, float *dk, float *dv)
 {
     const views w = contiguous(p, q, k, v, dout);
-    naive32_backward_views(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv);
+    naive32_backward_views(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, NULL);
+}
+
+void naive32_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, const float *v,
+                             const float *dout, float *dq, float *dk, float *dv, float *dsinks)
+{
+    const views w = contiguous(p, q, k, v, dout);
+    naive32_backward_views(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, dsinks);
 }

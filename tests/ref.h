@@ -19,6 +19,11 @@
  * probability underflows to 0. Backward: P = the row's softmax, dP_j = dO.V_j,
  * D = sum_j P_j dP_j, dS = P (dP - D), dQ += scale dS K, dK += scale dS^T Q,
  * dV += P^T dO (GQA heads sum into dK, dV).
+ * Variants (read from the descriptor; off by default, then nothing changes): the
+ * softcap x = c tanh(x / c) on scale Q.K, then ALiBi -slope[h] |j - diag| (diag:
+ * ref_diagonal), then the bias; a sink s_h joins the row's denominator (a row with
+ * no allowed key: O = 0, LSE = s_h); backward dS gets the softcap's 1 - tanh^2 and
+ * d L / d s_h = -sum over b, i of exp(s_h - LSE) D.
  *
  * The problem descriptor is only read (sizes, scale, masks with their strides).
  * Inputs come as tensor views (any strides) or as contiguous [B, H, T, D] arrays;
@@ -39,10 +44,15 @@ int ref_allowed_nobias(const sdpa_problem *p, int64_t b, int64_t h, int64_t i, i
 /* The bias entry of (b, h, i, j) in double (0 without a bias). */
 double ref_bias(const sdpa_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
 
+/* The aligned diagonal key i + d of query i of batch b (d = 0 top-left, Tk_b - Tq
+ * bottom-right): the diagonal of causal, the window and ALiBi. */
+int64_t ref_diagonal(const sdpa_problem *p, int64_t b, int64_t i);
+
 /* The scale the problem asks for (default 1/sqrt(Dk) in double). */
 double ref_scale(const sdpa_problem *p);
 
-/* The float64 score scale * Q_i . K_j + bias of (b, h, i, j) (check ref_allowed first). */
+/* The float64 logit of (b, h, i, j): scale * Q_i . K_j, softcapped, plus ALiBi and
+ * the bias (check ref_allowed first). */
 double ref_score(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k, int64_t b,
                  int64_t h, int64_t i, int64_t j);
 
@@ -62,6 +72,9 @@ void ref_forward(const sdpa_problem *p, const float *q, const float *k, const fl
                  double *lse);
 void ref_backward(const sdpa_problem *p, const float *q, const float *k, const float *v,
                   const float *dout, double *dq, double *dk, double *dv);
+/* ref_backward plus dsinks[Hq] (all 0 without sinks). */
+void ref_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, const float *v,
+                         const float *dout, double *dq, double *dk, double *dv, double *dsinks);
 
 /* The same computations in fp32 (float scores, expf/logf, float accumulation in
  * natural order): the yardstick of the FlashAttention tolerance rule. */
@@ -69,5 +82,7 @@ void naive32_forward(const sdpa_problem *p, const float *q, const float *k, cons
                      float *lse);
 void naive32_backward(const sdpa_problem *p, const float *q, const float *k, const float *v,
                       const float *dout, float *dq, float *dk, float *dv);
+void naive32_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, const float *v,
+                             const float *dout, float *dq, float *dk, float *dv, float *dsinks);
 
 #endif
