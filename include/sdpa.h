@@ -105,7 +105,14 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_SOFTCAP = -15,     /**< softcap is negative, NaN or infinite (0 = off) */
     SDPA_ERR_BAD_ALIBI = -16,       /**< an ALiBi slope is NaN or infinite */
     SDPA_ERR_BAD_SINKS = -17,       /**< a sink is NaN or +inf, or dsinks is set without sinks */
-    SDPA_ERR_WORKSPACE_TOO_SMALL = -18 /**< a caller's workspace is smaller than the size query says */
+    SDPA_ERR_WORKSPACE_TOO_SMALL = -18, /**< a caller's workspace is smaller than the size query says */
+    SDPA_ERR_BAD_SEQLENS = -19,     /**< cu_seqlens not 0-based and nondecreasing, their last entry not
+                                         q_len / kv_len, or a seq_lens_k entry negative or beyond its
+                                         block table row */
+    SDPA_ERR_BAD_BLOCK_TABLE = -20, /**< a page id a sequence uses is outside [0, num_blocks), or
+                                         block_size / max_blocks_per_seq / num_blocks out of range */
+    SDPA_ERR_UNSUPPORTED = -21      /**< a combination this version does not compute: kv_lengths,
+                                         bool_mask or bias with seqs, or a paged backward */
 } sdpa_status;
 
 /** Instruction sets. Order within an architecture is "better is larger". */
@@ -243,8 +250,44 @@ typedef struct sdpa_problem {
                                 exp(s_h - LSE) * D, D = rowsum(dO * O); needs sinks
                                 (SDPA_ERR_BAD_SINKS without); must not overlap any input or
                                 output (SDPA_ERR_ALIASING) */
-    uint64_t reserved[4];  /**< must be 0 */
+    const struct sdpa_seqs *seqs; /**< NULL (default): dense [B, H, T, D] tensors. Else packed
+                                variable-length sequences and optionally a paged K/V cache:
+                                see sdpa_seqs */
+    uint64_t reserved[3];  /**< must be 0 */
 } sdpa_problem;
+
+/** Packed variable-length sequences and paged K/V (serving; FlashAttention's
+ *  cu_seqlens, vLLM's query_start_loc / block_table / seq_lens). With
+ *  problem->seqs set, batch = B sequences and:
+ *  - Q, O (dO, dQ) are token lists [total_q, Hq, D]: row i of sequence b is token
+ *    cu_seqlens_q[b] + i at data + token * seq_stride + h * head_stride
+ *    (batch_stride unused: 0); LSE is [total_q, Hq] (seq_stride, head_stride);
+ *    q_len = total_q = cu_seqlens_q[B];
+ *  - packed K, V (dK, dV): [total_k, Hkv, D] token lists likewise with
+ *    cu_seqlens_k, kv_len = total_k = cu_seqlens_k[B];
+ *  - or paged K, V (forward only): caches of num_blocks pages of block_size
+ *    keys; key j of sequence b is slot j % block_size of page
+ *    block_table[b * max_blocks_per_seq + j / block_size], at data + page *
+ *    batch_stride + h * head_stride + slot * seq_stride (vLLM/OpenVINO
+ *    [num_blocks, Hkv, block_size, D] and [num_blocks, block_size, Hkv, D] are
+ *    both such strides); seq_lens_k[b] keys; kv_len = 0. Pages are read in
+ *    place (several sequences may share one: prefix caching); table entries past
+ *    a sequence's last page are never read.
+ *  Every mask applies per sequence on its own lengths (causal top-left j <= i,
+ *  bottom-right j <= i + Tk_b - Tq_b, windows, the variants); nothing crosses a
+ *  sequence boundary. kv_lengths, bool_mask and bias are refused with seqs
+ *  (SDPA_ERR_UNSUPPORTED), and so is a paged backward. Batch invariance: a
+ *  sequence's output bits depend only on its own inputs, lengths and the ISA,
+ *  never on the other sequences of the call or the thread count. */
+typedef struct sdpa_seqs {
+    const int32_t *cu_seqlens_q; /**< B + 1 entries: 0, nondecreasing, last = q_len */
+    const int32_t *cu_seqlens_k; /**< B + 1 entries (packed K/V), or NULL for paged K/V */
+    const int32_t *block_table;  /**< paged: B x max_blocks_per_seq page ids in [0, num_blocks) */
+    int64_t max_blocks_per_seq;  /**< paged: the block table's row length */
+    const int32_t *seq_lens_k;   /**< paged: B key counts, each <= max_blocks_per_seq * block_size */
+    int64_t block_size;          /**< paged: keys per page, >= 1 */
+    int64_t num_blocks;          /**< paged: pages in each cache */
+} sdpa_seqs;
 
 /** Fills *problem with defaults: all sizes 0, default scale, no masks,
  *  unbounded window, num_threads 0, ISA auto. Thread-safe; never fails

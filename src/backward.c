@@ -80,22 +80,20 @@ static void bwd_head_prologue(const plan *pl, const bwd_args *a, int64_t bh)
 }
 
 /* d loss / d sinks[h] = -sum over batch and rows of exp(s_h - LSE) * D (the sink's
- * P times dS = P (0 - D)), in a fixed order, in float64; D of the rows whose LSE
- * the statistics pass replaced is D + D_rest. D == NULL: nothing flows back
- * (Dv = 0 or an empty problem), dsinks = 0. */
-static void bwd_dsinks(const plan *pl, const sdpa_tensor *lse, const float *D, const float *D_rest)
+ * P times dS = P (0 - D)), in float64, added to acc[h] in a fixed order (the
+ * caller writes dsinks = -acc); D of the rows whose LSE the statistics pass
+ * replaced is D + D_rest. */
+static void bwd_dsinks(const plan *pl, const sdpa_tensor *lse, const float *D, const float *D_rest, double *acc)
 {
     for (int64_t h = 0; h < pl->Hq; h++) {
         const double s = pl->sinks[h];
-        double acc = 0.0;
-        for (int64_t b = 0; b < pl->B && D && s != -INFINITY; b++)
+        for (int64_t b = 0; b < pl->B && s != -INFINITY; b++)
             for (int64_t i = 0; i < pl->Tq; i++) {
                 const float lv = *row_in(lse, b, h, i);
                 const int64_t r = (b * pl->Hq + h) * pl->Tq + i;
                 const double d = (double)D[r] + (lse_needs_stats(lv) ? (double)D_rest[r] : 0.0);
-                acc += exp(s - (double)lv) * d;
+                acc[h] += exp(s - (double)lv) * d;
             }
-        pl->dsinks[h] = (float)-acc;
     }
 }
 
@@ -201,14 +199,16 @@ static sdpa_status bwd_check(const bwd_views *x, const plan *pl)
     const int64_t sq[3] = STR3(q), sk[3] = STR3(k), sv[3] = STR3(v), so[3] = STR3(o), sl[3] = STR3(lse),
                   sdo[3] = STR3(dout), sdq[3] = STR3(dq), sdk[3] = STR3(dk), sdv[3] = STR3(dv);
 #undef STR3
-    const int64_t B = pl->B, Hq = pl->Hq, Hkv = pl->Hkv, Tq = pl->Tq, Tk = pl->Tk;
+    int64_t nq[3], nk[3];
+    sdpa_view_rows(pl, nq, nk);
+    const int64_t B = nq[0], Hq = nq[1], Tq = nq[2], Bk = nk[0], Hkv = nk[1], Tk = nk[2];
     static const int64_t s_vec[3] = {0, 0, 1}; /* dsinks: Hq contiguous floats */
     tensor_desc t[10] = {
-        {x->q->data, sq, {B, Hq, Tq}, pl->Dk, 4, 0, 1},      {x->k->data, sk, {B, Hkv, Tk}, pl->Dk, 4, 0, 1},
-        {x->v->data, sv, {B, Hkv, Tk}, pl->Dv, 4, 0, 1},     {x->o->data, so, {B, Hq, Tq}, pl->Dv, 4, 0, 1},
+        {x->q->data, sq, {B, Hq, Tq}, pl->Dk, 4, 0, 1},      {x->k->data, sk, {Bk, Hkv, Tk}, pl->Dk, 4, 0, 1},
+        {x->v->data, sv, {Bk, Hkv, Tk}, pl->Dv, 4, 0, 1},    {x->o->data, so, {B, Hq, Tq}, pl->Dv, 4, 0, 1},
         {x->lse->data, sl, {B, Hq, Tq}, 1, 4, 0, 1},         {x->dout->data, sdo, {B, Hq, Tq}, pl->Dv, 4, 0, 1},
-        {x->dq->data, sdq, {B, Hq, Tq}, pl->Dk, 4, 1, 1},    {x->dk->data, sdk, {B, Hkv, Tk}, pl->Dk, 4, 1, 1},
-        {x->dv->data, sdv, {B, Hkv, Tk}, pl->Dv, 4, 1, 1},   {pl->dsinks, s_vec, {1, 1, Hq}, 1, 4, 1, pl->dsinks != NULL},
+        {x->dq->data, sdq, {B, Hq, Tq}, pl->Dk, 4, 1, 1},    {x->dk->data, sdk, {Bk, Hkv, Tk}, pl->Dk, 4, 1, 1},
+        {x->dv->data, sdv, {Bk, Hkv, Tk}, pl->Dv, 4, 1, 1},  {pl->dsinks, s_vec, {1, 1, pl->Hq}, 1, 4, 1, pl->dsinks != NULL},
     };
     return sdpa_check_tensors(pl, t, 10);
 }
@@ -240,7 +240,7 @@ static sdpa_status bwd_workspace_floats(const plan *pl, size_t *floats, size_t *
 
 /* Runs a validated, non-trivial call on the workspace ws. From here on the
  * outputs are written (zeroed first, by the team). */
-static void bwd_run(const plan *pl, const bwd_views *x, float *ws, size_t nD_round)
+static void bwd_run(const plan *pl, const bwd_views *x, float *ws, size_t nD_round, double *dsinks_acc)
 {
     /* Query tiles as in the forward (several heads of a group per tile when Tq
      * is short); the wavefront's rows are (head tile, row tile). */
@@ -266,15 +266,82 @@ static void bwd_run(const plan *pl, const bwd_views *x, float *ws, size_t nD_rou
     const bwd_team tm = {pl, &a, &L, ws, per, pl->nthreads, pl->B * pl->Hkv, R, L.nkt, kchunk};
     sdpa_parallel(pl->nthreads, bwd_team_body, (void *)&tm);
     if (pl->dsinks)
-        bwd_dsinks(pl, x->lse, D, row_dlo);
+        bwd_dsinks(pl, x->lse, D, row_dlo, dsinks_acc);
 }
 
-/* A trivial call's outputs: zero gradients (and dsinks). */
-static void bwd_run_trivial(const plan *pl, const bwd_views *x)
+/* Problem u of the call: the dense one, or sequence u of a packed call with its
+ * views offset to its first token (query-like views) and first key. */
+static void bwd_unit(const plan *pl, const bwd_views *x, int64_t u, plan *up, bwd_views *ux, sdpa_tensor t[6],
+                     sdpa_tensor_out g[3])
 {
-    zero_grads(pl, x->dq, x->dk, x->dv, 0, 1, 1);
+    *ux = *x;
+    if (!pl->seqs) {
+        *up = *pl;
+        return;
+    }
+    sdpa_seq_plan(pl, u, up);
+    const int64_t t0 = pl->seqs->cu_seqlens_q[u], k0 = pl->seqs->cu_seqlens_k[u];
+    const sdpa_tensor *in[6] = {x->q, x->k, x->v, x->o, x->lse, x->dout};
+    const sdpa_tensor_out *out[3] = {x->dq, x->dk, x->dv};
+    for (int i = 0; i < 6; i++) {
+        t[i] = *in[i];
+        if (t[i].data)
+            t[i].data += (i == 1 || i == 2 ? k0 : t0) * t[i].seq_stride;
+    }
+    for (int i = 0; i < 3; i++) {
+        g[i] = *out[i];
+        if (g[i].data)
+            g[i].data += (i ? k0 : t0) * g[i].seq_stride;
+    }
+    const bwd_views v = {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &g[0], &g[1], &g[2]};
+    *ux = v;
+}
+
+/* The workspace: the largest problem's (bwd_workspace_floats), then Hq doubles
+ * accumulating dsinks. */
+static sdpa_status bwd_call_floats(const plan *pl, size_t *floats)
+{
+    *floats = 0;
+    const int64_t n = pl->seqs ? pl->B : 1;
+    for (int64_t u = 0; u < n; u++) {
+        plan up;
+        size_t f, nr;
+        if (pl->seqs)
+            sdpa_seq_plan(pl, u, &up);
+        else
+            up = *pl;
+        const sdpa_status st = bwd_workspace_floats(&up, &f, &nr);
+        if (st != SDPA_OK)
+            return st;
+        *floats = f > *floats ? f : *floats;
+    }
     if (pl->dsinks)
-        bwd_dsinks(pl, x->lse, NULL, NULL);
+        *floats += round_floats(2 * (size_t)pl->Hq);
+    return SDPA_OK;
+}
+
+/* Every problem of the call in turn (each on the whole team), then dsinks. */
+static void bwd_call(const plan *pl, const bwd_views *x, float *ws, size_t floats)
+{
+    double *acc = pl->dsinks ? (double *)(void *)(ws + floats - round_floats(2 * (size_t)pl->Hq)) : NULL;
+    for (int64_t h = 0; acc && h < pl->Hq; h++)
+        acc[h] = 0.0;
+    const int64_t n = pl->seqs ? pl->B : 1;
+    for (int64_t u = 0; u < n; u++) {
+        plan up;
+        bwd_views ux;
+        sdpa_tensor t[6];
+        sdpa_tensor_out g[3];
+        bwd_unit(pl, x, u, &up, &ux, t, g);
+        size_t f, nr;
+        bwd_workspace_floats(&up, &f, &nr);
+        if (bwd_trivial(&up))
+            zero_grads(&up, ux.dq, ux.dk, ux.dv, 0, 1, 1); /* nothing flows back; dsinks gain 0 */
+        else
+            bwd_run(&up, &ux, ws, nr, acc);
+    }
+    for (int64_t h = 0; acc && h < pl->Hq; h++)
+        pl->dsinks[h] = (float)-acc[h];
 }
 
 sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -293,8 +360,8 @@ sdpa_status sdpa_backward_workspace_size(const sdpa_problem *p, size_t *bytes)
         return st;
     if (!bytes)
         return SDPA_ERR_NULL_ARGUMENT;
-    size_t floats, nr;
-    if ((st = bwd_workspace_floats(&pl, &floats, &nr)) != SDPA_OK)
+    size_t floats;
+    if ((st = bwd_call_floats(&pl, &floats)) != SDPA_OK)
         return st;
     return sdpa_workspace_bytes(floats, bytes);
 }
@@ -310,12 +377,14 @@ sdpa_status sdpa_backward_with_workspace(const sdpa_problem *p, const sdpa_tenso
     sdpa_status st = sdpa_make_plan(p, &pl);
     if (st != SDPA_OK)
         return st;
+    if (pl.seqs && !pl.seqs->cu_seqlens_k)
+        return SDPA_ERR_UNSUPPORTED; /* no paged backward */
     const bwd_views x = {q, k, v, o, lse, dout, dq, dk, dv};
-    size_t floats, nr;
-    if ((st = bwd_check(&x, &pl)) != SDPA_OK || (st = bwd_workspace_floats(&pl, &floats, &nr)) != SDPA_OK)
+    size_t floats;
+    if ((st = bwd_check(&x, &pl)) != SDPA_OK || (st = bwd_call_floats(&pl, &floats)) != SDPA_OK)
         return st;
-    if (bwd_trivial(&pl)) {
-        bwd_run_trivial(&pl, &x);
+    if (floats == 0) { /* every problem trivial, no dsinks */
+        bwd_call(&pl, &x, NULL, 0);
         return SDPA_OK;
     }
     const int own = !workspace && workspace_bytes == 0;
@@ -324,7 +393,7 @@ sdpa_status sdpa_backward_with_workspace(const sdpa_problem *p, const sdpa_tenso
         return SDPA_ERR_OUT_OF_MEMORY;
     if (!own && (st = sdpa_workspace_take(workspace, workspace_bytes, floats, &ws)) != SDPA_OK)
         return st;
-    bwd_run(&pl, &x, ws, nr);
+    bwd_call(&pl, &x, ws, floats);
     if (own)
         free(ws);
     return SDPA_OK;

@@ -39,6 +39,13 @@ typedef struct plan {
     const float *slopes, *sinks; /* ALiBi slopes, sinks: Hq each, or NULL */
     float *dsinks;  /* the backward's d loss / d sinks, or NULL */
     int logit_variants; /* softcap or ALiBi: score tiles are transformed (sdpa_logit_variants_*) */
+    const sdpa_seqs *seqs; /* packed sequences: this is the whole call's plan (sdpa_seq_plan gives
+                              one sequence's), else NULL */
+    const int32_t *pages;  /* one sequence's plan over a paged cache: its block table row (key j in
+                              page pages[j / page_size]; K/V batch_stride = the page stride), else NULL */
+    int64_t page_size;
+    int causal;            /* the descriptor's causal, window_left/right (sub-plans renormalise) */
+    int64_t wl_raw, wr_raw;
     int bq, bk, ld; /* tile sizes; ld = row stride of tile buffers (a multiple of kt->col_align) */
     int nthreads;
     const sdpa_kernels *kt;
@@ -63,6 +70,14 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl);
 /* Checks every tensor (NULL, strides, overflow, self-overlap) and aliasing
  * between outputs and inputs, other outputs and the mask operands. */
 sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt);
+
+/* One sequence's plan of a packed call (B = 1, its own Tq, Tk and windows; its
+ * block table row and page-sized key tiles when paged). */
+void sdpa_seq_plan(const plan *pl, int64_t b, plan *sub);
+/* The rows (batch, head, seq) the Q-like and K-like views of the call span:
+ * dense [B, H, T]; packed token lists [1, H, total]; paged caches
+ * [num_blocks, Hkv, block_size]. */
+void sdpa_view_rows(const plan *pl, int64_t nq[3], int64_t nk[3]);
 
 /* ----------------------------------------------------------------- mask.c */
 

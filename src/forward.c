@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "driver.h"
+#include "forward.h"
 
 /* Score tile: S^T [block_k][ld], or for few-column tiles S [ncol][nt_step]
  * (sized generously: max(nt_max_cols, nt_step) x block_k rounded up to
@@ -37,12 +37,6 @@ static size_t fwd_s_floats(const plan *pl)
     return transposed > natural ? transposed : natural;
 }
 
-typedef struct fwd_ws {
-    float *qt, *s, *m, *l, *alpha;
-    float *vs; /* 2 * ld floats: the logit variants' per-column scratch */
-    float *on; /* the output accumulator O, natural layout [ncol][Dv] (row stride Dv) */
-    int64_t *lo, *hi;
-} fwd_ws;
 
 /* Rows of the output accumulator: a tile's columns. */
 static size_t fwd_o_rows(const plan *pl)
@@ -50,7 +44,7 @@ static size_t fwd_o_rows(const plan *pl)
     return (size_t)(pl->ld > pl->kt->nt_max_cols ? pl->ld : pl->kt->nt_max_cols);
 }
 
-static size_t fwd_ws_floats(const plan *pl)
+size_t sdpa_fwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
     /* qt, s, m, l, alpha, and lo/hi as int64 (2 floats each), vs, on */
@@ -58,7 +52,7 @@ static size_t fwd_ws_floats(const plan *pl)
            4 * round_floats(ld) + round_floats(2 * ld) + round_floats(fwd_o_rows(pl) * pl->Dv);
 }
 
-static fwd_ws fwd_ws_carve(const plan *pl, float *base)
+fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
 {
     const size_t ld = (size_t)pl->ld;
     fwd_ws w;
@@ -76,18 +70,12 @@ static fwd_ws fwd_ws_carve(const plan *pl, float *base)
 
 /* Partial state of one (tile, split), C = fwd_tile_cols: m[C], l[C], and the
  * unnormalised O[C][Dv]. Compact, so that a split writes whole cache lines. */
-static size_t fwd_partial_floats(const plan *pl, const tile_layout *L)
+size_t sdpa_fwd_partial_floats(const plan *pl, const tile_layout *L)
 {
     const size_t cols = (size_t)tile_cols(L);
     return 2 * round_floats(cols) + round_floats((size_t)pl->Dv * cols);
 }
 
-typedef struct fwd_args {
-    const sdpa_tensor *q, *k, *v;
-    const sdpa_tensor_out *o, *lse;
-    tile_layout L;
-    float *partials; /* nsplit > 1: tiles * nsplit partial states */
-} fwd_args;
 
 /* Writes O = on / l (on: the tile's accumulator [ncol][Dv]) and LSE of a tile;
  * inv_l[c] = 1 / l[c] (0 where l is 0). */
@@ -128,6 +116,24 @@ static inline void prefetch_rows(const float *base, ptrdiff_t stride, int64_t j0
     }
 }
 
+/* Row j of a kv head of K or V (head_base: the head's row 0, or its offset in
+ * page 0 when paged): in place, through the sequence's page table when paged. */
+static inline const float *kv_row(const plan *pl, const sdpa_tensor *t, const float *head_base, int64_t j)
+{
+    if (!pl->pages)
+        return head_base + j * t->seq_stride;
+    return head_base + (int64_t)pl->pages[j / pl->page_size] * t->batch_stride + (j % pl->page_size) * t->seq_stride;
+}
+
+/* The end of the run of keys from j that lies in one page (unpaged: end). */
+static inline int64_t kv_run_end(const plan *pl, int64_t j, int64_t end)
+{
+    if (!pl->pages)
+        return end;
+    const int64_t page_end = (j / pl->page_size + 1) * pl->page_size;
+    return page_end < end ? page_end : end;
+}
+
 /* The tile one item of the forward works on. */
 typedef struct fwd_tile {
     int64_t b, hk, h0, i0;
@@ -150,29 +156,39 @@ static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_t
     const sdpa_kernels *kt = pl->kt;
     const int Dk = (int)pl->Dk, Dv = (int)pl->Dv, ncol = ft->ncol, step = kt->nt_step;
     const ptrdiff_t sk = a->k->seq_stride, sv = a->v->seq_stride;
-    const float *kb = ft->kb, *vb = ft->vb;
-    if (!partial && !pl->logit_variants && kt->attend_rows && Dk > 0 && Dv > 0 && ke - ks <= INT32_MAX &&
-        kt->attend_rows(ncol, (int)(ke - ks), Dk, Dv, pl->scale, w->qt, Dk, kb + ks * sk, sk, vb + ks * sv, sv,
-                        w->m, w->l, w->on, Dv, w->s))
-        return;
-    for (int64_t j = ks; j < ke; j += step) {
-        const int n = ke - j < step ? (int)(ke - j) : step;
+    if (!partial && !pl->logit_variants && kt->attend_rows && Dk > 0 && Dv > 0 && ke - ks <= INT32_MAX) {
+        /* one call per run of keys in one page (the whole range when unpaged) */
+        int64_t j = ks;
+        for (int64_t e; j < ke; j = e) {
+            e = kv_run_end(pl, j, ke);
+            if (!kt->attend_rows(ncol, (int)(e - j), Dk, Dv, pl->scale, w->qt, Dk, kv_row(pl, a->k, ft->kb, j), sk,
+                                 kv_row(pl, a->v, ft->vb, j), sv, w->m, w->l, w->on, Dv, w->s))
+                break; /* a shape the ISA does not take here: the steps below */
+        }
+        if (j >= ke)
+            return;
+        ks = j;
+    }
+    for (int64_t j = ks, n; j < ke; j += n) {
+        n = kv_run_end(pl, j, ke) - j;
+        n = n < step ? n : step;
         if (Dk == 0) /* no features: every score is 0 (K may have no data at all) */
             for (int c = 0; c < ncol; c++)
                 memset(w->s + (size_t)c * step, 0, (size_t)n * sizeof(float));
         else
-            kt->gemm_nt(ncol, n, Dk, pl->scale, w->qt, Dk, kb + j * sk, sk, w->s, step, 1);
+            kt->gemm_nt(ncol, (int)n, Dk, pl->scale, w->qt, Dk, kv_row(pl, a->k, ft->kb, j), sk, w->s, step, 1);
         if (pl->logit_variants)
-            sdpa_logit_variants_n(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, j, n, w->s, step, w->vs);
+            sdpa_logit_variants_n(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, j, (int)n, w->s, step, w->vs);
         if (n < step)
             for (int c = 0; c < ncol; c++)
                 for (int jj = n; jj < step; jj++)
                     w->s[(size_t)c * step + jj] = -INFINITY;
         if (partial)
-            sdpa_mask_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, j, n, w->s, 1, step);
+            sdpa_mask_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, j, (int)n, w->s, 1, step);
         kt->online_softmax_rows(ncol, step, w->s, step, w->m, w->l, w->alpha);
         if (Dv > 0)
-            kt->gemm_stream(ncol, Dv, n, w->s, step, vb + j * sv, sv, w->on, Dv, partial, w->alpha);
+            kt->gemm_stream(ncol, Dv, (int)n, w->s, step, kv_row(pl, a->v, ft->vb, j), sv, w->on, Dv, partial,
+                            w->alpha);
     }
 }
 
@@ -244,11 +260,11 @@ static void fwd_wide_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fw
     tile_keys tk;
     sdpa_tile_keys_init(pl, &tk, w->lo, w->hi, kind, ft->nh, ft->nr, ks, ke);
     sdpa_score_tile(pl, &tk, kind, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, nk,
-                    ft->kb ? ft->kb + ks * a->k->seq_stride : NULL, a->k->seq_stride, w->qt, w->s, NULL, w->vs);
+                    ft->kb ? kv_row(pl, a->k, ft->kb, ks) : NULL, a->k->seq_stride, w->qt, w->s, NULL, w->vs);
     kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
     if (Dv == 0)
         return;
-    const float *vrows = ft->vb + ks * a->v->seq_stride;
+    const float *vrows = kv_row(pl, a->v, ft->vb, ks); /* a tile lies in one page */
     if (kind == TILE_FULL) {
         sdpa_gemm_part(kt, KEYS_K_COLS_M, 0, nk, 0, ncol, Dv, 1.0f, w->s, 1, ld, vrows, a->v->seq_stride, w->on, Dv,
                        SDPA_GEMM_ACCUMULATE, w->alpha);
@@ -292,7 +308,7 @@ static void fwd_tile_end(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd
     const int ncol = ft->ncol;
     if (L->nsplit > 1) {
         const size_t cols = (size_t)tile_cols(L);
-        float *part = a->partials + (size_t)(t * L->nsplit + split) * fwd_partial_floats(pl, L);
+        float *part = a->partials + (size_t)(t * L->nsplit + split) * sdpa_fwd_partial_floats(pl, L);
         memcpy(part, w->m, (size_t)ncol * sizeof(float));
         memcpy(part + round_floats(cols), w->l, (size_t)ncol * sizeof(float));
         memcpy(part + 2 * round_floats(cols), w->on, (size_t)ncol * pl->Dv * sizeof(float));
@@ -304,7 +320,7 @@ static void fwd_tile_end(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd
 }
 
 /* One (tile, split) of the forward: Alg. 1 over the tile's key tiles in the split. */
-static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int64_t split)
+void sdpa_fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int64_t split)
 {
     fwd_tile ft;
     fwd_tile_begin(pl, w, a, t, split, &ft);
@@ -322,14 +338,17 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
             fwd_pack_q(pl, w, a, &ft);
         packed = 1;
         if (ft.nt) {
-            const int64_t run_end = kind == TILE_FULL ? fwd_full_run_end(pl, w, &ft, &ktile, kt_end, ke) : ke + 1;
+            const int64_t run_end =
+                kind == TILE_FULL && !pl->pages ? fwd_full_run_end(pl, w, &ft, &ktile, kt_end, ke) : ke + 1;
             fwd_nt_run(pl, w, a, &ft, ks, run_end, kind == TILE_PARTIAL);
             continue;
         }
         if (ktile + 1 < kt_end) { /* the next key tile, while this one computes */
             const int64_t n1 = pl->Tk - j1 > pl->bk ? j1 + pl->bk : pl->Tk;
-            prefetch_rows(ft.kb, a->k->seq_stride, j1, n1, pl->Dk);
-            prefetch_rows(ft.vb, a->v->seq_stride, j1, n1, pl->Dv);
+            if (ft.kb) /* a tile lies in one page */
+                prefetch_rows(kv_row(pl, a->k, ft.kb, j1), a->k->seq_stride, 0, n1 - j1, pl->Dk);
+            if (ft.vb)
+                prefetch_rows(kv_row(pl, a->v, ft.vb, j1), a->v->seq_stride, 0, n1 - j1, pl->Dv);
         }
         fwd_wide_tile(pl, w, a, &ft, kind, ks, ke);
     }
@@ -338,11 +357,11 @@ static void fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, in
 
 /* Merges the nsplit partial states of tile t in split order (sdpa_merge_row):
  * M = max m_s, l = sum l_s exp(m_s - M), O = sum O_s exp(m_s - M) / l. */
-static void fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
+void sdpa_fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
 {
     const tile_layout *L = &a->L;
     const int Dv = (int)pl->Dv, n = (int)L->nsplit;
-    const size_t pf = fwd_partial_floats(pl, L), off_l = round_floats((size_t)tile_cols(L)),
+    const size_t pf = sdpa_fwd_partial_floats(pl, L), off_l = round_floats((size_t)tile_cols(L)),
                  off_o = 2 * off_l;
     int64_t b, hk, h0, i0;
     int nh, nr;
@@ -362,145 +381,3 @@ static void fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
     fwd_store(pl, a, w->on, w->m, w->l, w->alpha, b, h0, nh, i0, nr);
 }
 
-/* What every thread of the forward's team shares, and one thread's own part. */
-typedef struct fwd_team {
-    const plan *pl;
-    const fwd_args *a;
-    float *ws;  /* nthreads workspaces of `per` floats */
-    size_t per;
-} fwd_team;
-
-typedef struct fwd_thread {
-    const fwd_team *team;
-    fwd_ws w;
-} fwd_thread;
-
-static void fwd_item_of(void *arg, int64_t it)
-{
-    fwd_thread *th = arg;
-    const tile_layout *L = &th->team->a->L;
-    /* Within a head, last row tiles first: under causal masks they are the longest. */
-    const int64_t split = it % L->nsplit, tile = it / L->nsplit;
-    const int64_t t = (tile / L->nrt) * L->nrt + (L->nrt - 1 - tile % L->nrt);
-    fwd_item(th->team->pl, &th->w, th->team->a, t, split);
-}
-
-static void fwd_merge_of(void *arg, int64_t tile)
-{
-    fwd_thread *th = arg;
-    fwd_merge(th->team->pl, &th->w, th->team->a, tile);
-}
-
-static void fwd_team_body(void *ctx, int tid, int team)
-{
-    const fwd_team *tm = ctx;
-    fwd_thread th = {tm, fwd_ws_carve(tm->pl, tm->ws + (size_t)tid * tm->per)};
-    const tile_layout *L = &tm->a->L;
-    sdpa_for_dynamic(team, L->tiles * L->nsplit, fwd_item_of, &th, 0);
-    if (L->nsplit > 1)
-        sdpa_for_dynamic(team, L->tiles, fwd_merge_of, &th, 0);
-}
-
-/* The workspace of a call: nthreads per-thread parts, then the split-KV
- * partials. Depends on the plan (shape, tiles, thread count) only. */
-static size_t fwd_workspace_floats(const plan *pl, const tile_layout *L, int nthreads)
-{
-    const int64_t items = L->tiles * L->nsplit;
-    const size_t npart = L->nsplit > 1 ? (size_t)items * fwd_partial_floats(pl, L) : 0;
-    return (size_t)nthreads * fwd_ws_floats(pl) + npart;
-}
-
-/* The threads a call runs: the plan's, at most one per item. */
-static int fwd_threads(const plan *pl, const tile_layout *L)
-{
-    const int64_t items = L->tiles * L->nsplit;
-    return pl->nthreads > items ? (int)(items > 0 ? items : 1) : pl->nthreads;
-}
-
-/* Validation of a call and its tensors; *nothing = 1 when there is nothing to
- * compute (an empty problem, or Dv = 0 without LSE). */
-static sdpa_status fwd_prepare(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
-                               const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse, plan *pl,
-                               fwd_args *a, int *nothing)
-{
-    sdpa_status st = sdpa_make_plan(p, pl);
-    if (st != SDPA_OK)
-        return st;
-    if (!q || !k || !v || !o)
-        return SDPA_ERR_NULL_ARGUMENT;
-    const int64_t sq[3] = {q->batch_stride, q->head_stride, q->seq_stride};
-    const int64_t sk[3] = {k->batch_stride, k->head_stride, k->seq_stride};
-    const int64_t sv[3] = {v->batch_stride, v->head_stride, v->seq_stride};
-    const int64_t so[3] = {o->batch_stride, o->head_stride, o->seq_stride};
-    const int64_t sl[3] = {lse ? lse->batch_stride : 0, lse ? lse->head_stride : 0, lse ? lse->seq_stride : 0};
-    tensor_desc t[5] = {
-        {q->data, sq, {pl->B, pl->Hq, pl->Tq}, pl->Dk, 4, 0, 1},
-        {k->data, sk, {pl->B, pl->Hkv, pl->Tk}, pl->Dk, 4, 0, 1},
-        {v->data, sv, {pl->B, pl->Hkv, pl->Tk}, pl->Dv, 4, 0, 1},
-        {o->data, so, {pl->B, pl->Hq, pl->Tq}, pl->Dv, 4, 1, 1},
-        {lse ? lse->data : NULL, sl, {pl->B, pl->Hq, pl->Tq}, 1, 4, 1, lse && lse->data},
-    };
-    if ((st = sdpa_check_tensors(pl, t, 5)) != SDPA_OK)
-        return st;
-    const fwd_args args = {q, k, v, o, lse, sdpa_tile_layout(pl), NULL};
-    *a = args;
-    *nothing = (pl->Dv == 0 && !(lse && lse->data)) || a->L.tiles * a->L.nsplit == 0;
-    return SDPA_OK;
-}
-
-/* Runs a prepared call on the workspace ws (fwd_workspace_floats floats). */
-static void fwd_run(const plan *pl, fwd_args *a, float *ws)
-{
-    const int nthreads = fwd_threads(pl, &a->L);
-    const size_t per = fwd_ws_floats(pl);
-    a->partials = a->L.nsplit > 1 ? ws + (size_t)nthreads * per : NULL;
-    const fwd_team tm = {pl, a, ws, per};
-    sdpa_parallel(nthreads, fwd_team_body, (void *)&tm);
-}
-
-sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
-                         const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
-{
-    plan pl;
-    fwd_args a;
-    int nothing;
-    const sdpa_status st = fwd_prepare(p, q, k, v, o, lse, &pl, &a, &nothing);
-    if (st != SDPA_OK || nothing)
-        return st;
-    float *ws = sdpa_alloc_floats(fwd_workspace_floats(&pl, &a.L, fwd_threads(&pl, &a.L)));
-    if (!ws)
-        return SDPA_ERR_OUT_OF_MEMORY;
-    fwd_run(&pl, &a, ws);
-    free(ws);
-    return SDPA_OK;
-}
-
-sdpa_status sdpa_forward_workspace_size(const sdpa_problem *p, size_t *bytes)
-{
-    plan pl;
-    const sdpa_status st = sdpa_make_plan(p, &pl);
-    if (st != SDPA_OK)
-        return st;
-    if (!bytes)
-        return SDPA_ERR_NULL_ARGUMENT;
-    const tile_layout L = sdpa_tile_layout(&pl);
-    return sdpa_workspace_bytes(fwd_workspace_floats(&pl, &L, fwd_threads(&pl, &L)), bytes);
-}
-
-sdpa_status sdpa_forward_with_workspace(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
-                                        const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse,
-                                        void *workspace, size_t workspace_bytes)
-{
-    plan pl;
-    fwd_args a;
-    int nothing;
-    sdpa_status st = fwd_prepare(p, q, k, v, o, lse, &pl, &a, &nothing);
-    if (st != SDPA_OK || nothing)
-        return st;
-    float *ws;
-    if ((st = sdpa_workspace_take(workspace, workspace_bytes,
-                                  fwd_workspace_floats(&pl, &a.L, fwd_threads(&pl, &a.L)), &ws)) != SDPA_OK)
-        return st;
-    fwd_run(&pl, &a, ws);
-    return SDPA_OK;
-}

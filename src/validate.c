@@ -111,6 +111,111 @@ static sdpa_status check_variants(const sdpa_problem *p)
     return SDPA_OK;
 }
 
+/* The window of the plan's own Tq, Tk from the descriptor's: |i + d| <= Tq + Tk,
+ * so a wider window limits nothing and is unbounded (this also keeps i + d +-
+ * window from overflowing); causal is window_right = 0 (or tighter). */
+static void plan_windows(plan *pl)
+{
+    pl->wl = pl->wl_raw;
+    pl->wr = pl->wr_raw;
+    if (pl->wl > pl->Tq && pl->wl - pl->Tq > pl->Tk)
+        pl->wl = SDPA_WINDOW_UNBOUNDED;
+    if (pl->wr > pl->Tq && pl->wr - pl->Tq > pl->Tk)
+        pl->wr = SDPA_WINDOW_UNBOUNDED;
+    if (pl->causal)
+        pl->wr = (pl->wr == SDPA_WINDOW_UNBOUNDED || pl->wr > 0) ? 0 : pl->wr;
+}
+
+/* Packed sequences: cu_seqlens (0, nondecreasing, last = total), or a paged
+ * cache (sizes, seq_lens_k within the block table rows, the page ids each
+ * sequence uses); the element masks and kv_lengths are not taken with them. */
+static sdpa_status check_cu(const int32_t *cu, int64_t B, int64_t total)
+{
+    if (cu[0] != 0)
+        return SDPA_ERR_BAD_SEQLENS;
+    for (int64_t b = 0; b < B; b++)
+        if (cu[b + 1] < cu[b])
+            return SDPA_ERR_BAD_SEQLENS;
+    return cu[B] == total ? SDPA_OK : SDPA_ERR_BAD_SEQLENS;
+}
+
+static sdpa_status check_pages(const sdpa_problem *p, const sdpa_seqs *s)
+{
+    if (!s->block_table || !s->seq_lens_k)
+        return SDPA_ERR_NULL_ARGUMENT;
+    if (s->block_size < 1 || s->max_blocks_per_seq < 0 || s->num_blocks < 0 || s->num_blocks > INT32_MAX ||
+        s->block_size > INT32_MAX)
+        return SDPA_ERR_BAD_BLOCK_TABLE;
+    int64_t cap, rows;
+    if (__builtin_mul_overflow(s->max_blocks_per_seq, s->block_size, &cap) ||
+        __builtin_mul_overflow(p->batch, s->max_blocks_per_seq, &rows))
+        return SDPA_ERR_SIZE_OVERFLOW;
+    if (p->kv_len != 0)
+        return SDPA_ERR_BAD_SEQLENS;
+    for (int64_t b = 0; b < p->batch; b++) {
+        if (s->seq_lens_k[b] < 0 || s->seq_lens_k[b] > cap)
+            return SDPA_ERR_BAD_SEQLENS;
+        const int64_t used = (s->seq_lens_k[b] + s->block_size - 1) / s->block_size;
+        for (int64_t j = 0; j < used; j++) {
+            const int32_t page = s->block_table[b * s->max_blocks_per_seq + j];
+            if (page < 0 || page >= s->num_blocks)
+                return SDPA_ERR_BAD_BLOCK_TABLE;
+        }
+    }
+    return SDPA_OK;
+}
+
+static sdpa_status check_seqs(const sdpa_problem *p)
+{
+    const sdpa_seqs *s = p->seqs;
+    if (!s)
+        return SDPA_OK;
+    if (p->kv_lengths || p->bool_mask.data || p->bias.data)
+        return SDPA_ERR_UNSUPPORTED;
+    if (!s->cu_seqlens_q)
+        return SDPA_ERR_NULL_ARGUMENT;
+    sdpa_status st = check_cu(s->cu_seqlens_q, p->batch, p->q_len);
+    if (st != SDPA_OK)
+        return st;
+    if (s->cu_seqlens_k)
+        return s->block_table ? SDPA_ERR_BAD_BLOCK_TABLE : check_cu(s->cu_seqlens_k, p->batch, p->kv_len);
+    return check_pages(p, s);
+}
+
+void sdpa_seq_plan(const plan *pl, int64_t b, plan *sub)
+{
+    const sdpa_seqs *s = pl->seqs;
+    *sub = *pl;
+    sub->seqs = NULL;
+    sub->B = 1;
+    sub->Tq = s->cu_seqlens_q[b + 1] - s->cu_seqlens_q[b];
+    sub->Tk = s->cu_seqlens_k ? s->cu_seqlens_k[b + 1] - s->cu_seqlens_k[b] : s->seq_lens_k[b];
+    plan_windows(sub);
+    if (!s->cu_seqlens_k) { /* paged: key tiles inside one page (the largest divisor of the page size <= bk) */
+        sub->pages = s->block_table + b * s->max_blocks_per_seq;
+        sub->page_size = s->block_size;
+        int bk = sub->bk;
+        while (s->block_size % bk)
+            bk--;
+        sub->bk = bk;
+    }
+}
+
+void sdpa_view_rows(const plan *pl, int64_t nq[3], int64_t nk[3])
+{
+    const sdpa_seqs *s = pl->seqs;
+    nq[0] = pl->B, nq[1] = pl->Hq, nq[2] = pl->Tq;
+    nk[0] = pl->B, nk[1] = pl->Hkv, nk[2] = pl->Tk;
+    if (!s)
+        return;
+    nq[0] = 1; /* token lists: [total_q, Hq, D] */
+    nk[0] = 1;
+    if (!s->cu_seqlens_k) { /* pages: [num_blocks, Hkv, block_size, D] through strides */
+        nk[0] = s->num_blocks;
+        nk[2] = s->block_size;
+    }
+}
+
 /* The descriptor's own checks (no tensors, no kernels). */
 static sdpa_status check_descriptor(const sdpa_problem *p)
 {
@@ -162,7 +267,8 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
         for (int64_t b = 0; b < p->batch; b++)
             if (p->kv_lengths[b] < 0 || p->kv_lengths[b] > p->kv_len)
                 return SDPA_ERR_BAD_KV_LENGTH;
-    return check_variants(p);
+    const sdpa_status st = check_variants(p);
+    return st != SDPA_OK ? st : check_seqs(p);
 }
 
 sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
@@ -186,16 +292,10 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
     pl->scale = p->use_default_scale ? (float)(1.0 / sqrt((double)p->head_dim_qk)) : p->scale;
     pl->bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
                        (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT);
-    pl->wl = p->window_left;
-    pl->wr = p->window_right;
-    /* |i + d| <= Tq + Tk, so a wider window limits nothing: treat it as
-     * unbounded (this also keeps i + d +- window from overflowing). */
-    if (pl->wl > pl->Tq && pl->wl - pl->Tq > pl->Tk)
-        pl->wl = SDPA_WINDOW_UNBOUNDED;
-    if (pl->wr > pl->Tq && pl->wr - pl->Tq > pl->Tk)
-        pl->wr = SDPA_WINDOW_UNBOUNDED;
-    if (p->causal != SDPA_CAUSAL_NONE)
-        pl->wr = (pl->wr == SDPA_WINDOW_UNBOUNDED || pl->wr > 0) ? 0 : pl->wr;
+    pl->causal = p->causal != SDPA_CAUSAL_NONE;
+    pl->wl_raw = p->window_left;
+    pl->wr_raw = p->window_right;
+    plan_windows(pl);
     pl->kv_lengths = p->kv_lengths;
     pl->bm = p->bool_mask;
     pl->bias = p->bias;
@@ -204,6 +304,7 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
     pl->slopes = p->alibi_slopes;
     pl->sinks = p->sinks;
     pl->dsinks = p->dsinks;
+    pl->seqs = p->seqs;
     pl->logit_variants = p->softcap != 0.0f || p->alibi_slopes != NULL;
     pl->kt = kt;
     pl->bq = p->block_q ? p->block_q : kt->block_q;

@@ -504,7 +504,7 @@ Test(api, invalid_arguments_write_nothing)
     } while (0)
     CASE("struct_size garbage", SDPA_ERR_BAD_DESCRIPTOR, PP->struct_size = 0xdeadbeef);
     CASE("struct_size one less", SDPA_ERR_BAD_DESCRIPTOR, PP->struct_size -= 1);
-    CASE("reserved[3]", SDPA_ERR_BAD_DESCRIPTOR, PP->reserved[3] = 1);
+    CASE("reserved[2]", SDPA_ERR_BAD_DESCRIPTOR, PP->reserved[2] = 1);
     CASE("causal 3", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)3);
     CASE("causal -1", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)-1);
     CASE("alignment 2", SDPA_ERR_BAD_DESCRIPTOR, PP->window_alignment = (sdpa_alignment)2);

@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: MIT */
+/* forward.h - what forward.c (one tile of the forward: Alg. 1 over its key tiles,
+ * the split-KV merge) and forward_call.c (the entry points, the team, dense and
+ * packed-sequence calls) share. Internal. */
+#ifndef SDPA_FORWARD_H
+#define SDPA_FORWARD_H
+
+#include "driver.h"
+
+/* One thread's workspace. */
+typedef struct fwd_ws {
+    float *qt, *s, *m, *l, *alpha;
+    float *vs; /* 2 * ld floats: the logit variants' per-column scratch */
+    float *on; /* the output accumulator O, natural layout [ncol][Dv] (row stride Dv) */
+    int64_t *lo, *hi;
+} fwd_ws;
+
+/* The tensors and tile layout of one problem (a dense call, or one sequence of a
+ * packed call). */
+typedef struct fwd_args {
+    const sdpa_tensor *q, *k, *v;
+    const sdpa_tensor_out *o, *lse;
+    tile_layout L;
+    float *partials; /* nsplit > 1: tiles * nsplit partial states */
+} fwd_args;
+
+/* Floats of one thread's workspace, and its carving. */
+size_t sdpa_fwd_ws_floats(const plan *pl);
+fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base);
+/* Floats of one (tile, split) partial state (split-KV). */
+size_t sdpa_fwd_partial_floats(const plan *pl, const tile_layout *L);
+/* One (tile, split) of the forward: O and LSE of the tile, or its partial state. */
+void sdpa_fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int64_t split);
+/* The merge of tile t's partial states into its O and LSE. */
+void sdpa_fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t);
+
+#endif /* SDPA_FORWARD_H */
