@@ -18,6 +18,21 @@ static int64_t diagonal(const plan *pl, int64_t b)
     return pl->bottom_right ? keys_of_batch(pl, b) - pl->Tq : 0;
 }
 
+/* Per column of a tile (head h0 + g, row i0 + ii): pos = its aligned diagonal
+ * i + d minus the first key key0, as a float; slope = its head's. scratch: pos
+ * then slope, nh * nr floats each. */
+static void alibi_columns(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, int64_t key0,
+                          float *scratch)
+{
+    const int ncol = nh * nr;
+    const int64_t d = diagonal(pl, b);
+    for (int g = 0; g < nh; g++)
+        for (int ii = 0; ii < nr; ii++) {
+            scratch[g * nr + ii] = (float)(i0 + ii + d - key0);
+            scratch[ncol + g * nr + ii] = pl->slopes[h0 + g];
+        }
+}
+
 void sdpa_logit_variants_t(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, int64_t ks, int nk,
                            float *S, ptrdiff_t ld, float *G, float *scratch)
 {
@@ -27,14 +42,8 @@ void sdpa_logit_variants_t(const plan *pl, int64_t b, int64_t h0, int nh, int64_
         kt->softcap(nk, ncol, S, ld, pl->softcap, G, ld);
     if (!pl->slopes)
         return;
-    float *pos = scratch, *slope = scratch + ncol;
-    const int64_t d = diagonal(pl, b);
-    for (int g = 0; g < nh; g++)
-        for (int ii = 0; ii < nr; ii++) {
-            pos[g * nr + ii] = (float)(i0 + ii + d - ks);
-            slope[g * nr + ii] = pl->slopes[h0 + g];
-        }
-    kt->alibi_cols(nk, ncol, S, ld, pos, slope);
+    alibi_columns(pl, b, h0, nh, i0, nr, ks, scratch);
+    kt->alibi_cols(nk, ncol, S, ld, scratch, scratch + ncol);
 }
 
 void sdpa_logit_variants_n(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, int64_t j0, int nk,
@@ -46,14 +55,8 @@ void sdpa_logit_variants_n(const plan *pl, int64_t b, int64_t h0, int nh, int64_
         kt->softcap(ncol, nk, S, lds, pl->softcap, NULL, 0);
     if (!pl->slopes)
         return;
-    float *pos = scratch, *slope = scratch + ncol;
-    const int64_t d = diagonal(pl, b);
-    for (int g = 0; g < nh; g++)
-        for (int ii = 0; ii < nr; ii++) {
-            pos[g * nr + ii] = (float)(i0 + ii + d - j0);
-            slope[g * nr + ii] = pl->slopes[h0 + g];
-        }
-    kt->alibi_rows(ncol, nk, S, lds, pos, slope);
+    alibi_columns(pl, b, h0, nh, i0, nr, j0, scratch);
+    kt->alibi_rows(ncol, nk, S, lds, scratch, scratch + ncol);
 }
 
 void sdpa_sink_state(const plan *pl, int64_t h0, int nh, int nr, float *m, float *l)
