@@ -36,6 +36,11 @@ typedef struct cli_opts {
     const char *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
     const char *kvlen, *mask, *bias, *data_dir;
     const char *alibi, *sinks, *dsinks; /* --alibi-slopes, --sinks (read), --dsinks (written) */
+    /* packed sequences and paged K/V (issue 17): --cu-seqlens-q, --cu-seqlens-k,
+     * --block-table, --seq-lens-k */
+    const char *cuq, *cuk, *btab, *lensk;
+    int page_nhd, have_page_layout; /* --page-layout NHD (default HND) */
+    int bshd, have_layout;          /* --layout bshd (default bhsd) */
     int have_scale;
     float scale;
     float softcap; /* --softcap: 0 = off, else finite > 0 */

@@ -33,9 +33,11 @@ void plain_error(const char *fmt, ...)
 }
 
 static const char *const usage_lines[] = {
-    [CMD_FORWARD] = "usage: sdpa forward -q Q.npy -k K.npy -v V.npy -o O.npy [--lse LSE.npy] [options]",
+    [CMD_FORWARD] = "usage: sdpa forward -q Q.npy -k K.npy -v V.npy -o O.npy [--lse LSE.npy] [--cu-seqlens-q CUQ.npy "
+                    "(--cu-seqlens-k CUK.npy | --block-table BT.npy --seq-lens-k LK.npy)] [options]",
     [CMD_BACKWARD] = "usage: sdpa backward -q Q.npy -k K.npy -v V.npy --do dO.npy --dq dQ.npy --dk dK.npy "
-                     "--dv dV.npy [-o O.npy --lse LSE.npy] [--dsinks dSINKS.npy] [options]",
+                     "--dv dV.npy [-o O.npy --lse LSE.npy] [--dsinks dSINKS.npy] [--cu-seqlens-q CUQ.npy "
+                     "--cu-seqlens-k CUK.npy] [options]",
     [CMD_DEMO] = "usage: sdpa demo [--data DIR] [--threads N] [--isa NAME]",
 };
 
@@ -64,7 +66,9 @@ int library_error(sdpa_status st)
 
 /* ------------------------------------------------------------ the option table */
 
-typedef enum opt_kind { K_PATH, K_SCALE, K_SOFTCAP, K_CAUSAL, K_ALIGN, K_WINDOW, K_THREADS, K_ISA } opt_kind;
+typedef enum opt_kind {
+    K_PATH, K_SCALE, K_SOFTCAP, K_CAUSAL, K_ALIGN, K_WINDOW, K_THREADS, K_ISA, K_LAYOUT, K_PAGE_LAYOUT
+} opt_kind;
 
 typedef struct opt_def {
     const char *name, *alias; /* "--name", optional short "-x" */
@@ -110,6 +114,16 @@ static const opt_def opt_defs[] = {
      "attention sinks, float32 (Hq,), each finite or -inf (see below)"},
     {"--dsinks", NULL, K_PATH, OFF(dsinks), CMD_BACKWARD,
      "dsinks, float32 (Hq,) (written; needs --sinks)"},
+    {"--layout", NULL, K_LAYOUT, OFF(bshd), FB,
+     "bhsd|bshd: dense 4-D files are (B, H, T, D) (default) or (B, T, H, D); LSE (B, H, T) or (B, T, H)"},
+    {"--cu-seqlens-q", NULL, K_PATH, OFF(cuq), FB,
+     "CUQ.npy: int32/int64 (B+1,) query offsets: Q (total_q, Hq, Dk) packed (see below)"},
+    {"--cu-seqlens-k", NULL, K_PATH, OFF(cuk), FB, "CUK.npy: int32/int64 (B+1,) key offsets: K, V (total_k, Hkv, D)"},
+    {"--block-table", NULL, K_PATH, OFF(btab), FB,
+     "BT.npy: int32/int64 (B, M) page ids: K, V are paged caches (forward only)"},
+    {"--seq-lens-k", NULL, K_PATH, OFF(lensk), FB, "LK.npy: int32/int64 (B,) keys of each sequence in the cache"},
+    {"--page-layout", NULL, K_PAGE_LAYOUT, OFF(page_nhd), FB,
+     "HND|NHD: caches (num_blocks, Hkv, block_size, D) (default) or (num_blocks, block_size, Hkv, D)"},
     {"--data", NULL, K_PATH, OFF(data_dir), CMD_DEMO, "DIR: the examples directory"},
     {"--threads", NULL, K_THREADS, OFF(threads), FB | CMD_DEMO, "N: OpenMP threads (0: OpenMP's default)"},
     {"--isa", NULL, K_ISA, OFF(isa), FB | CMD_DEMO, "NAME: scalar|avx2|avx512|neon|auto"},
@@ -135,6 +149,10 @@ void print_help(int cmd)
         char names[40];
         if (!(d->cmds & (unsigned)cmd))
             continue;
+        if (cmd == CMD_BACKWARD && d->kind == K_PAGE_LAYOUT)
+            continue; /* accepted only to refuse a paged backward with a clear message */
+        if (cmd == CMD_BACKWARD && (d->offset == OFF(btab) || d->offset == OFF(lensk)))
+            continue;
         snprintf(names, sizeof names, "%s%s%s", d->alias ? d->alias : "", d->alias ? ", " : "", d->name);
         printf("  %-20s %s\n", names, d->help);
     }
@@ -144,9 +162,25 @@ void print_help(int cmd)
                "(--alibi-slopes; d: the diagonal of --causal / --window-align), then + bias and the masks.\n"
                "A sink s[h] joins every row's softmax denominator and carries no value.\n");
     if (cmd != CMD_DEMO)
-        printf("\nQ/K/V/O share one rank: 2 (T, D), 3 (H, T, D) or 4 (B, H, T, D); outputs have the\n"
-               "rank of their input. GQA: Hq a multiple of Hkv. Outputs are written only if\n"
-               "everything succeeds. Errors: one line on stderr, exit status 2.\n");
+        printf("\nQ/K/V/O share one rank: 2 (T, D), 3 (H, T, D) or 4 (B, H, T, D), or with --layout bshd\n"
+               "4 (B, T, H, D); outputs have the rank and layout of their input. GQA: Hq a multiple of\n"
+               "Hkv. Outputs are written only if everything succeeds. Errors: one line on stderr, exit\n"
+               "status 2.\n");
+    if (cmd == CMD_FORWARD)
+        printf("\nPacked sequences (serving; FlashAttention's cu_seqlens): with --cu-seqlens-q, B sequences\n"
+               "are packed in token lists: Q (total_q, Hq, Dk), O (total_q, Hq, Dv), LSE (total_q, Hq),\n"
+               "sequence b owning rows CUQ[b]..CUQ[b+1]-1 (CUQ[0] = 0, nondecreasing, CUQ[B] = total_q).\n"
+               "K, V are either packed the same way with --cu-seqlens-k (total_k, Hkv, D), or paged\n"
+               "caches with --block-table BT.npy (B, M) and --seq-lens-k LK.npy (B,): key j of sequence b\n"
+               "is slot j %% block_size of page BT[b, j / block_size]; LK[b] keys; K, V are\n"
+               "(num_blocks, Hkv, block_size, D) (--page-layout HND) or (num_blocks, block_size, Hkv, D)\n"
+               "(NHD). Table entries past a sequence's last page are not read; pages may be shared.\n"
+               "Causal, windows and the variants apply per sequence (bottom-right: each sequence's keys\n"
+               "end at its last query); --mask, --bias and --kv-len are refused.\n");
+    if (cmd == CMD_BACKWARD)
+        printf("\nPacked sequences: --cu-seqlens-q CUQ.npy with --cu-seqlens-k CUK.npy (int32/int64 (B+1,)):\n"
+               "Q, dO, dQ (total_q, Hq, D), K, V, dK, dV (total_k, Hkv, D), LSE (total_q, Hq). No paged\n"
+               "backward; --mask, --bias and --kv-len are refused with them.\n");
 }
 
 /* ------------------------------------------------------------ option values */
@@ -262,11 +296,64 @@ static int parse_value(int cmd, const opt_def *d, const char *name, const char *
         o->threads = (int)n;
         return 0;
     case K_ISA: return parse_isa(cmd, val, o);
+    case K_LAYOUT:
+        if (strcmp(val, "bhsd") != 0 && strcmp(val, "bshd") != 0)
+            return usage_error(cmd, "--layout '%s': expected bhsd (B, H, T, D) or bshd (B, T, H, D)", val);
+        o->bshd = strcmp(val, "bshd") == 0;
+        o->have_layout = 1;
+        return 0;
+    case K_PAGE_LAYOUT:
+        if (strcmp(val, "HND") != 0 && strcmp(val, "NHD") != 0)
+            return usage_error(cmd,
+                               "--page-layout '%s': expected HND (num_blocks, Hkv, block_size, D) or NHD "
+                               "(num_blocks, block_size, Hkv, D)",
+                               val);
+        o->page_nhd = strcmp(val, "NHD") == 0;
+        o->have_page_layout = 1;
+        return 0;
     }
     return 0;
 }
 
 /* ------------------------------------------------------------ the command line */
+
+/* The combinations of the packed / paged options (issue 17) and --layout. */
+static int check_seq_options(int cmd, const cli_opts *o)
+{
+    if (cmd == CMD_DEMO)
+        return 0;
+    if (cmd == CMD_BACKWARD && (o->btab || o->lensk || o->have_page_layout))
+        return usage_error(cmd, "%s: there is no paged backward (libsdpa computes the backward of packed K/V "
+                                "only: give --cu-seqlens-q and --cu-seqlens-k)",
+                           o->btab ? "--block-table" : o->lensk ? "--seq-lens-k" : "--page-layout");
+    if (!o->cuq) {
+        if (o->cuk || o->btab || o->lensk)
+            return usage_error(cmd, "%s needs --cu-seqlens-q (the packed queries' offsets)",
+                               o->cuk ? "--cu-seqlens-k" : o->btab ? "--block-table" : "--seq-lens-k");
+        if (o->have_page_layout)
+            return usage_error(cmd, "--page-layout applies only to paged caches (--block-table)");
+        return 0;
+    }
+    if (o->mask || o->bias || o->kvlen)
+        return usage_error(cmd, "%s cannot be used with --cu-seqlens-q (packed sequences take no mask, bias or "
+                                "key lengths: each sequence's lengths come from the offsets)",
+                           o->mask ? "--mask" : o->bias ? "--bias" : "--kv-len");
+    if (o->have_layout && o->bshd)
+        return usage_error(cmd, "--layout bshd applies to dense 4-D files; with --cu-seqlens-q the files are "
+                                "token lists (total, H, D)");
+    if (o->cuk && (o->btab || o->lensk))
+        return usage_error(cmd, "give either --cu-seqlens-k (packed K/V) or --block-table with --seq-lens-k "
+                                "(paged K/V), not both");
+    if (!o->cuk && !o->btab && !o->lensk)
+        return usage_error(cmd, "--cu-seqlens-q needs --cu-seqlens-k (packed K/V) or --block-table and "
+                                "--seq-lens-k (paged K/V)");
+    if (!o->cuk && (!o->btab || !o->lensk))
+        return usage_error(cmd, "%s needs %s (paged K/V)", o->btab ? "--block-table" : "--seq-lens-k",
+                           o->btab ? "--seq-lens-k" : "--block-table");
+    if (o->have_page_layout && !o->btab)
+        return usage_error(cmd, "--page-layout applies only to paged caches (--block-table)");
+    return 0;
+}
 
 /* Index into opt_defs of the option called name for cmd, or -1. */
 static int find_option(int cmd, const char *name)
@@ -326,5 +413,5 @@ int parse_options(int cmd, int argc, char **argv, cli_opts *o, int *help)
     if (o->have_align && o->causal != SDPA_CAUSAL_NONE)
         return usage_error(cmd, "--window-align applies only without --causal (a causal window follows "
                                 "the causal alignment)");
-    return 0;
+    return check_seq_options(cmd, o);
 }

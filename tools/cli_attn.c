@@ -3,12 +3,31 @@
  *
  * Every input is read and validated, and every output's temporary file is
  * created, before anything is computed (cli_out.c), so a bad input never
- * creates or changes an output file. */
+ * creates or changes an output file.
+ *
+ * File layouts, each a view (strides) over the file's own C-order data, never
+ * a transposing copy; outputs are written in the layout of their input:
+ *   dense (default --layout bhsd): (B, H, T, D), or rank 2 / 3 without B / H;
+ *   dense --layout bshd: (B, T, H, D), LSE (B, T, H);
+ *   packed (--cu-seqlens-q): token lists (total, H, D), LSE (total_q, Hq);
+ *   paged K/V (--block-table): caches (num_blocks, Hkv, block_size, D) (HND)
+ *     or (num_blocks, block_size, Hkv, D) (NHD), batch stride = page stride. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+
+/* How a file's dims map onto the library's [B, H, T, D] views. */
+typedef enum vkind {
+    V_BHSD,   /* (B, H, T, D), or (H, T, D) / (T, D) with the missing dims 1 */
+    V_BSHD,   /* (B, T, H, D) */
+    V_TOKENS, /* (total, H, D): a packed token list (batch stride 0) */
+    V_HND,    /* (num_blocks, H, block_size, D): batch stride = page stride */
+    V_NHD     /* (num_blocks, block_size, H, D) */
+} vkind;
+
+enum { MODE_DENSE, MODE_PACKED, MODE_PAGED };
 
 typedef struct job {
     cli_opts opt;
@@ -16,8 +35,18 @@ typedef struct job {
     npy_array kvlen_raw, mask, bias, alibi, sinks;
     int32_t *kvlen;
     sdpa_problem p;
-    int64_t osize[4]; /* O (B, Hq, Tq, Dv): element count, then strides (dims_sizes) */
-    int64_t lsize[3]; /* LSE (B, Hq, Tq): element count, then strides */
+    int mode;
+    vkind qkind, kvkind;        /* layouts of Q/O/dO/LSE and of K/V */
+    sdpa_tensor vq, vk, vv;     /* views of the Q, K, V files */
+    int ondim, lndim;           /* O (shaped like Q, last dim Dv) and LSE (Q.shape[:-1]) */
+    int64_t oshape[4], lshape[4];
+    int64_t ocount, lcount;     /* their element counts */
+    int64_t ostr[3], lstr[3];   /* their (batch, head, seq) strides */
+    /* packed / paged (issue 17) */
+    npy_array cuq_raw, cuk_raw, bt_raw, lk_raw;
+    int32_t *cuq, *cuk, *bt, *lk;
+    int64_t nseq, total_q, total_k, num_blocks, block_size, max_blocks;
+    sdpa_seqs seqs;
 } job;
 
 static void job_free(job *j)
@@ -33,14 +62,23 @@ static void job_free(job *j)
     npy_free(&j->bias);
     npy_free(&j->alibi);
     npy_free(&j->sinks);
+    npy_free(&j->cuq_raw);
+    npy_free(&j->cuk_raw);
+    npy_free(&j->bt_raw);
+    npy_free(&j->lk_raw);
     free(j->kvlen);
+    free(j->cuq);
+    free(j->cuk);
+    free(j->bt);
+    free(j->lk);
 }
 
 /* The first output path that names one of the input files, or NULL (an output
  * must never replace an input by accident). */
 static const char *output_clobbers_input(const cli_opts *o, const char *const *outs, int nout)
 {
-    const char *ins[] = {o->q, o->k, o->v, o->dout, o->kvlen, o->mask, o->bias, o->alibi, o->sinks};
+    const char *ins[] = {o->q,    o->k,     o->v,   o->dout, o->kvlen, o->mask, o->bias,
+                         o->alibi, o->sinks, o->cuq, o->cuk,  o->btab,  o->lensk};
     for (int i = 0; i < nout; i++)
         for (size_t j = 0; j < sizeof ins / sizeof ins[0]; j++)
             if (same_file(outs[i], ins[j]))
@@ -50,25 +88,112 @@ static const char *output_clobbers_input(const cli_opts *o, const char *const *o
 
 /* ------------------------------------------------------------ inputs */
 
+/* (batch, head, seq) strides of a C-order array of the given kind and shape
+ * (lse: the array has no D dim, e.g. LSE), and its element count. Returns 0, or
+ * -1 when the size overflows int64. */
+static int strides_of(vkind kind, const int64_t *shape, int ndim, int lse, int64_t st[3], int64_t *count)
+{
+    int64_t dims[5], fs[5];
+    int n = 0;
+    st[0] = st[1] = st[2] = 0;
+    if (kind == V_BHSD) /* (T, D) and (H, T, D): the missing leading dims are 1 */
+        for (int i = ndim + (lse ? 1 : 0); i < 4; i++)
+            dims[n++] = 1;
+    for (int i = 0; i < ndim; i++)
+        dims[n++] = shape[i];
+    if (lse)
+        dims[n++] = 1;
+    if (dims_sizes(dims, n, fs) != 0)
+        return -1;
+    *count = fs[0];
+    /* fs[i + 1]: the stride of file dim i */
+    switch (kind) {
+    case V_BHSD: st[0] = fs[1], st[1] = fs[2], st[2] = fs[3]; break;
+    case V_BSHD: st[0] = fs[1], st[1] = fs[3], st[2] = fs[2]; break;
+    case V_TOKENS: st[0] = 0, st[1] = fs[2], st[2] = fs[1]; break;
+    case V_HND: st[0] = fs[1], st[1] = fs[2], st[2] = fs[3]; break;
+    case V_NHD: st[0] = fs[1], st[1] = fs[3], st[2] = fs[2]; break;
+    }
+    return 0;
+}
+
+static sdpa_tensor view_of(const tensor *t, vkind kind)
+{
+    int64_t st[3], n;
+    sdpa_tensor v = {(const float *)t->a.data, 0, 0, 0};
+    if (strides_of(kind, t->a.shape, t->a.ndim, 0, st, &n) == 0) /* load_tensor checked the size */
+        v.batch_stride = st[0], v.head_stride = st[1], v.seq_stride = st[2];
+    return v;
+}
+
+static int want_rank(const tensor *t, const char *role, int rank, const char *form)
+{
+    char sh[160];
+    if (t->a.ndim == rank)
+        return 0;
+    file_error(t->path, "%s has shape %s; %s", role, npy_shape_str(t->a.shape, t->a.ndim, sh, sizeof sh), form);
+    return EXIT_BAD;
+}
+
+/* Reads the logical sizes of a file of the given kind into t->b, h, t, d
+ * (paged: b = num_blocks, t = block_size). */
+static void logical_dims(tensor *t, vkind kind)
+{
+    const int64_t *s = t->a.shape;
+    switch (kind) {
+    case V_BHSD: break; /* load_tensor's reading */
+    case V_BSHD: t->b = s[0], t->t = s[1], t->h = s[2], t->d = s[3]; break;
+    case V_TOKENS: t->b = 1, t->t = s[0], t->h = s[1], t->d = s[2]; break;
+    case V_HND: t->b = s[0], t->h = s[1], t->t = s[2], t->d = s[3]; break;
+    case V_NHD: t->b = s[0], t->t = s[1], t->h = s[2], t->d = s[3]; break;
+    }
+}
+
+static const char *kind_form(vkind kind, int kv)
+{
+    switch (kind) {
+    case V_BSHD: return kv ? "with --layout bshd it must be (B, Tk, Hkv, D)" : "with --layout bshd it must be (B, Tq, Hq, D)";
+    case V_TOKENS:
+        return kv ? "with --cu-seqlens-k it must be a token list (total_k, Hkv, D)"
+                  : "with --cu-seqlens-q it must be a token list (total_q, Hq, D)";
+    case V_HND: return "with --block-table it must be a cache (num_blocks, Hkv, block_size, D) (--page-layout HND)";
+    case V_NHD: return "with --block-table and --page-layout NHD it must be a cache (num_blocks, block_size, Hkv, D)";
+    default: return "";
+    }
+}
+
 /* Loads Q, K and V and checks that they fit each other. */
 static int load_qkv(job *j)
 {
     const cli_opts *o = &j->opt;
     int rc;
+    j->mode = !o->cuq ? MODE_DENSE : o->btab ? MODE_PAGED : MODE_PACKED;
+    j->qkind = j->mode != MODE_DENSE ? V_TOKENS : o->bshd ? V_BSHD : V_BHSD;
+    j->kvkind = j->mode == MODE_PAGED ? (o->page_nhd ? V_NHD : V_HND) : j->qkind;
     if ((rc = load_tensor(o->q, "Q", &j->q)) || (rc = load_tensor(o->k, "K", &j->k)) ||
         (rc = load_tensor(o->v, "V", &j->v)))
         return rc;
-    const tensor *q = &j->q, *k = &j->k, *v = &j->v;
+    tensor *q = &j->q, *k = &j->k, *v = &j->v;
     const int r = q->a.ndim;
-    if (k->a.ndim != r) {
-        file_error(k->path, "K has rank %d but Q has rank %d (Q, K, V must have the same rank)", k->a.ndim, r);
-        return EXIT_BAD;
+    if (j->qkind != V_BHSD) {
+        const int qr = j->qkind == V_TOKENS ? 3 : 4, kr = j->kvkind == V_TOKENS ? 3 : 4;
+        if ((rc = want_rank(q, "Q", qr, kind_form(j->qkind, 0))) || (rc = want_rank(k, "K", kr, kind_form(j->kvkind, 1))) ||
+            (rc = want_rank(v, "V", kr, kind_form(j->kvkind, 1))))
+            return rc;
+        logical_dims(q, j->qkind);
+        logical_dims(k, j->kvkind);
+        logical_dims(v, j->kvkind);
+    } else {
+        if (k->a.ndim != r) {
+            file_error(k->path, "K has rank %d but Q has rank %d (Q, K, V must have the same rank)", k->a.ndim, r);
+            return EXIT_BAD;
+        }
+        if (v->a.ndim != r) {
+            file_error(v->path, "V has rank %d but Q has rank %d (Q, K, V must have the same rank)", v->a.ndim, r);
+            return EXIT_BAD;
+        }
     }
-    if (v->a.ndim != r) {
-        file_error(v->path, "V has rank %d but Q has rank %d (Q, K, V must have the same rank)", v->a.ndim, r);
-        return EXIT_BAD;
-    }
-    if (k->b != q->b) {
+    if (j->mode == MODE_DENSE && k->b != q->b) {
         file_error(k->path, "K has batch %lld but Q has batch %lld", (long long)k->b, (long long)q->b);
         return EXIT_BAD;
     }
@@ -82,7 +207,192 @@ static int load_qkv(job *j)
                    (long long)q->h);
         return EXIT_BAD;
     }
-    return check_shape(v, "V", r, k->b, k->h, k->t, v->d, "V must match K in batch, heads and length");
+    if (j->kvkind == V_BHSD) {
+        if ((rc = check_shape(v, "V", r, k->b, k->h, k->t, v->d, "V must match K in batch, heads and length")))
+            return rc;
+    } else if (v->b != k->b || v->h != k->h || v->t != k->t) {
+        char s1[160], s2[160];
+        file_error(v->path, "V has shape %s but K has shape %s (V must match K in all but head_dim)",
+                   npy_shape_str(v->a.shape, v->a.ndim, s1, sizeof s1),
+                   npy_shape_str(k->a.shape, k->a.ndim, s2, sizeof s2));
+        return EXIT_BAD;
+    }
+    if (j->kvkind == V_HND || j->kvkind == V_NHD) {
+        j->num_blocks = k->b;
+        j->block_size = k->t;
+        if (j->block_size < 1) {
+            file_error(k->path, "the K cache has block_size %lld; pages hold at least one key",
+                       (long long)j->block_size);
+            return EXIT_BAD;
+        }
+    }
+    j->vq = view_of(q, j->qkind);
+    j->vk = view_of(k, j->kvkind);
+    j->vv = view_of(v, j->kvkind);
+    return 0;
+}
+
+/* ------------------------------------------------------------ packed and paged (issue 17) */
+
+/* Reads an int32 or int64 .npy of rank 1 or 2 as int32 values; an int64 value
+ * outside int32 becomes INT32_MIN when keep_bad (a block-table entry that may be
+ * unused), else it is refused. */
+static int load_int32s(const char *path, const char *flag, npy_array *raw, int32_t **out, int keep_bad)
+{
+    int rc;
+    if ((rc = load_npy(path, raw)))
+        return rc;
+    if (raw->dtype != NPY_I4 && raw->dtype != NPY_I8) {
+        file_error(path, "%s: must be int32 ('<i4') or int64 ('<i8'), got %s ('%s')", flag,
+                   npy_dtype_name(raw->dtype), npy_dtype_descr(raw->dtype));
+        return EXIT_BAD;
+    }
+    *out = malloc(raw->count ? raw->count * sizeof(int32_t) : 1);
+    if (!*out) {
+        file_error(path, "out of memory");
+        return EXIT_BAD;
+    }
+    for (size_t i = 0; i < raw->count; i++) {
+        int64_t x;
+        if (raw->dtype == NPY_I4) {
+            int32_t y;
+            memcpy(&y, (const char *)raw->data + 4 * i, 4);
+            x = y;
+        } else
+            memcpy(&x, (const char *)raw->data + 8 * i, 8);
+        if (x < INT32_MIN || x > INT32_MAX) {
+            if (!keep_bad) {
+                file_error(path, "%s: entry [%zu] = %lld does not fit int32", flag, i, (long long)x);
+                return EXIT_BAD;
+            }
+            x = INT32_MIN;
+        }
+        (*out)[i] = (int32_t)x;
+    }
+    return 0;
+}
+
+/* --cu-seqlens-q / --cu-seqlens-k: (B+1,) offsets, cu[0] = 0, nondecreasing, cu[B]
+ * = the token count of the file (`what`, e.g. "Q.shape[0]"). nseq < 0: B is
+ * set from this file. */
+static int load_cu(job *j, const char *path, const char *flag, npy_array *raw, int32_t **cu, int64_t total,
+                   const char *what)
+{
+    char sh[160];
+    int rc;
+    if ((rc = load_int32s(path, flag, raw, cu, 0)))
+        return rc;
+    if (raw->ndim != 1 || raw->shape[0] < 1 || (j->nseq >= 0 && raw->shape[0] != j->nseq + 1)) {
+        if (j->nseq >= 0)
+            file_error(path, "%s: shape %s, expected (B+1,) = (%lld,) as --cu-seqlens-q", flag,
+                       npy_shape_str(raw->shape, raw->ndim, sh, sizeof sh), (long long)(j->nseq + 1));
+        else
+            file_error(path, "%s: shape %s, expected (B+1,): B+1 offsets, the first 0", flag,
+                       npy_shape_str(raw->shape, raw->ndim, sh, sizeof sh));
+        return EXIT_BAD;
+    }
+    const int32_t *c = *cu;
+    const int64_t B = raw->shape[0] - 1;
+    if (c[0] != 0) {
+        file_error(path, "%s: the first offset is %d, expected 0", flag, (int)c[0]);
+        return EXIT_BAD;
+    }
+    for (int64_t b = 0; b < B; b++)
+        if (c[b + 1] < c[b]) {
+            file_error(path, "%s: offsets decrease at [%lld] = %d > [%lld] = %d (they must be nondecreasing)", flag,
+                       (long long)b, (int)c[b], (long long)(b + 1), (int)c[b + 1]);
+            return EXIT_BAD;
+        }
+    if (c[B] != total) {
+        file_error(path, "%s: the last offset is %d but %s = %lld (it must equal the token count)", flag,
+                   (int)c[B], what, (long long)total);
+        return EXIT_BAD;
+    }
+    j->nseq = B;
+    return 0;
+}
+
+/* --block-table BT.npy (B, M) and --seq-lens-k LK.npy (B,): every page a
+ * sequence uses (the first ceil(LK[b] / block_size) of its row) in
+ * [0, num_blocks); entries past them are not read. */
+static int load_pages(job *j)
+{
+    const cli_opts *o = &j->opt;
+    const int64_t B = j->nseq, bs = j->block_size;
+    char sh[160];
+    int rc;
+    if ((rc = load_int32s(o->btab, "--block-table", &j->bt_raw, &j->bt, 1)))
+        return rc;
+    if (j->bt_raw.ndim != 2 || j->bt_raw.shape[0] != B) {
+        file_error(o->btab, "--block-table: shape %s, expected (B, M) = (%lld, M) (B from --cu-seqlens-q)",
+                   npy_shape_str(j->bt_raw.shape, j->bt_raw.ndim, sh, sizeof sh), (long long)B);
+        return EXIT_BAD;
+    }
+    j->max_blocks = j->bt_raw.shape[1];
+    if ((rc = load_int32s(o->lensk, "--seq-lens-k", &j->lk_raw, &j->lk, 0)))
+        return rc;
+    if (j->lk_raw.ndim != 1 || j->lk_raw.shape[0] != B) {
+        file_error(o->lensk, "--seq-lens-k: shape %s, expected (B,) = (%lld,) (B from --cu-seqlens-q)",
+                   npy_shape_str(j->lk_raw.shape, j->lk_raw.ndim, sh, sizeof sh), (long long)B);
+        return EXIT_BAD;
+    }
+    int64_t cap;
+    if (__builtin_mul_overflow(j->max_blocks, bs, &cap))
+        cap = INT64_MAX;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t n = j->lk[b];
+        if (n < 0 || n > cap) {
+            file_error(o->lensk,
+                       "--seq-lens-k: [%lld] = %lld is outside [0, M * block_size = %lld * %lld] (the block "
+                       "table's row holds that many keys)",
+                       (long long)b, (long long)n, (long long)j->max_blocks, (long long)bs);
+            return EXIT_BAD;
+        }
+        for (int64_t p = 0; p < (n + bs - 1) / bs; p++) {
+            const int32_t id = j->bt[b * j->max_blocks + p];
+            if (id < 0 || id >= j->num_blocks) {
+                if (id == INT32_MIN)
+                    file_error(o->btab, "--block-table: [%lld, %lld] does not fit int32 (sequence %lld uses it)",
+                               (long long)b, (long long)p, (long long)b);
+                else
+                    file_error(o->btab,
+                               "--block-table: [%lld, %lld] = %d is outside [0, num_blocks = %lld) (sequence "
+                               "%lld has %lld keys: pages 0..%lld of its row are read)",
+                               (long long)b, (long long)p, (int)id, (long long)j->num_blocks, (long long)b,
+                               (long long)n, (long long)((n + bs - 1) / bs - 1));
+                return EXIT_BAD;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The offsets and tables of a packed / paged call; sets the logical sizes the
+ * problem is filled from (q.b = B, q.t = total_q, k.t = total_k or 0). */
+static int load_seqs(job *j)
+{
+    const cli_opts *o = &j->opt;
+    int rc;
+    j->nseq = -1;
+    if ((rc = load_cu(j, o->cuq, "--cu-seqlens-q", &j->cuq_raw, &j->cuq, j->q.t, "Q.shape[0]")))
+        return rc;
+    j->seqs.cu_seqlens_q = j->cuq;
+    if (j->mode == MODE_PACKED) {
+        if ((rc = load_cu(j, o->cuk, "--cu-seqlens-k", &j->cuk_raw, &j->cuk, j->k.t, "K.shape[0]")))
+            return rc;
+        j->seqs.cu_seqlens_k = j->cuk;
+    } else {
+        if ((rc = load_pages(j)))
+            return rc;
+        j->seqs.block_table = j->bt;
+        j->seqs.max_blocks_per_seq = j->max_blocks;
+        j->seqs.seq_lens_k = j->lk;
+        j->seqs.block_size = j->block_size;
+        j->seqs.num_blocks = j->num_blocks;
+        j->k.t = j->v.t = 0; /* kv_len = 0: the keys are in the pages */
+    }
+    j->q.b = j->k.b = j->v.b = j->nseq;
+    return 0;
 }
 
 static void fill_problem(job *j)
@@ -108,6 +418,8 @@ static void fill_problem(job *j)
     p->num_threads = o->threads;
     p->isa = o->isa;
     p->softcap = o->softcap;
+    if (j->mode != MODE_DENSE)
+        p->seqs = &j->seqs;
 }
 
 /* --alibi-slopes / --sinks: float32 of shape (Hq,), one value per query head,
@@ -230,21 +542,26 @@ static int load_kv_lengths(job *j)
     return 0;
 }
 
-/* Sizes of O (B, Hq, Tq, Dv) and LSE (B, Hq, Tq): no input bounds them (Q's Dk
- * and V's Tk may be 0), so they are checked here. */
+/* Shapes, sizes and strides of O (Q's shape with Dv last) and LSE
+ * (Q.shape[:-1]), in Q's layout: no input bounds them (Q's Dk and V's Tk may be
+ * 0), so their sizes are checked here. */
 static int output_sizes(job *j)
 {
-    const sdpa_problem *p = &j->p;
-    const int64_t od[4] = {p->batch, p->q_heads, p->q_len, p->head_dim_v};
+    const int r = j->q.a.ndim;
     char sh[160];
-    if (dims_sizes(od, 4, j->osize) != 0) {
-        plain_error("O would have shape (B, Hq, Tq, Dv) = %s: too large, its size overflows 64 bits",
-                    npy_shape_str(od, 4, sh, sizeof sh));
+    j->ondim = r;
+    j->lndim = r - 1;
+    memcpy(j->oshape, j->q.a.shape, (size_t)r * sizeof(int64_t));
+    j->oshape[r - 1] = j->p.head_dim_v;
+    memcpy(j->lshape, j->q.a.shape, (size_t)(r - 1) * sizeof(int64_t));
+    if (strides_of(j->qkind, j->oshape, r, 0, j->ostr, &j->ocount) != 0) {
+        plain_error("O would have shape %s: too large, its size overflows 64 bits",
+                    npy_shape_str(j->oshape, r, sh, sizeof sh));
         return EXIT_BAD;
     }
-    if (dims_sizes(od, 3, j->lsize) != 0) {
-        plain_error("(B, Hq, Tq) = %s: too large, the B * Hq * Tq query rows overflow 64 bits",
-                    npy_shape_str(od, 3, sh, sizeof sh));
+    if (strides_of(j->qkind, j->lshape, r - 1, 1, j->lstr, &j->lcount) != 0) {
+        plain_error("LSE would have shape %s: too large, its size overflows 64 bits",
+                    npy_shape_str(j->lshape, r - 1, sh, sizeof sh));
         return EXIT_BAD;
     }
     return 0;
@@ -256,7 +573,7 @@ static int load_common(job *j)
 {
     const cli_opts *o = &j->opt;
     int rc;
-    if ((rc = load_qkv(j)))
+    if ((rc = load_qkv(j)) || (j->mode != MODE_DENSE && (rc = load_seqs(j))))
         return rc;
     fill_problem(j);
     const int64_t target[4] = {j->q.b, j->q.h, j->q.t, j->k.t};
@@ -295,19 +612,17 @@ static int forward_args(const cli_opts *op)
 /* The output files of the forward: O, and LSE if asked for. Returns their number. */
 static int forward_outputs(const job *j, float *o, float *lse, out_file *outs)
 {
-    const sdpa_problem *p = &j->p;
-    const int r = j->q.a.ndim;
     int n = 0;
     outs[n].path = j->opt.o;
     outs[n].data = o;
-    outs[n].ndim = r;
-    shape_in_rank(r, p->batch, p->q_heads, p->q_len, p->head_dim_v, outs[n].shape);
+    outs[n].ndim = j->ondim;
+    memcpy(outs[n].shape, j->oshape, sizeof j->oshape);
     n++;
     if (j->opt.lse) {
         outs[n].path = j->opt.lse;
         outs[n].data = lse;
-        outs[n].ndim = r - 1;
-        memcpy(outs[n].shape, j->q.a.shape, (size_t)(r - 1) * sizeof(int64_t));
+        outs[n].ndim = j->lndim;
+        memcpy(outs[n].shape, j->lshape, sizeof j->lshape);
         n++;
     }
     return n;
@@ -329,8 +644,8 @@ int cmd_forward(int argc, char **argv)
     }
     if ((rc = forward_args(&j.opt)) || (rc = load_common(&j)))
         goto done;
-    o = alloc_floats(j.osize[0]);
-    lse = j.opt.lse ? alloc_floats(j.lsize[0]) : NULL;
+    o = alloc_floats(j.ocount);
+    lse = j.opt.lse ? alloc_floats(j.lcount) : NULL;
     if (!o || (j.opt.lse && !lse)) {
         rc = library_error(SDPA_ERR_OUT_OF_MEMORY);
         goto done;
@@ -339,9 +654,8 @@ int cmd_forward(int argc, char **argv)
     for (int i = 0; i < nout; i++)
         if ((rc = out_prepare(&outs[i])))
             goto done;
-    const sdpa_tensor tq = tensor_view(&j.q), tk = tensor_view(&j.k), tv = tensor_view(&j.v);
-    const sdpa_tensor_out to = {o, j.osize[1], j.osize[2], j.osize[3]}, tl = {lse, j.lsize[1], j.lsize[2], 1};
-    const sdpa_status st = sdpa_forward(&j.p, &tq, &tk, &tv, &to, lse ? &tl : NULL);
+    const sdpa_tensor_out to = {o, j.ostr[0], j.ostr[1], j.ostr[2]}, tl = {lse, j.lstr[0], j.lstr[1], j.lstr[2]};
+    const sdpa_status st = sdpa_forward(&j.p, &j.vq, &j.vk, &j.vv, &to, lse ? &tl : NULL);
     rc = st != SDPA_OK ? library_error(st) : out_commit(outs, nout);
 done:
     out_discard(outs, nout);
@@ -401,21 +715,28 @@ static int load_given_lse(job *j)
     return 0;
 }
 
+static int same_shape(const tensor *t, const char *role, const int64_t *shape, int ndim, const char *what)
+{
+    char s1[160], s2[160];
+    if (t->a.ndim == ndim && memcmp(t->a.shape, shape, (size_t)ndim * sizeof(int64_t)) == 0)
+        return 0;
+    file_error(t->path, "%s has shape %s, expected %s (%s)", role, npy_shape_str(t->a.shape, t->a.ndim, s1, sizeof s1),
+               npy_shape_str(shape, ndim, s2, sizeof s2), what);
+    return EXIT_BAD;
+}
+
 /* dO, and the forward's O and LSE when given. */
 static int load_backward_inputs(job *j)
 {
     const cli_opts *op = &j->opt;
-    const sdpa_problem *p = &j->p;
-    const int r = j->q.a.ndim;
-    const int64_t B = p->batch, Hq = p->q_heads, Tq = p->q_len, Dv = p->head_dim_v;
     int rc;
     if ((rc = load_tensor(op->dout, "dO", &j->dout)) ||
-        (rc = check_shape(&j->dout, "dO", r, B, Hq, Tq, Dv, "dO is shaped like O: (B, Hq, Tq, Dv)")))
+        (rc = same_shape(&j->dout, "dO", j->oshape, j->ondim, "dO is shaped like O: Q's shape with Dv last")))
         return rc;
     if (!op->o)
         return 0;
     if ((rc = load_tensor(op->o, "O", &j->o)) ||
-        (rc = check_shape(&j->o, "O", r, B, Hq, Tq, Dv, "the forward's O: (B, Hq, Tq, Dv)")))
+        (rc = same_shape(&j->o, "O", j->oshape, j->ondim, "the forward's O: Q's shape with Dv last")))
         return rc;
     return load_given_lse(j);
 }
@@ -424,21 +745,22 @@ static int load_backward_inputs(job *j)
  * LSE first (into buffers freed here) when they were not given. */
 static int run_backward(job *j, float *dq, float *dk, float *dv, float *dsinks)
 {
-    const sdpa_tensor tq = tensor_view(&j->q), tk = tensor_view(&j->k), tv = tensor_view(&j->v),
-                      tdo = tensor_view(&j->dout);
-    const int64_t *os = j->osize, *ls = j->lsize;
+    const sdpa_tensor tq = j->vq, tk = j->vk, tv = j->vv;
+    const int64_t *os = j->ostr, *ls = j->lstr;
+    const sdpa_tensor tdo = {(const float *)j->dout.a.data, os[0], os[1], os[2]};
     float *o = NULL, *lse = NULL;
-    sdpa_tensor to = tensor_view(&j->o), tl = {(const float *)j->lse.a.data, ls[1], ls[2], 1};
+    sdpa_tensor to = {(const float *)j->o.a.data, os[0], os[1], os[2]},
+                tl = {(const float *)j->lse.a.data, ls[0], ls[1], ls[2]};
     sdpa_status st = SDPA_OK;
     if (!j->opt.o) {
-        o = alloc_floats(os[0]);
-        lse = alloc_floats(ls[0]);
+        o = alloc_floats(j->ocount);
+        lse = alloc_floats(j->lcount);
         if (!o || !lse)
             st = SDPA_ERR_OUT_OF_MEMORY;
-        const sdpa_tensor_out wo = {o, os[1], os[2], os[3]}, wl = {lse, ls[1], ls[2], 1};
+        const sdpa_tensor_out wo = {o, os[0], os[1], os[2]}, wl = {lse, ls[0], ls[1], ls[2]};
         if (st == SDPA_OK)
             st = sdpa_forward(&j->p, &tq, &tk, &tv, &wo, &wl);
-        to = (sdpa_tensor){o, os[1], os[2], os[3]};
+        to.data = o;
         tl.data = lse;
     }
     const sdpa_tensor_out odq = {dq, tq.batch_stride, tq.head_stride, tq.seq_stride},

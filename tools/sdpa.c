@@ -6,6 +6,9 @@
  *   sdpa backward -q Q -k K -v V --do dO --dq dQ --dk dK --dv dV [-o O --lse LSE] [--dsinks dS]
  *                 [mask and variant options]
  *   (variants: --softcap C, --alibi-slopes SLOPES, --sinks SINKS; see 'sdpa forward --help')
+ *   (packed sequences: --cu-seqlens-q CUQ with --cu-seqlens-k CUK, or, forward only, a paged
+ *    K/V cache with --block-table BT --seq-lens-k LK [--page-layout HND|NHD]; dense 4-D files
+ *    in (B, T, H, D) order: --layout bshd)
  *   sdpa demo     [--data DIR]      the worked example, then a timed causal prefill
  *   sdpa bench    ...               the benchmark (when built with bench/bench.c)
  *
