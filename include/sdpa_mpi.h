@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: MIT */
+/* sdpa_mpi.h - libsdpa_mpi: context-parallel (ring) attention over MPI.
+ *
+ * Each of the P ranks of an MPI communicator holds a slice of the sequence: its
+ * rows of Q, K, V (and of O, LSE, dO, dQ, dK, dV). K/V blocks travel around the
+ * ring (rank r sends to r + 1 and receives from r - 1) with non-blocking
+ * sends/receives, overlapped with the local attention of the block in hand; the
+ * partial states (O, LSE) merge with sdpa_merge_states (Liu et al. 2023, "Ring
+ * Attention with Blockwise Transformers"; ring-flash-attn). The backward takes
+ * the global O and LSE (FlashAttention-2: with them each key block's share of
+ * dQ, dK, dV is independent): dQ accumulates locally, dK/dV travel with the K/V
+ * block they belong to, accumulate in fp32 at every rank they visit and arrive
+ * home after P steps (ring-flash-attn's scheme).
+ *
+ * The problem descriptor describes the GLOBAL problem: q_len = kv_len = T (the
+ * whole sequence; self-attention), the same on every rank. The tensor views are
+ * the rank's LOCAL slice, with the core API's strides: T / P rows, the rows
+ * below, in increasing global position.
+ *
+ * Layouts (the split of the sequence into the ranks' slices):
+ *   SDPA_RING_CONTIGUOUS  rank r holds rows [r T/P, (r+1) T/P). T % P == 0.
+ *   SDPA_RING_ZIGZAG      the sequence is cut into 2P chunks of C = T / (2P)
+ *                         rows; rank r holds chunk r then chunk 2P-1-r (local
+ *                         rows [0, C) and [C, 2C)). T % (2P) == 0. With a
+ *                         causal mask every rank then does the same work.
+ * sdpa_ring_global_row() maps a local row to its global position.
+ *
+ * Masks whose meaning survives sharding: none; causal (top-left; bottom-right is
+ * the same for Tq = Tk without kv_lengths), applied on global positions (a key
+ * block entirely after the query block is skipped, the diagonal block is causal,
+ * earlier blocks unmasked); kv_lengths (global key lengths, each in [0, T]);
+ * GQA; a custom scale; softcap. Refused with SDPA_ERR_UNSUPPORTED: q_len != kv_len,
+ * T not a multiple of P (2P for zig-zag), windows, bool_mask, bias, ALiBi, sinks,
+ * packed/paged sequences (seqs), bottom-right causal with kv_lengths.
+ *
+ * Errors: every rank validates its own arguments and the ranks agree (one
+ * MPI_Allreduce of the status and of the global sizes) before any data moves.
+ * If any rank's arguments are bad, or the ranks disagree on the descriptor
+ * (SDPA_ERR_BAD_DESCRIPTOR), every rank returns the same status (the most
+ * negative one) and writes nothing. Collective: every rank of comm must call.
+ * Communication errors follow comm's MPI error handler (by default MPI aborts).
+ *
+ * Determinism: for a given P, layout, ISA and block sizes the results are
+ * bitwise identical from run to run (every sum is done in a fixed order); they
+ * differ from the single-process sdpa_forward/sdpa_backward in the last bits
+ * (the key blocks are merged through their LSE, and dK/dV summed block by block),
+ * within the FlashAttention rule against float64. With P = 1 and the contiguous
+ * layout the call is one sdpa_forward/sdpa_backward on the whole problem.
+ *
+ * Limit: the backward recomputes P from the global LSE; rows whose |LSE| >= 256
+ * (where sdpa_backward recomputes the row's max and sum from the keys) see only
+ * the keys of the block in hand: avoid logits in the hundreds.
+ *
+ * Memory per rank beyond its slice: two K/V buffers (the block in hand and the
+ * one arriving), one O-sized partial state, and in the backward two traveling
+ * dK/dV buffers, one dK/dV and one dQ partial, and dQ's accumulator: all of the
+ * size of the rank's slice; nothing of size T x T or of size T.
+ */
+#ifndef SDPA_MPI_H
+#define SDPA_MPI_H
+
+#include <mpi.h>
+
+#include "sdpa.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sdpa_ring_layout {
+    SDPA_RING_CONTIGUOUS = 0, /**< rank r holds rows [r T/P, (r+1) T/P) */
+    SDPA_RING_ZIGZAG = 1      /**< rank r holds chunks r and 2P-1-r of 2P chunks */
+} sdpa_ring_layout;
+
+/** Rows of each rank's slice (T / P), or -1 if T is not split evenly by the
+ *  layout (T % P, or T % 2P for zig-zag) or an argument is out of range. */
+SDPA_API int64_t sdpa_ring_local_len(int64_t seq_len, int nranks, sdpa_ring_layout layout);
+
+/** Global position of local row `row` of rank `rank`, or -1 if out of range. */
+SDPA_API int64_t sdpa_ring_global_row(int64_t seq_len, int nranks, int rank, sdpa_ring_layout layout,
+                                      int64_t row);
+
+/**
+ * Ring forward: O and LSE of this rank's query rows over every key of the
+ * sequence. Views as in sdpa_forward(), over the local slice (T / P rows);
+ * lse may be NULL (then an internal buffer carries the state). Collective.
+ * @return as sdpa_forward(), plus SDPA_ERR_UNSUPPORTED (see above); the same
+ *   status on every rank.
+ */
+SDPA_API sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa_problem *problem,
+                                       const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                                       const sdpa_tensor_out *o, const sdpa_tensor_out *lse);
+
+/**
+ * Ring backward: dQ, dK, dV of this rank's slice given the global O and LSE
+ * (from sdpa_ring_forward) and dO of its rows. Views as in sdpa_backward(),
+ * over the local slice. Collective.
+ * @return as sdpa_backward(), plus SDPA_ERR_UNSUPPORTED; the same on every rank.
+ */
+SDPA_API sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa_problem *problem,
+                                        const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                                        const sdpa_tensor *o, const sdpa_tensor *lse, const sdpa_tensor *dout,
+                                        const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
+                                        const sdpa_tensor_out *dv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SDPA_MPI_H */

@@ -1,0 +1,445 @@
+/* SPDX-License-Identifier: MIT */
+/* tests/mpi/test_ring.c - ring attention over MPI (include/sdpa_mpi.h), run under
+ *   mpirun --allow-run-as-root --oversubscribe -np N build/tests/mpi/test_ring
+ * for N = 1..4 (.ci/mpi.sh). Every rank builds the same global Q, K, V, dO (one
+ * seed), the float64 reference and the naive fp32 yardstick (tests/ref.c) of the
+ * whole problem, and checks its slice:
+ *  - forward O, LSE and backward dQ, dK, dV within the FlashAttention rule against
+ *    float64 (O, LSE: 2x the naive fp32 error; gradients 3x; + 1e-6 / 1e-5 relative
+ *    slack: the rule conformance.c applies to the single-process library), and
+ *    the max difference to single-process sdpa_forward / sdpa_backward is printed;
+ *  - with N = 1 and the contiguous layout: bitwise equal to the single-process calls
+ *    (the ring then makes exactly that one call);
+ *  - two runs with the same N: bitwise identical;
+ *  - bad arguments on one rank only (NULL Q, a negative stride, a descriptor that
+ *    disagrees, an unsupported mask, T not split evenly): every rank returns the
+ *    same status, no output written, no hang.
+ * Contiguous slices are views into the global arrays (strides of the whole
+ * sequence); zig-zag slices are copied to [B, T, H, D] buffers (other strides).
+ * Last line: "mpi ring (N ranks): P passed, F failed"; exit status 1 on failure. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ref.h"
+#include "sdpa_mpi.h"
+
+static int P, R;
+static int passed, failed;
+
+static uint64_t rng_state = 88172645463325252ull;
+static double rng_unit(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+/* One check, agreed over every rank (all must pass); rank 0 prints it. */
+static void check(int ok, const char *fmt, const char *what, double a, double b)
+{
+    int all;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (all)
+        passed++;
+    else
+        failed++;
+    if (R == 0 && (!all || getenv("RING_VERBOSE")))
+        printf("%s  %s: %s (%.3g vs %.3g)\n", all ? "ok  " : "FAIL", fmt, what, a, b);
+}
+
+typedef struct cfg {
+    const char *name;
+    int B, Hq, Hkv, T, Dk, Dv;
+    sdpa_causal causal;
+    sdpa_ring_layout layout;
+    int32_t kvlen[2]; /* used when have_kvlen */
+    int have_kvlen;
+    float softcap, scale; /* scale 0: default */
+} cfg;
+
+/* max |x - ref| over finite references; a non-finite reference must match exactly
+ * (both -inf); sets *bad on mismatch. */
+static double max_err(const float *x, const double *ref, size_t n, int *bad)
+{
+    double e = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(ref[i])) {
+            if (!((double)x[i] == ref[i]))
+                *bad = 1;
+            continue;
+        }
+        if (isnan(x[i]))
+            *bad = 1;
+        const double d = fabs((double)x[i] - ref[i]);
+        if (d > e)
+            e = d;
+    }
+    return e;
+}
+static double max_abs(const double *x, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(x[i]) && fabs(x[i]) > m)
+            m = fabs(x[i]);
+    return m;
+}
+
+/* Local slice buffer and the global rows of its local rows. */
+typedef struct slice {
+    float *buf;           /* zig-zag: own [B, Tl, H, D] copy; contiguous: NULL (a view) */
+    sdpa_tensor_out view; /* the slice */
+} slice;
+
+/* A view of this rank's slice of the global [B, H, T, D] array g (copied for zig-zag). */
+static slice make_slice(const cfg *c, float *g, int64_t H, int64_t D, int copy_in)
+{
+    slice s = {0};
+    const int64_t T = c->T, Tl = T / P;
+    if (c->layout == SDPA_RING_CONTIGUOUS) {
+        s.view = (sdpa_tensor_out){g + (int64_t)R * Tl * D, H * T * D, T * D, D};
+        return s;
+    }
+    s.buf = malloc(sizeof(float) * (size_t)(c->B * Tl * H * D + 1));
+    s.view = (sdpa_tensor_out){s.buf, Tl * H * D, D, H * D};
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Tl; i++) {
+                const int64_t gi = sdpa_ring_global_row(T, P, R, c->layout, i);
+                float *dst = s.buf + b * s.view.batch_stride + h * s.view.head_stride + i * s.view.seq_stride;
+                if (copy_in)
+                    memcpy(dst, g + ((b * H + h) * T + gi) * D, sizeof(float) * (size_t)D);
+                else
+                    for (int64_t d = 0; d < D; d++)
+                        dst[d] = NAN;
+            }
+    return s;
+}
+
+/* Gathers the slice's rows into out[B, H, Tl, D] (contiguous, local order). */
+static void slice_rows(const cfg *c, const slice *s, int64_t H, int64_t D, float *out)
+{
+    const int64_t Tl = c->T / P;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Tl; i++)
+                memcpy(out + ((b * H + h) * Tl + i) * D,
+                       s->view.data + b * s->view.batch_stride + h * s->view.head_stride + i * s->view.seq_stride,
+                       sizeof(float) * (size_t)D);
+}
+
+/* The global rows of this rank's slice of a global [B, H, T, D] array (any type via element size). */
+static void global_rows_d(const cfg *c, const double *g, int64_t H, int64_t D, double *out)
+{
+    const int64_t T = c->T, Tl = T / P;
+    for (int64_t bh = 0; bh < c->B * H; bh++)
+        for (int64_t i = 0; i < Tl; i++)
+            memcpy(out + (bh * Tl + i) * D, g + (bh * T + sdpa_ring_global_row(T, P, R, c->layout, i)) * D,
+                   sizeof(double) * (size_t)D);
+}
+static void global_rows_f(const cfg *c, const float *g, int64_t H, int64_t D, float *out)
+{
+    const int64_t T = c->T, Tl = T / P;
+    for (int64_t bh = 0; bh < c->B * H; bh++)
+        for (int64_t i = 0; i < Tl; i++)
+            memcpy(out + (bh * Tl + i) * D, g + (bh * T + sdpa_ring_global_row(T, P, R, c->layout, i)) * D,
+                   sizeof(float) * (size_t)D);
+}
+
+static sdpa_problem problem_of(const cfg *c)
+{
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.batch = c->B;
+    p.q_heads = c->Hq;
+    p.kv_heads = c->Hkv;
+    p.q_len = p.kv_len = c->T;
+    p.head_dim_qk = c->Dk;
+    p.head_dim_v = c->Dv;
+    p.causal = c->causal;
+    p.kv_lengths = c->have_kvlen ? c->kvlen : NULL;
+    p.softcap = c->softcap;
+    if (c->scale != 0) {
+        p.use_default_scale = 0;
+        p.scale = c->scale;
+    }
+    p.num_threads = 1;
+    return p;
+}
+
+/* Compares the slice's rows of `got` (local order) with the global reference. */
+static void fa_check(const cfg *c, const char *what, const float *got, const double *ref_g, const float *naive_g,
+                     const float *single_g, int64_t H, int64_t D, double factor, double rel)
+{
+    const int64_t Tl = c->T / P, n = c->B * H * Tl * D, ng = c->B * H * c->T * D;
+    double *ref = malloc(sizeof(double) * (size_t)(n + 1));
+    float *single = malloc(sizeof(float) * (size_t)(n + 1));
+    global_rows_d(c, ref_g, H, D, ref);
+    global_rows_f(c, single_g, H, D, single);
+    int bad = 0, bad2 = 0;
+    const double naive_err = max_err(naive_g, ref_g, (size_t)ng, &bad2);
+    const double bound = factor * naive_err + rel * (1.0 + max_abs(ref_g, (size_t)ng));
+    const double e = max_err(got, ref, (size_t)n, &bad);
+    double dsingle = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(single[i]) && fabs((double)got[i] - single[i]) > dsingle)
+            dsingle = fabs((double)got[i] - single[i]);
+    double all_d;
+    MPI_Allreduce(&dsingle, &all_d, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s %s vs float64 (max |ring - single-process| %.2g)", c->name, what, all_d);
+    check(!bad && e <= bound, msg, "err vs bound", e, bound);
+    if (P == 1 && c->layout == SDPA_RING_CONTIGUOUS) {
+        snprintf(msg, sizeof msg, "%s %s N=1 contiguous bitwise = single-process", c->name, what);
+        check(memcmp(got, single, sizeof(float) * (size_t)n) == 0, msg, "max diff", all_d, 0);
+    }
+    free(ref);
+    free(single);
+}
+
+static void run_case(const cfg *c)
+{
+    const int64_t B = c->B, Hq = c->Hq, Hkv = c->Hkv, T = c->T, Dk = c->Dk, Dv = c->Dv, Tl = T / P;
+    const size_t nq = (size_t)(B * Hq * T * Dk), nk = (size_t)(B * Hkv * T * Dk), nv = (size_t)(B * Hkv * T * Dv),
+                 no = (size_t)(B * Hq * T * Dv), nl = (size_t)(B * Hq * T);
+    float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nv),
+          *dout = malloc(sizeof(float) * no);
+    rng_state = 88172645463325252ull ^ (uint64_t)(T * 131 + Dk * 7 + Hq);
+    for (size_t i = 0; i < nq; i++) q[i] = (float)(rng_unit() * 4 - 2);
+    for (size_t i = 0; i < nk; i++) k[i] = (float)(rng_unit() * 4 - 2);
+    for (size_t i = 0; i < nv; i++) v[i] = (float)(rng_unit() * 2 - 1);
+    for (size_t i = 0; i < no; i++) dout[i] = (float)(rng_unit() * 2 - 1);
+    const sdpa_problem p = problem_of(c);
+
+    /* single process, float64 and naive fp32 over the whole problem */
+    float *o1 = malloc(sizeof(float) * no), *l1 = malloc(sizeof(float) * nl), *dq1 = malloc(sizeof(float) * nq),
+          *dk1 = malloc(sizeof(float) * nk), *dv1 = malloc(sizeof(float) * nv);
+    const sdpa_tensor gq = {q, Hq * T * Dk, T * Dk, Dk}, gk = {k, Hkv * T * Dk, T * Dk, Dk},
+                      gv = {v, Hkv * T * Dv, T * Dv, Dv}, gdo = {dout, Hq * T * Dv, T * Dv, Dv};
+    const sdpa_tensor_out go = {o1, Hq * T * Dv, T * Dv, Dv}, gl = {l1, Hq * T, T, 1};
+    sdpa_status st = sdpa_forward(&p, &gq, &gk, &gv, &go, &gl);
+    const sdpa_tensor gO = {o1, go.batch_stride, go.head_stride, go.seq_stride}, gL = {l1, Hq * T, T, 1};
+    const sdpa_tensor_out gdq = {dq1, gq.batch_stride, gq.head_stride, gq.seq_stride},
+                          gdk = {dk1, gk.batch_stride, gk.head_stride, gk.seq_stride},
+                          gdv = {dv1, gv.batch_stride, gv.head_stride, gv.seq_stride};
+    if (st == SDPA_OK)
+        st = sdpa_backward(&p, &gq, &gk, &gv, &gO, &gL, &gdo, &gdq, &gdk, &gdv);
+    check(st == SDPA_OK, c->name, "single-process status", st, 0);
+    double *ro = malloc(sizeof(double) * no), *rl = malloc(sizeof(double) * nl), *rq = malloc(sizeof(double) * nq),
+           *rk = malloc(sizeof(double) * nk), *rv = malloc(sizeof(double) * nv);
+    float *n32o = malloc(sizeof(float) * no), *n32l = malloc(sizeof(float) * nl), *n32q = malloc(sizeof(float) * nq),
+          *n32k = malloc(sizeof(float) * nk), *n32v = malloc(sizeof(float) * nv);
+    ref_forward(&p, q, k, v, ro, rl);
+    naive32_forward(&p, q, k, v, n32o, n32l);
+    ref_backward(&p, q, k, v, dout, rq, rk, rv);
+    naive32_backward(&p, q, k, v, dout, n32q, n32k, n32v);
+
+    /* this rank's slices */
+    slice sq = make_slice(c, q, Hq, Dk, 1), sk = make_slice(c, k, Hkv, Dk, 1), sv = make_slice(c, v, Hkv, Dv, 1),
+          sdo = make_slice(c, dout, Hq, Dv, 1);
+    float *ob = malloc(sizeof(float) * no), *lb = malloc(sizeof(float) * nl); /* contiguous: global-shaped */
+    slice so = make_slice(c, ob, Hq, Dv, 0);
+    float *lse_loc = malloc(sizeof(float) * (size_t)(B * Hq * Tl + 1));
+    const sdpa_tensor_out sl = {lse_loc, Hq * Tl, Tl, 1};
+    const sdpa_tensor tq = {sq.view.data, sq.view.batch_stride, sq.view.head_stride, sq.view.seq_stride};
+    const sdpa_tensor tk = {sk.view.data, sk.view.batch_stride, sk.view.head_stride, sk.view.seq_stride};
+    const sdpa_tensor tv = {sv.view.data, sv.view.batch_stride, sv.view.head_stride, sv.view.seq_stride};
+    const sdpa_tensor tdo = {sdo.view.data, sdo.view.batch_stride, sdo.view.head_stride, sdo.view.seq_stride};
+
+    const size_t lo = (size_t)(B * Hq * Tl * Dv), ll = (size_t)(B * Hq * Tl), lq = (size_t)(B * Hq * Tl * Dk),
+                 lk = (size_t)(B * Hkv * Tl * Dk), lv = (size_t)(B * Hkv * Tl * Dv);
+    float *got_o[2], *got_l[2], *got_q[2], *got_k[2], *got_v[2];
+    for (int run = 0; run < 2; run++) {
+        st = sdpa_ring_forward(MPI_COMM_WORLD, c->layout, &p, &tq, &tk, &tv, &so.view, &sl);
+        check(st == SDPA_OK, c->name, "ring forward status", st, 0);
+        got_o[run] = malloc(sizeof(float) * (lo + 1));
+        got_l[run] = malloc(sizeof(float) * (ll + 1));
+        slice_rows(c, &so, Hq, Dv, got_o[run]);
+        memcpy(got_l[run], lse_loc, sizeof(float) * ll);
+        /* backward with the ring's O and LSE */
+        float *gq_ = malloc(sizeof(float) * nq), *gk_ = malloc(sizeof(float) * nk), *gv_ = malloc(sizeof(float) * nv);
+        slice sdq = make_slice(c, gq_, Hq, Dk, 0);
+        slice sdk = make_slice(c, gk_, Hkv, Dk, 0);
+        slice sdv = make_slice(c, gv_, Hkv, Dv, 0);
+        const sdpa_tensor tO = {so.view.data, so.view.batch_stride, so.view.head_stride, so.view.seq_stride};
+        const sdpa_tensor tL = {lse_loc, sl.batch_stride, sl.head_stride, sl.seq_stride};
+        st = sdpa_ring_backward(MPI_COMM_WORLD, c->layout, &p, &tq, &tk, &tv, &tO, &tL, &tdo, &sdq.view, &sdk.view,
+                                &sdv.view);
+        check(st == SDPA_OK, c->name, "ring backward status", st, 0);
+        got_q[run] = malloc(sizeof(float) * (lq + 1));
+        got_k[run] = malloc(sizeof(float) * (lk + 1));
+        got_v[run] = malloc(sizeof(float) * (lv + 1));
+        slice_rows(c, &sdq, Hq, Dk, got_q[run]);
+        slice_rows(c, &sdk, Hkv, Dk, got_k[run]);
+        slice_rows(c, &sdv, Hkv, Dv, got_v[run]);
+        free(gq_);
+        free(gk_);
+        free(gv_);
+        free(sdq.buf);
+        free(sdk.buf);
+        free(sdv.buf);
+    }
+    fa_check(c, "O", got_o[0], ro, n32o, o1, Hq, Dv, 2.0, 1e-6);
+    fa_check(c, "LSE", got_l[0], rl, n32l, l1, Hq, 1, 2.0, 1e-6);
+    fa_check(c, "dQ", got_q[0], rq, n32q, dq1, Hq, Dk, 3.0, 1e-5);
+    fa_check(c, "dK", got_k[0], rk, n32k, dk1, Hkv, Dk, 3.0, 1e-5);
+    fa_check(c, "dV", got_v[0], rv, n32v, dv1, Hkv, Dv, 3.0, 1e-5);
+    const int same = !memcmp(got_o[0], got_o[1], sizeof(float) * lo) && !memcmp(got_l[0], got_l[1], sizeof(float) * ll) &&
+                     !memcmp(got_q[0], got_q[1], sizeof(float) * lq) && !memcmp(got_k[0], got_k[1], sizeof(float) * lk) &&
+                     !memcmp(got_v[0], got_v[1], sizeof(float) * lv);
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s two runs bitwise identical", c->name);
+    check(same, msg, "O, LSE, dQ, dK, dV", same, 1);
+    for (int run = 0; run < 2; run++) {
+        free(got_o[run]);
+        free(got_l[run]);
+        free(got_q[run]);
+        free(got_k[run]);
+        free(got_v[run]);
+    }
+    free(sq.buf); free(sk.buf); free(sv.buf); free(sdo.buf); free(so.buf);
+    free(ob); free(lb); free(lse_loc);
+    free(q); free(k); free(v); free(dout);
+    free(o1); free(l1); free(dq1); free(dk1); free(dv1);
+    free(ro); free(rl); free(rq); free(rk); free(rv);
+    free(n32o); free(n32l); free(n32q); free(n32k); free(n32v);
+}
+
+/* ----------------------------------------------------------- bad arguments */
+
+static void bad_case(const char *name, int which)
+{
+    const int64_t B = 1, H = 2, T = 24, D = 8, Tl = T / P;
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.batch = B;
+    p.q_heads = p.kv_heads = H;
+    p.q_len = p.kv_len = T;
+    p.head_dim_qk = p.head_dim_v = D;
+    p.causal = SDPA_CAUSAL_TOP_LEFT;
+    p.num_threads = 1;
+    const size_t n = (size_t)(B * H * Tl * D);
+    float *x = malloc(sizeof(float) * n), *o = malloc(sizeof(float) * n), *l = malloc(sizeof(float) * (size_t)(B * H * Tl));
+    float *g = malloc(sizeof(float) * n), *dq = malloc(sizeof(float) * n), *dk = malloc(sizeof(float) * n),
+          *dv = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)(i % 7) * 0.1f;
+        g[i] = 0.5f;
+        o[i] = dq[i] = dk[i] = dv[i] = 12345.0f;
+    }
+    for (int64_t i = 0; i < B * H * Tl; i++)
+        l[i] = 0.25f;
+    sdpa_tensor t = {x, H * Tl * D, Tl * D, D};
+    sdpa_tensor_out to = {o, H * Tl * D, Tl * D, D}, tl = {l, H * Tl, Tl, 1};
+    sdpa_tensor tO = {o, H * Tl * D, Tl * D, D}, tL = {l, H * Tl, Tl, 1}, tg = {g, H * Tl * D, Tl * D, D};
+    sdpa_tensor_out tdq = {dq, H * Tl * D, Tl * D, D}, tdk = {dk, H * Tl * D, Tl * D, D}, tdv = {dv, H * Tl * D, Tl * D, D};
+    const int me = R == P - 1; /* the last rank gets the bad argument */
+    sdpa_tensor tq = t;
+    sdpa_status expect = SDPA_OK;
+    sdpa_ring_layout layout = SDPA_RING_ZIGZAG;
+    switch (which) {
+    case 0: /* NULL Q data */
+        if (me)
+            tq.data = NULL;
+        expect = SDPA_ERR_NULL_ARGUMENT;
+        break;
+    case 1: /* negative stride */
+        if (me)
+            tq.seq_stride = -D;
+        expect = SDPA_ERR_BAD_STRIDE;
+        break;
+    case 2: /* a descriptor that disagrees (another head count) */
+        if (me) {
+            p.q_heads = p.kv_heads = 1;
+        }
+        expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
+        break;
+    case 3: /* an unsupported mask (a window) on one rank */
+        if (me)
+            p.window_left = 4;
+        expect = SDPA_ERR_UNSUPPORTED;
+        break;
+    case 4: /* T not a multiple of 2P (every rank) */
+        p.q_len = p.kv_len = T + 1;
+        expect = SDPA_ERR_UNSUPPORTED;
+        break;
+    case 5: /* NaN scale on one rank */
+        if (me) {
+            p.use_default_scale = 0;
+            p.scale = NAN;
+        }
+        expect = SDPA_ERR_BAD_SCALE;
+        break;
+    case 6: /* O aliasing Q on one rank */
+        if (me)
+            to.data = x;
+        expect = SDPA_ERR_ALIASING;
+        break;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        sdpa_status st = pass == 0 ? sdpa_ring_forward(MPI_COMM_WORLD, layout, &p, &tq, &t, &t, &to, &tl)
+                                   : sdpa_ring_backward(MPI_COMM_WORLD, layout, &p, &tq, &t, &t, &tO, &tL, &tg,
+                                                        which == 6 && me ? &(sdpa_tensor_out){x, H * Tl * D, Tl * D, D} : &tdq,
+                                                        &tdk, &tdv);
+        int sts[2] = {st, -st}, r[2];
+        MPI_Allreduce(sts, r, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        const int agree = r[0] == -r[1];
+        int untouched = 1;
+        if (expect != SDPA_OK)
+            for (size_t i = 0; i < n; i++)
+                if (o[i] != 12345.0f || dq[i] != 12345.0f || dk[i] != 12345.0f || dv[i] != 12345.0f)
+                    untouched = 0;
+        for (int64_t i = 0; expect != SDPA_OK && i < B * H * Tl; i++)
+            if (l[i] != 0.25f)
+                untouched = 0;
+        char msg[160];
+        snprintf(msg, sizeof msg, "bad argument on rank %d: %s (%s): same status on every rank, nothing written",
+                 P - 1, name, pass ? "backward" : "forward");
+        check(agree && st == expect && untouched, msg, "status vs expected", st, expect);
+    }
+    free(x); free(o); free(l); free(g); free(dq); free(dk); free(dv);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    MPI_Comm_rank(MPI_COMM_WORLD, &R);
+
+    /* the layout maps */
+    {
+        int ok = sdpa_ring_local_len(48, P, SDPA_RING_ZIGZAG) == 48 / P && sdpa_ring_local_len(49, P, SDPA_RING_CONTIGUOUS) == (49 % P ? -1 : 49) &&
+                 sdpa_ring_global_row(48, P, 0, SDPA_RING_ZIGZAG, 48 / P - 1) == 47 &&
+                 sdpa_ring_global_row(48, P, P - 1, SDPA_RING_CONTIGUOUS, 0) == 48 - 48 / P;
+        check(ok, "sdpa_ring_local_len / sdpa_ring_global_row", "", ok, 1);
+    }
+    /* T = 48 splits for P = 1..4 in both layouts (2P divides 48 for P <= 4) */
+    const cfg cases[] = {
+        {"full contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0},
+        {"causal contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0},
+        {"causal zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0},
+        {"full zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0},
+        {"causal zigzag GQA B=2 Dv!=Dk", 2, 4, 2, 48, 16, 8, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0},
+        {"causal bottom-right contiguous MQA", 1, 3, 1, 48, 8, 8, SDPA_CAUSAL_BOTTOM_RIGHT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0},
+        {"causal zigzag kv_lengths {37, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {37, 0}, 1, 0, 0},
+        {"full contiguous kv_lengths {5, 48}", 2, 2, 1, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {5, 48}, 1, 0, 0},
+        {"full zigzag kv_lengths {30, 13}", 2, 2, 2, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {30, 13}, 1, 0, 0},
+        {"causal zigzag softcap 5 scale 0.7", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 5.0f, 0.7f},
+        {"causal zigzag T=96 D=64", 1, 2, 1, 96, 64, 64, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(&cases[i]);
+    const char *bad[] = {"NULL Q", "negative stride", "descriptor disagrees", "window (unsupported)",
+                         "T not a multiple of 2P", "NaN scale", "O aliases Q"};
+    for (int i = 0; i < 7; i++)
+        bad_case(bad[i], i);
+    if (R == 0) {
+        printf("mpi ring (%d ranks): %d passed, %d failed\n", P, passed, failed);
+        fflush(stdout);
+    }
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}
