@@ -220,6 +220,7 @@ typedef struct options {
     int alibi, sinks;  /* --alibi, --sinks */
     variant variants[MAX_VARIANTS];
     int n_variants;    /* 0: no variant option given */
+    int serve;         /* --serve: the continuous-batching step instead of the shapes */
 } options;
 
 static void print_help(void)
@@ -252,6 +253,11 @@ static void print_help(void)
         "  --softcap C               also time logit soft-capping with cap C (0: off)\n"
         "  --alibi                   also time ALiBi (slopes 2^(-8(h+1)/Hq))\n"
         "  --sinks                   also time attention sinks (0.5 per head; backward writes dsinks)\n"
+        "  --serve                   instead of the shapes: one continuous-batching step (32 decode\n"
+        "                            rows at contexts 256..8192 and two 512-token prefill chunks over\n"
+        "                            2048 cached keys, Hq 32, Hkv 8, D 128, 16-key pages, shuffled):\n"
+        "                            paged, the same on contiguous packed K/V, and gather-pages-then-\n"
+        "                            dense per sequence; tokens/s, GB/s of K/V, %% of read bandwidth\n"
         "                            Each variant given is timed alone (all together too when\n"
         "                            several are given), interleaved with the plain kernel on\n"
         "                            the same shape, ISA and threads: its row has ratio_vs_plain\n"
@@ -460,7 +466,7 @@ static int parse_options(int argc, char **argv, options *o)
             strcpy(name, arg);
         }
         static const char *const flags[] = {"--help", "--json", "--naive", "--no-naive", "--quick",
-                                            "--no-limits", "--limits-only", "--alibi", "--sinks"};
+                                            "--no-limits", "--limits-only", "--alibi", "--sinks", "--serve"};
         static const char *const valued[] = {"--isa", "--threads", "--shape", "--mask", "--op",
                                              "--reps", "--warmup", "--bw-mib", "--max-time", "--softcap"};
         int is_flag = 0, is_valued = 0;
@@ -496,6 +502,8 @@ static int parse_options(int argc, char **argv, options *o)
             o->alibi = 1;
         } else if (strcmp(name, "--sinks") == 0) {
             o->sinks = 1;
+        } else if (strcmp(name, "--serve") == 0) {
+            o->serve = 1;
         } else if (strcmp(name, "--softcap") == 0) {
             char *end;
             errno = 0;
@@ -575,6 +583,11 @@ static int parse_options(int argc, char **argv, options *o)
             return usage("unknown option '%s' for 'sdpa bench'", name);
         }
     }
+    if (o->serve && (o->n_shapes || o->n_masks || o->softcap != 0.0f || o->alibi || o->sinks || !o->fwd))
+        return usage("--serve times its own step (forward, no variants): %s", "drop --shape, --mask, --op, "
+                                                                            "--softcap, --alibi and --sinks");
+    if (o->serve)
+        o->naive = 0;
     if (o->reps < 0)
         o->reps = o->quick ? 3 : 5;
     if (o->max_time < 0.0)
@@ -1609,6 +1622,339 @@ static int naive_pass(const options *o, const limits *L, out_state *st, const do
 }
 #endif /* SDPA_BENCH_HAVE_OPENBLAS */
 
+/* ------------------------------------------------------------ --serve: one continuous-batching step */
+
+/* The step: SERVE_DECODE sequences decoding one token each at context lengths
+ * spread evenly over 256..8192 (the new token included), then SERVE_PREFILL
+ * chunks of SERVE_CHUNK new tokens over SERVE_PREFIX cached ones (bottom-right
+ * causal), Hq = 32, Hkv = 8, D = 128, pages of 16 keys (HND cache), the pages
+ * of all sequences shuffled over the cache. Three ways, runs interleaved:
+ *   sdpa-paged   one sdpa_forward_with_workspace over the block table (no copy)
+ *   sdpa-packed  the same call on contiguous packed K/V (cu_seqlens_k)
+ *   gather-dense what an integrator does without paged support: per sequence,
+ *                gather its pages into contiguous [Hkv, Tk, D] buffers (OpenMP
+ *                over heads and pages), then a dense sdpa_forward
+ * and the same three on the decode rows alone ("decode": 32 sequences, the
+ * bandwidth-bound part). GB/s = bytes of K and V of every sequence, read once
+ * (sum Tk_b * Hkv * (Dk + Dv) * 4) / time; the cache (over 1 GB) is far larger
+ * than any last-level cache, so no eviction is needed between runs. */
+#define SERVE_DECODE 32
+#define SERVE_PREFILL 2
+#define SERVE_CHUNK 512
+#define SERVE_PREFIX 2048
+#define SERVE_SEQS (SERVE_DECODE + SERVE_PREFILL)
+#define SERVE_HQ 32
+#define SERVE_HKV 8
+#define SERVE_D 128
+#define SERVE_BS 16
+
+typedef struct serve_data {
+    int32_t cuq[SERVE_SEQS + 1], cuk[SERVE_SEQS + 1], lk[SERVE_SEQS];
+    int32_t *bt;                /* [SERVE_SEQS, M] */
+    int64_t M, nb;              /* pages per table row, pages in the cache */
+    float *q;                   /* [total_q, Hq, D] */
+    float *kc, *vc;             /* paged caches [nb, Hkv, bs, D] */
+    float *kp, *vp;             /* the same keys packed [total_k, Hkv, D] */
+    float *o[3];                /* per way: [total_q, Hq, D] */
+    float *gk, *gv;             /* gather buffers [Hkv, max Tk, D] */
+} serve_data;
+
+enum { SERVE_PAGED, SERVE_PACKED, SERVE_GATHER, SERVE_WAYS };
+static const char *const serve_impl[SERVE_WAYS] = {"sdpa-paged", "sdpa-packed", "gather-dense"};
+
+typedef struct serve_ctx {
+    const serve_data *d;
+    int way, nseq, threads;
+    sdpa_isa isa;
+    sdpa_problem pb;
+    sdpa_seqs seqs;
+    void *ws;
+    size_t ws_bytes;
+    sdpa_status st;
+} serve_ctx;
+
+static void serve_free(serve_data *d)
+{
+    free(d->bt), free(d->q), free(d->kc), free(d->vc), free(d->kp), free(d->vp);
+    for (int i = 0; i < SERVE_WAYS; i++)
+        free(d->o[i]);
+    free(d->gk), free(d->gv);
+    memset(d, 0, sizeof *d);
+}
+
+static int serve_alloc(serve_data *d)
+{
+    const int64_t H = SERVE_HKV, D = SERVE_D, bs = SERVE_BS;
+    int64_t maxk = 0;
+    memset(d, 0, sizeof *d);
+    d->cuq[0] = d->cuk[0] = 0;
+    for (int b = 0; b < SERVE_SEQS; b++) {
+        const int dec = b < SERVE_DECODE;
+        const int32_t tq = dec ? 1 : SERVE_CHUNK;
+        d->lk[b] = dec ? (int32_t)(256 + ((int64_t)b * (8192 - 256) + (SERVE_DECODE - 1) / 2) / (SERVE_DECODE - 1))
+                       : SERVE_PREFIX + SERVE_CHUNK;
+        d->cuq[b + 1] = d->cuq[b] + tq;
+        d->cuk[b + 1] = d->cuk[b] + d->lk[b];
+        maxk = d->lk[b] > maxk ? d->lk[b] : maxk;
+        const int64_t pages = (d->lk[b] + bs - 1) / bs;
+        d->nb += pages;
+        d->M = pages > d->M ? pages : d->M;
+    }
+    const int64_t tq = d->cuq[SERVE_SEQS], tk = d->cuk[SERVE_SEQS];
+    d->bt = malloc((size_t)(SERVE_SEQS * d->M) * sizeof(int32_t));
+    d->q = alloc_floats(tq * SERVE_HQ * D);
+    d->kc = alloc_floats(d->nb * H * bs * D), d->vc = alloc_floats(d->nb * H * bs * D);
+    d->kp = alloc_floats(tk * H * D), d->vp = alloc_floats(tk * H * D);
+    for (int i = 0; i < SERVE_WAYS; i++)
+        d->o[i] = alloc_floats(tq * SERVE_HQ * D);
+    d->gk = alloc_floats(H * maxk * D), d->gv = alloc_floats(H * maxk * D);
+    int ok = d->bt && d->q && d->kc && d->vc && d->kp && d->vp && d->gk && d->gv;
+    for (int i = 0; i < SERVE_WAYS; i++)
+        ok = ok && d->o[i];
+    if (!ok) {
+        serve_free(d);
+        return -1;
+    }
+    /* pages: a fixed shuffle of 0..nb-1 handed out in order; unused table entries -1 */
+    int32_t *perm = (int32_t *)d->gk; /* scratch: H * maxk * D >= nb entries */
+    uint64_t s = 0x5eed;
+    for (int64_t i = 0; i < d->nb; i++)
+        perm[i] = (int32_t)i;
+    for (int64_t i = d->nb - 1; i > 0; i--) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        const int64_t j = (int64_t)(s % (uint64_t)(i + 1));
+        const int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    int64_t next = 0;
+    for (int b = 0; b < SERVE_SEQS; b++)
+        for (int64_t p = 0; p < d->M; p++)
+            d->bt[b * d->M + p] = p < (d->lk[b] + bs - 1) / bs ? perm[next++] : -1;
+    fill_random(d->q, tq * SERVE_HQ * D, 11);
+    fill_random(d->kc, d->nb * H * bs * D, 12);
+    fill_random(d->vc, d->nb * H * bs * D, 13);
+    /* the packed copy: key j of sequence b, head h = slot j % bs of its page */
+    for (int b = 0; b < SERVE_SEQS; b++)
+        for (int64_t j = 0; j < d->lk[b]; j++)
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t page = d->bt[b * d->M + j / bs];
+                const size_t src = (size_t)(((page * H + h) * bs + j % bs) * D);
+                const size_t dst = (size_t)(((d->cuk[b] + j) * H + h) * D);
+                memcpy(d->kp + dst, d->kc + src, (size_t)D * sizeof(float));
+                memcpy(d->vp + dst, d->vc + src, (size_t)D * sizeof(float));
+            }
+    return 0;
+}
+
+/* Keys read once, query tokens, allowed (query, key) pairs of the first nseq sequences. */
+static void serve_counts(const serve_data *d, int nseq, double *keys, double *tokens, double *pairs)
+{
+    *keys = *tokens = *pairs = 0.0;
+    for (int b = 0; b < nseq; b++) {
+        const int64_t tq = d->cuq[b + 1] - d->cuq[b], tk = d->lk[b];
+        *keys += (double)tk;
+        *tokens += (double)tq;
+        for (int64_t i = 0; i < tq; i++)
+            *pairs += (double)(tk - tq + i + 1); /* bottom-right causal */
+    }
+    *pairs *= SERVE_HQ;
+}
+
+static void serve_problem(sdpa_problem *p, int64_t B, int64_t tq, int64_t tk, int threads, sdpa_isa isa)
+{
+    sdpa_problem_init(p);
+    p->batch = B, p->q_heads = SERVE_HQ, p->kv_heads = SERVE_HKV;
+    p->q_len = tq, p->kv_len = tk, p->head_dim_qk = p->head_dim_v = SERVE_D;
+    p->causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+    p->num_threads = threads;
+    p->isa = isa;
+}
+
+static int serve_setup(serve_ctx *x, const serve_data *d, int way, int nseq, int threads, sdpa_isa isa)
+{
+    memset(x, 0, sizeof *x);
+    x->d = d, x->way = way, x->nseq = nseq, x->threads = threads, x->isa = isa;
+    if (way == SERVE_GATHER)
+        return 0;
+    serve_problem(&x->pb, nseq, d->cuq[nseq], way == SERVE_PACKED ? d->cuk[nseq] : 0, threads, isa);
+    x->seqs.cu_seqlens_q = d->cuq;
+    if (way == SERVE_PACKED) {
+        x->seqs.cu_seqlens_k = d->cuk;
+    } else {
+        x->seqs.block_table = d->bt;
+        x->seqs.max_blocks_per_seq = d->M;
+        x->seqs.seq_lens_k = d->lk;
+        x->seqs.block_size = SERVE_BS;
+        x->seqs.num_blocks = d->nb;
+    }
+    x->pb.seqs = &x->seqs;
+    x->st = sdpa_forward_workspace_size(&x->pb, &x->ws_bytes);
+    if (x->st != SDPA_OK)
+        return -1;
+    x->ws = malloc(x->ws_bytes ? x->ws_bytes : 1);
+    if (!x->ws) {
+        x->st = SDPA_ERR_OUT_OF_MEMORY;
+        return -1;
+    }
+    return 0;
+}
+
+static int run_serve(void *p)
+{
+    serve_ctx *x = p;
+    const serve_data *d = x->d;
+    const int64_t H = SERVE_HKV, D = SERVE_D, bs = SERVE_BS, rowq = SERVE_HQ * D;
+    float *o = d->o[x->way];
+    if (x->way != SERVE_GATHER) {
+        const int paged = x->way == SERVE_PAGED;
+        const sdpa_tensor q = {d->q, 0, D, rowq};
+        const sdpa_tensor k = paged ? (sdpa_tensor){d->kc, H * bs * D, bs * D, D} : (sdpa_tensor){d->kp, 0, D, H * D};
+        const sdpa_tensor v = paged ? (sdpa_tensor){d->vc, H * bs * D, bs * D, D} : (sdpa_tensor){d->vp, 0, D, H * D};
+        const sdpa_tensor_out to = {o, 0, D, rowq};
+        x->st = sdpa_forward_with_workspace(&x->pb, &q, &k, &v, &to, NULL, x->ws, x->ws_bytes);
+        return x->st != SDPA_OK;
+    }
+    for (int b = 0; b < x->nseq; b++) {
+        const int64_t tq = d->cuq[b + 1] - d->cuq[b], tk = d->lk[b], pages = (tk + bs - 1) / bs;
+        const int32_t *row = d->bt + b * d->M;
+        float *gk = d->gk, *gv = d->gv;
+        const float *kc = d->kc, *vc = d->vc;
+        OMP(omp parallel for num_threads(x->threads) collapse(2) schedule(static))
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t pg = 0; pg < pages; pg++) {
+                const int64_t n = tk - pg * bs < bs ? tk - pg * bs : bs;
+                const size_t src = (size_t)((row[pg] * H + h) * bs * D), dst = (size_t)((h * tk + pg * bs) * D);
+                memcpy(gk + dst, kc + src, (size_t)(n * D) * sizeof(float));
+                memcpy(gv + dst, vc + src, (size_t)(n * D) * sizeof(float));
+            }
+        sdpa_problem pb;
+        serve_problem(&pb, 1, tq, tk, x->threads, x->isa);
+        const sdpa_tensor q = {d->q + d->cuq[b] * rowq, tq * rowq, D, rowq};
+        const sdpa_tensor k = {gk, H * tk * D, tk * D, D}, v = {gv, H * tk * D, tk * D, D};
+        const sdpa_tensor_out to = {o + d->cuq[b] * rowq, tq * rowq, D, rowq};
+        x->st = sdpa_forward(&pb, &q, &k, &v, &to, NULL);
+        if (x->st != SDPA_OK)
+            return 1;
+    }
+    return 0;
+}
+
+typedef struct serve_row {
+    const char *impl, *isa, *part;
+    int threads, reps, nseq;
+    double ms, tokens, keys, pairs, tokens_per_s, gbps, peak_gbps, gflops, ratio, max_abs_diff, rss_mb;
+} serve_row;
+
+static void emit_serve_row(out_state *st, const serve_row *r)
+{
+    if (!st->header_done) {
+        fprintf(st->table, "%-13s %-7s %3s  %-6s %4s %6s %8s %10s %11s %8s %6s %8s %9s %10s\n", "impl", "isa",
+                "thr", "part", "seqs", "tokens", "kv_keys", "ms", "tokens/s", "GB/s", "%bw", "GFLOP/s", "/paged",
+                "maxdiff");
+        st->header_done = 1;
+    }
+    char pb[16] = "-", ra[16] = "-", md[16] = "-";
+    if (r->peak_gbps > 0.0)
+        snprintf(pb, sizeof pb, "%.1f", 100.0 * r->gbps / r->peak_gbps);
+    if (r->ratio > 0.0)
+        snprintf(ra, sizeof ra, "%.3fx", r->ratio);
+    if (r->max_abs_diff >= 0.0)
+        snprintf(md, sizeof md, "%.1e", r->max_abs_diff);
+    fprintf(st->table, "%-13s %-7s %3d  %-6s %4d %6.0f %8.0f %10.3f %11.1f %8.2f %6s %8.2f %9s %10s\n", r->impl,
+            r->isa, r->threads, r->part, r->nseq, r->tokens, r->keys, r->ms, r->tokens_per_s, r->gbps, pb, r->gflops,
+            ra, md);
+    fflush(st->table);
+    if (!st->o->json)
+        return;
+    printf("{\"impl\":\"%s\",\"op\":\"forward\",\"isa\":\"%s\",\"threads\":%d,\"serve\":\"%s\"", r->impl, r->isa,
+           r->threads, r->part);
+    printf(",\"seqs\":%d,\"Hq\":%d,\"Hkv\":%d,\"Dk\":%d,\"Dv\":%d,\"block_size\":%d", r->nseq, SERVE_HQ, SERVE_HKV,
+           SERVE_D, SERVE_D, SERVE_BS);
+    json_num("tokens", r->tokens);
+    json_num("kv_keys", r->keys);
+    json_num("ms", r->ms);
+    json_num("tokens_per_s", r->tokens_per_s);
+    json_num("gbps", r->gbps);
+    json_num("peak_gbps", r->peak_gbps > 0.0 ? r->peak_gbps : NAN);
+    json_num("pct_bw", r->peak_gbps > 0.0 ? 100.0 * r->gbps / r->peak_gbps : NAN);
+    json_num("gflops", r->gflops);
+    json_num("pairs", r->pairs);
+    if (r->ratio > 0.0)
+        json_num("ratio_vs_paged", r->ratio);
+    if (r->max_abs_diff >= 0.0)
+        json_num("max_abs_diff_vs_paged", r->max_abs_diff);
+    json_num("rss_mb", r->rss_mb);
+    printf(",\"reps\":%d,\"version\":\"%s\"}\n", r->reps, sdpa_version());
+    fflush(stdout);
+}
+
+static double serve_max_diff(const float *a, const float *b, int64_t n)
+{
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)a[i] - (double)b[i]);
+        if (!(e <= m))
+            m = e; /* NaN wins */
+    }
+    return m;
+}
+
+static int serve_pass(const options *o, const limits *L, out_state *st)
+{
+    serve_data d;
+    if (serve_alloc(&d) != 0) {
+        fputs("sdpa bench: error: --serve: out of memory (the step needs about 2.5 GB)\n", stderr);
+        return 1;
+    }
+    const sdpa_isa isa = o->isas[o->n_isas - 1]; /* the best ISA asked for */
+    int failed = 0;
+    for (int ti = 0; ti < o->n_threads; ti++)
+        for (int part = 0; part < 2; part++) { /* the whole step, then its decode rows alone */
+            const int nseq = part == 0 ? SERVE_SEQS : SERVE_DECODE;
+            serve_ctx x[SERVE_WAYS];
+            run_fn fns[SERVE_WAYS];
+            void *ctxs[SERVE_WAYS];
+            timing t[SERVE_WAYS];
+            int bad = 0, bad_k = 0;
+            for (int w = 0; w < SERVE_WAYS; w++) {
+                bad |= serve_setup(&x[w], &d, w, nseq, o->threads[ti], isa) != 0;
+                fns[w] = run_serve;
+                ctxs[w] = &x[w];
+            }
+            if (bad || time_interleaved(SERVE_WAYS, fns, ctxs, o, NULL, t, &bad_k) != 0) {
+                for (int w = 0; w < SERVE_WAYS; w++)
+                    if (x[w].st != SDPA_OK)
+                        fprintf(stderr, "sdpa bench: error: --serve %s: %s\n", serve_impl[w],
+                                sdpa_status_string(x[w].st));
+                failed = 1;
+            } else {
+                double keys, tokens, pairs;
+                serve_counts(&d, nseq, &keys, &tokens, &pairs);
+                const int64_t n_out = (int64_t)d.cuq[nseq] * SERVE_HQ * SERVE_D;
+                for (int w = 0; w < SERVE_WAYS; w++) {
+                    serve_row r;
+                    memset(&r, 0, sizeof r);
+                    r.impl = serve_impl[w], r.isa = sdpa_isa_name(isa), r.part = part ? "decode" : "step";
+                    r.threads = o->threads[ti], r.reps = t[w].reps, r.nseq = nseq;
+                    r.ms = t[w].median_s * 1e3;
+                    r.tokens = tokens, r.keys = keys, r.pairs = pairs;
+                    r.tokens_per_s = tokens / t[w].median_s;
+                    r.gbps = keys * SERVE_HKV * 2.0 * SERVE_D * sizeof(float) / t[w].median_s * 1e-9;
+                    r.peak_gbps = L->bw[ti];
+                    r.gflops = 2.0 * pairs * 2.0 * SERVE_D / t[w].median_s * 1e-9;
+                    r.ratio = w == 0 ? -1.0 : t[w].median_s / t[0].median_s;
+                    r.max_abs_diff = w == 0 ? -1.0 : serve_max_diff(d.o[w], d.o[0], n_out);
+                    r.rss_mb = peak_rss_mb();
+                    emit_serve_row(st, &r);
+                }
+            }
+            for (int w = 0; w < SERVE_WAYS; w++)
+                free(x[w].ws);
+        }
+    serve_free(&d);
+    return failed;
+}
+
 /* ------------------------------------------------------------ main */
 
 static void print_header(FILE *f, const options *o, const limits *L)
@@ -1657,6 +2003,13 @@ static void print_header(FILE *f, const options *o, const limits *L)
     } else {
         fprintf(f, "# limits not measured (--no-limits)\n");
     }
+    if (o->serve)
+        fprintf(f, "# --serve: one step of %d decode rows (contexts 256..8192) + %d prefill chunks of %d over %d "
+                   "cached keys (causal bottom-right), Hq %d, Hkv %d, D %d, pages of %d keys (HND, shuffled); "
+                   "ISA %s; step and decode-only, each way interleaved; GB/s = K and V of every sequence read "
+                   "once / time; /paged = ms / sdpa-paged ms\n",
+                SERVE_DECODE, SERVE_PREFILL, SERVE_CHUNK, SERVE_PREFIX, SERVE_HQ, SERVE_HKV, SERVE_D, SERVE_BS,
+                sdpa_isa_name(o->isas[o->n_isas - 1]));
     if (o->n_variants > 0) {
         fprintf(f, "# attention variants:");
         for (int i = 0; i < o->n_variants; i++)
@@ -1709,6 +2062,12 @@ int sdpa_bench_main(int argc, char **argv)
         free(o);
         free(scalar_ms);
         return 0;
+    }
+    if (o->serve) {
+        const int failed = serve_pass(o, &L, &st);
+        free(o);
+        free(scalar_ms);
+        return failed ? 1 : 0;
     }
     int failed = sdpa_pass(o, &L, &st, scalar_ms);
 #ifdef SDPA_BENCH_HAVE_OPENBLAS
