@@ -1,0 +1,447 @@
+/* SPDX-License-Identifier: MIT */
+/* tools/sdpa_ring.c - `sdpa-ring forward|backward`: the sdpa tool's forward and
+ * backward on .npy files, computed by ring attention over MPI (include/sdpa_mpi.h).
+ *
+ *   mpirun -np 4 sdpa-ring forward -q Q.npy -k K.npy -v V.npy -o O.npy [--lse LSE.npy] [options]
+ *   mpirun -np 4 sdpa-ring backward -q Q.npy -k K.npy -v V.npy --do dO.npy --dq dQ.npy --dk dK.npy
+ *          --dv dV.npy [-o O.npy --lse LSE.npy] [options]
+ *
+ * Rank 0 reads every input and writes every output (the same .npy flags as `sdpa`:
+ * tools/cli_args.c); the other ranks get their slices of Q, K, V (O, LSE, dO) over
+ * MPI and send back their slices of the outputs. Outputs are written to a
+ * temporary file and renamed into place, so an error leaves none behind.
+ * Options: --causal top-left|bottom-right|none, --scale S, --softcap C, --kv-len
+ * LENS.npy, --threads N, --isa NAME, --layout zigzag|contiguous (default zigzag).
+ * Refused (not computed by the ring): --mask, --bias, --window-left/right,
+ * --window-align, --alibi-slopes, --sinks, --dsinks. Self-attention only
+ * (Q and K of the same length T), T a multiple of the rank count (2x for zig-zag).
+ * Errors: "sdpa-ring: error: ..." from rank 0, exit status 2 on every rank. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "npy.h"
+#include "sdpa_mpi.h"
+
+enum { EXIT_BAD = 2 };
+static int P, R;
+
+typedef struct opts {
+    const char *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv, *kvlen;
+    int have_scale;
+    float scale, softcap;
+    sdpa_causal causal;
+    sdpa_ring_layout layout;
+    int threads;
+    sdpa_isa isa;
+} opts;
+
+static void err0(const char *fmt, ...)
+{
+    if (R != 0)
+        return;
+    va_list ap;
+    fputs("sdpa-ring: error: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static void usage(void)
+{
+    if (R == 0)
+        fprintf(stderr,
+                "usage: mpirun -np N sdpa-ring forward -q Q.npy -k K.npy -v V.npy -o O.npy [--lse LSE.npy] [options]\n"
+                "       mpirun -np N sdpa-ring backward -q Q.npy -k K.npy -v V.npy --do dO.npy --dq dQ.npy --dk dK.npy "
+                "--dv dV.npy [-o O.npy --lse LSE.npy] [options]\n"
+                "options: --causal top-left|bottom-right|none, --scale S, --softcap C, --kv-len LENS.npy,\n"
+                "         --threads N, --isa NAME, --layout zigzag|contiguous (default zigzag)\n"
+                "Q, K, V: float32 (T, D), (H, T, D) or (B, H, T, D), Q and K of the same T, T a multiple of\n"
+                "N (contiguous) or 2N (zigzag). Rank 0 reads and writes the files.\n");
+}
+
+/* Parses argv (every rank parses the same). Returns 0 or EXIT_BAD. */
+static int parse(int bwd, int argc, char **argv, opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->layout = SDPA_RING_ZIGZAG;
+    o->isa = SDPA_ISA_AUTO;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage();
+            return -1;
+        }
+        static const char *const refused[] = {"--mask", "--bias", "--window-left", "--window-right", "--window-align",
+                                              "--alibi-slopes", "--sinks", "--dsinks", "--cu-seqlens-q",
+                                              "--cu-seqlens-k", "--block-table", "--seq-lens-k", "--page-layout"};
+        for (size_t j = 0; j < sizeof refused / sizeof refused[0]; j++)
+            if (!strcmp(a, refused[j])) {
+                err0("%s: not supported by sdpa-ring (use `sdpa` on one machine)", a);
+                return EXIT_BAD;
+            }
+        if (i + 1 >= argc) {
+            err0("option '%s' needs a value (or is unknown)", a);
+            usage();
+            return EXIT_BAD;
+        }
+        const char *v = argv[++i];
+        char *end;
+        if (!strcmp(a, "-q") || !strcmp(a, "--query")) o->q = v;
+        else if (!strcmp(a, "-k") || !strcmp(a, "--key")) o->k = v;
+        else if (!strcmp(a, "-v") || !strcmp(a, "--value")) o->v = v;
+        else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->o = v;
+        else if (!strcmp(a, "--lse")) o->lse = v;
+        else if (bwd && !strcmp(a, "--do")) o->dout = v;
+        else if (bwd && !strcmp(a, "--dq")) o->dq = v;
+        else if (bwd && !strcmp(a, "--dk")) o->dk = v;
+        else if (bwd && !strcmp(a, "--dv")) o->dv = v;
+        else if (!strcmp(a, "--kv-len")) o->kvlen = v;
+        else if (!strcmp(a, "--scale") || !strcmp(a, "--softcap")) {
+            errno = 0;
+            const float x = strtof(v, &end);
+            if (errno || *end || !*v || !isfinite(x) || (a[2] == 's' && a[3] == 'o' && x < 0)) {
+                err0("%s '%s': expected a finite number%s", a, v, a[3] == 'o' ? " >= 0" : "");
+                return EXIT_BAD;
+            }
+            if (a[3] == 'o')
+                o->softcap = x;
+            else {
+                o->scale = x;
+                o->have_scale = 1;
+            }
+        } else if (!strcmp(a, "--causal")) {
+            if (!strcmp(v, "top-left")) o->causal = SDPA_CAUSAL_TOP_LEFT;
+            else if (!strcmp(v, "bottom-right")) o->causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+            else if (!strcmp(v, "none")) o->causal = SDPA_CAUSAL_NONE;
+            else {
+                err0("--causal '%s': expected top-left, bottom-right or none", v);
+                return EXIT_BAD;
+            }
+        } else if (!strcmp(a, "--layout")) {
+            if (!strcmp(v, "zigzag")) o->layout = SDPA_RING_ZIGZAG;
+            else if (!strcmp(v, "contiguous")) o->layout = SDPA_RING_CONTIGUOUS;
+            else {
+                err0("--layout '%s': expected zigzag or contiguous", v);
+                return EXIT_BAD;
+            }
+        } else if (!strcmp(a, "--threads")) {
+            const long n = strtol(v, &end, 10);
+            if (*end || !*v || n < 0 || n > 4096) {
+                err0("--threads '%s': expected an integer in [0, 4096]", v);
+                return EXIT_BAD;
+            }
+            o->threads = (int)n;
+        } else if (!strcmp(a, "--isa")) {
+            if (sdpa_isa_from_name(v, &o->isa) != 0 || (o->isa != SDPA_ISA_AUTO && !sdpa_isa_supported(o->isa))) {
+                err0("--isa '%s': unknown or not supported here", v);
+                return EXIT_BAD;
+            }
+        } else {
+            err0("unknown option '%s' for 'sdpa-ring %s'", a, bwd ? "backward" : "forward");
+            usage();
+            return EXIT_BAD;
+        }
+    }
+    if (!o->q || !o->k || !o->v) {
+        err0("-q, -k and -v are required");
+        return EXIT_BAD;
+    }
+    if (!bwd && !o->o) {
+        err0("forward needs -o O.npy");
+        return EXIT_BAD;
+    }
+    if (bwd && (!o->dout || !o->dq || !o->dk || !o->dv)) {
+        err0("backward needs --do, --dq, --dk and --dv");
+        return EXIT_BAD;
+    }
+    if (bwd && !o->o != !o->lse) {
+        err0("backward: give both -o and --lse (the forward's O and LSE) or neither (recomputed)");
+        return EXIT_BAD;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ files (rank 0) */
+
+typedef struct arr {
+    npy_array a;
+    int64_t b, h, t, d;
+} arr;
+
+static int load(const char *path, const char *role, arr *x)
+{
+    char e[256];
+    if (npy_read(path, &x->a, e, sizeof e) != 0) {
+        err0("%s: %s", path, e);
+        return EXIT_BAD;
+    }
+    if (x->a.dtype != NPY_F4 || x->a.ndim < 2 || x->a.ndim > 4) {
+        err0("%s: %s must be float32 of rank 2, 3 or 4", path, role);
+        return EXIT_BAD;
+    }
+    const int n = x->a.ndim;
+    x->d = x->a.shape[n - 1];
+    x->t = x->a.shape[n - 2];
+    x->h = n >= 3 ? x->a.shape[n - 3] : 1;
+    x->b = n == 4 ? x->a.shape[0] : 1;
+    return 0;
+}
+
+static int same_shape(const arr *x, const char *path, const char *role, int ndim, int64_t b, int64_t h, int64_t t,
+                      int64_t d)
+{
+    if (x->a.ndim != ndim || x->b != b || x->h != h || x->t != t || x->d != d) {
+        err0("%s: %s has the wrong shape (expected B=%lld H=%lld T=%lld D=%lld in rank %d)", path, role, (long long)b,
+             (long long)h, (long long)t, (long long)d, ndim);
+        return EXIT_BAD;
+    }
+    return 0;
+}
+
+static int write_out(const char *path, const float *data, int ndim, const int64_t *shape)
+{
+    char tmp[4096], e[256];
+    snprintf(tmp, sizeof tmp, "%s.sdpa-ring-tmp", path);
+    if (npy_write_f32(tmp, data, ndim, shape, e, sizeof e) != 0 || rename(tmp, path) != 0) {
+        err0("%s: %s", path, e[0] ? e : strerror(errno));
+        remove(tmp);
+        return EXIT_BAD;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ slices */
+
+/* Rank 0: global [B, H, T, D] -> every rank's [B, H, Tl, D] slice (scatter). */
+static float *scatter(const float *g, int64_t B, int64_t H, int64_t T, int64_t D, sdpa_ring_layout layout)
+{
+    const int64_t Tl = T / P, n = B * H * Tl * D;
+    float *mine = malloc(sizeof(float) * (size_t)(n + 1)), *all = NULL;
+    if (R == 0) {
+        all = malloc(sizeof(float) * (size_t)(n * P + 1));
+        for (int r = 0; r < P; r++)
+            for (int64_t bh = 0; bh < B * H; bh++)
+                for (int64_t i = 0; i < Tl; i++)
+                    memcpy(all + r * n + (bh * Tl + i) * D, g + (bh * T + sdpa_ring_global_row(T, P, r, layout, i)) * D,
+                           sizeof(float) * (size_t)D);
+    }
+    MPI_Scatter(all, (int)n, MPI_FLOAT, mine, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    free(all);
+    return mine;
+}
+
+/* Every rank's slice -> the global array on rank 0 (returned there, NULL elsewhere). */
+static float *gather(const float *mine, int64_t B, int64_t H, int64_t T, int64_t D, sdpa_ring_layout layout)
+{
+    const int64_t Tl = T / P, n = B * H * Tl * D;
+    float *all = R == 0 ? malloc(sizeof(float) * (size_t)(n * P + 1)) : NULL, *g = NULL;
+    MPI_Gather(mine, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    if (R == 0) {
+        g = malloc(sizeof(float) * (size_t)(B * H * T * D + 1));
+        for (int r = 0; r < P; r++)
+            for (int64_t bh = 0; bh < B * H; bh++)
+                for (int64_t i = 0; i < Tl; i++)
+                    memcpy(g + (bh * T + sdpa_ring_global_row(T, P, r, layout, i)) * D, all + r * n + (bh * Tl + i) * D,
+                           sizeof(float) * (size_t)D);
+    }
+    free(all);
+    return g;
+}
+
+static sdpa_tensor view(const float *x, int64_t H, int64_t Tl, int64_t D)
+{
+    return (sdpa_tensor){x, H * Tl * D, Tl * D, D};
+}
+static sdpa_tensor_out view_out(float *x, int64_t H, int64_t Tl, int64_t D)
+{
+    return (sdpa_tensor_out){x, H * Tl * D, Tl * D, D};
+}
+
+static int run(int bwd, int argc, char **argv)
+{
+    opts o;
+    int rc = parse(bwd, argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    /* rank 0 reads; hdr: rc, ndim, B, Hq, Hkv, T, Dk, Dv, have O/LSE */
+    arr q = {0}, k = {0}, v = {0}, O = {0}, L = {0}, dO = {0};
+    npy_array kl = {0};
+    int64_t hdr[9] = {0};
+    int32_t *kvlen = NULL;
+    if (R == 0) {
+        rc = load(o.q, "Q", &q);
+        if (!rc) rc = load(o.k, "K", &k);
+        if (!rc) rc = load(o.v, "V", &v);
+        if (!rc && (k.a.ndim != q.a.ndim || v.a.ndim != q.a.ndim || k.b != q.b || k.d != q.d || v.b != k.b ||
+                    v.h != k.h || v.t != k.t || k.h == 0 || q.h % k.h)) {
+            err0("%s, %s, %s: Q, K, V do not fit (same rank and batch, K and V the same heads and length, Q's heads "
+                 "a multiple of K's, Q and K the same head_dim)", o.q, o.k, o.v);
+            rc = EXIT_BAD;
+        }
+        if (!rc && q.t != k.t) {
+            err0("%s: Q has %lld rows, K %lld: sdpa-ring computes self-attention (the same T)", o.k, (long long)q.t,
+                 (long long)k.t);
+            rc = EXIT_BAD;
+        }
+        if (!rc && sdpa_ring_local_len(q.t, P, o.layout) < 0) {
+            err0("T = %lld is not a multiple of %d (%s layout on %d ranks)", (long long)q.t,
+                 o.layout == SDPA_RING_ZIGZAG ? 2 * P : P, o.layout == SDPA_RING_ZIGZAG ? "zigzag" : "contiguous", P);
+            rc = EXIT_BAD;
+        }
+        if (!rc && bwd && o.o) {
+            rc = load(o.o, "O", &O);
+            if (!rc) rc = same_shape(&O, o.o, "O", q.a.ndim, q.b, q.h, q.t, v.d);
+            if (!rc) {
+                char e[256];
+                if (npy_read(o.lse, &L.a, e, sizeof e) != 0 || L.a.dtype != NPY_F4 || L.a.count != (size_t)(q.b * q.h * q.t)) {
+                    err0("%s: the LSE must be float32 of shape Q.shape[:-1]", o.lse);
+                    rc = EXIT_BAD;
+                }
+            }
+        }
+        if (!rc && bwd) {
+            rc = load(o.dout, "dO", &dO);
+            if (!rc) rc = same_shape(&dO, o.dout, "dO", q.a.ndim, q.b, q.h, q.t, v.d);
+        }
+        if (!rc && o.kvlen) {
+            char e[256];
+            if (npy_read(o.kvlen, &kl, e, sizeof e) != 0 || (kl.dtype != NPY_I4 && kl.dtype != NPY_I8) || kl.ndim != 1 ||
+                kl.shape[0] != q.b) {
+                err0("%s: kv lengths must be int32 or int64 of shape (B,) = (%lld,)", o.kvlen, (long long)q.b);
+                rc = EXIT_BAD;
+            }
+        }
+        const int64_t h[9] = {rc, q.a.ndim, q.b, q.h, k.h, q.t, q.d, v.d, bwd && o.o};
+        memcpy(hdr, h, sizeof hdr);
+    }
+    MPI_Bcast(hdr, 9, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (hdr[0]) {
+        rc = (int)hdr[0];
+        goto done;
+    }
+    const int ndim = (int)hdr[1];
+    const int64_t B = hdr[2], Hq = hdr[3], Hkv = hdr[4], T = hdr[5], Dk = hdr[6], Dv = hdr[7], Tl = T / P;
+    if (o.kvlen) {
+        kvlen = malloc(sizeof(int32_t) * (size_t)(B + 1));
+        if (R == 0)
+            for (int64_t b = 0; b < B; b++) {
+                const int64_t x = kl.dtype == NPY_I4 ? ((int32_t *)kl.data)[b] : ((int64_t *)kl.data)[b];
+                kvlen[b] = x < 0 ? -1 : x > INT32_MAX ? INT32_MAX : (int32_t)x; /* the library checks the range */
+            }
+        MPI_Bcast(kvlen, (int)B, MPI_INT32_T, 0, MPI_COMM_WORLD);
+    }
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.batch = B;
+    p.q_heads = Hq;
+    p.kv_heads = Hkv;
+    p.q_len = p.kv_len = T;
+    p.head_dim_qk = Dk;
+    p.head_dim_v = Dv;
+    p.causal = o.causal;
+    p.kv_lengths = kvlen;
+    p.softcap = o.softcap;
+    p.num_threads = o.threads;
+    p.isa = o.isa;
+    if (o.have_scale) {
+        p.use_default_scale = 0;
+        p.scale = o.scale;
+    }
+    float *lq = scatter(q.a.data, B, Hq, T, Dk, o.layout), *lk = scatter(k.a.data, B, Hkv, T, Dk, o.layout),
+          *lv = scatter(v.a.data, B, Hkv, T, Dv, o.layout);
+    float *lo = NULL, *ll = NULL, *ldo = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
+    const sdpa_tensor tq = view(lq, Hq, Tl, Dk), tk = view(lk, Hkv, Tl, Dk), tv = view(lv, Hkv, Tl, Dv);
+    sdpa_status st = SDPA_OK;
+    if (hdr[8]) { /* backward with the given O and LSE */
+        lo = scatter(O.a.data, B, Hq, T, Dv, o.layout);
+        ll = scatter(L.a.data, B, Hq, T, 1, o.layout);
+    } else {
+        lo = malloc(sizeof(float) * (size_t)(B * Hq * Tl * Dv + 1));
+        ll = malloc(sizeof(float) * (size_t)(B * Hq * Tl + 1));
+        const sdpa_tensor_out to = view_out(lo, Hq, Tl, Dv), tl = view_out(ll, Hq, Tl, 1);
+        st = sdpa_ring_forward(MPI_COMM_WORLD, o.layout, &p, &tq, &tk, &tv, &to, &tl);
+    }
+    if (st == SDPA_OK && bwd) {
+        ldo = scatter(dO.a.data, B, Hq, T, Dv, o.layout);
+        ldq = malloc(sizeof(float) * (size_t)(B * Hq * Tl * Dk + 1));
+        ldk = malloc(sizeof(float) * (size_t)(B * Hkv * Tl * Dk + 1));
+        ldv = malloc(sizeof(float) * (size_t)(B * Hkv * Tl * Dv + 1));
+        const sdpa_tensor tO = view(lo, Hq, Tl, Dv), tL = view(ll, Hq, Tl, 1), tdo = view(ldo, Hq, Tl, Dv);
+        const sdpa_tensor_out tdq = view_out(ldq, Hq, Tl, Dk), tdk = view_out(ldk, Hkv, Tl, Dk),
+                              tdv = view_out(ldv, Hkv, Tl, Dv);
+        st = sdpa_ring_backward(MPI_COMM_WORLD, o.layout, &p, &tq, &tk, &tv, &tO, &tL, &tdo, &tdq, &tdk, &tdv);
+    }
+    if (st != SDPA_OK) { /* the same status on every rank */
+        err0("libsdpa_mpi: %s (status %d)", sdpa_status_string(st), (int)st);
+        rc = EXIT_BAD;
+    } else {
+        int64_t shape[4];
+        int w = 0;
+        /* shape in the inputs' rank: [B, H, T, D] without the leading 1s the inputs lacked */
+#define SHAPE(h_, d_, nd_)                                                                                             \
+    do {                                                                                                               \
+        const int64_t full[4] = {B, h_, T, d_};                                                                        \
+        for (int i_ = 0; i_ < (nd_); i_++)                                                                             \
+            shape[i_] = full[4 - ndim + i_];                                                                           \
+    } while (0)
+        if (!bwd) {
+            float *go = gather(lo, B, Hq, T, Dv, o.layout), *gl = gather(ll, B, Hq, T, 1, o.layout);
+            if (R == 0) {
+                SHAPE(Hq, Dv, ndim);
+                w = write_out(o.o, go, ndim, shape);
+                if (!w && o.lse) {
+                    SHAPE(Hq, 1, ndim - 1);
+                    w = write_out(o.lse, gl, ndim - 1, shape);
+                }
+            }
+            free(go);
+            free(gl);
+        } else {
+            float *gq = gather(ldq, B, Hq, T, Dk, o.layout), *gk = gather(ldk, B, Hkv, T, Dk, o.layout),
+                  *gv = gather(ldv, B, Hkv, T, Dv, o.layout);
+            if (R == 0) {
+                SHAPE(Hq, Dk, ndim);
+                w = write_out(o.dq, gq, ndim, shape);
+                SHAPE(Hkv, Dk, ndim);
+                if (!w) w = write_out(o.dk, gk, ndim, shape);
+                SHAPE(Hkv, Dv, ndim);
+                if (!w) w = write_out(o.dv, gv, ndim, shape);
+            }
+            free(gq);
+            free(gk);
+            free(gv);
+        }
+#undef SHAPE
+        int64_t ww = w;
+        MPI_Bcast(&ww, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+        rc = (int)ww;
+    }
+    free(lq), free(lk), free(lv), free(lo), free(ll), free(ldo), free(ldq), free(ldk), free(ldv);
+done:
+    npy_free(&q.a), npy_free(&k.a), npy_free(&v.a), npy_free(&O.a), npy_free(&L.a), npy_free(&dO.a), npy_free(&kl);
+    free(kvlen);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    MPI_Comm_rank(MPI_COMM_WORLD, &R);
+    int rc;
+    if (argc >= 2 && !strcmp(argv[1], "forward"))
+        rc = run(0, argc, argv);
+    else if (argc >= 2 && !strcmp(argv[1], "backward"))
+        rc = run(1, argc, argv);
+    else {
+        usage();
+        rc = argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : EXIT_BAD;
+    }
+    MPI_Finalize();
+    return rc;
+}
