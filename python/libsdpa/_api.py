@@ -60,7 +60,13 @@ def _view(a, name, rank, dtype=_F32, writable=False):
         raise ValueError(f"{name}: array is read-only")
     shape = a.shape
     item = dtype.itemsize
-    ptr = a.ctypes.data if a.size else 0
+    if not a.size:  # nothing is read or written: NULL data, packed strides
+        st, n = [], 1
+        for d in reversed(shape):
+            st.append(n)
+            n *= max(d, 1)
+        return 0, st[::-1]
+    ptr = a.ctypes.data
     if ptr % item:
         raise ValueError(f"{name}: data is not aligned to {item} bytes")
     st = []

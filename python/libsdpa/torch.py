@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: MIT
+"""PyTorch binding (needs torch): in progress."""
