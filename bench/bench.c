@@ -584,8 +584,8 @@ static int parse_options(int argc, char **argv, options *o)
         }
     }
     if (o->serve && (o->n_shapes || o->n_masks || o->softcap != 0.0f || o->alibi || o->sinks || !o->fwd))
-        return usage("--serve times its own step (forward, no variants): %s", "drop --shape, --mask, --op, "
-                                                                            "--softcap, --alibi and --sinks");
+        return usage("--serve times its own step (forward, no variants): %s", "drop --shape, --mask, "
+                                                                            "--op backward, --softcap, --alibi and --sinks");
     if (o->serve)
         o->naive = 0;
     if (o->reps < 0)
@@ -597,6 +597,10 @@ static int parse_options(int argc, char **argv, options *o)
         for (int i = 0; i < SDPA_ISA_COUNT; i++)
             if (sdpa_isa_supported((sdpa_isa)i))
                 o->isas[o->n_isas++] = (sdpa_isa)i;
+    }
+    if (o->serve && o->n_isas > 1) { /* --serve times the best ISA asked for */
+        o->isas[0] = o->isas[o->n_isas - 1];
+        o->n_isas = 1;
     }
     if (o->n_threads == 0) {
         o->threads[o->n_threads++] = 1;
