@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# .ci/mpi.sh - issue 19's CI step: libsdpa_mpi (ring attention over MPI) on a clean
+# Debian 12 machine (as root). Installs Open MPI (libopenmpi-dev, openmpi-bin) and the
+# build tools if missing, builds with -Dmpi=enabled in its own build directory
+# (build-mpi-ci), and runs tests/mpi/test_ring under mpirun for N = 1, 2, 3, 4, then
+# sdpa-ring forward and backward on 4 ranks against `sdpa` on one process.
+# Last line: "P passed, F failed" (one count per mpirun); exit status 1 on a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+start=$(date +%s)
+stamp() { echo "[mpi $(( $(date +%s) - start ))s] $*"; }
+
+need=()
+for p in meson ninja-build gcc pkg-config libsleef-dev libcjson-dev libopenmpi-dev openmpi-bin python3-numpy; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  stamp "installing ${need[*]}"
+  apt-get update -qq >/dev/null && apt-get install -y -qq "${need[@]}" >/dev/null || { echo "apt-get failed"; echo "0 passed, 1 failed"; exit 1; }
+fi
+
+stamp "build with -Dmpi=enabled (build-mpi-ci)"
+if [ ! -d build-mpi-ci ]; then
+  meson setup build-mpi-ci -Dbuildtype=release -Dmpi=enabled >/dev/null || { echo "meson setup failed"; echo "0 passed, 1 failed"; exit 1; }
+fi
+ninja -C build-mpi-ci tests/mpi/test_ring tests/mpi/ring_attention_mpi tools/sdpa-ring tools/sdpa >/dev/null \
+  || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
+
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
+export OMP_NUM_THREADS=1
+pass=0 fail=0
+for n in 1 2 3 4; do
+  stamp "test_ring, N = $n"
+  if out=$(timeout 300 "${MPIRUN[@]}" -np "$n" build-mpi-ci/tests/mpi/test_ring 2>&1); then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "$out" | grep -E "FAIL|error" | head -20
+  fi
+  echo "$out" | grep -E "^mpi ring" || echo "test_ring N = $n: no summary (rc != 0)"
+done
+
+stamp "example, 4 ranks"
+if timeout 120 "${MPIRUN[@]}" -np 4 build-mpi-ci/tests/mpi/ring_attention_mpi 1024 32 2 1; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "ring_attention_mpi failed"
+fi
+
+stamp "sdpa-ring on 4 ranks vs sdpa (forward and backward, GQA, causal, kv lengths)"
+tmp=$(mktemp -d)
+python3 - "$tmp" <<'PY'
+import sys, numpy as np
+d = sys.argv[1]; r = np.random.default_rng(7)
+for n, s in [('q', (2, 4, 48, 16)), ('k', (2, 2, 48, 16)), ('v', (2, 2, 48, 8)), ('do', (2, 4, 48, 8))]:
+    np.save(f'{d}/{n}.npy', r.standard_normal(s).astype(np.float32))
+np.save(f'{d}/kl.npy', np.array([40, 17], dtype=np.int64))
+PY
+S=build-mpi-ci/tools/sdpa; RG=build-mpi-ci/tools/sdpa-ring
+common=(-q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" --causal top-left --kv-len "$tmp/kl.npy")
+if $S forward "${common[@]}" -o "$tmp/o1.npy" --lse "$tmp/l1.npy" &&
+   $S backward "${common[@]}" --do "$tmp/do.npy" --dq "$tmp/dq1.npy" --dk "$tmp/dk1.npy" --dv "$tmp/dv1.npy" &&
+   timeout 120 "${MPIRUN[@]}" -np 4 $RG forward "${common[@]}" -o "$tmp/o4.npy" --lse "$tmp/l4.npy" &&
+   timeout 120 "${MPIRUN[@]}" -np 4 $RG backward "${common[@]}" -o "$tmp/o4.npy" --lse "$tmp/l4.npy" \
+     --do "$tmp/do.npy" --dq "$tmp/dq4.npy" --dk "$tmp/dk4.npy" --dv "$tmp/dv4.npy" &&
+   python3 - "$tmp" <<'PY'
+import sys, numpy as np
+d = sys.argv[1]; ok = True
+for a in ['o', 'l', 'dq', 'dk', 'dv']:
+    x, y = np.load(f'{d}/{a}1.npy'), np.load(f'{d}/{a}4.npy')
+    e = float(np.abs(x - y).max()); ok &= x.shape == y.shape and e < 1e-5
+    print(f'sdpa-ring vs sdpa {a}: shape {y.shape}, max diff {e:.3g}')
+sys.exit(0 if ok else 1)
+PY
+then pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed"; fi
+rm -rf "$tmp"
+
+stamp "done"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
