@@ -1,2 +1,299 @@
 # SPDX-License-Identifier: MIT
-"""PyTorch binding (needs torch): in progress."""
+"""libsdpa for PyTorch (CPU float32 tensors): a torch.library custom op with autograd
+(the backward is sdpa_backward) and fake kernels, so torch.compile traces it.
+
+    from libsdpa.torch import scaled_dot_product_attention, attention, patch
+    o = scaled_dot_product_attention(q, k, v, is_causal=True)   # torch's signature
+    o = attention(q, k, v, kv_lengths=lengths)                  # libsdpa's own keywords
+    with patch():                   # torch.nn.functional.scaled_dot_product_attention
+        model(x)                    # on CPU float32 tensors runs through libsdpa
+
+Needs torch >= 2.4; `import libsdpa` itself never imports torch.
+"""
+import contextlib
+import math
+import threading
+import warnings
+from typing import Optional, Tuple
+
+import torch
+
+from . import _api
+
+__all__ = ["scaled_dot_product_attention", "attention", "patch"]
+
+_CAUSAL = {None: 0, False: 0, True: 1, "top-left": 1, "top_left": 1, "bottom-right": 2,
+           "bottom_right": 2}
+_CAUSAL_NAME = {0: None, 1: "top-left", 2: "bottom-right"}
+
+
+def _np(t):
+    return None if t is None else t.detach().numpy()
+
+
+def _kw(mask, bias, kv_lengths, alibi, sinks, scale, causal, wl, wr, walign, softcap):
+    return dict(mask=_np(mask), bias=_np(bias), kv_lengths=_np(kv_lengths),
+                alibi_slopes=_np(alibi), sinks=_np(sinks),
+                scale=None if math.isnan(scale) else scale, causal=_CAUSAL_NAME[causal],
+                window=None if wl == -1 and wr == -1 else (None if wl == -1 else wl,
+                                                            None if wr == -1 else wr),
+                window_align="bottom-right" if walign else None,
+                softcap=softcap or None, threads=torch.get_num_threads())
+
+
+@torch.library.custom_op("libsdpa::attention", mutates_args=(), device_types="cpu")
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  mask: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                  kv_lengths: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
+                  sinks: Optional[torch.Tensor], scale: float, causal: int, window_left: int,
+                  window_right: int, window_align: int, softcap: float
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _api.attention(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(),
+                            return_lse=True,
+                            **_kw(mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal,
+                                  window_left, window_right, window_align, softcap))
+    return torch.from_numpy(o), torch.from_numpy(lse)
+
+
+@_attention_op.register_fake
+def _(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, window_left,
+      window_right, window_align, softcap):
+    B = max(q.shape[0], k.shape[0])
+    shape = (B,) + tuple(q.shape[1:-1])
+    return q.new_empty(shape + (v.shape[-1],)), q.new_empty(shape)
+
+
+@torch.library.custom_op("libsdpa::attention_backward", mutates_args=(), device_types="cpu")
+def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                           lse: torch.Tensor, do: torch.Tensor, mask: Optional[torch.Tensor],
+                           bias: Optional[torch.Tensor], kv_lengths: Optional[torch.Tensor],
+                           alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                           scale: float, causal: int, window_left: int, window_right: int,
+                           window_align: int, softcap: float
+                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if do.stride(-1) != 1 and do.shape[-1] > 1:
+        do = do.contiguous()
+    res = _api.attention_backward(
+        q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), o.detach().numpy(),
+        lse.detach().numpy(), do.detach().numpy(),
+        **_kw(mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, window_left,
+              window_right, window_align, softcap))
+    dsinks = torch.from_numpy(res[3]) if sinks is not None else q.new_zeros(0)
+    return torch.from_numpy(res[0]), torch.from_numpy(res[1]), torch.from_numpy(res[2]), dsinks
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, o, lse, do, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal,
+      window_left, window_right, window_align, softcap):
+    ds = q.new_empty(sinks.shape) if sinks is not None else q.new_empty(0)
+    return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape), ds
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, mask, bias, kvl, alibi, sinks = inputs[:8]
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, mask, bias, kvl, alibi, sinks)
+    ctx.scalars = inputs[8:]
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse, mask, bias, kvl, alibi, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = _attention_backward_op(q, k, v, o, lse, do, mask, bias, kvl, alibi,
+                                                sinks, *ctx.scalars)
+    return (dq, dk, dv, None, None, None, None, dsinks if sinks is not None else None,
+            None, None, None, None, None, None)
+
+
+_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _check_tensor(t, name):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name}: libsdpa runs on CPU tensors (got device {t.device})")
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name}: dtype {t.dtype} is not supported (libsdpa computes in float32)")
+    if t.layout != torch.strided or t.is_nested:
+        raise ValueError(f"{name}: only strided (dense) tensors are supported")
+
+
+def _last_contig(t):
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _to4(q, k, v):
+    """(q, k, v) as [B, H, T, D] views plus the leading shape to give back."""
+    if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
+        raise ValueError(f"query, key and value must have the same rank >= 2 (got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)})")
+    lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]) if q.dim() > 3 else ()
+
+    def four(t):
+        t = _last_contig(t)
+        if t.dim() == 2:
+            return t[None, None]
+        if t.dim() == 3:
+            return t[None]
+        t = t.expand(tuple(lead) + tuple(t.shape[-3:]))
+        return t.reshape((-1,) + tuple(t.shape[-3:]))   # a view where strides allow
+
+    return four(q), four(k), four(v), tuple(lead)
+
+
+def attention(query, key, value, *, scale=None, causal=None, window=None, window_align=None,
+              kv_lengths=None, mask=None, bias=None, softcap=None, alibi_slopes=None, sinks=None):
+    """libsdpa's attention on CPU float32 tensors [.., H, T, D] with autograd (query, key,
+    value, and sinks when given; mask and bias get no gradient). Keywords as
+    libsdpa.attention (the NumPy API): causal None/True/'top-left'/'bottom-right', window
+    (left, right), kv_lengths (an integer tensor of B lengths), mask (bool, True = may attend)
+    and bias (float32) broadcastable to [B, Hq, Tq, Tk], softcap, alibi_slopes, sinks.
+    GQA: query heads a multiple of key heads. Returns O [.., Hq, Tq, Dv]."""
+    for t, n in ((query, "query"), (key, "key"), (value, "value")):
+        _check_tensor(t, n)
+    q, k, v, lead = _to4(query, key, value)
+    B, Hq, Tq, Tk = max(q.shape[0], k.shape[0]), q.shape[1], q.shape[2], k.shape[2]
+    full = (B, Hq, Tq, Tk)
+
+    def m4(x, name, dtype):
+        """A mask or bias: right-aligned broadcast to [.., Hq, Tq, Tk] as in PyTorch; above
+        rank 4 its leading dims are folded like the query's."""
+        if x is None:
+            return None
+        if not isinstance(x, torch.Tensor):
+            x = torch.as_tensor(x)
+        if x.dtype != dtype:
+            raise ValueError(f"{name}: dtype {x.dtype}, expected {dtype}")
+        x = x.detach()
+        if query.dim() > 4:
+            x = x.expand(tuple(lead) + (Hq, Tq, Tk)).reshape(full)
+        return x
+
+    kvl = None
+    if kv_lengths is not None:
+        kvl = kv_lengths if isinstance(kv_lengths, torch.Tensor) else torch.as_tensor(kv_lengths)
+        if kvl.dtype.is_floating_point or kvl.dtype == torch.bool or kvl.dtype.is_complex:
+            raise ValueError(f"kv_lengths: dtype {kvl.dtype} is not an integer type")
+        kvl = kvl.detach()
+    wl, wr = -1, -1
+    if window is not None:
+        wl = -1 if window[0] is None else int(window[0])
+        wr = -1 if window[1] is None else int(window[1])
+    try:
+        cz = _CAUSAL[causal]
+    except (KeyError, TypeError):
+        raise ValueError(f"causal: expected None, True, 'top-left' or 'bottom-right', got "
+                         f"{causal!r}") from None
+    al = None if alibi_slopes is None else torch.as_tensor(alibi_slopes, dtype=torch.float32)
+    sk = None if sinks is None else (sinks if isinstance(sinks, torch.Tensor)
+                                     else torch.as_tensor(sinks, dtype=torch.float32))
+    o, _ = _attention_op(q, k, v, m4(mask, "mask", torch.bool), m4(bias, "bias", torch.float32),
+                         kvl, al, sk, float("nan") if scale is None else float(scale), cz, wl, wr,
+                         1 if window_align in ("bottom-right", "bottom_right") else 0,
+                         float(softcap or 0.0))
+    if query.dim() == 2:
+        return o[0, 0]
+    if query.dim() == 3:
+        return o[0]
+    return o.reshape(tuple(lead) + tuple(o.shape[1:]))
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention computed by libsdpa (CPU float32):
+    query [N, .., Hq, L, E], key [N, .., H, S, E], value [N, .., H, S, Ev]; attn_mask bool
+    (True = takes part) or float (added to the scaled scores) broadcastable to
+    [N, .., Hq, L, S]; is_causal: top-left causal mask; scale: default 1/sqrt(E);
+    enable_gqa: Hq a multiple of H. dropout_p must be 0. A query row that no key may
+    attend gives 0 (PyTorch's math backend gives NaN there)."""
+    if dropout_p != 0.0:
+        raise ValueError("libsdpa: dropout_p must be 0 (libsdpa has no dropout)")
+    if attn_mask is not None and is_causal:
+        raise ValueError("libsdpa: _scaled_dot_product_attention: Explicit attn_mask should "
+                         "not be set when is_causal=True (as PyTorch)")
+    for t, n in ((query, "query"), (key, "key"), (value, "value")):
+        _check_tensor(t, n)
+    if query.dim() >= 3 and key.shape[-3] != query.shape[-3] and not enable_gqa:
+        raise ValueError(f"libsdpa: query has {query.shape[-3]} heads and key {key.shape[-3]}: "
+                         "pass enable_gqa=True for grouped-query attention")
+    mask = bias = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError("attn_mask: expected a torch.Tensor")
+        if attn_mask.dtype == torch.bool:
+            mask = attn_mask
+        elif attn_mask.dtype == torch.float32:
+            if attn_mask.requires_grad:
+                raise ValueError("libsdpa: no gradient for a float attn_mask (requires_grad)")
+            bias = attn_mask
+        else:
+            raise ValueError(f"attn_mask: dtype {attn_mask.dtype} is not supported "
+                             "(bool or float32)")
+    return attention(query, key, value, scale=scale, causal=True if is_causal else None,
+                     mask=mask, bias=bias)
+
+
+_torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+_warned = set()
+_warn_lock = threading.Lock()
+
+
+def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """Why libsdpa cannot compute this call (None: it can)."""
+    for t, n in ((query, "query"), (key, "key"), (value, "value")):
+        if not isinstance(t, torch.Tensor) or t.is_nested or t.layout != torch.strided:
+            return f"{n} is not a dense tensor"
+        if t.device.type != "cpu":
+            return f"{n} is on {t.device}"
+        if t.dtype != torch.float32:
+            return f"{n} is {t.dtype}"
+    if dropout_p != 0.0:
+        return "dropout_p != 0"
+    if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
+        return "ranks differ"
+    if attn_mask is not None:
+        if is_causal:
+            return "attn_mask with is_causal"
+        if not isinstance(attn_mask, torch.Tensor) or attn_mask.device.type != "cpu":
+            return "attn_mask not a CPU tensor"
+        if attn_mask.dtype not in (torch.bool, torch.float32):
+            return f"attn_mask is {attn_mask.dtype}"
+        if attn_mask.requires_grad:
+            return "attn_mask requires grad"
+    if query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+        if not enable_gqa or query.shape[-3] % key.shape[-3]:
+            return "head counts differ"
+    return None
+
+
+def _patched(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+    why = _unsupported(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if why is None:
+        return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                            scale, enable_gqa)
+    with _warn_lock:
+        first = why not in _warned
+        _warned.add(why)
+    if first:
+        warnings.warn(f"libsdpa.torch.patch: falling back to PyTorch's "
+                      f"scaled_dot_product_attention ({why})", RuntimeWarning, stacklevel=2)
+    kw = {"enable_gqa": enable_gqa} if enable_gqa else {}
+    return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                       is_causal=is_causal, scale=scale, **kw)
+
+
+@contextlib.contextmanager
+def patch():
+    """Routes torch.nn.functional.scaled_dot_product_attention through libsdpa inside the
+    block (CPU float32 tensors; anything else falls back to PyTorch, with one warning per
+    reason). Code that looks the function up at call time (torch.nn.functional.<name>,
+    F.<name>, transformers' "sdpa" attention) is affected; a name imported before the
+    block with `from torch.nn.functional import scaled_dot_product_attention` is not."""
+    F = torch.nn.functional
+    saved = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = _patched
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = saved

@@ -1,0 +1,204 @@
+# SPDX-License-Identifier: MIT
+"""libsdpa.torch against torch.nn.functional.scaled_dot_product_attention (in float64):
+masks, GQA, strided and broadcast inputs, gradients, the custom op's registrations
+(opcheck), torch.compile without graph breaks, and patch(). Skipped without torch."""
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import libsdpa.torch as lt  # noqa: E402
+import ref  # noqa: E402
+
+F = torch.nn.functional
+
+
+def ref_sdpa(q, k, v, **kw):
+    """PyTorch's SDPA in float64 (math backend) with gradients."""
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    m = kw.get("attn_mask")
+    if m is not None and m.dtype == torch.float32:
+        kw = dict(kw, attn_mask=m.double())
+    return (qd, kd, vd), F.scaled_dot_product_attention(qd, kd, vd, **kw)
+
+
+def check(q, k, v, atol=2e-5, **kw):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o = lt.scaled_dot_product_attention(q, k, v, **kw)
+    ins, r = ref_sdpa(q, k, v, **kw)
+    assert o.shape == r.shape and o.dtype == torch.float32
+    torch.testing.assert_close(o.double(), r, atol=atol, rtol=1e-4)
+    do = torch.randn_like(o)
+    got = torch.autograd.grad(o, (q, k, v), do)
+    want = torch.autograd.grad(r, ins, do.double())
+    for g, w, t in zip(got, want, (q, k, v)):
+        assert g.shape == t.shape
+        torch.testing.assert_close(g.double(), w, atol=5e-5, rtol=5e-4)
+
+
+def rn(*shape):
+    return torch.randn(*shape)
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(0)
+
+
+def test_plain_and_scale():
+    check(rn(2, 3, 7, 16), rn(2, 3, 11, 16), rn(2, 3, 11, 8))
+    check(rn(2, 3, 7, 16), rn(2, 3, 11, 16), rn(2, 3, 11, 8), scale=0.3)
+
+
+def test_causal():
+    check(rn(2, 3, 9, 16), rn(2, 3, 9, 16), rn(2, 3, 9, 16), is_causal=True)
+    check(rn(2, 3, 5, 16), rn(2, 3, 9, 16), rn(2, 3, 9, 16), is_causal=True)  # top-left
+
+
+def test_bool_mask_broadcast():
+    m = torch.rand(7, 11) < 0.7
+    m[:, 0] = True   # no fully masked row (PyTorch gives NaN there, libsdpa 0)
+    check(rn(2, 3, 7, 16), rn(2, 3, 11, 16), rn(2, 3, 11, 16), attn_mask=m)
+    m4 = torch.rand(2, 1, 7, 11) < 0.5
+    m4[..., 3] = True
+    check(rn(2, 3, 7, 16), rn(2, 3, 11, 16), rn(2, 3, 11, 16), attn_mask=m4)
+
+
+def test_float_mask():
+    b = torch.randn(1, 3, 1, 11)
+    check(rn(2, 3, 7, 16), rn(2, 3, 11, 16), rn(2, 3, 11, 16), attn_mask=b)
+    b = torch.randn(2, 3, 7, 11)
+    b[0, 0, 0, 4] = -float("inf")
+    check(rn(2, 3, 7, 16), rn(2, 3, 11, 16), rn(2, 3, 11, 16), attn_mask=b)
+
+
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (6, 1)])
+def test_gqa(hq, hkv):
+    check(rn(2, hq, 7, 16), rn(2, hkv, 10, 16), rn(2, hkv, 10, 16), is_causal=True,
+          enable_gqa=True)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        lt.scaled_dot_product_attention(rn(2, hq, 7, 16), rn(2, hkv, 10, 16), rn(2, hkv, 10, 16))
+
+
+def test_ranks():
+    check(rn(7, 16), rn(9, 16), rn(9, 8))
+    check(rn(3, 7, 16), rn(3, 9, 16), rn(3, 9, 8), is_causal=True)
+    check(rn(2, 2, 3, 7, 16), rn(2, 2, 3, 9, 16), rn(2, 2, 3, 9, 8),
+          attn_mask=torch.rand(2, 1, 1, 7, 9) < 2)
+
+
+def test_strided_and_broadcast():
+    qkv = rn(2, 10, 3, 4, 16)  # [B, T, 3, H, D]: the usual fused projection
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    assert not q.is_contiguous()
+    check(q, k, v, is_causal=True)
+    # last dimension not contiguous: made contiguous by the wrapper
+    check(rn(2, 3, 16, 7).transpose(-1, -2), rn(2, 3, 9, 16), rn(2, 3, 9, 16))
+    # expanded (stride-0) key/value batch
+    k1, v1 = rn(1, 3, 9, 16), rn(1, 3, 9, 16)
+    check(rn(4, 3, 7, 16), k1.expand(4, 3, 9, 16), v1.expand(4, 3, 9, 16))
+
+
+def test_kv_lengths_attention_matches_padding_mask():
+    q, k, v = rn(3, 4, 6, 16), rn(3, 4, 10, 16), rn(3, 4, 10, 16)
+    lens = torch.tensor([10, 4, 7], dtype=torch.int64)
+    o = lt.attention(q, k, v, kv_lengths=lens)
+    m = (torch.arange(10)[None, :] < lens[:, None])[:, None, None, :]
+    r = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=m)
+    torch.testing.assert_close(o.double(), r, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="integer"):
+        lt.attention(q, k, v, kv_lengths=lens.float())
+
+
+def test_sinks_gradient():
+    q, k, v = rn(2, 4, 5, 8), rn(2, 4, 7, 8), rn(2, 4, 7, 8)
+    s = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
+    q.requires_grad_()
+    o = lt.attention(q, k, v, sinks=s, causal="bottom-right")
+    do = torch.randn_like(o)
+    dq, ds = torch.autograd.grad(o, (q, s), do)
+    want = ref.backward(q.detach().numpy(), k.numpy(), v.numpy(), do.numpy(),
+                        sinks=s.detach().numpy(), causal="bottom-right")
+    np.testing.assert_allclose(dq.numpy(), want[0], atol=5e-5, rtol=5e-4)
+    np.testing.assert_allclose(ds.numpy(), want[3], atol=5e-5, rtol=5e-4)
+
+
+def test_errors():
+    q = rn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="dropout"):
+        lt.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dtype"):
+        lt.scaled_dot_product_attention(q.double(), q.double(), q.double())
+    with pytest.raises(ValueError, match="is_causal"):
+        lt.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool),
+                                        is_causal=True)
+
+
+def test_opcheck():
+    q, k, v = rn(2, 4, 5, 8), rn(2, 2, 7, 8), rn(2, 2, 7, 6)
+    for t in (q, k, v):
+        t.requires_grad_()
+    args = (q, k, v, None, None, None, None, None, float("nan"), 1, -1, -1, 0, 0.0)
+    torch.library.opcheck(torch.ops.libsdpa.attention.default, args)
+    sinks = torch.zeros(4, requires_grad=True)
+    args = (q, k, v, torch.rand(5, 7) < 0.9, torch.randn(1, 4, 1, 7), torch.tensor([7, 3]),
+            torch.ones(4), sinks, 0.5, 2, 3, -1, 0, 2.0)
+    torch.library.opcheck(torch.ops.libsdpa.attention.default, args)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=32, h=4):
+        super().__init__()
+        self.h = h
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+
+    def forward(self, x, sdpa):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.h, C // self.h).permute(2, 0, 3, 1, 4)
+        y = sdpa(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+def test_torch_compile_fullgraph():
+    m = Block()
+    x = torch.randn(2, 10, 32)
+    eager = m(x, lt.scaled_dot_product_attention)
+    compiled = torch.compile(lambda x: m(x, lt.scaled_dot_product_attention), fullgraph=True,
+                             backend="aot_eager")
+    y = compiled(x)
+    torch.testing.assert_close(y, eager)
+    y.sum().backward()
+    g_compiled = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    eager.sum().backward()
+    for a, b in zip(g_compiled, (p.grad for p in m.parameters())):
+        torch.testing.assert_close(a, b)
+
+
+def test_patch_routes_and_falls_back():
+    m = Block()
+    x = torch.randn(2, 10, 32)
+    calls = []
+    real = lt._attention_op
+
+    with pytest.MonkeyPatch.context() as mp:
+        def spy(*a):
+            calls.append(1)
+            return real(*a)
+        mp.setattr(lt, "_attention_op", spy)
+        with lt.patch():
+            y = m(x, lambda *a, **kw: F.scaled_dot_product_attention(*a, **kw))
+        assert calls, "patched SDPA did not reach libsdpa"
+    assert F.scaled_dot_product_attention is lt._torch_sdpa
+    r = m(x, F.scaled_dot_product_attention)
+    torch.testing.assert_close(y, r, atol=2e-5, rtol=1e-4)
+    lt._warned.clear()
+    q = rn(1, 2, 4, 8).double()
+    with lt.patch(), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        F.scaled_dot_product_attention(q, q, q)
+        F.scaled_dot_product_attention(q, q, q)
+    msgs = [str(x.message) for x in w if "libsdpa" in str(x.message)]
+    assert len(msgs) == 1 and "float64" in msgs[0]
