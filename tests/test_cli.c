@@ -1286,3 +1286,193 @@ Test(cli, output_names_an_input)
     cr_assert_eq(r->status, 2, "backward: exit %d; stderr: %s", r->status, r->err);
     cr_assert_not_null(strstr(r->err, "is also an input"), "stderr: %s", r->err);
 }
+
+/* ------------------------------------------------------------ attention variants (issue 15) */
+
+/* The fixture's problem with the variants, as the shared float64 reference reads it. */
+static sdpa_problem variant_problem(const fixture *f, float softcap, const float *slopes, const float *sinks)
+{
+    sdpa_problem d = ref_problem(&f->p);
+    d.softcap = softcap;
+    d.alibi_slopes = slopes;
+    d.sinks = sinks;
+    return d;
+}
+
+/* Q/K/V of a rank-4 fixture (B=2, Hq=4, Hkv=2, Tq=6, Tk=9, Dk=8, Dv=5), slopes and
+ * sinks (one -inf) written as float32 (Hq,) .npy files; x in [-1, 1] times 3 for Q
+ * so that a softcap of 1.5 bends the logits. */
+static void variant_inputs(fixture *f, float *slopes, float *sinks)
+{
+    fixture_make(f, 4, 2, 4, 2, 6, 9, 8, 5);
+    for (size_t i = 0; i < (size_t)2 * 4 * 6 * 8; i++)
+        f->q[i] *= 3.0f;
+    const int64_t s4[4] = {2, 4, 6, 8}, sh[1] = {4};
+    write_f32(P("Q.npy"), 4, s4, f->q);
+    const float sl[4] = {0.5f, 0.25f, 0.0f, -0.125f}, sk[4] = {0.5f, -INFINITY, 2.0f, -1.0f};
+    memcpy(slopes, sl, sizeof sl);
+    memcpy(sinks, sk, sizeof sk);
+    write_f32(P("SL.npy"), 1, sh, slopes);
+    write_f32(P("SK.npy"), 1, sh, sinks);
+}
+
+/* forward with extra args: O and LSE against the reference of d. */
+static void check_variant_forward(const fixture *f, const sdpa_problem *d, const char *const *extra)
+{
+    const char *args[48] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"),
+                            "-o",      P("O.npy"), "--lse", P("LSE.npy")};
+    int n = 11, nd;
+    int64_t shape[8];
+    for (int i = 0; extra[i]; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "forward failed (%d): %s", r->status, r->err);
+    cr_assert_str_empty(r->err, "stderr: %s", r->err);
+    const size_t rows = (size_t)f->p.B * f->p.Hq * f->p.Tq;
+    double *o = malloc(rows * (size_t)f->p.Dv * sizeof(double)), *lse = malloc(rows * sizeof(double));
+    ref_forward(d, f->q, f->k, f->v, o, lse);
+    float *go = read_f32(P("O.npy"), &nd, shape);
+    expect_close("O", go, o, rows * (size_t)f->p.Dv, 1e-5);
+    float *gl = read_f32(P("LSE.npy"), &nd, shape);
+    expect_close("LSE", gl, lse, rows, 1e-5);
+    free(go);
+    free(gl);
+    free(o);
+    free(lse);
+}
+
+Test(cli, forward_variants)
+{
+    fixture f;
+    float slopes[4], sinks[4];
+    variant_inputs(&f, slopes, sinks);
+    f.p.causal = 2;
+    const sdpa_problem cap = variant_problem(&f, 1.5f, NULL, NULL);
+    const char *e1[] = {"--causal", "bottom-right", "--softcap", "1.5", NULL};
+    check_variant_forward(&f, &cap, e1);
+    const sdpa_problem al = variant_problem(&f, 0.0f, slopes, NULL);
+    const char *e2[] = {"--causal", "bottom-right", "--alibi-slopes", P("SL.npy"), NULL};
+    check_variant_forward(&f, &al, e2);
+    const sdpa_problem sk = variant_problem(&f, 0.0f, NULL, sinks);
+    const char *e3[] = {"--causal", "bottom-right", "--sinks", P("SK.npy"), NULL};
+    check_variant_forward(&f, &sk, e3);
+    const sdpa_problem all = variant_problem(&f, 1.5f, slopes, sinks);
+    const char *e4[] = {"--causal", "bottom-right", "--softcap", "1.5", "--alibi-slopes", P("SL.npy"),
+                        "--sinks", P("SK.npy"), NULL};
+    check_variant_forward(&f, &all, e4);
+    /* --softcap 0 is off */
+    const sdpa_problem off = variant_problem(&f, 0.0f, NULL, NULL);
+    const char *e5[] = {"--causal", "bottom-right", "--softcap", "0", NULL};
+    check_variant_forward(&f, &off, e5);
+    fixture_free(&f);
+}
+
+Test(cli, backward_variants_and_dsinks)
+{
+    fixture f;
+    float slopes[4], sinks[4];
+    variant_inputs(&f, slopes, sinks);
+    const refp *p = &f.p;
+    const size_t nq = (size_t)p->B * p->Hq * p->Tq, nk = (size_t)p->B * p->Hkv * p->Tk;
+    float *dout = rand_floats(nq * (size_t)p->Dv);
+    const int64_t sdo[4] = {2, 4, 6, 5};
+    write_f32(P("dO.npy"), 4, sdo, dout);
+    for (int given = 0; given <= 1; given++) {
+        const char *args[64] = {"backward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "--do",
+                                P("dO.npy"), "--dq", P("dQ.npy"), "--dk", P("dK.npy"), "--dv", P("dV.npy"),
+                                "--softcap", "1.5", "--alibi-slopes", P("SL.npy"), "--sinks", P("SK.npy"),
+                                "--dsinks", P("dSK.npy")};
+        int n = 23;
+        if (given) { /* O and LSE from the tool's own forward with the same variants */
+            const char *fa[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                                "--lse", P("LSE.npy"), "--softcap", "1.5", "--alibi-slopes", P("SL.npy"),
+                                "--sinks", P("SK.npy"), NULL};
+            run_result *r = run(fa);
+            cr_assert_eq(r->status, 0, "%s", r->err);
+            args[n++] = "-o";
+            args[n++] = P("O.npy");
+            args[n++] = "--lse";
+            args[n++] = P("LSE.npy");
+        }
+        args[n] = NULL;
+        unlink(P("dSK.npy"));
+        run_result *r = run(args);
+        cr_assert_eq(r->status, 0, "backward failed (%d): %s", r->status, r->err);
+        cr_assert_str_empty(r->err);
+        const sdpa_problem d = variant_problem(&f, 1.5f, slopes, sinks);
+        double *dq = malloc(nq * (size_t)p->Dk * sizeof(double)), *dk = malloc(nk * (size_t)p->Dk * sizeof(double)),
+               *dv = malloc(nk * (size_t)p->Dv * sizeof(double)), ds[4];
+        ref_backward_dsinks(&d, f.q, f.k, f.v, dout, dq, dk, dv, ds);
+        int nd;
+        int64_t shape[8];
+        float *g = read_f32(P("dQ.npy"), &nd, shape);
+        expect_close("dQ", g, dq, nq * (size_t)p->Dk, 2e-5);
+        free(g);
+        g = read_f32(P("dK.npy"), &nd, shape);
+        expect_close("dK", g, dk, nk * (size_t)p->Dk, 2e-5);
+        free(g);
+        g = read_f32(P("dV.npy"), &nd, shape);
+        expect_close("dV", g, dv, nk * (size_t)p->Dv, 2e-5);
+        free(g);
+        g = read_f32(P("dSK.npy"), &nd, shape);
+        const int64_t want[1] = {4};
+        expect_shape(nd, shape, 1, want); /* float32 (Hq,): read_f32 checks '<f4' */
+        expect_close("dsinks", g, ds, 4, 2e-5);
+        cr_expect(g[1] == 0.0f, "dsinks of the -inf sink: %g", (double)g[1]);
+        free(g);
+        free(dq);
+        free(dk);
+        free(dv);
+    }
+    free(dout);
+    fixture_free(&f);
+}
+
+Test(cli, bad_variant_values)
+{
+    valid_inputs(); /* Hq = 4 */
+    const char *fouts[] = {P("O.npy"), P("LSE.npy"), NULL};
+    /* --softcap negative or not finite: usage errors */
+    static const char *const caps[] = {"-1", "-0.5", "nan", "inf", "-inf", "1e-60"};
+    for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
+        const char *a[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                           "--lse", P("LSE.npy"), "--softcap", caps[i], NULL};
+        expect_failure(a, fouts, NULL, 1);
+    }
+    /* slopes / sinks: float64, int32, shape (3,), shape (1, 4), non-finite values */
+    const int64_t s3[1] = {3}, s14[2] = {1, 4}, s4[1] = {4};
+    float_zeros_npy(P("f8.npy"), "<f8", 8, 1, s4, 1, 0);
+    float_zeros_npy(P("i4.npy"), "<i4", 4, 1, s4, 1, 0);
+    float_zeros_npy(P("n3.npy"), "<f4", 4, 1, s3, 1, 0);
+    float_zeros_npy(P("n14.npy"), "<f4", 4, 2, s14, 1, 0);
+    const float nanv[4] = {0.5f, NAN, 0.0f, 1.0f}, pinf[4] = {0.5f, INFINITY, 0.0f, 1.0f},
+                ninf[4] = {0.5f, -INFINITY, 0.0f, 1.0f};
+    write_f32(P("nan.npy"), 1, s4, nanv);
+    write_f32(P("pinf.npy"), 1, s4, pinf);
+    write_f32(P("ninf.npy"), 1, s4, ninf);
+    static const char *const opts[2] = {"--alibi-slopes", "--sinks"};
+    for (int o = 0; o < 2; o++) {
+        const char *bad[] = {"f8.npy", "i4.npy", "n3.npy", "n14.npy", "nan.npy", "pinf.npy",
+                             o == 0 ? "ninf.npy" : NULL}; /* -inf: a valid sink, not a valid slope */
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0] && bad[i]; i++) {
+            char path[256];
+            snprintf(path, sizeof path, "%s", P(bad[i]));
+            const char *a[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                               "--lse", P("LSE.npy"), opts[o], path, NULL};
+            expect_failure(a, fouts, path, 0);
+        }
+    }
+    /* --dsinks without --sinks: a usage error, nothing written */
+    const int64_t dos[4] = {2, 4, 5, 6};
+    float_zeros_npy(P("dO.npy"), "<f4", 4, 4, dos, 1, 0);
+    const char *bouts[] = {P("dQ.npy"), P("dK.npy"), P("dV.npy"), P("dSK.npy"), NULL};
+    const char *b1[] = {"backward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "--do", P("dO.npy"),
+                        "--dq", P("dQ.npy"), "--dk", P("dK.npy"), "--dv", P("dV.npy"), "--dsinks", P("dSK.npy"), NULL};
+    expect_failure(b1, bouts, NULL, 1);
+    /* a bad sinks file in the backward: nothing written, dsinks included */
+    const char *b2[] = {"backward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "--do", P("dO.npy"),
+                        "--dq", P("dQ.npy"), "--dk", P("dK.npy"), "--dv", P("dV.npy"), "--sinks", P("pinf.npy"),
+                        "--dsinks", P("dSK.npy"), NULL};
+    expect_failure(b2, bouts, P("pinf.npy"), 0);
+}
