@@ -263,7 +263,7 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
     if (p->bias.data && (p->bias.batch_stride < 0 || p->bias.head_stride < 0 ||
                          p->bias.query_stride < 0 || p->bias.key_stride < 0))
         return SDPA_ERR_BAD_STRIDE;
-    if (p->kv_lengths)
+    if (p->kv_lengths && !p->seqs) /* with seqs: refused below, whatever the values */
         for (int64_t b = 0; b < p->batch; b++)
             if (p->kv_lengths[b] < 0 || p->kv_lengths[b] > p->kv_len)
                 return SDPA_ERR_BAD_KV_LENGTH;
