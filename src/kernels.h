@@ -152,7 +152,7 @@ typedef void (*sdpa_transpose_fn)(int rows, int cols, const float *src, ptrdiff_
  *   t = tanh(S[m*lds + n] / cap),  S[m*lds + n] = cap * t,
  * and with G non-NULL also G[m*ldg + n] = 1 - t*t (d capped / d uncapped, for the
  * backward). cap is finite and > 0. Elementwise: the layout does not matter.
- * tanh: libm's tanhf (scalar) or SLEEF's 1-ulp vector tanhf (each ISA's own
+ * tanh: libm's tanhf (scalar) or SLEEF's 3.5-ulp vector tanhf (each ISA's own
  * fixed order of operations; NaN stays NaN, +-inf gives +-cap). */
 typedef void (*sdpa_softcap_fn)(int M, int N, float *S, ptrdiff_t lds, float cap, float *G, ptrdiff_t ldg);
 

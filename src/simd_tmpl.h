@@ -37,7 +37,7 @@
  *   either V_FMA_M(a,b,c,m) = m ? a*b + c : c (a masked FMA, AVX-512), or
  *   V_ZERO_UNLESS(v,m)  m ? v : +0 (a bitwise and, off the accumulator chain)
  *   V_EXP2(x)           SLEEF's u10 vector exp2f of this ISA
- *   V_TANH(x)           SLEEF's u10 vector tanhf of this ISA (1 ulp; +-inf gives +-1)
+ *   V_TANH(x)           SLEEF's u35 vector tanhf of this ISA (3.5 ulp; +-inf gives +-1)
  *   V_TRANSPOSE(src,lds,dst,ldd)   one V_TRANSPOSE_BLOCK square block
  *   V_TRANSPOSE16(src,lds,dst,ldd) (optional) one 16 x 16 block
  *   V_NT_QREGS          vector registers for query rows (gemm_nt, attend_rows) and

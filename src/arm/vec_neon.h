@@ -105,7 +105,7 @@ static inline void neon_reduce4(float32x4_t a0, float32x4_t a1, float32x4_t a2, 
 #define V_SEL(m, a, b) vbslq_f32((m), (a), (b)) /* m ? a : b */
 #define V_ZERO_UNLESS(v, m) vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), (m))) /* m ? v : +0 */
 #define V_EXP2(x) Sleef_exp2f4_u10advsimd(x)
-#define V_TANH(x) Sleef_tanhf4_u10advsimd(x)
+#define V_TANH(x) Sleef_tanhf4_u35advsimd(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) neon_transpose4x4((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) neon_reduce4((a0), (a1), (a2), (a3), (out))
 #define V_HMAX(a) vmaxvq_f32(a)

@@ -139,7 +139,7 @@ static inline float avx2_hmax(__m256 a)
 #define V_SEL(m, a, b) _mm256_blendv_ps((b), (a), (m)) /* m ? a : b */
 #define V_ZERO_UNLESS(v, m) _mm256_and_ps((v), (m)) /* m ? v : +0 */
 #define V_EXP2(x) Sleef_exp2f8_u10avx2(x)
-#define V_TANH(x) Sleef_tanhf8_u10avx2(x)
+#define V_TANH(x) Sleef_tanhf8_u35avx2(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) avx2_reduce4((a0), (a1), (a2), (a3), (out))
 #define V_HMAX(a) avx2_hmax(a)

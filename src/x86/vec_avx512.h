@@ -111,7 +111,7 @@ static inline void avx512_transpose16x16(const float *src, ptrdiff_t lds, float 
 #define V_SEL(m, a, b) _mm512_mask_blend_ps((m), (b), (a)) /* m ? a : b */
 #define V_FMA_M(a, b, c, m) _mm512_mask3_fmadd_ps((a), (b), (c), (m))
 #define V_EXP2(x) Sleef_exp2f16_u10avx512f(x)
-#define V_TANH(x) Sleef_tanhf16_u10avx512f(x)
+#define V_TANH(x) Sleef_tanhf16_u35avx512f(x)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
 #define V_TRANSPOSE16(src, lds, dst, ldd) avx512_transpose16x16((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) avx512_reduce4((a0), (a1), (a2), (a3), (out))
