@@ -51,7 +51,7 @@ fi
 
 stamp "sdpa-ring on 4 ranks vs sdpa (forward and backward, GQA, causal, kv lengths)"
 tmp=$(mktemp -d)
-python3 - "$tmp" <<'PY'
+/usr/bin/python3 - "$tmp" <<'PY'
 import sys, numpy as np
 d = sys.argv[1]; r = np.random.default_rng(7)
 for n, s in [('q', (2, 4, 48, 16)), ('k', (2, 2, 48, 16)), ('v', (2, 2, 48, 8)), ('do', (2, 4, 48, 8))]:
@@ -65,7 +65,7 @@ if $S forward "${common[@]}" -o "$tmp/o1.npy" --lse "$tmp/l1.npy" &&
    timeout 120 "${MPIRUN[@]}" -np 4 $RG forward "${common[@]}" -o "$tmp/o4.npy" --lse "$tmp/l4.npy" &&
    timeout 120 "${MPIRUN[@]}" -np 4 $RG backward "${common[@]}" -o "$tmp/o4.npy" --lse "$tmp/l4.npy" \
      --do "$tmp/do.npy" --dq "$tmp/dq4.npy" --dk "$tmp/dk4.npy" --dv "$tmp/dv4.npy" &&
-   python3 - "$tmp" <<'PY'
+   /usr/bin/python3 - "$tmp" <<'PY'
 import sys, numpy as np
 d = sys.argv[1]; ok = True
 for a in ['o', 'l', 'dq', 'dk', 'dv']:
