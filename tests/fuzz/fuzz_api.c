@@ -292,7 +292,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sdpa_tensor_out tdq = util_view_out(&dq.l, dq.g), tdk = util_view_out(&dk.l, dk.g),
                     tdv = util_view_out(&dv.l, dv.g);
     const unsigned wild = (flags & 128) ? u8(&r) % 17 : 255;
-    int fwd_only = 0, bwd_only = 0; /* the break concerns one pass's tensors only */
+    int fwd_only = 0, bwd_only = 0; /* the break concerns one pass's tensors only (on a valid problem) */
     switch (wild) {
     case 0: p.causal = (sdpa_causal)3; must_fail = 1; break;
     case 1: p.window_left = -2; must_fail = 1; break;
@@ -303,15 +303,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 6: p.isa = (sdpa_isa)7; must_fail = 1; break;
     case 7: tk.seq_stride = -1; must_fail = 1; break;
     case 8: if (Tk > 1 && Dk > 0 && B > 0 && Hkv > 0) { tk.seq_stride = INT64_MAX / 2; must_fail = 1; } break;
-    case 9: if (Tq > 1 && Dv > 0 && Hq > 0 && B > 0) { to.seq_stride = (int64_t)1 << 62; must_fail = fwd_only = 1; } break;
-    case 10: if (Tk > 1 && Dk > 0 && B > 0 && Hkv > 0) { tdk.seq_stride = (int64_t)1 << 62; must_fail = bwd_only = 1; } break;
+    case 9: if (!must_fail && Tq > 1 && Dv > 0 && Hq > 0 && B > 0) { to.seq_stride = (int64_t)1 << 62; must_fail = fwd_only = 1; } break;
+    case 10: if (!must_fail && Tk > 1 && Dk > 0 && B > 0 && Hkv > 0) { tdk.seq_stride = (int64_t)1 << 62; must_fail = bwd_only = 1; } break;
     case 11: if (kvl && B > 0) { kvl[0] = (int32_t)Tk + 1; must_fail = 1; } break;
     /* (not with K and V broadcast along T: 2^62 equal keys are a valid problem) */
     case 12: if (nonempty && (k.l.st || v.l.st)) { p.kv_len = (int64_t)1 << 62; must_fail = 1; } break;
     case 13: if (nonempty) { p.q_len = INT64_MAX; must_fail = 1; } break;
     case 14: if (nonempty) { p.batch = (int64_t)1 << 62; must_fail = 1; } break;
     case 15: if (Hkv > 1) { p.q_heads = Hq + 1; must_fail = 1; } break;
-    case 16: p.reserved[3] = 1; must_fail = 1; break;
+    case 16: p.reserved[sizeof p.reserved / sizeof p.reserved[0] - 1] = 1; must_fail = 1; break;
     default: break;
     }
 
