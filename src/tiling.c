@@ -24,7 +24,7 @@ tile_layout sdpa_tile_layout(const plan *pl)
             L.hpt = 1;
     }
     L.nrt = L.rows ? pl->Tq / L.rows + (pl->Tq % L.rows != 0) : 0;
-    L.ngt = pl->G ? (pl->G + L.hpt - 1) / L.hpt : 0;
+    L.ngt = pl->G ? pl->G / L.hpt + (pl->G % L.hpt != 0) : 0; /* no G + hpt overflow */
     L.tiles = pl->B * pl->Hkv * L.ngt * L.nrt;
     L.nkt = pl->Tk / pl->bk + (pl->Tk % pl->bk != 0); /* no Tk + bk overflow */
     L.nsplit = 1;
