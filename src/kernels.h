@@ -211,6 +211,15 @@ typedef struct sdpa_kernels {
     sdpa_bwd_softcap_fn bwd_softcap;
 } sdpa_kernels;
 
+/* The cut-off of every ISA's exp (kernels_scalar.c, simd_tmpl.h): a probability
+ * 2^y, y = x log2(e) rounded to float, with y below SDPA_EXP_CUTOFF_LOG2 is exactly
+ * +0. The exponent x is a score minus the row's running max or LSE, so such a P is
+ * at most 2^-100 of the row's largest and changes no fp32 row sum or product sum,
+ * while its products with values, dP or K would reach the subnormal range, which
+ * CPUs compute slowly (steep ALiBi slopes over long rows: docs/perf-notes.md).
+ * The library never sets FTZ/DAZ: subnormal inputs keep their values. */
+#define SDPA_EXP_CUTOFF_LOG2 (-100.0f)
+
 /* The masked-entry sentinel (see the top of this file): the probability of a
  * masked score, -0.0 exactly. One definition for scalar, SIMD and driver code. */
 #define SDPA_MASKED_SENTINEL (-0.0f)

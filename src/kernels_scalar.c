@@ -56,12 +56,12 @@ static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdif
 }
 
 /* e^x as every ISA computes it: 2^y of y = x log2(e) rounded to float, with the
- * same denormal cut-off as the SIMD kernels (simd_tmpl.h): y < -126, where 2^y
- * would be a denormal, gives exactly +0 (so -inf gives +0; NaN stays NaN). */
+ * same cut-off as the SIMD kernels (kernels.h): y < SDPA_EXP_CUTOFF_LOG2 gives
+ * exactly +0 (so -inf gives +0; NaN stays NaN). */
 static inline float exp_via_exp2(float x)
 {
     const float y = x * 0x1.715476p+0f;
-    return y < -126.0f ? 0.0f : exp2f(y);
+    return y < SDPA_EXP_CUTOFF_LOG2 ? 0.0f : exp2f(y);
 }
 
 static void online_softmax_scalar(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,

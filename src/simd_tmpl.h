@@ -78,9 +78,10 @@
  * most |x| (2^-24 + 1.4e-8) (the product, and log2(e) rounded to float), which
  * is below 1e-6 for the probabilities above e^-16 that carry weight (every x
  * here is a score minus its running maximum or LSE, so x <= 0 but for NaN).
- * Results below FLT_MIN (y < -126, where 2^y would be a denormal) are flushed
- * to +0, as XNNPACK does and as the scalar kernels do: denormals are slow and
- * carry no weight next to the row max, which always contributes exp(0) = 1. */
+ * Results below 2^SDPA_EXP_CUTOFF_LOG2 (kernels.h: y < -100) are flushed to +0,
+ * as the scalar kernels do (XNNPACK cuts at FLT_MIN): they carry no weight next
+ * to the row max, which always contributes exp(0) = 1, and their products with
+ * values would be denormals, which are slow. */
 #ifndef SDPA_SIMD_TMPL_H
 #define SDPA_SIMD_TMPL_H
 
@@ -164,15 +165,15 @@
             V_STORE((p), (v));                                                                     \
     } while (0)
 
-/* exp(x) = 2^y, y = x log2(e) rounded to float, with the XNNPACK denormal
- * cut-off: y < -126 (x below about ln(FLT_MIN)) gives exactly 0 (so -inf gives
- * 0), NaN stays NaN, and SLEEF never sees an input that would make a denormal.
+/* exp(x) = 2^y, y = x log2(e) rounded to float, with the cut-off of kernels.h:
+ * y < SDPA_EXP_CUTOFF_LOG2 gives exactly 0 (so -inf gives 0), NaN stays NaN, and
+ * SLEEF never sees an input that would make a denormal.
  * The cut-off maps such y to -inf before the call (SLEEF's 2^-inf is exactly
  * 0), so nothing has to live across the call. */
 TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
 {
     const v_f32 y = V_MUL(x, V_SET1(0x1.715476p+0f)); /* log2(e) rounded to float */
-    return V_EXP2(V_SEL(V_LT(y, V_SET1(-126.0f)), V_SET1(-INFINITY), y)); /* NaN < c is false */
+    return V_EXP2(V_SEL(V_LT(y, V_SET1(SDPA_EXP_CUTOFF_LOG2)), V_SET1(-INFINITY), y)); /* NaN < c is false */
 }
 
 #include "simd/gemm.h"

@@ -461,7 +461,8 @@ static void test_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
 
 static double ulp_tol(double ref, double ulps)
 {
-    return ulps * FLT_EPSILON * fabs(ref) + FLT_MIN; /* FLT_MIN: the denormal cut-off */
+    /* plus the exp cut-off (kernels.h): a probability below it is exactly 0 */
+    return ulps * FLT_EPSILON * fabs(ref) + ldexp(1.0, (int)SDPA_EXP_CUTOFF_LOG2);
 }
 
 /* Every ISA's exp(x) is 2^y of y = x log2(e) rounded to float (simd_tmpl.h):
@@ -487,27 +488,28 @@ static int exp_close(float got, float x, double ref_kernel)
 
 /* ------------------------------------------------------ exp denormal flush */
 
-/* The cut-off every ISA applies to exp (simd_tmpl.h, kernels_scalar.c): where
- * exp's argument y = x log2(e), rounded to float, is below -126 (e^x below
- * 2^-126 = FLT_MIN), the result is exactly +0; no result is ever a denormal. */
+/* The cut-off every ISA applies to exp (kernels.h SDPA_EXP_CUTOFF_LOG2): where
+ * exp's argument y = x log2(e), rounded to float, is below the cut-off, the
+ * result is exactly +0; above it, at least 2^cut-off (never a denormal). */
 static int exp_flush_ok(float got, float x)
 {
     const float y = x * 0x1.715476p+0f;
-    if (y < -126.0f)
+    if (y < SDPA_EXP_CUTOFF_LOG2)
         return float_bits(got) == 0;
-    return got >= FLT_MIN;
+    return got >= ldexpf(1.0f, (int)SDPA_EXP_CUTOFF_LOG2) * 0.999f;
 }
 
 /* Fixed arguments (no rnd(), so the random stream of the other checks does not
- * move): a sweep over [-104, -80], 16 consecutive floats around the cut-off
- * x = -126 / log2(e), and far below it down to -FLT_MAX. */
+ * move): a sweep of 24 around the cut-off x = SDPA_EXP_CUTOFF_LOG2 / log2(e), 16
+ * consecutive floats around it, and far below it down to -FLT_MAX. */
 #define N_FLUSH_ARGS 128
 static void flush_args(float *x)
 {
     int n = 0;
+    const float cut = SDPA_EXP_CUTOFF_LOG2 / 0x1.715476p+0f;
     for (int i = 0; i < 96; i++)
-        x[n++] = -80.0f - 0.25f * (float)i;
-    float b = -126.0f / 0x1.715476p+0f;
+        x[n++] = cut + 12.0f - 0.25f * (float)i;
+    float b = cut;
     for (int i = 0; i < 8; i++)
         b = nextafterf(b, -INFINITY);
     for (int i = 0; i < 16; i++, b = nextafterf(b, 0.0f))
@@ -549,13 +551,13 @@ static void check_softmax_flush(const sdpa_kernels *kt, int rows)
             const float xi = *FL_AT(x, st, i), got = *FL_AT(s, st, i);
             if (!exp_flush_ok(got, xi)) {
                 ok = 0;
-                report("%sflush: exp(%.9g) = %a (0x%08x); below 2^-126 it must be +0, above it normal",
+                report("%sflush: exp(%.9g) = %a (0x%08x); below the cut-off it must be +0, above it normal",
                        rows ? "rows " : "", (double)xi, (double)got, (unsigned)float_bits(got));
             }
         }
         if (ok && m_in[st] != -INFINITY && !exp_flush_ok(al[st], m_in[st])) {
             ok = 0;
-            report("%sflush: alpha = exp(%.9g) = %a; below 2^-126 it must be +0", rows ? "rows " : "",
+            report("%sflush: alpha = exp(%.9g) = %a; below the cut-off it must be +0", rows ? "rows " : "",
                    (double)m_in[st], (double)al[st]);
         }
     }
@@ -586,7 +588,7 @@ static void check_probs_flush(const sdpa_kernels *kt)
             const float xi = x[(size_t)k * (size_t)N + (size_t)n] - lse[n], got = s[(size_t)k * (size_t)N + (size_t)n];
             if (!exp_flush_ok(got, xi)) {
                 ok = 0;
-                report("flush: exp(%.9g) = %a (0x%08x); below 2^-126 it must be +0, above it normal", (double)xi,
+                report("flush: exp(%.9g) = %a (0x%08x); below the cut-off it must be +0, above it normal", (double)xi,
                        (double)got, (unsigned)float_bits(got));
             }
         }
