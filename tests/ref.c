@@ -166,8 +166,7 @@ void ref_forward(const sdpa_problem *p, const float *q, const float *k, const fl
 void ref_backward(const sdpa_problem *p, const float *q, const float *k, const float *v,
                   const float *dout, double *dq, double *dk, double *dv)
 {
-    const views w = contiguous(p, q, k, v, dout);
-    ref64_backward(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, NULL);
+    ref_backward_dsinks(p, q, k, v, dout, dq, dk, dv, NULL);
 }
 
 void ref_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, const float *v,
@@ -187,8 +186,7 @@ void naive32_forward(const sdpa_problem *p, const float *q, const float *k, cons
 void naive32_backward(const sdpa_problem *p, const float *q, const float *k, const float *v,
                       const float *dout, float *dq, float *dk, float *dv)
 {
-    const views w = contiguous(p, q, k, v, dout);
-    naive32_backward_views(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, NULL);
+    naive32_backward_dsinks(p, q, k, v, dout, dq, dk, dv, NULL);
 }
 
 void naive32_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, const float *v,

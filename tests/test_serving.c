@@ -1163,6 +1163,33 @@ static void expect_refused(const char *what, const small *x, const sdpa_problem 
     toks_free(&L);
 }
 
+/* One side's cu_seqlens (*cu of p's seqs, whose total is *len): a first entry
+ * other than 0 (bad_start), a decreasing one (decr), and a last entry below and
+ * above *len are each refused with SDPA_ERR_BAD_SEQLENS; *cu and *len are restored. */
+static void expect_bad_cu(const small *x, const sdpa_problem *p, const int32_t **cu, int64_t *len, char side,
+                          const char *len_name, const int32_t bad_start[4], const int32_t decr[4])
+{
+    const int32_t *good = *cu;
+    const int64_t good_len = *len;
+    int32_t buf[4];
+    char w[64];
+    memcpy(buf, bad_start, sizeof buf);
+    *cu = buf;
+    snprintf(w, sizeof w, "cu_seqlens_%c[0] = %d", side, (int)bad_start[0]);
+    expect_refused(w, x, p, 0, SDPA_ERR_BAD_SEQLENS);
+    memcpy(buf, decr, sizeof buf);
+    snprintf(w, sizeof w, "cu_seqlens_%c decreasing", side);
+    expect_refused(w, x, p, 0, SDPA_ERR_BAD_SEQLENS);
+    *cu = good;
+    *len = good_len + 1;
+    snprintf(w, sizeof w, "cu_seqlens_%c[B] < %s", side, len_name);
+    expect_refused(w, x, p, 0, SDPA_ERR_BAD_SEQLENS);
+    *len = good_len - 1;
+    snprintf(w, sizeof w, "cu_seqlens_%c[B] > %s", side, len_name);
+    expect_refused(w, x, p, 0, SDPA_ERR_BAD_SEQLENS);
+    *len = good_len;
+}
+
 Test(serving, bad_cu_seqlens)
 {
     small x;
@@ -1173,33 +1200,12 @@ Test(serving, bad_cu_seqlens)
     sdpa_problem p = p0;
     sdpa_seqs b = sq;
     p.seqs = &b;
-    int32_t cu[4];
     /* cu_seqlens_q */
     const int32_t q_start1[4] = {1, 2, 4, 6}, q_decr[4] = {0, 3, 1, 6};
-    memcpy(cu, q_start1, sizeof cu);
-    b.cu_seqlens_q = cu;
-    expect_refused("cu_seqlens_q[0] = 1", &x, &p, 0, SDPA_ERR_BAD_SEQLENS);
-    memcpy(cu, q_decr, sizeof cu);
-    expect_refused("cu_seqlens_q decreasing", &x, &p, 0, SDPA_ERR_BAD_SEQLENS);
-    b.cu_seqlens_q = x.st.cuq;
-    p.q_len = x.st.tq + 1;
-    expect_refused("cu_seqlens_q[B] < q_len", &x, &p, 0, SDPA_ERR_BAD_SEQLENS);
-    p.q_len = x.st.tq - 1;
-    expect_refused("cu_seqlens_q[B] > q_len", &x, &p, 0, SDPA_ERR_BAD_SEQLENS);
-    p.q_len = x.st.tq;
+    expect_bad_cu(&x, &p, &b.cu_seqlens_q, &p.q_len, 'q', "q_len", q_start1, q_decr);
     /* cu_seqlens_k */
     const int32_t k_start[4] = {5, 17, 57, 62}, k_decr[4] = {0, 40, 30, 62};
-    memcpy(cu, k_start, sizeof cu);
-    b.cu_seqlens_k = cu;
-    expect_refused("cu_seqlens_k[0] = 5", &x, &p, 0, SDPA_ERR_BAD_SEQLENS);
-    memcpy(cu, k_decr, sizeof cu);
-    expect_refused("cu_seqlens_k decreasing", &x, &p, 0, SDPA_ERR_BAD_SEQLENS);
-    b.cu_seqlens_k = x.st.cuk;
-    p.kv_len = x.st.tk + 1;
-    expect_refused("cu_seqlens_k[B] < kv_len", &x, &p, 0, SDPA_ERR_BAD_SEQLENS);
-    p.kv_len = x.st.tk - 1;
-    expect_refused("cu_seqlens_k[B] > kv_len", &x, &p, 0, SDPA_ERR_BAD_SEQLENS);
-    p.kv_len = x.st.tk;
+    expect_bad_cu(&x, &p, &b.cu_seqlens_k, &p.kv_len, 'k', "kv_len", k_start, k_decr);
     /* NULL cu_seqlens_q */
     b.cu_seqlens_q = NULL;
     expect_refused("cu_seqlens_q NULL", &x, &p, 0, SDPA_ERR_NULL_ARGUMENT);

@@ -205,15 +205,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const int64_t Hq = Hkv * G;
     int must_fail = 0; /* made invalid on purpose */
 
-    sdpa_problem p;
-    sdpa_problem_init(&p);
-    p.batch = B;
-    p.q_heads = Hq;
-    p.kv_heads = Hkv;
-    p.q_len = Tq;
-    p.kv_len = Tk;
-    p.head_dim_qk = Dk;
-    p.head_dim_v = Dv;
+    sdpa_problem p = util_problem(B, Hq, Hkv, Tq, Tk, Dk, Dv);
     p.causal = (sdpa_causal)((flags >> 1) % 3);
     p.window_alignment = (sdpa_alignment)((flags >> 3) & 1);
     p.window_left = WINDOWS[u8(&r) % NWIN];
