@@ -197,10 +197,7 @@ static layouts make_layouts(const sdpa_problem *p, int kind)
 }
 
 /* Logical (contiguous) inputs of a problem. */
-typedef struct inputs {
-    float *q, *k, *v, *dout;
-    size_t nq, nk, nv, no, nl;
-} inputs;
+typedef util_inputs inputs;
 
 /* Random inputs in [-1, 1] (or multiples of 2^-10 in [-1, 1] when exact != 0,
  * so that x +- 2^-10 and x +- 2^-11 are exact fp32 values). With L_BCAST the
@@ -240,14 +237,6 @@ static inputs make_inputs(const sdpa_problem *p, const layouts *L, util_rng *r, 
             }
     }
     return in;
-}
-
-static void inputs_free(inputs *in)
-{
-    free(in->q);
-    free(in->k);
-    free(in->v);
-    free(in->dout);
 }
 
 /* Runs sdpa_forward then sdpa_backward (O and LSE from that forward) with the
@@ -299,64 +288,6 @@ static int run_fb(const sdpa_problem *p, const layouts *L, const inputs *in, uti
     float *all[] = {gq, gk, gv, gdo, go, gl, gdq, gdk, gdv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         util_gfree(all[i]);
-    return ok;
-}
-
-/* The float64 and naive fp32 references of one problem. */
-typedef struct refs {
-    double *o, *lse, *dq, *dk, *dv;
-    float *no, *nlse, *ndq, *ndk, *ndv;
-} refs;
-
-static refs make_refs(const sdpa_problem *p, const inputs *in)
-{
-    refs R;
-    R.o = util_dalloc(in->no);
-    R.lse = util_dalloc(in->nl);
-    R.dq = util_dalloc(in->nq);
-    R.dk = util_dalloc(in->nk);
-    R.dv = util_dalloc(in->nv);
-    R.no = util_falloc(in->no);
-    R.nlse = util_falloc(in->nl);
-    R.ndq = util_falloc(in->nq);
-    R.ndk = util_falloc(in->nk);
-    R.ndv = util_falloc(in->nv);
-    ref_forward(p, in->q, in->k, in->v, R.o, R.lse);
-    ref_backward(p, in->q, in->k, in->v, in->dout, R.dq, R.dk, R.dv);
-    naive32_forward(p, in->q, in->k, in->v, R.no, R.nlse);
-    naive32_backward(p, in->q, in->k, in->v, in->dout, R.ndq, R.ndk, R.ndv);
-    return R;
-}
-
-static void refs_free(refs *R)
-{
-    free(R->o);
-    free(R->lse);
-    free(R->dq);
-    free(R->dk);
-    free(R->dv);
-    free(R->no);
-    free(R->nlse);
-    free(R->ndq);
-    free(R->ndk);
-    free(R->ndv);
-}
-
-/* FlashAttention rule on all five outputs: 2x naive for O/LSE, 3x for gradients. */
-static int compare_all(const char *what, const util_outputs *res, const refs *R, const inputs *in)
-{
-    char w[256];
-    int ok = 1;
-    snprintf(w, sizeof w, "%s: O", what);
-    ok &= util_fa_expect(w, res->o, R->no, R->o, in->no, 2.0);
-    snprintf(w, sizeof w, "%s: LSE", what);
-    ok &= util_fa_expect(w, res->lse, R->nlse, R->lse, in->nl, 2.0);
-    snprintf(w, sizeof w, "%s: dQ", what);
-    ok &= util_fa_expect(w, res->dq, R->ndq, R->dq, in->nq, 3.0);
-    snprintf(w, sizeof w, "%s: dK", what);
-    ok &= util_fa_expect(w, res->dk, R->ndk, R->dk, in->nk, 3.0);
-    snprintf(w, sizeof w, "%s: dV", what);
-    ok &= util_fa_expect(w, res->dv, R->ndv, R->dv, in->nv, 3.0);
     return ok;
 }
 
@@ -510,7 +441,7 @@ static void run_fd_case(const fd_case *c, uint64_t seed)
     free(rq);
     free(rk);
     free(rv);
-    inputs_free(&in);
+    util_inputs_free(&in);
     masks_free(&m);
 }
 
@@ -655,7 +586,7 @@ Test(backward, invariants)
             check_invariants(w, &p, &res, &in);
             util_outputs_free(&res);
         }
-        inputs_free(&in);
+        util_inputs_free(&in);
         masks_free(&m);
     }
 }
@@ -727,7 +658,7 @@ Test(backward, shape_sweep, .timeout = 600)
         p.block_k = c->bk;
         const layouts L = make_layouts(&p, c->layout);
         inputs in = make_inputs(&p, &L, &r, 0);
-        refs R = make_refs(&p, &in);
+        util_refs R = util_refs_make(&p, &in, 0);
         for (int ii = 0; ii < ni; ii++) {
             p.isa = isas[ii];
             char w[200];
@@ -738,11 +669,11 @@ Test(backward, shape_sweep, .timeout = 600)
                      layout_name[c->layout], c->bq, c->bk, sdpa_isa_name(isas[ii]));
             util_outputs res;
             run_fb(&p, &L, &in, &res, w);
-            compare_all(w, &res, &R, &in);
+            util_refs_expect(w, &res, NULL, &R, &in, 0);
             util_outputs_free(&res);
         }
-        refs_free(&R);
-        inputs_free(&in);
+        util_refs_free(&R);
+        util_inputs_free(&in);
         masks_free(&m);
     }
 }
@@ -752,8 +683,8 @@ Test(backward, shape_sweep, .timeout = 600)
 
 /* Runs the forward and backward of p (its ISA and tiles as set) with each of
  * nt thread counts; every output must have the bits of the first count's run,
- * and that run must pass compare_all against R when R is given. */
-static void check_thread_counts(sdpa_problem p, const layouts *L, const inputs *in, const refs *R,
+ * and that run must pass util_refs_expect against R when R is given. */
+static void check_thread_counts(sdpa_problem p, const layouts *L, const inputs *in, const util_refs *R,
                                 const int *threads, size_t nt, const char *what)
 {
     util_outputs first;
@@ -766,7 +697,7 @@ static void check_thread_counts(sdpa_problem p, const layouts *L, const inputs *
         run_fb(&p, L, in, &res, w);
         if (ti == 0) {
             if (R)
-                compare_all(w, &res, R, in);
+                util_refs_expect(w, &res, NULL, R, in, 0);
             first = res;
             continue;
         }
@@ -802,7 +733,7 @@ Test(backward, bitwise_across_thread_counts, .timeout = 600)
             snprintf(what, sizeof what, "tiles %d/%d", p.block_q, p.block_k);
             check_thread_counts(p, &L, &in, NULL, threads, sizeof threads / sizeof threads[0], what);
         }
-    inputs_free(&in);
+    util_inputs_free(&in);
 }
 
 /* The per-head backward runs a head's key tiles in passes of 1 MiB of K, V, dK
@@ -825,14 +756,14 @@ Test(backward, key_tile_passes_bitwise_and_accurate, .timeout = 600)
         p.block_k = 8;
         const layouts L = make_layouts(&p, L_CONTIG);
         inputs in = make_inputs(&p, &L, &r, 0);
-        refs R = make_refs(&p, &in);
+        util_refs R = util_refs_make(&p, &in, 0);
         for (int ii = 0; ii < ni; ii++) {
             p.isa = isas[ii];
             check_thread_counts(p, &L, &in, &R, threads, sizeof threads / sizeof threads[0],
                                 causal ? "causal, two key-tile passes" : "no mask, two key-tile passes");
         }
-        refs_free(&R);
-        inputs_free(&in);
+        util_refs_free(&R);
+        util_inputs_free(&in);
     }
 }
 
@@ -922,7 +853,7 @@ Test(backward, fully_masked_rows_contribute_zero)
             util_outputs_free(&n);
         }
         free(empty);
-        inputs_free(&in);
+        util_inputs_free(&in);
         masks_free(&m);
     }
 }
@@ -980,7 +911,7 @@ Test(backward, nan_in_masked_inputs_never_leaks)
                     if (masked_everywhere)
                         m.bias[(h * p.q_len + i) * p.kv_len + j] = NAN;
                 }
-        refs R = make_refs(&p, &in);
+        util_refs R = util_refs_make(&p, &in, 0);
         for (int ii = 0; ii < ni; ii++) {
             p.isa = isas[ii];
             char w[128];
@@ -1000,12 +931,12 @@ Test(backward, nan_in_masked_inputs_never_leaks)
                         cr_expect(res.dv[row * p.head_dim_v + c] == 0.0f, "%s: dV of masked key row %lld", w,
                                   (long long)row);
                 }
-            compare_all(w, &res, &R, &in);
+            util_refs_expect(w, &res, NULL, &R, &in, 0);
             util_outputs_free(&res);
         }
-        refs_free(&R);
+        util_refs_free(&R);
         free(used);
-        inputs_free(&in);
+        util_inputs_free(&in);
         masks_free(&m);
     }
 }
@@ -1040,7 +971,7 @@ static void run_empty_extent(const char *label, sdpa_problem sizes, uint64_t see
             run_fb(&p, &L, &in, &res, w);
             check(w, &p, &in, &res);
             util_outputs_free(&res);
-            inputs_free(&in);
+            util_inputs_free(&in);
             masks_free(&m);
         }
 }

@@ -152,10 +152,7 @@ static void setup_variants(sdpa_problem *p, int var, util_rng *r, owned *m)
     }
 }
 
-typedef struct inputs {
-    float *q, *k, *v, *dout;
-    size_t nq, nk, nv, no, nl;
-} inputs;
+typedef util_inputs inputs;
 
 /* q, k normal (sigma), v and dO uniform in [-1, 1], all multiples of 2^-10. */
 static inputs make_inputs(const sdpa_problem *p, util_rng *r, double sigma)
@@ -179,14 +176,6 @@ static inputs make_inputs(const sdpa_problem *p, util_rng *r, double sigma)
     for (size_t i = 0; i < in.no; i++)
         in.dout[i] = q10(2.0 * util_rng_double(r) - 1.0);
     return in;
-}
-
-static void inputs_free(inputs *in)
-{
-    free(in->q);
-    free(in->k);
-    free(in->v);
-    free(in->dout);
 }
 
 typedef struct layouts {
@@ -278,67 +267,6 @@ static void run_fb(const sdpa_problem *p, const layouts *L, const inputs *in, ou
     util_gfree(gdo);
 }
 
-/* The float64 reference and the naive fp32 yardstick of a problem. */
-typedef struct refs {
-    double *o, *lse, *dq, *dk, *dv, *ds;
-    float *no, *nlse, *ndq, *ndk, *ndv, *nds;
-} refs;
-
-static refs make_refs(const sdpa_problem *p, const inputs *in)
-{
-    refs R;
-    const size_t Hq = (size_t)p->q_heads;
-    R.o = util_dalloc(in->no);
-    R.lse = util_dalloc(in->nl);
-    R.dq = util_dalloc(in->nq);
-    R.dk = util_dalloc(in->nk);
-    R.dv = util_dalloc(in->nv);
-    R.ds = util_dalloc(Hq);
-    R.no = util_falloc(in->no);
-    R.nlse = util_falloc(in->nl);
-    R.ndq = util_falloc(in->nq);
-    R.ndk = util_falloc(in->nk);
-    R.ndv = util_falloc(in->nv);
-    R.nds = util_falloc(Hq);
-    ref_forward(p, in->q, in->k, in->v, R.o, R.lse);
-    ref_backward_dsinks(p, in->q, in->k, in->v, in->dout, R.dq, R.dk, R.dv, R.ds);
-    naive32_forward(p, in->q, in->k, in->v, R.no, R.nlse);
-    naive32_backward_dsinks(p, in->q, in->k, in->v, in->dout, R.ndq, R.ndk, R.ndv, R.nds);
-    return R;
-}
-
-static void refs_free(refs *R)
-{
-    double *d[] = {R->o, R->lse, R->dq, R->dk, R->dv, R->ds};
-    float *f[] = {R->no, R->nlse, R->ndq, R->ndk, R->ndv, R->nds};
-    for (int i = 0; i < 6; i++) {
-        free(d[i]);
-        free(f[i]);
-    }
-}
-
-/* The FlashAttention rule on the six outputs: 2x forward, 3x gradients. */
-static int compare_all(const char *what, const outs *res, const refs *R, const inputs *in, int64_t Hq)
-{
-    char w[400];
-    int ok = 1;
-    snprintf(w, sizeof w, "%s: O", what);
-    ok &= util_fa_expect(w, res->r.o, R->no, R->o, in->no, 2.0);
-    snprintf(w, sizeof w, "%s: LSE", what);
-    ok &= util_fa_expect(w, res->r.lse, R->nlse, R->lse, in->nl, 2.0);
-    snprintf(w, sizeof w, "%s: dQ", what);
-    ok &= util_fa_expect(w, res->r.dq, R->ndq, R->dq, in->nq, 3.0);
-    snprintf(w, sizeof w, "%s: dK", what);
-    ok &= util_fa_expect(w, res->r.dk, R->ndk, R->dk, in->nk, 3.0);
-    snprintf(w, sizeof w, "%s: dV", what);
-    ok &= util_fa_expect(w, res->r.dv, R->ndv, R->dv, in->nv, 3.0);
-    if (res->ds) {
-        snprintf(w, sizeof w, "%s: dsinks", what);
-        ok &= util_fa_expect(w, res->ds, R->nds, R->ds, (size_t)Hq, 3.0);
-    }
-    return ok;
-}
-
 static int same_outs(const outs *a, const outs *b, const inputs *in, int64_t Hq)
 {
     return util_same_bits(a->r.o, b->r.o, in->no) && util_same_bits(a->r.lse, b->r.lse, in->nl) &&
@@ -426,6 +354,37 @@ static void describe(char *buf, size_t len, const vcase *c)
              mask_name[c->mask], v, c->padded ? " padded" : "", c->bq, c->bk);
 }
 
+/* Runs p (row strides > D when padded) on every ISA with 1 and 2 threads:
+ * FlashAttention rule against the reference (dsinks included), 2 threads bitwise
+ * equal to 1, and calls `check` (when not NULL) on each 1-thread result. */
+typedef void (*outs_check)(const sdpa_problem *p, const inputs *in, const outs *o, const char *what);
+
+static void run_all_isas(sdpa_problem p, const inputs *in, int padded, const char *name, outs_check check)
+{
+    util_refs R = util_refs_make(&p, in, 1);
+    const layouts L = make_layouts(&p, padded);
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int ni = util_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        outs o1, o2;
+        char w[320];
+        p.isa = isas[ii];
+        p.num_threads = 1;
+        snprintf(w, sizeof w, "[%s, 1 thread] %s", sdpa_isa_name(isas[ii]), name);
+        run_fb(&p, &L, in, &o1, w);
+        util_refs_expect(w, &o1.r, o1.ds, &R, in, (size_t)p.q_heads);
+        if (check)
+            check(&p, in, &o1, w);
+        p.num_threads = 2;
+        snprintf(w, sizeof w, "[%s, 2 threads] %s", sdpa_isa_name(isas[ii]), name);
+        run_fb(&p, &L, in, &o2, w);
+        cr_expect(same_outs(&o1, &o2, in, p.q_heads), "%s: differs bitwise from 1 thread", w);
+        outs_free(&o1);
+        outs_free(&o2);
+    }
+    util_refs_free(&R);
+}
+
 static void run_sweep_case(const vcase *c, uint64_t seed)
 {
     char desc[256];
@@ -440,27 +399,8 @@ static void run_sweep_case(const vcase *c, uint64_t seed)
     setup_mask(&p, c->mask, &r, &m);
     setup_variants(&p, c->var, &r, &m);
     inputs in = make_inputs(&p, &r, 1.2);
-    const layouts L = make_layouts(&p, c->padded);
-    refs R = make_refs(&p, &in);
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int ni = util_isas(isas);
-    for (int ii = 0; ii < ni; ii++) {
-        outs o1, o2;
-        char w[320];
-        p.isa = isas[ii];
-        p.num_threads = 1;
-        snprintf(w, sizeof w, "[%s, 1 thread] %s", sdpa_isa_name(isas[ii]), desc);
-        run_fb(&p, &L, &in, &o1, w);
-        compare_all(w, &o1, &R, &in, c->Hq);
-        p.num_threads = 2;
-        snprintf(w, sizeof w, "[%s, 2 threads] %s", sdpa_isa_name(isas[ii]), desc);
-        run_fb(&p, &L, &in, &o2, w);
-        cr_expect(same_outs(&o1, &o2, &in, c->Hq), "%s: differs bitwise from 1 thread", w);
-        outs_free(&o1);
-        outs_free(&o2);
-    }
-    refs_free(&R);
-    inputs_free(&in);
+    run_all_isas(p, &in, c->padded, desc, NULL);
+    util_inputs_free(&in);
     owned_free(&m);
 }
 
@@ -672,7 +612,7 @@ static void run_fd(const fd_case *c, uint64_t seed)
     free(noise);
     free(ob);
     free(of);
-    inputs_free(&in);
+    util_inputs_free(&in);
     owned_free(&m);
 }
 
@@ -691,36 +631,6 @@ Test(variants, finite_differences_masked, .timeout = 120)
 }
 
 /* ------------------------------------------------------------ edge cases */
-
-/* Runs p (contiguous) on every ISA with 1 and 2 threads: FlashAttention rule
- * against the reference, 2 threads bitwise equal to 1; returns the 1-thread
- * outputs of the last ISA in *last (when not NULL) and calls `check` on each. */
-typedef void (*outs_check)(const sdpa_problem *p, const inputs *in, const outs *o, const char *what);
-
-static void run_all_isas(sdpa_problem p, const inputs *in, const char *name, outs_check check)
-{
-    refs R = make_refs(&p, in);
-    const layouts L = make_layouts(&p, 0);
-    sdpa_isa isas[SDPA_ISA_COUNT];
-    const int ni = util_isas(isas);
-    for (int ii = 0; ii < ni; ii++) {
-        outs o1, o2;
-        char w[200];
-        p.isa = isas[ii];
-        p.num_threads = 1;
-        snprintf(w, sizeof w, "%s [%s]", name, sdpa_isa_name(isas[ii]));
-        run_fb(&p, &L, in, &o1, w);
-        compare_all(w, &o1, &R, in, p.q_heads);
-        if (check)
-            check(&p, in, &o1, w);
-        p.num_threads = 2;
-        run_fb(&p, &L, in, &o2, w);
-        cr_expect(same_outs(&o1, &o2, in, p.q_heads), "%s: 2 threads differ bitwise from 1", w);
-        outs_free(&o1);
-        outs_free(&o2);
-    }
-    refs_free(&R);
-}
 
 /* Rows with no allowed key (by the reference's predicate): O = 0 and dQ = 0
  * exactly, LSE = the sink (bitwise; -inf without one); keys allowed for no query
@@ -806,10 +716,10 @@ Test(variants, softcap_with_neginf_bias)
         for (int64_t b = 0; b < B; b++)
             for (int64_t c = 0; c < Dv; c++)
                 in.v[(b * Tk + 5) * Dv + c] = NAN;
-        run_all_isas(p, &in, var == V_CAP ? "softcap 0.5, -inf bias" : "softcap 0.5 + alibi + sinks, -inf bias",
+        run_all_isas(p, &in, 0, var == V_CAP ? "softcap 0.5, -inf bias" : "softcap 0.5 + alibi + sinks, -inf bias",
                      check_masked_rows);
         free(bias);
-        inputs_free(&in);
+        util_inputs_free(&in);
         owned_free(&m);
     }
 }
@@ -834,14 +744,14 @@ Test(variants, sinks_with_fully_masked_rows)
     p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
     p.bool_mask = (sdpa_bool_mask){bm, Tq * Tk, 0, Tk, 1};
     inputs in = make_inputs(&p, &r, 1.0);
-    run_all_isas(p, &in, "sinks, fully masked rows", check_masked_rows);
+    run_all_isas(p, &in, 0, "sinks, fully masked rows", check_masked_rows);
     /* with softcap and ALiBi too */
     const float slopes[3] = {0.25f, 0.5f, 0.0f};
     p.softcap = 3.0f;
     p.alibi_slopes = slopes;
-    run_all_isas(p, &in, "sinks + softcap + alibi, fully masked rows", check_masked_rows);
+    run_all_isas(p, &in, 0, "sinks + softcap + alibi, fully masked rows", check_masked_rows);
     free(bm);
-    inputs_free(&in);
+    util_inputs_free(&in);
 }
 
 Test(variants, neg_inf_sinks_are_no_sinks)
@@ -879,7 +789,7 @@ Test(variants, neg_inf_sinks_are_no_sinks)
             outs_free(&a);
             outs_free(&b);
         }
-        inputs_free(&in);
+        util_inputs_free(&in);
         owned_free(&m);
     }
 }
@@ -976,9 +886,9 @@ Test(variants, large_sink_takes_the_lse_256_path)
     p.sinks = sinks;
     p.causal = SDPA_CAUSAL_TOP_LEFT;
     inputs in = make_inputs(&p, &r, 1.0);
-    run_all_isas(p, &in, "sinks near 300, bias +300", NULL);
+    run_all_isas(p, &in, 0, "sinks near 300, bias +300", NULL);
     p.softcap = 1.0f;
-    run_all_isas(p, &in, "sinks near 300, bias +300, softcap", NULL);
+    run_all_isas(p, &in, 0, "sinks near 300, bias +300, softcap", NULL);
 }
 
 /* ---------------------------------------------------------------- refusals */

@@ -2,6 +2,7 @@
 /* tests/util.c - shared helpers of the Criterion suite (see util.h): the parts that log or
  * expect through Criterion; the rest is in tests/util_core.c. */
 #include "util.h"
+#include "ref.h"
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -479,4 +480,67 @@ void util_forward_contig(const sdpa_problem *p0, sdpa_isa isa, const float *q, c
     const sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
     cr_assert_eq(st, SDPA_OK, "[%s] sdpa_forward: %s", sdpa_isa_name(isa), sdpa_status_string(st));
     cr_expect(util_gintact(o, "O") && util_gintact(lse, "LSE"));
+}
+
+void util_inputs_free(util_inputs *in)
+{
+    free(in->q);
+    free(in->k);
+    free(in->v);
+    free(in->dout);
+}
+
+util_refs util_refs_make(const sdpa_problem *p, const util_inputs *in, int dsinks)
+{
+    util_refs R;
+    const size_t Hq = (size_t)p->q_heads;
+    R.o = util_dalloc(in->no);
+    R.lse = util_dalloc(in->nl);
+    R.dq = util_dalloc(in->nq);
+    R.dk = util_dalloc(in->nk);
+    R.dv = util_dalloc(in->nv);
+    R.ds = dsinks ? util_dalloc(Hq) : NULL;
+    R.no = util_falloc(in->no);
+    R.nlse = util_falloc(in->nl);
+    R.ndq = util_falloc(in->nq);
+    R.ndk = util_falloc(in->nk);
+    R.ndv = util_falloc(in->nv);
+    R.nds = dsinks ? util_falloc(Hq) : NULL;
+    ref_forward(p, in->q, in->k, in->v, R.o, R.lse);
+    ref_backward_dsinks(p, in->q, in->k, in->v, in->dout, R.dq, R.dk, R.dv, R.ds);
+    naive32_forward(p, in->q, in->k, in->v, R.no, R.nlse);
+    naive32_backward_dsinks(p, in->q, in->k, in->v, in->dout, R.ndq, R.ndk, R.ndv, R.nds);
+    return R;
+}
+
+void util_refs_free(util_refs *R)
+{
+    double *d[] = {R->o, R->lse, R->dq, R->dk, R->dv, R->ds};
+    float *f[] = {R->no, R->nlse, R->ndq, R->ndk, R->ndv, R->nds};
+    for (int i = 0; i < 6; i++) {
+        free(d[i]);
+        free(f[i]);
+    }
+}
+
+int util_refs_expect(const char *what, const util_outputs *res, const float *ds, const util_refs *R,
+                     const util_inputs *in, size_t Hq)
+{
+    char w[400];
+    int ok = 1;
+    snprintf(w, sizeof w, "%s: O", what);
+    ok &= util_fa_expect(w, res->o, R->no, R->o, in->no, 2.0);
+    snprintf(w, sizeof w, "%s: LSE", what);
+    ok &= util_fa_expect(w, res->lse, R->nlse, R->lse, in->nl, 2.0);
+    snprintf(w, sizeof w, "%s: dQ", what);
+    ok &= util_fa_expect(w, res->dq, R->ndq, R->dq, in->nq, 3.0);
+    snprintf(w, sizeof w, "%s: dK", what);
+    ok &= util_fa_expect(w, res->dk, R->ndk, R->dk, in->nk, 3.0);
+    snprintf(w, sizeof w, "%s: dV", what);
+    ok &= util_fa_expect(w, res->dv, R->ndv, R->dv, in->nv, 3.0);
+    if (ds) {
+        snprintf(w, sizeof w, "%s: dsinks", what);
+        ok &= util_fa_expect(w, ds, R->nds, R->ds, Hq, 3.0);
+    }
+    return ok;
 }

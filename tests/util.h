@@ -241,6 +241,29 @@ typedef struct util_outputs {
 /* Frees the five arrays and zeroes the struct. */
 void util_outputs_free(util_outputs *r);
 
+/* The logical (contiguous) inputs of a problem: Q, K, V, dO (malloc'd) and the
+ * element counts of Q, K, V, O (= dO) and LSE. util_inputs_free frees the four. */
+typedef struct util_inputs {
+    float *q, *k, *v, *dout;
+    size_t nq, nk, nv, no, nl;
+} util_inputs;
+void util_inputs_free(util_inputs *in);
+
+/* The float64 reference (o ... ds) and the naive fp32 yardstick (no ... nds) of a
+ * forward + backward. util_refs_make: with dsinks != 0 also dsinks ([Hq], by
+ * ref_backward_dsinks / naive32_backward_dsinks), else ds = nds = NULL. */
+typedef struct util_refs {
+    double *o, *lse, *dq, *dk, *dv, *ds;
+    float *no, *nlse, *ndq, *ndk, *ndv, *nds;
+} util_refs;
+util_refs util_refs_make(const sdpa_problem *p, const util_inputs *in, int dsinks);
+void util_refs_free(util_refs *R);
+/* The FlashAttention rule (util_fa_expect) on the five outputs of res, 2x naive
+ * for O and LSE, 3x for the gradients, and on ds[0..Hq) (3x) when ds != NULL;
+ * messages "<what>: O" ... "<what>: dsinks". 1 if all pass. */
+int util_refs_expect(const char *what, const util_outputs *res, const float *ds, const util_refs *R,
+                     const util_inputs *in, size_t Hq);
+
 /* 1 if a[0..n) and b[0..n) have the same bits (n = 0: 1). */
 int util_same_bits(const float *a, const float *b, size_t n);
 /* calloc of n (at least 1) floats / doubles, zero-filled; cr_assert on failure. */
