@@ -388,12 +388,7 @@ Test(api, packed_interleaved_outputs)
         act[i] = (float)(util_rng_double(&r) * 2 - 1);
     for (int64_t i = 0; i < (int64_t)B * T * H * D; i++)
         dout[i] = (float)(util_rng_double(&r) * 2 - 1);
-    sdpa_problem p;
-    sdpa_problem_init(&p);
-    p.batch = B;
-    p.q_heads = p.kv_heads = H;
-    p.q_len = p.kv_len = T;
-    p.head_dim_qk = p.head_dim_v = D;
+    sdpa_problem p = util_problem(B, H, H, T, T, D, D);
     p.causal = SDPA_CAUSAL_TOP_LEFT;
     const sdpa_tensor q = {act, bs4, D, ss4}, k = {act + H * D, bs4, D, ss4}, v = {act + 2 * H * D, bs4, D, ss4};
     const sdpa_tensor_out o = {act + 3 * H * D, bs4, D, ss4}, l = {lse, (int64_t)H * T, T, 1};

@@ -376,6 +376,18 @@ static void expect_close(const char *what, const float *got, const double *want,
 }
 
 /* The standard inputs of a forward/backward case, written as Q/K/V.npy in rank `rank`. */
+/* Runs the tool's forward `fa` (NULL-terminated; it must succeed, writing O.npy
+ * and LSE.npy) and appends "-o O.npy --lse LSE.npy" to the backward's args at *n. */
+static void given_o_lse(const char *const *fa, const char **args, int *n)
+{
+    run_result *r = run(fa);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    args[(*n)++] = "-o";
+    args[(*n)++] = P("O.npy");
+    args[(*n)++] = "--lse";
+    args[(*n)++] = P("LSE.npy");
+}
+
 typedef struct fixture {
     refp p;
     int rank;
@@ -789,12 +801,7 @@ static void check_backward(const fixture *f, int give_o_lse, const char *const *
         for (int i = 0; extra && extra[i]; i++)
             fa[m++] = extra[i];
         fa[m] = NULL;
-        run_result *r = run(fa);
-        cr_assert_eq(r->status, 0, "%s", r->err);
-        args[n++] = "-o";
-        args[n++] = P("O.npy");
-        args[n++] = "--lse";
-        args[n++] = P("LSE.npy");
+        given_o_lse(fa, args, &n);
     }
     for (int i = 0; extra && extra[i]; i++)
         args[n++] = extra[i];
@@ -1388,12 +1395,7 @@ Test(cli, backward_variants_and_dsinks)
             const char *fa[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
                                 "--lse", P("LSE.npy"), "--softcap", "1.5", "--alibi-slopes", P("SL.npy"),
                                 "--sinks", P("SK.npy"), NULL};
-            run_result *r = run(fa);
-            cr_assert_eq(r->status, 0, "%s", r->err);
-            args[n++] = "-o";
-            args[n++] = P("O.npy");
-            args[n++] = "--lse";
-            args[n++] = P("LSE.npy");
+            given_o_lse(fa, args, &n);
         }
         args[n] = NULL;
         unlink(P("dSK.npy"));

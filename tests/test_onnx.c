@@ -231,6 +231,19 @@ static float *npy_floats(const util_npy *a)
     return f;
 }
 
+/* The first c->Ttot of the Tk rows of each of the BH heads of x (rows of D)
+ * equal the golden present tensor `pr`; `msg` names a difference. */
+static void expect_present(const oc *c, const util_npy *pr_npy, const float *x, int64_t BH, int64_t Tk, int64_t D,
+                           const char *msg)
+{
+    float *pr = npy_floats(pr_npy);
+    size_t diff = 0;
+    for (int64_t bh = 0; bh < BH; bh++)
+        diff += memcmp(pr + bh * c->Ttot * D, x + bh * Tk * D, sizeof(float) * (size_t)(c->Ttot * D)) != 0;
+    cr_expect_eq(diff, 0, "%s: %s", c->name, msg);
+    free(pr);
+}
+
 static void map_case(const oc *c, mapped *m)
 {
     memset(m, 0, sizeof *m);
@@ -305,22 +318,10 @@ static void map_case(const oc *c, mapped *m)
         memcpy(m->v + (bh * Tk + c->Tpast) * Dv, vn + bh * c->Tnew * Dv, sizeof(float) * (size_t)(c->Tnew * Dv));
     }
     /* the concatenation is what ONNX calls present_key / present_value */
-    if (c->has_prk) {
-        float *pr = npy_floats(&c->prk);
-        size_t diff = 0;
-        for (int64_t bh = 0; bh < B * Hkv; bh++)
-            diff += memcmp(pr + bh * c->Ttot * Dk, m->k + bh * Tk * Dk, sizeof(float) * (size_t)(c->Ttot * Dk)) != 0;
-        cr_expect_eq(diff, 0, "%s: past_key ++ K differs from present_key", c->name);
-        free(pr);
-    }
-    if (c->has_prv) {
-        float *pr = npy_floats(&c->prv);
-        size_t diff = 0;
-        for (int64_t bh = 0; bh < B * Hkv; bh++)
-            diff += memcmp(pr + bh * c->Ttot * Dv, m->v + bh * Tk * Dv, sizeof(float) * (size_t)(c->Ttot * Dv)) != 0;
-        cr_expect_eq(diff, 0, "%s: past_value ++ V differs from present_value", c->name);
-        free(pr);
-    }
+    if (c->has_prk)
+        expect_present(c, &c->prk, m->k, B * Hkv, Tk, Dk, "past_key ++ K differs from present_key");
+    if (c->has_prv)
+        expect_present(c, &c->prv, m->v, B * Hkv, Tk, Dv, "past_value ++ V differs from present_value");
     if (c->layout3d && !c->has_past && Tk == c->Ttot) {
         /* pass the 3-D tensors as strided views, no copy */
         m->tk = util_view(&lkn, m->k_raw);

@@ -34,24 +34,32 @@ static void expect_status(const char *what, sdpa_status got, sdpa_status a, sdpa
     }
 }
 
+/* A problem with Dk = 0 (one kv head, scale 1): the shape of both defects. */
+static sdpa_problem dk0_problem(int64_t B, int64_t Hq, int64_t Tq, int64_t Tk, int64_t Dv, sdpa_isa isa, int threads)
+{
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.batch = B;
+    p.q_heads = Hq;
+    p.kv_heads = 1;
+    p.q_len = Tq;
+    p.kv_len = Tk;
+    p.head_dim_qk = 0;
+    p.head_dim_v = Dv;
+    p.use_default_scale = 0;
+    p.scale = 1.0f;
+    p.isa = isa;
+    p.num_threads = threads;
+    return p;
+}
+
 static void defect1(int threads)
 {
     static const int64_t shapes[][3] = {
         {1, (int64_t)1 << 60, 1}, {(int64_t)1 << 21, (int64_t)1 << 21, (int64_t)1 << 21},
         {1, (int64_t)1 << 31, (int64_t)1 << 31}, {1, INT64_MAX, 1}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        sdpa_problem p;
-        sdpa_problem_init(&p);
-        p.batch = shapes[i][0];
-        p.q_heads = shapes[i][1];
-        p.kv_heads = 1;
-        p.q_len = shapes[i][2];
-        p.kv_len = 1;
-        p.head_dim_qk = 0;
-        p.head_dim_v = 1;
-        p.use_default_scale = 0;
-        p.scale = 1.0f;
-        p.num_threads = threads;
+        const sdpa_problem p = dk0_problem(shapes[i][0], shapes[i][1], shapes[i][2], 1, 1, SDPA_ISA_AUTO, threads);
         float o[1] = {1}, l[1] = {0}, dO[1] = {1}, v[1] = {1}, dv[1] = {42};
         sdpa_tensor q = {NULL, 0, 0, 0}, k = {NULL, 0, 0, 0}, tv = {v, 0, 0, 0}, to = {o, 0, 0, 0},
                     tl = {l, 0, 0, 0}, td = {dO, 0, 0, 0};
@@ -70,17 +78,7 @@ static void defect1(int threads)
 
 static void defect3(sdpa_isa isa, int threads, int64_t Tq)
 {
-    sdpa_problem p;
-    sdpa_problem_init(&p);
-    p.batch = p.q_heads = p.kv_heads = 1;
-    p.q_len = Tq;
-    p.kv_len = 3;
-    p.head_dim_qk = 0;
-    p.head_dim_v = 4;
-    p.use_default_scale = 0;
-    p.scale = 1.0f;
-    p.isa = isa;
-    p.num_threads = threads;
+    const sdpa_problem p = dk0_problem(1, 1, Tq, 3, 4, isa, threads);
     float V[12], O[8], L[2], DO[8], DV[12];
     for (int i = 0; i < 12; i++)
         V[i] = (float)i * 0.1f;

@@ -132,21 +132,14 @@ static void slice_rows(const cfg *c, const slice *s, int64_t H, int64_t D, float
 }
 
 /* The global rows of this rank's slice of a global [B, H, T, D] array (any type via element size). */
-static void global_rows_d(const cfg *c, const double *g, int64_t H, int64_t D, double *out)
+static void global_rows(const cfg *c, const void *g, size_t es, int64_t H, int64_t D, void *out)
 {
     const int64_t T = c->T, Tl = T / P;
     for (int64_t bh = 0; bh < c->B * H; bh++)
         for (int64_t i = 0; i < Tl; i++)
-            memcpy(out + (bh * Tl + i) * D, g + (bh * T + sdpa_ring_global_row(T, P, R, c->layout, i)) * D,
-                   sizeof(double) * (size_t)D);
-}
-static void global_rows_f(const cfg *c, const float *g, int64_t H, int64_t D, float *out)
-{
-    const int64_t T = c->T, Tl = T / P;
-    for (int64_t bh = 0; bh < c->B * H; bh++)
-        for (int64_t i = 0; i < Tl; i++)
-            memcpy(out + (bh * Tl + i) * D, g + (bh * T + sdpa_ring_global_row(T, P, R, c->layout, i)) * D,
-                   sizeof(float) * (size_t)D);
+            memcpy((char *)out + (size_t)((bh * Tl + i) * D) * es,
+                   (const char *)g + (size_t)((bh * T + sdpa_ring_global_row(T, P, R, c->layout, i)) * D) * es,
+                   es * (size_t)D);
 }
 
 static sdpa_problem problem_of(const cfg *c)
@@ -177,8 +170,8 @@ static void fa_check(const cfg *c, const char *what, const float *got, const dou
     const int64_t Tl = c->T / P, n = c->B * H * Tl * D, ng = c->B * H * c->T * D;
     double *ref = malloc(sizeof(double) * (size_t)(n + 1));
     float *single = malloc(sizeof(float) * (size_t)(n + 1));
-    global_rows_d(c, ref_g, H, D, ref);
-    global_rows_f(c, single_g, H, D, single);
+    global_rows(c, ref_g, sizeof(double), H, D, ref);
+    global_rows(c, single_g, sizeof(float), H, D, single);
     int bad = 0, bad2 = 0;
     const double naive_err = max_err(naive_g, ref_g, (size_t)ng, &bad2);
     const double bound = factor * naive_err + rel * (1.0 + max_abs(ref_g, (size_t)ng));
@@ -313,14 +306,9 @@ static void run_case(const cfg *c)
 static void bad_case(const char *name, int which)
 {
     const int64_t B = 1, H = 2, T = 24, D = 8, Tl = T / P;
-    sdpa_problem p;
-    sdpa_problem_init(&p);
-    p.batch = B;
-    p.q_heads = p.kv_heads = H;
-    p.q_len = p.kv_len = T;
-    p.head_dim_qk = p.head_dim_v = D;
-    p.causal = SDPA_CAUSAL_TOP_LEFT;
-    p.num_threads = 1;
+    const cfg shape = {
+        .name = name, .B = (int)B, .Hq = (int)H, .Hkv = (int)H, .T = (int)T, .Dk = (int)D, .Dv = (int)D, .causal = SDPA_CAUSAL_TOP_LEFT};
+    sdpa_problem p = problem_of(&shape); /* num_threads = 1 */
     const size_t n = (size_t)(B * H * Tl * D);
     float *x = malloc(sizeof(float) * n), *o = malloc(sizeof(float) * n), *l = malloc(sizeof(float) * (size_t)(B * H * Tl));
     float *g = malloc(sizeof(float) * n), *dq = malloc(sizeof(float) * n), *dk = malloc(sizeof(float) * n),
