@@ -298,6 +298,15 @@ static step step_of(const cfg *c, const seqdata *s, const int *idx, int B)
     return step_build(c, list, B);
 }
 
+/* The step of the first n (at most 64) sequences of s, in order. */
+static step step_first(const cfg *c, const seqdata *s, int n)
+{
+    int idx[64] = {0};
+    for (int i = 0; i < n; i++)
+        idx[i] = i;
+    return step_of(c, s, idx, n);
+}
+
 static void step_free(step *st)
 {
     toks_free(&st->Q);
@@ -576,10 +585,7 @@ static void packed_forward_case(const char *name, const cfg *c, const spec *sp, 
     util_rng r;
     util_rng_seed(&r, name, fallback);
     seqdata *s = seqs_make(c, sp, n, &r);
-    int idx[64] = {0};
-    for (int i = 0; i < n; i++)
-        idx[i] = i;
-    step st = step_of(c, s, idx, n);
+    step st = step_first(c, s, n);
     fref R = ref_step_forward(&st);
     run_all_isas(name, &st, NULL, &R, NULL);
     fref_free(&R);
@@ -747,10 +753,7 @@ static void packed_backward_case(const char *name, const cfg *c, const spec *sp,
     util_rng r;
     util_rng_seed(&r, name, fallback);
     seqdata *s = seqs_make(c, sp, n, &r);
-    int idx[64] = {0};
-    for (int i = 0; i < n; i++)
-        idx[i] = i;
-    step st = step_of(c, s, idx, n);
+    step st = step_first(c, s, n);
     bref R = ref_step_backward(&st);
     sdpa_isa isas[SDPA_ISA_COUNT];
     const int ni = util_isas(isas);
@@ -844,10 +847,7 @@ static void paged_case(int64_t bs)
     util_rng_seed(&r, who, 0x9a9e + (uint64_t)bs);
     const int n = NSPEC(paged_specs);
     seqdata *s = seqs_make(&c, paged_specs, n, &r);
-    int idx[64] = {0};
-    for (int i = 0; i < n; i++)
-        idx[i] = i;
-    step st = step_of(&c, s, idx, n);
+    step st = step_first(&c, s, n);
     fref R = ref_step_forward(&st);
     fout hnd[SDPA_ISA_COUNT];
     memset(hnd, 0, sizeof hnd);
@@ -909,10 +909,7 @@ Test(serving, paged_entries_past_the_last_page_do_not_matter)
     util_rng_seed(&r, "serving/paged garbage", 0x6a4b);
     const int n = NSPEC(paged_specs);
     seqdata *s = seqs_make(&c, paged_specs, n, &r);
-    int idx[64] = {0};
-    for (int i = 0; i < n; i++)
-        idx[i] = i;
-    step st = step_of(&c, s, idx, n);
+    step st = step_first(&c, s, n);
     paged pg = paged_build(&st, 16, 0, &r);
     fout a, b;
     cr_assert_eq(fwd_call(&st, &pg, SDPA_ISA_AUTO, 2, &a), SDPA_OK);
@@ -975,10 +972,7 @@ Test(serving, mixed_step_against_the_reference, .timeout = 180)
     util_rng r;
     util_rng_seed(&r, "serving/mixed", 0x313d);
     seqdata *s = seqs_make(&mixed_cfg, sp, n, &r);
-    int idx[64] = {0};
-    for (int i = 0; i < n; i++)
-        idx[i] = i;
-    step st = step_of(&mixed_cfg, s, idx, n);
+    step st = step_first(&mixed_cfg, s, n);
     fref R = ref_step_forward(&st);
     run_all_isas("serving/mixed packed", &st, NULL, &R, NULL);
     paged pg = paged_build(&st, 16, 0, &r);
@@ -1019,10 +1013,7 @@ static void invariance(int paged_kv)
     util_rng_seed(&r, paged_kv ? "serving/invariance paged" : "serving/invariance packed", 0x1a7 + (uint64_t)paged_kv);
     const cfg *c = &mixed_win_cfg;
     seqdata *s = seqs_make(c, all, n + 2, &r);
-    int idx[64] = {0};
-    for (int i = 0; i < n; i++)
-        idx[i] = i;
-    step M = step_of(c, s, idx, n);
+    step M = step_first(c, s, n);
     int rev[64], nrev = 0;
     rev[nrev++] = n; /* a new neighbour first */
     for (int i = n - 1; i >= 0; i--) {
