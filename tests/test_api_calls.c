@@ -77,6 +77,14 @@ Test(api, problem_init_defaults)
 
 /* ------------------------------------------------------- zero-sized -- */
 
+/* A guarded buffer of n floats uniform in [-1, 1) from r. */
+static float *guniform(util_rng *r, size_t n)
+{
+    float *x = util_galloc(n);
+    util_fill_uniform(r, x, n, -1, 1);
+    return x;
+}
+
 /* Runs forward and backward of p (contiguous tensors, guarded buffers with the
  * sentinel), on every supported ISA, and checks that exactly the contract's
  * elements are written:
@@ -92,11 +100,7 @@ static void check_zero_sized(const char *name, sdpa_problem p, int null_data)
                  nl = (size_t)(B * Hq * Tq);
     util_rng r;
     util_rng_init(&r, 99);
-    float *q = util_galloc(nq), *k = util_galloc(nk), *v = util_galloc(nv), *dout = util_galloc(no);
-    util_fill_uniform(&r, q, nq, -1, 1);
-    util_fill_uniform(&r, k, nk, -1, 1);
-    util_fill_uniform(&r, v, nv, -1, 1);
-    util_fill_uniform(&r, dout, no, -1, 1);
+    float *q = guniform(&r, nq), *k = guniform(&r, nk), *v = guniform(&r, nv), *dout = guniform(&r, no);
     double *ro = calloc(no + 1, sizeof(double)), *rl = calloc(nl + 1, sizeof(double));
     ref_forward(&p, q, k, v, ro, rl);
     sdpa_isa isas[SDPA_ISA_COUNT];
@@ -221,11 +225,7 @@ Test(api, scale_zero_and_negative_are_computed)
     const size_t nq = 2 * 9 * 5, nk = 11 * 5, nv = 11 * 4, no = 2 * 9 * 4, nl = 2 * 9;
     util_rng r;
     util_rng_init(&r, 17);
-    float *q = util_galloc(nq), *k = util_galloc(nk), *v = util_galloc(nv), *dout = util_galloc(no);
-    util_fill_uniform(&r, q, nq, -1, 1);
-    util_fill_uniform(&r, k, nk, -1, 1);
-    util_fill_uniform(&r, v, nv, -1, 1);
-    util_fill_uniform(&r, dout, no, -1, 1);
+    float *q = guniform(&r, nq), *k = guniform(&r, nk), *v = guniform(&r, nv), *dout = guniform(&r, no);
     double ro[72], rl[18], rdq[90], rdk[55], rdv[44];
     float no32[72], nl32[18], ndq[90], ndk[55], ndv[44];
     sdpa_isa isas[SDPA_ISA_COUNT];
