@@ -121,6 +121,21 @@ Test(numerics, denormal_values_not_flushed)
     cr_expect_eq(check_all_isas(p, q, k, v, 1e-4, "denormals"), 0);
 }
 
+/* Two queries against two keys (B = H = 1, Tq = Tk = 2, D = 1) on isa,
+ * with a neutral mask: 0 none, 1 an all-zero bias, 2 an all-ones bool mask. */
+static sdpa_problem two_keys(sdpa_isa isa, int mask)
+{
+    static const float zero_bias[4] = {0, 0, 0, 0};
+    static const uint8_t ones[4] = {1, 1, 1, 1};
+    sdpa_problem p = util_problem(1, 1, 1, 2, 2, 1, 1);
+    p.isa = isa;
+    if (mask == 1)
+        p.bias = (sdpa_bias){zero_bias, 0, 0, 2, 1};
+    if (mask == 2)
+        p.bool_mask = (sdpa_bool_mask){ones, 0, 0, 2, 1};
+    return p;
+}
+
 /* REGRESSION (a bug found by the adversarial review, now fixed): a NaN in an ALLOWED V row disappears when
  * its probability underflows to 0 and the key tile is "partial". src/sdpa.c
  * fwd_item passes SDPA_GEMM_SKIP_ZERO_B / _A to the P.V gemm on every partial
@@ -134,18 +149,11 @@ Test(numerics, bug_nan_in_allowed_v_hidden_by_neutral_mask)
 {
     /* two keys, both allowed; score of key 1 = -200/sqrt(1) far below key 0 */
     const float q[2] = {1.0f, 1.0f}, k[2] = {0.0f, -200.0f}, v[2] = {1.0f, NAN};
-    const float zero_bias[4] = {0, 0, 0, 0};
-    const uint8_t ones[4] = {1, 1, 1, 1};
     sdpa_isa isas[SDPA_ISA_COUNT];
     const int nisa = util_isas(isas);
     for (int ii = 0; ii < nisa; ii++)
         for (int variant = 0; variant < 3; variant++) {
-            sdpa_problem p = util_problem(1, 1, 1, 2, 2, 1, 1);
-            p.isa = isas[ii];
-            if (variant == 1)
-                p.bias = (sdpa_bias){zero_bias, 0, 0, 2, 1};
-            if (variant == 2)
-                p.bool_mask = (sdpa_bool_mask){ones, 0, 0, 2, 1};
+            const sdpa_problem p = two_keys(isas[ii], variant);
             float o[2], l[2];
             util_forward_plain(&p, q, k, v, o, l);
             static const char *const names[] = {"no mask", "all-zero bias", "all-ones bool mask"};
@@ -163,17 +171,13 @@ Test(numerics, bug_nan_in_allowed_v_hidden_by_neutral_mask)
 Test(numerics, bug_nan_in_allowed_dout_hidden_by_underflow)
 {
     const float q[2] = {1.0f, 1.0f}, k[2] = {-200.0f, 0.0f}, v[2] = {1.0f, 2.0f}, dO[2] = {1.0f, NAN};
-    const uint8_t ones[4] = {1, 1, 1, 1};
     sdpa_isa isas[SDPA_ISA_COUNT];
     const int nisa = util_isas(isas);
     for (int ii = 0; ii < nisa; ii++)
         for (int variant = 0; variant < 2; variant++) {
-            sdpa_problem p = util_problem(1, 1, 1, 2, 2, 1, 1);
-            p.isa = isas[ii];
+            sdpa_problem p = two_keys(isas[ii], variant ? 2 : 0);
             p.use_default_scale = 0;
             p.scale = 1.0f;
-            if (variant)
-                p.bool_mask = (sdpa_bool_mask){ones, 0, 0, 2, 1};
             float o[2], l[2], dq[2], dk[2], dv[2];
             const sdpa_tensor tq = util_cview(q, 1, 2, 1), tk = util_cview(k, 1, 2, 1), tv = util_cview(v, 1, 2, 1),
                               tdo = util_cview(dO, 1, 2, 1), oi = util_cview(o, 1, 2, 1), li = util_lse_view(l, 1, 2);
