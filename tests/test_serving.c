@@ -579,13 +579,20 @@ static void run_all_isas(const char *what, const step *st, const paged *pg, cons
 
 /* ============================================================ 1. packed */
 
-static void packed_forward_case(const char *name, const cfg *c, const spec *sp, int n, uint64_t fallback)
+/* The data of a packed case (seeded by name, fallback) in *s, and its step of all n sequences. */
+static step packed_case_step(const char *name, const cfg *c, const spec *sp, int n, uint64_t fallback, seqdata **s)
 {
     init_variants();
     util_rng r;
     util_rng_seed(&r, name, fallback);
-    seqdata *s = seqs_make(c, sp, n, &r);
-    step st = step_first(c, s, n);
+    *s = seqs_make(c, sp, n, &r);
+    return step_first(c, *s, n);
+}
+
+static void packed_forward_case(const char *name, const cfg *c, const spec *sp, int n, uint64_t fallback)
+{
+    seqdata *s;
+    step st = packed_case_step(name, c, sp, n, fallback, &s);
     fref R = ref_step_forward(&st);
     run_all_isas(name, &st, NULL, &R, NULL);
     fref_free(&R);
@@ -749,11 +756,8 @@ static void check_grad(const char *what, const char *name, const toks *t, const 
 
 static void packed_backward_case(const char *name, const cfg *c, const spec *sp, int n, uint64_t fallback)
 {
-    init_variants();
-    util_rng r;
-    util_rng_seed(&r, name, fallback);
-    seqdata *s = seqs_make(c, sp, n, &r);
-    step st = step_first(c, s, n);
+    seqdata *s;
+    step st = packed_case_step(name, c, sp, n, fallback, &s);
     bref R = ref_step_backward(&st);
     sdpa_isa isas[SDPA_ISA_COUNT];
     const int ni = util_isas(isas);
@@ -1181,6 +1185,23 @@ static void expect_bad_cu(const small *x, const sdpa_problem *p, const int32_t *
     *len = good_len;
 }
 
+/* A bool mask, then an additive bias, set on p (with seqs, and pages when
+ * paged_kv) are each refused with SDPA_ERR_UNSUPPORTED ("... with <with>"). */
+static void expect_element_masks_refused(const small *x, sdpa_problem *p, int paged_kv, const char *with)
+{
+    static const uint8_t ones[64] = {1};
+    static const float zeros[64] = {0};
+    char w[64];
+    p->bool_mask.data = ones;
+    snprintf(w, sizeof w, "bool_mask with %s", with);
+    expect_refused(w, x, p, paged_kv, SDPA_ERR_UNSUPPORTED);
+    p->bool_mask.data = NULL;
+    p->bias.data = zeros;
+    snprintf(w, sizeof w, "bias with %s", with);
+    expect_refused(w, x, p, paged_kv, SDPA_ERR_UNSUPPORTED);
+    p->bias.data = NULL;
+}
+
 Test(serving, bad_cu_seqlens)
 {
     small x;
@@ -1217,14 +1238,7 @@ Test(serving, bad_cu_seqlens)
     p.kv_lengths = kvl;
     expect_refused("kv_lengths with seqs", &x, &p, 0, SDPA_ERR_UNSUPPORTED);
     p.kv_lengths = NULL;
-    const uint8_t ones[64] = {1};
-    p.bool_mask.data = ones;
-    expect_refused("bool_mask with seqs", &x, &p, 0, SDPA_ERR_UNSUPPORTED);
-    p.bool_mask.data = NULL;
-    const float zeros[64] = {0};
-    p.bias.data = zeros;
-    expect_refused("bias with seqs", &x, &p, 0, SDPA_ERR_UNSUPPORTED);
-    p.bias.data = NULL;
+    expect_element_masks_refused(&x, &p, 0, "seqs");
     /* no sequences at all: nothing to do, nothing written */
     const int32_t zero[1] = {0};
     sdpa_seqs e = {zero, zero, NULL, 0, NULL, 0, 0};
@@ -1310,14 +1324,7 @@ Test(serving, bad_block_table)
     expect_refused("cu_seqlens_q NULL (paged)", &x, &p, 1, SDPA_ERR_NULL_ARGUMENT);
     b.cu_seqlens_q = x.st.cuq;
     /* element masks with pages */
-    const float zeros[64] = {0};
-    p.bias.data = zeros;
-    expect_refused("bias with pages", &x, &p, 1, SDPA_ERR_UNSUPPORTED);
-    p.bias.data = NULL;
-    const uint8_t ones[64] = {1};
-    p.bool_mask.data = ones;
-    expect_refused("bool_mask with pages", &x, &p, 1, SDPA_ERR_UNSUPPORTED);
-    p.bool_mask.data = NULL;
+    expect_element_masks_refused(&x, &p, 1, "pages");
     expect_refused("restored", &x, &p, 1, SDPA_OK);
     free(t);
     small_free(&x);
