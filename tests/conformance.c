@@ -115,9 +115,30 @@ typedef struct shape {
     int B, Hq, Hkv, Tq, Tk, Dk, Dv;
 } shape;
 
-static void run_case(sdpa_isa isa, const shape *s, int mask_kind, int threads, int blocks, int backward)
+/* The attention variants of a case: 0 none, 1 softcap, 2 ALiBi, 3 sinks (one -inf;
+ * the backward also checks dsinks), 4 all three. */
+static void set_variant(sdpa_problem *p, int variant, float *slopes, float *sinks, float *dsinks)
+{
+    for (int64_t h = 0; h < p->q_heads; h++) {
+        slopes[h] = ldexpf(1.0f, -(int)(h % 8) - 1);
+        sinks[h] = h % 3 == 2 ? -INFINITY : (float)(rng_unit() * 4 - 2);
+    }
+    if (variant == 1 || variant == 4)
+        p->softcap = 2.5f;
+    if (variant == 2 || variant == 4)
+        p->alibi_slopes = slopes;
+    if (variant == 3 || variant == 4) {
+        p->sinks = sinks;
+        p->dsinks = dsinks;
+    }
+}
+
+static void run_case_v(sdpa_isa isa, const shape *s, int mask_kind, int threads, int blocks, int backward,
+                       int variant)
 {
     sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
+    float slopes[64], sinks[64], dsinks[64] = {0};
+    set_variant(&p, variant, slopes, sinks, dsinks);
     p.isa = isa;
     p.num_threads = threads;
     if (blocks) {
@@ -179,8 +200,8 @@ static void run_case(sdpa_isa isa, const shape *s, int mask_kind, int threads, i
     const sdpa_tensor_out to = {o, (int64_t)s->Hq * s->Tq * s->Dv, (int64_t)s->Tq * s->Dv, s->Dv};
     const sdpa_tensor_out tl = {lse, (int64_t)s->Hq * s->Tq, s->Tq, 1};
     char desc[256];
-    snprintf(desc, sizeof desc, "B=%d Hq=%d Hkv=%d Tq=%d Tk=%d Dk=%d Dv=%d mask=%d threads=%d blocks=%d",
-             s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv, mask_kind, threads, blocks);
+    snprintf(desc, sizeof desc, "B=%d Hq=%d Hkv=%d Tq=%d Tk=%d Dk=%d Dv=%d mask=%d threads=%d blocks=%d variant=%d",
+             s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv, mask_kind, threads, blocks, variant);
     const char *name = sdpa_isa_name(isa);
 
     sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
@@ -213,8 +234,16 @@ static void run_case(sdpa_isa isa, const shape *s, int mask_kind, int threads, i
                *rv = malloc(sizeof(double) * (nv + 1));
         float *n32q = malloc(sizeof(float) * (nq + 1)), *n32k = malloc(sizeof(float) * (nk + 1)),
               *n32v = malloc(sizeof(float) * (nv + 1));
-        ref_backward(&p, q, k, v, dout, rq, rk, rv);
-        naive32_backward(&p, q, k, v, dout, n32q, n32k, n32v);
+        double rds[64];
+        float nds[64];
+        ref_backward_dsinks(&p, q, k, v, dout, rq, rk, rv, rds);
+        naive32_backward_dsinks(&p, q, k, v, dout, n32q, n32k, n32v, nds);
+        if (p.dsinks) {
+            const double slack = 1e-5 * (1.0 + util_max_abs_finite(rds, (size_t)s->Hq));
+            const double bound = 3.0 * max_err(nds, rds, (size_t)s->Hq) + slack;
+            const double e = max_err(dsinks, rds, (size_t)s->Hq);
+            check(e <= bound, name, "backward dsinks", desc, e, bound);
+        }
         const struct {
             const char *what;
             const float *x, *naive;
@@ -235,6 +264,11 @@ static void run_case(sdpa_isa isa, const shape *s, int mask_kind, int threads, i
     guarded_free(o); guarded_free(lse); guarded_free(dq); guarded_free(dk); guarded_free(dv);
     free(mask);
     free(bias);
+}
+
+static void run_case(sdpa_isa isa, const shape *s, int mask_kind, int threads, int blocks, int backward)
+{
+    run_case_v(isa, s, mask_kind, threads, blocks, backward, 0);
 }
 
 int main(int argc, char **argv)
@@ -293,9 +327,20 @@ int main(int argc, char **argv)
             shape dec = {1, 8, 2, 1, 1000, 128, 128};
             run_case(isa, &dec, 5, 2, 0, 1);
         }
+        /* 4. the variants (softcap, ALiBi, sinks, all three) with every mask kind, a
+         * decode shape (few-column path) and tails */
+        for (int variant = 1; variant <= 4; variant++)
+            for (int m = 0; m < 8; m++) {
+                if (reduced && (m + variant) % 3)
+                    continue;
+                shape s = {2, 4, 2, 21 + 8 * m, 37 + 5 * variant, 16 + variant, 17 - variant};
+                run_case_v(isa, &s, m, 1 + (m % 2), m % 3 ? 0 : 16, 1, variant);
+                shape dec = {1, 8, 2, 1, 300 + 40 * m, 32, 24};
+                run_case_v(isa, &dec, m == 6 || m == 7 ? 0 : m, 1, 0, 1, variant);
+            }
         printf("[%s] %d checks, %d failed\n", sdpa_isa_name(isa), passed - before_p + failed - before,
                failed - before);
-        /* 4. the edge cases */
+        /* 5. the edge cases */
         if (ecs) {
             sdpa_isa ec_isa = isa;
             const int ec_before = failed, ec_before_p = passed;
