@@ -366,6 +366,31 @@ static sdpa_status max_workspace(ring *R, int backward, size_t *bytes)
     return SDPA_OK;
 }
 
+/* The start of both entry points: this rank's own checks, and the buffer of the
+ * key lengths. */
+static sdpa_status ring_begin(ring *R, MPI_Comm comm, const sdpa_problem *problem, sdpa_ring_layout layout)
+{
+    ring_init(R, comm);
+    sdpa_status st = ring_local_checks(R, problem, layout);
+    if (st == SDPA_OK && R->kvlen && !(R->kvbuf = malloc((size_t)(R->B > 0 ? R->B : 1) * sizeof(int32_t))))
+        st = SDPA_ERR_OUT_OF_MEMORY;
+    return st;
+}
+
+/* After this rank's checks (st): the workspace the blocks need, then every rank's
+ * agreement (one status for all). On an error the key-length buffer is freed. */
+static sdpa_status ring_checked(ring *R, sdpa_status st, int backward, const sdpa_problem *problem,
+                                sdpa_ring_layout layout, size_t *ws_bytes)
+{
+    *ws_bytes = 0;
+    if (st == SDPA_OK)
+        st = max_workspace(R, backward, ws_bytes);
+    st = ring_agree(R, st, problem, layout);
+    if (st != SDPA_OK)
+        free(R->kvbuf);
+    return st;
+}
+
 /* ----------------------------------------------------------- forward */
 
 sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa_problem *problem,
@@ -373,10 +398,7 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                               const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
 {
     ring R;
-    ring_init(&R, comm);
-    sdpa_status st = ring_local_checks(&R, problem, layout);
-    if (st == SDPA_OK && R.kvlen && !(R.kvbuf = malloc((size_t)(R.B > 0 ? R.B : 1) * sizeof(int32_t))))
-        st = SDPA_ERR_OUT_OF_MEMORY;
+    sdpa_status st = ring_begin(&R, comm, problem, layout);
     if (st == SDPA_OK) {
         if (!q || !k || !v || !o)
             st = SDPA_ERR_NULL_ARGUMENT;
@@ -386,14 +408,9 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
             st = probe_status(sdpa_forward_with_workspace(&sp, q, k, v, o, lse, dummy, 1));
         }
     }
-    size_t ws_bytes = 0;
-    if (st == SDPA_OK)
-        st = max_workspace(&R, 0, &ws_bytes);
-    st = ring_agree(&R, st, problem, layout);
-    if (st != SDPA_OK) {
-        free(R.kvbuf);
+    size_t ws_bytes;
+    if ((st = ring_checked(&R, st, 0, problem, layout, &ws_bytes)) != SDPA_OK)
         return st;
-    }
     const int64_t B = R.B, Hq = R.Hq, Hkv = R.Hkv, Tl = R.Tl, Dk = R.Dk, Dv = R.Dv;
     const int64_t kvn = B * Hkv * Tl * (Dk + Dv);
     const int own_lse = !(lse && lse->data);
@@ -475,10 +492,7 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
                                const sdpa_tensor_out *dq, const sdpa_tensor_out *dk, const sdpa_tensor_out *dv)
 {
     ring R;
-    ring_init(&R, comm);
-    sdpa_status st = ring_local_checks(&R, problem, layout);
-    if (st == SDPA_OK && R.kvlen && !(R.kvbuf = malloc((size_t)(R.B > 0 ? R.B : 1) * sizeof(int32_t))))
-        st = SDPA_ERR_OUT_OF_MEMORY;
+    sdpa_status st = ring_begin(&R, comm, problem, layout);
     if (st == SDPA_OK) {
         if (!q || !k || !v || !o || !lse || !dout || !dq || !dk || !dv)
             st = SDPA_ERR_NULL_ARGUMENT;
@@ -488,14 +502,9 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
             st = probe_status(sdpa_backward_with_workspace(&sp, q, k, v, o, lse, dout, dq, dk, dv, dummy, 1));
         }
     }
-    size_t ws_bytes = 0;
-    if (st == SDPA_OK)
-        st = max_workspace(&R, 1, &ws_bytes);
-    st = ring_agree(&R, st, problem, layout);
-    if (st != SDPA_OK) {
-        free(R.kvbuf);
+    size_t ws_bytes;
+    if ((st = ring_checked(&R, st, 1, problem, layout, &ws_bytes)) != SDPA_OK)
         return st;
-    }
     const int64_t B = R.B, Hq = R.Hq, Hkv = R.Hkv, Tl = R.Tl, Dk = R.Dk, Dv = R.Dv;
     const int64_t kn = B * Hkv * Tl * Dk, kvn = B * Hkv * Tl * (Dk + Dv), qn = B * Hq * Tl * Dk;
     float *kv[2] = {alloc_f(kvn), alloc_f(kvn)}, *dkv[2] = {alloc_f(kvn), alloc_f(kvn)};
