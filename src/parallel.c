@@ -32,12 +32,43 @@ int sdpa_threads_for_call(int requested)
 #endif
 }
 
+#if HAVE_OPENMP
+/* The OpenMP constructs live in functions of their own, called only for a team
+ * of more than one: clang's OpenMP code generation calls into the runtime
+ * (__kmpc_global_thread_num) on entry to any function that contains a construct,
+ * whether or not the construct runs. */
+__attribute__((noinline)) static void team_parallel(int nthreads, sdpa_team_fn body, void *ctx)
+{
+#pragma omp parallel num_threads(nthreads)
+    body(ctx, omp_get_thread_num(), omp_get_num_threads());
+}
+
+__attribute__((noinline)) static void team_for_dynamic(int64_t n, sdpa_item_fn fn, void *arg, int nowait)
+{
+    if (nowait) {
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t it = 0; it < n; it++)
+            fn(arg, it);
+    } else {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < n; it++)
+            fn(arg, it);
+    }
+}
+
+__attribute__((noinline)) static void team_for_static(int64_t n, sdpa_item_fn fn, void *arg)
+{
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < n; it++)
+        fn(arg, it);
+}
+#endif
+
 void sdpa_parallel(int nthreads, sdpa_team_fn body, void *ctx)
 {
 #if HAVE_OPENMP
     if (nthreads > 1) {
-#pragma omp parallel num_threads(nthreads)
-        body(ctx, omp_get_thread_num(), omp_get_num_threads());
+        team_parallel(nthreads, body, ctx);
         return;
     }
 #endif
@@ -49,15 +80,7 @@ void sdpa_for_dynamic(int team, int64_t n, sdpa_item_fn fn, void *arg, int nowai
 {
 #if HAVE_OPENMP
     if (team > 1) {
-        if (nowait) {
-#pragma omp for schedule(dynamic, 1) nowait
-            for (int64_t it = 0; it < n; it++)
-                fn(arg, it);
-        } else {
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < n; it++)
-                fn(arg, it);
-        }
+        team_for_dynamic(n, fn, arg, nowait);
         return;
     }
 #endif
@@ -71,9 +94,7 @@ void sdpa_for_static(int team, int64_t n, sdpa_item_fn fn, void *arg)
 {
 #if HAVE_OPENMP
     if (team > 1) {
-#pragma omp for schedule(static)
-        for (int64_t it = 0; it < n; it++)
-            fn(arg, it);
+        team_for_static(n, fn, arg);
         return;
     }
 #endif
