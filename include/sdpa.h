@@ -112,7 +112,8 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_BLOCK_TABLE = -20, /**< a page id a sequence uses is outside [0, num_blocks), or
                                          block_size / max_blocks_per_seq / num_blocks out of range */
     SDPA_ERR_UNSUPPORTED = -21      /**< a combination this version does not compute: kv_lengths,
-                                         bool_mask or bias with seqs, or a paged backward */
+                                         bool_mask or bias with seqs, a paged backward, or a
+                                         backward with a bf16 / fp16 tensor */
 } sdpa_status;
 
 /** Instruction sets. Order within an architecture is "better is larger". */
@@ -144,17 +145,33 @@ typedef enum sdpa_alignment {
 /** Largest block_q / block_k accepted. */
 #define SDPA_MAX_BLOCK 512
 
-/** Read-only view of a [B, H, T, D] fp32 tensor (D contiguous), or of the
- *  [B, H, T] LSE passed to sdpa_backward (seq_stride between rows). Strides are
- *  in elements; 0 broadcasts. The caller owns the memory. */
+/** Element types of Q, K/V and O (sdpa_problem.q_dtype, kv_dtype, o_dtype).
+ *  Storage only: every product and sum accumulates in fp32 (see docs/design.md,
+ *  "Reduced precision", for the intermediates each ISA may round). bf16 is the
+ *  upper half of an IEEE binary32 (8-bit exponent, 7 stored mantissa bits); fp16
+ *  is IEEE binary16. Both are read exactly (every bf16 and fp16 value is an fp32
+ *  value); results are rounded to nearest even, and an fp16 result beyond
+ *  +-65504 (after rounding) becomes +-inf, as IEEE 754 specifies; NaN stays NaN. */
+typedef enum sdpa_dtype {
+    SDPA_DTYPE_F32 = 0,  /**< IEEE binary32 (the default) */
+    SDPA_DTYPE_BF16 = 1, /**< bfloat16 */
+    SDPA_DTYPE_F16 = 2   /**< IEEE binary16 */
+} sdpa_dtype;
+
+/** Read-only view of a [B, H, T, D] tensor (D contiguous) of the type the
+ *  descriptor gives it (fp32 unless q_dtype / kv_dtype / o_dtype say otherwise),
+ *  or of the [B, H, T] fp32 LSE passed to sdpa_backward (seq_stride between
+ *  rows). data points to its first element (const float * for fp32, uint16_t
+ *  storage for bf16 and fp16; any pointer converts). Strides are in elements of
+ *  the tensor's own type; 0 broadcasts. The caller owns the memory. */
 typedef struct sdpa_tensor {
-    const float *data;
+    const void *data;
     int64_t batch_stride;
     int64_t head_stride;
     int64_t seq_stride;
 } sdpa_tensor;
 
-/** Writable view of a [B, H, T, D] fp32 tensor (or [B, H, T] for LSE, whose
+/** Writable view of a [B, H, T, D] tensor of its descriptor type (or the fp32 [B, H, T] LSE, whose
  *  seq_stride is the distance between consecutive query rows). Outputs must not
  *  share an element with each other, any input, or themselves. Views that
  *  interleave without sharing elements are accepted when they have the same
@@ -162,7 +179,7 @@ typedef struct sdpa_tensor {
  *  views of different layouts must occupy disjoint address ranges. The caller
  *  owns the memory. */
 typedef struct sdpa_tensor_out {
-    float *data;
+    void *data;
     int64_t batch_stride;
     int64_t head_stride;
     int64_t seq_stride;
@@ -253,7 +270,15 @@ typedef struct sdpa_problem {
     const struct sdpa_seqs *seqs; /**< NULL (default): dense [B, H, T, D] tensors. Else packed
                                 variable-length sequences and optionally a paged K/V cache:
                                 see sdpa_seqs */
-    uint64_t reserved[3];  /**< must be 0 */
+    /* Element types (sdpa_dtype; default SDPA_DTYPE_F32 = the fp32 results, bit
+     * for bit, of a descriptor without these fields). LSE, the bias, the slopes
+     * and sinks stay fp32. sdpa_backward takes fp32 tensors only in this version
+     * (SDPA_ERR_UNSUPPORTED otherwise). */
+    sdpa_dtype q_dtype;    /**< Q (and, in the backward, dQ) */
+    sdpa_dtype kv_dtype;   /**< K and V together (a bf16 or fp16 KV cache; dK, dV) */
+    sdpa_dtype o_dtype;    /**< O (and dO) */
+    uint32_t reserved2;    /**< must be 0 */
+    uint64_t reserved[1];  /**< must be 0 */
 } sdpa_problem;
 
 /** Packed variable-length sequences and paged K/V (serving; FlashAttention's

@@ -45,9 +45,8 @@ static void bwd_rows_D(const plan *pl, const sdpa_tensor *o, const sdpa_tensor *
 {
     for (int64_t r = r0; r < r1; r++) {
         const int64_t i = r % pl->Tq, bh = r / pl->Tq, b = bh / pl->Hq, h = bh % pl->Hq;
-        const float *orow = o->data ? o->data + b * o->batch_stride + h * o->head_stride + i * o->seq_stride : NULL;
-        const float *drow = dout->data ? dout->data + b * dout->batch_stride + h * dout->head_stride +
-                                             i * dout->seq_stride : NULL;
+        const float *orow = row_in(o, b, h, i);
+        const float *drow = row_in(dout, b, h, i);
         /* With the kernel that computes dP = dO . V for this shape, so that D
          * rounds exactly like it (when P is one-hot, O = V and dP - D must
          * cancel exactly). */
@@ -286,12 +285,12 @@ static void bwd_unit(const plan *pl, const bwd_views *x, int64_t u, plan *up, bw
     for (int i = 0; i < 6; i++) {
         t[i] = *in[i];
         if (t[i].data)
-            t[i].data += (i == 1 || i == 2 ? k0 : t0) * t[i].seq_stride;
+            t[i].data = (const float *)t[i].data + (i == 1 || i == 2 ? k0 : t0) * t[i].seq_stride; /* fp32 only */
     }
     for (int i = 0; i < 3; i++) {
         g[i] = *out[i];
         if (g[i].data)
-            g[i].data += (i ? k0 : t0) * g[i].seq_stride;
+            g[i].data = (float *)g[i].data + (i ? k0 : t0) * g[i].seq_stride;
     }
     const bwd_views v = {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &g[0], &g[1], &g[2]};
     *ux = v;
@@ -360,6 +359,8 @@ sdpa_status sdpa_backward_workspace_size(const sdpa_problem *p, size_t *bytes)
         return st;
     if (!bytes)
         return SDPA_ERR_NULL_ARGUMENT;
+    if (pl.reduced)
+        return SDPA_ERR_UNSUPPORTED; /* fp32 tensors only */
     size_t floats;
     if ((st = bwd_call_floats(&pl, &floats)) != SDPA_OK)
         return st;
@@ -377,8 +378,8 @@ sdpa_status sdpa_backward_with_workspace(const sdpa_problem *p, const sdpa_tenso
     sdpa_status st = sdpa_make_plan(p, &pl);
     if (st != SDPA_OK)
         return st;
-    if (pl.seqs && !pl.seqs->cu_seqlens_k)
-        return SDPA_ERR_UNSUPPORTED; /* no paged backward */
+    if ((pl.seqs && !pl.seqs->cu_seqlens_k) || pl.reduced)
+        return SDPA_ERR_UNSUPPORTED; /* no paged backward; fp32 tensors only */
     const bwd_views x = {q, k, v, o, lse, dout, dq, dk, dv};
     size_t floats;
     if ((st = bwd_check(&x, &pl)) != SDPA_OK || (st = bwd_call_floats(&pl, &floats)) != SDPA_OK)

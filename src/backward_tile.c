@@ -70,7 +70,7 @@ static const float *bwd_tile_dp(const plan *pl, bwd_ws *w, const bwd_args *a, co
     const sdpa_kernels *kt = pl->kt;
     const int ld = pl->ld, Dv = (int)pl->Dv, ncol = nh * nr;
     const int64_t hk = h0 / pl->G;
-    const float *vb = a->v->data + b * a->v->batch_stride + hk * a->v->head_stride + ks * a->v->seq_stride;
+    const float *vb = row_in(a->v, b, hk, ks);
     const float *dob = nh == 1 ? row_in(a->dout, b, h0, i0)
                                : fresh ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don) : w->don;
     *lddo = nh == 1 ? a->dout->seq_stride : Dv;
@@ -111,8 +111,7 @@ static int bwd_tile_begin(const plan *pl, bwd_ws *w, const bwd_args *a, bwd_tile
         return TILE_SKIP;
     pt->nk = (int)(pt->ke - pt->ks + 1);
     sdpa_tile_keys_init(pl, &pt->tk, w->lo, w->hi, pt->kind, nh, nr, pt->ks, pt->ke);
-    pt->kb = Dk > 0 ? a->k->data + b * a->k->batch_stride + pt->hk * a->k->head_stride + pt->ks * a->k->seq_stride
-                    : NULL;
+    pt->kb = Dk > 0 ? row_in(a->k, b, pt->hk, pt->ks) : NULL;
     pt->fresh = w->packed_tile != pt->tile;
     pt->qsrc = Dk == 0    ? NULL
                : nh == 1  ? row_in(a->q, b, pt->h0, pt->i0)

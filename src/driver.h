@@ -46,6 +46,8 @@ typedef struct plan {
     int64_t page_size;
     int causal;            /* the descriptor's causal, window_left/right (sub-plans renormalise) */
     int64_t wl_raw, wr_raw;
+    sdpa_dtype q_dtype, kv_dtype, o_dtype; /* element types (the descriptor's) */
+    int reduced;    /* some tensor is bf16 or fp16: tiles go through fp32 buffers (forward.c) */
     int bq, bk, ld; /* tile sizes; ld = row stride of tile buffers (a multiple of kt->col_align) */
     int nthreads;
     const sdpa_kernels *kt;
@@ -255,12 +257,35 @@ sdpa_status sdpa_workspace_take(void *workspace, size_t bytes, size_t floats, fl
  * (an empty tensor may have none: no arithmetic on a NULL pointer). */
 static inline const float *row_in(const sdpa_tensor *t, int64_t b, int64_t h, int64_t i)
 {
-    return t->data ? t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride : NULL;
+    return t->data ? (const float *)t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride : NULL;
 }
 
 static inline float *row_out(const sdpa_tensor_out *t, int64_t b, int64_t h, int64_t i)
 {
-    return t->data ? t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride : NULL;
+    return t->data ? (float *)t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride : NULL;
+}
+
+/* Bytes of one element of a tensor type. */
+static inline size_t dtype_bytes(sdpa_dtype t)
+{
+    return t == SDPA_DTYPE_F32 ? sizeof(float) : 2;
+}
+
+/* p advanced by n elements of type t (p may be NULL only when n is 0). */
+static inline const void *elem_at(const void *p, int64_t n, sdpa_dtype t)
+{
+    return p ? (const void *)((const char *)p + n * (int64_t)dtype_bytes(t)) : NULL;
+}
+
+/* Row i of head h of batch b of a view whose elements have type t. */
+static inline const void *row_in_t(const sdpa_tensor *t, sdpa_dtype ty, int64_t b, int64_t h, int64_t i)
+{
+    return elem_at(t->data, b * t->batch_stride + h * t->head_stride + i * t->seq_stride, ty);
+}
+
+static inline void *row_out_t(const sdpa_tensor_out *t, sdpa_dtype ty, int64_t b, int64_t h, int64_t i)
+{
+    return (void *)elem_at(t->data, b * t->batch_stride + h * t->head_stride + i * t->seq_stride, ty);
 }
 
 /* ------------------------------------------------------------- parallel.c */

@@ -44,12 +44,22 @@ static size_t fwd_o_rows(const plan *pl)
     return (size_t)(pl->ld > pl->kt->nt_max_cols ? pl->ld : pl->kt->nt_max_cols);
 }
 
+/* Floats of the bf16 / fp16 conversion buffers (0 for fp32 problems). */
+static size_t fwd_cvt_floats(const plan *pl)
+{
+    if (!pl->reduced)
+        return 0;
+    const size_t bk = (size_t)pl->bk, row = (size_t)(pl->Dk > pl->Dv ? pl->Dk : pl->Dv);
+    return round_floats(bk * (size_t)pl->Dk) + round_floats(bk * (size_t)pl->Dv) + round_floats(row);
+}
+
 size_t sdpa_fwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
-    /* qt, s, m, l, alpha, and lo/hi as int64 (2 floats each), vs, on */
+    /* qt, s, m, l, alpha, and lo/hi as int64 (2 floats each), vs, on, the conversion buffers */
     return round_floats(pl->Dk * ld) + round_floats(fwd_s_floats(pl)) + 3 * round_floats(ld) +
-           4 * round_floats(ld) + round_floats(2 * ld) + round_floats(fwd_o_rows(pl) * pl->Dv);
+           4 * round_floats(ld) + round_floats(2 * ld) + round_floats(fwd_o_rows(pl) * pl->Dv) +
+           fwd_cvt_floats(pl);
 }
 
 fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
@@ -64,7 +74,13 @@ fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
     w.lo = carve_i64(&base, ld);
     w.hi = carve_i64(&base, ld);
     w.vs = carve(&base, 2 * ld);
-    w.on = base;
+    w.on = carve(&base, fwd_o_rows(pl) * pl->Dv);
+    w.kc = w.vc = w.rowc = NULL;
+    if (pl->reduced) {
+        w.kc = carve(&base, (size_t)pl->bk * pl->Dk);
+        w.vc = carve(&base, (size_t)pl->bk * pl->Dv);
+        w.rowc = base;
+    }
     return w;
 }
 
@@ -78,13 +94,25 @@ size_t sdpa_fwd_partial_floats(const plan *pl, const tile_layout *L)
 
 
 /* Writes O = on / l (on: the tile's accumulator [ncol][Dv]) and LSE of a tile;
- * inv_l[c] = 1 / l[c] (0 where l is 0). */
+ * inv_l[c] = 1 / l[c] (0 where l is 0). A bf16 / fp16 O goes row by row through
+ * w_row (Dv floats), rounded to nearest even. */
 static void fwd_store(const plan *pl, const fwd_args *a, const float *on, const float *m, const float *l,
-                      const float *inv_l, int64_t b, int64_t h0, int nh, int64_t i0, int nr)
+                      const float *inv_l, int64_t b, int64_t h0, int nh, int64_t i0, int nr, float *w_row)
 {
     const int Dv = (int)pl->Dv;
     for (int g = 0; g < nh; g++) {
-        if (Dv > 0) {
+        if (Dv > 0 && pl->o_dtype != SDPA_DTYPE_F32) { /* each row through the fp32 row buffer */
+            const sdpa_narrow_rows_fn narrow =
+                pl->o_dtype == SDPA_DTYPE_BF16 ? pl->kt->narrow_bf16 : pl->kt->narrow_f16;
+            for (int ii = 0; ii < nr; ii++) {
+                const int c = g * nr + ii;
+                if (l[c] == 0.0f)
+                    memset(w_row, 0, (size_t)Dv * sizeof(float));
+                else
+                    pl->kt->scale_rows(1, Dv, on + (size_t)c * Dv, Dv, inv_l + c, w_row, Dv);
+                narrow(1, Dv, w_row, Dv, row_out_t(a->o, pl->o_dtype, b, h0 + g, i0 + ii), 1);
+            }
+        } else if (Dv > 0) {
             float *ob = row_out(a->o, b, h0 + g, i0);
             pl->kt->scale_rows(nr, Dv, on + (size_t)g * nr * Dv, Dv, inv_l + g * nr, ob, a->o->seq_stride);
             for (int ii = 0; ii < nr; ii++)
@@ -105,24 +133,44 @@ static void fwd_store(const plan *pl, const fwd_args *a, const float *on, const 
  * the cache ahead of use. Each row is short (head_dim floats), too short for the
  * hardware stream prefetchers, so without this a pass whose compute per byte is
  * low (decode: a few queries per key) waits on memory latency. */
-static inline void prefetch_rows(const float *base, ptrdiff_t stride, int64_t j0, int64_t j1, int64_t len)
+static inline void prefetch_rows(const plan *pl, const void *base, ptrdiff_t stride, int64_t j0, int64_t j1,
+                                 int64_t len)
 {
     if (!base)
         return;
+    const int64_t eb = (int64_t)dtype_bytes(pl->kv_dtype);
     for (int64_t j = j0; j < j1; j++) {
-        const char *row = (const char *)(base + j * stride);
-        for (int64_t off = 0; off < len * (int64_t)sizeof(float); off += 64)
+        const char *row = (const char *)base + j * stride * eb;
+        for (int64_t off = 0; off < len * eb; off += 64)
             __builtin_prefetch(row + off, 0, 2);
     }
 }
 
 /* Row j of a kv head of K or V (head_base: the head's row 0, or its offset in
  * page 0 when paged): in place, through the sequence's page table when paged. */
-static inline const float *kv_row(const plan *pl, const sdpa_tensor *t, const float *head_base, int64_t j)
+static inline const void *kv_row(const plan *pl, const sdpa_tensor *t, const void *head_base, int64_t j)
 {
     if (!pl->pages)
-        return head_base + j * t->seq_stride;
-    return head_base + (int64_t)pl->pages[j / pl->page_size] * t->batch_stride + (j % pl->page_size) * t->seq_stride;
+        return elem_at(head_base, j * t->seq_stride, pl->kv_dtype);
+    return elem_at(head_base,
+                   (int64_t)pl->pages[j / pl->page_size] * t->batch_stride + (j % pl->page_size) * t->seq_stride,
+                   pl->kv_dtype);
+}
+
+/* Rows [j, j + n) of K or V (one page), len elements each, as fp32: in place for
+ * an fp32 cache (*ld = its seq_stride), else widened into buf (*ld = len). */
+static const float *kv_rows_f32(const plan *pl, const sdpa_tensor *t, const void *head_base, int64_t j, int n,
+                                int len, float *buf, ptrdiff_t *ld)
+{
+    const void *src = kv_row(pl, t, head_base, j);
+    if (pl->kv_dtype == SDPA_DTYPE_F32) {
+        *ld = t->seq_stride;
+        return src;
+    }
+    const sdpa_widen_rows_fn widen = pl->kv_dtype == SDPA_DTYPE_BF16 ? pl->kt->widen_bf16 : pl->kt->widen_f16;
+    widen(n, len, src, t->seq_stride, buf, len);
+    *ld = len;
+    return buf;
 }
 
 /* The end of the run of keys from j that lies in one page (unpaged: end). */
@@ -138,45 +186,35 @@ static inline int64_t kv_run_end(const plan *pl, int64_t j, int64_t end)
 typedef struct fwd_tile {
     int64_t b, hk, h0, i0;
     int nh, nr, ncol;
-    const float *kb, *vb; /* the kv head's K and V (NULL when Dk, Dv = 0) */
+    const void *kb, *vb;  /* the kv head's K and V (NULL when Dk, Dv = 0), of type kv_dtype */
     int nt;               /* few columns: natural-layout path (fwd_nt_run) */
 } fwd_tile;
 
-/* Few-column tiles (decode), keys [ks, ke) of one tile's rows: in steps of
- * nt_step keys, S = scale Q K^T (natural layout [ncol][nt_step], keys past the
- * step -inf), the row-wise online softmax, then O = O * alpha + P V; in one
- * kernel call (attend_rows) where the ISA provides it for the shape, else
+/* Few-column tiles (decode), keys [ks, ke) of one tile's rows that lie in one
+ * page, with their K and V rows as fp32 from kr, vr (key ks) at strides sk, sv:
+ * in steps of nt_step keys, S = scale Q K^T (natural layout [ncol][nt_step], keys
+ * past the step -inf), the row-wise online softmax, then O = O * alpha + P V; in
+ * one kernel call (attend_rows) where the ISA provides it for the shape, else
  * composed from gemm_nt, online_softmax_rows and gemm_stream. The kernels read
  * every K and V row whole, in address order, and short steps interleave the two
  * streams finely: the order the hardware prefetchers follow (docs/perf-notes.md).
  * partial: the masks apply element by element (and attend_rows is not used). */
-static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int64_t ks, int64_t ke,
-                       int partial)
+static void fwd_nt_seg(const plan *pl, fwd_ws *w, const fwd_tile *ft, int64_t ks, int64_t ke, const float *kr,
+                       ptrdiff_t sk, const float *vr, ptrdiff_t sv, int partial)
 {
     const sdpa_kernels *kt = pl->kt;
     const int Dk = (int)pl->Dk, Dv = (int)pl->Dv, ncol = ft->ncol, step = kt->nt_step;
-    const ptrdiff_t sk = a->k->seq_stride, sv = a->v->seq_stride;
-    if (!partial && !pl->logit_variants && kt->attend_rows && Dk > 0 && Dv > 0 && ke - ks <= INT32_MAX) {
-        /* one call per run of keys in one page (the whole range when unpaged) */
-        int64_t j = ks;
-        for (int64_t e; j < ke; j = e) {
-            e = kv_run_end(pl, j, ke);
-            if (!kt->attend_rows(ncol, (int)(e - j), Dk, Dv, pl->scale, w->qt, Dk, kv_row(pl, a->k, ft->kb, j), sk,
-                                 kv_row(pl, a->v, ft->vb, j), sv, w->m, w->l, w->on, Dv, w->s))
-                break; /* a shape the ISA does not take here: the steps below */
-        }
-        if (j >= ke)
-            return;
-        ks = j;
-    }
+    if (!partial && !pl->logit_variants && kt->attend_rows && Dk > 0 && Dv > 0 && ke - ks <= INT32_MAX &&
+        kt->attend_rows(ncol, (int)(ke - ks), Dk, Dv, pl->scale, w->qt, Dk, kr, sk, vr, sv, w->m, w->l, w->on, Dv,
+                        w->s))
+        return; /* else a shape the ISA does not take here: the steps below */
     for (int64_t j = ks, n; j < ke; j += n) {
-        n = kv_run_end(pl, j, ke) - j;
-        n = n < step ? n : step;
+        n = ke - j < step ? ke - j : step;
         if (Dk == 0) /* no features: every score is 0 (K may have no data at all) */
             for (int c = 0; c < ncol; c++)
                 memset(w->s + (size_t)c * step, 0, (size_t)n * sizeof(float));
         else
-            kt->gemm_nt(ncol, (int)n, Dk, pl->scale, w->qt, Dk, kv_row(pl, a->k, ft->kb, j), sk, w->s, step, 1);
+            kt->gemm_nt(ncol, (int)n, Dk, pl->scale, w->qt, Dk, kr + (j - ks) * sk, sk, w->s, step, 1);
         if (pl->logit_variants)
             sdpa_logit_variants_n(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, j, (int)n, w->s, step, w->vs);
         if (n < step)
@@ -187,8 +225,26 @@ static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_t
             sdpa_mask_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, j, (int)n, w->s, 1, step);
         kt->online_softmax_rows(ncol, step, w->s, step, w->m, w->l, w->alpha);
         if (Dv > 0)
-            kt->gemm_stream(ncol, Dv, (int)n, w->s, step, kv_row(pl, a->v, ft->vb, j), sv, w->on, Dv, partial,
-                            w->alpha);
+            kt->gemm_stream(ncol, Dv, (int)n, w->s, step, vr + (j - ks) * sv, sv, w->on, Dv, partial, w->alpha);
+    }
+}
+
+/* Few-column tiles (decode), keys [ks, ke): fwd_nt_seg over each run of keys in
+ * one page (the whole range when unpaged); a bf16 / fp16 cache in runs of at
+ * most block_k keys, widened to fp32 first. */
+static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int64_t ks, int64_t ke,
+                       int partial)
+{
+    const int Dk = (int)pl->Dk, Dv = (int)pl->Dv;
+    for (int64_t j = ks, e; j < ke; j = e) {
+        e = kv_run_end(pl, j, ke);
+        if (pl->reduced && e - j > pl->bk)
+            e = j + pl->bk;
+        const int n = pl->reduced ? (int)(e - j) : 0;
+        ptrdiff_t sk = a->k->seq_stride, sv = a->v->seq_stride;
+        const float *kr = Dk > 0 ? kv_rows_f32(pl, a->k, ft->kb, j, n, Dk, w->kc, &sk) : NULL;
+        const float *vr = Dv > 0 ? kv_rows_f32(pl, a->v, ft->vb, j, n, Dv, w->vc, &sv) : NULL;
+        fwd_nt_seg(pl, w, ft, j, e, kr, sk, vr, sv, partial);
     }
 }
 
@@ -218,6 +274,20 @@ static void fwd_key_tiles(const plan *pl, const tile_layout *L, const fwd_ws *w,
 static void fwd_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft)
 {
     const int Dk = (int)pl->Dk;
+    if (pl->q_dtype != SDPA_DTYPE_F32) { /* row by row, widened */
+        const sdpa_widen_rows_fn widen = pl->q_dtype == SDPA_DTYPE_BF16 ? pl->kt->widen_bf16 : pl->kt->widen_f16;
+        for (int g = 0; g < ft->nh && Dk > 0; g++)
+            for (int ii = 0; ii < ft->nr; ii++) {
+                const void *qrow = row_in_t(a->q, pl->q_dtype, ft->b, ft->h0 + g, ft->i0 + ii);
+                if (ft->nt) {
+                    widen(1, Dk, qrow, 1, w->qt + (size_t)(g * ft->nr + ii) * Dk, Dk);
+                } else {
+                    widen(1, Dk, qrow, 1, w->rowc, Dk);
+                    pl->kt->transpose(1, Dk, w->rowc, Dk, w->qt + g * ft->nr + ii, pl->ld);
+                }
+            }
+        return;
+    }
     for (int g = 0; g < ft->nh; g++) {
         const float *qrow = row_in(a->q, ft->b, ft->h0 + g, ft->i0);
         if (!ft->nt)
@@ -259,18 +329,20 @@ static void fwd_wide_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fw
     const int ld = pl->ld, Dv = (int)pl->Dv, ncol = ft->ncol, nk = (int)(ke - ks + 1);
     tile_keys tk;
     sdpa_tile_keys_init(pl, &tk, w->lo, w->hi, kind, ft->nh, ft->nr, ks, ke);
-    sdpa_score_tile(pl, &tk, kind, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, nk,
-                    ft->kb ? kv_row(pl, a->k, ft->kb, ks) : NULL, a->k->seq_stride, w->qt, w->s, NULL, w->vs);
+    ptrdiff_t ldk = a->k->seq_stride, ldv;
+    const float *krows = ft->kb ? kv_rows_f32(pl, a->k, ft->kb, ks, nk, (int)pl->Dk, w->kc, &ldk) : NULL;
+    sdpa_score_tile(pl, &tk, kind, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, nk, krows, ldk, w->qt, w->s, NULL,
+                    w->vs);
     kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
     if (Dv == 0)
         return;
-    const float *vrows = kv_row(pl, a->v, ft->vb, ks); /* a tile lies in one page */
+    const float *vrows = kv_rows_f32(pl, a->v, ft->vb, ks, nk, Dv, w->vc, &ldv); /* a tile lies in one page */
     if (kind == TILE_FULL) {
-        sdpa_gemm_part(kt, KEYS_K_COLS_M, 0, nk, 0, ncol, Dv, 1.0f, w->s, 1, ld, vrows, a->v->seq_stride, w->on, Dv,
+        sdpa_gemm_part(kt, KEYS_K_COLS_M, 0, nk, 0, ncol, Dv, 1.0f, w->s, 1, ld, vrows, ldv, w->on, Dv,
                        SDPA_GEMM_ACCUMULATE, w->alpha);
     } else {
         kt->scale_rows(ncol, Dv, w->on, Dv, w->alpha, w->on, Dv);
-        sdpa_gemm_keys(kt, &tk, KEYS_K_COLS_M, ncol, Dv, 1.0f, w->s, 1, ld, vrows, a->v->seq_stride, w->on, Dv,
+        sdpa_gemm_keys(kt, &tk, KEYS_K_COLS_M, ncol, Dv, 1.0f, w->s, 1, ld, vrows, ldv, w->on, Dv,
                        SDPA_GEMM_ACCUMULATE, SDPA_GEMM_SKIP_ZERO_A);
     }
 }
@@ -281,8 +353,8 @@ static void fwd_tile_begin(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t
 {
     sdpa_tile_coords(pl, &a->L, t, &ft->b, &ft->hk, &ft->h0, &ft->nh, &ft->i0, &ft->nr);
     ft->ncol = ft->nh * ft->nr;
-    ft->kb = pl->Dk > 0 ? a->k->data + ft->b * a->k->batch_stride + ft->hk * a->k->head_stride : NULL;
-    ft->vb = pl->Dv > 0 ? a->v->data + ft->b * a->v->batch_stride + ft->hk * a->v->head_stride : NULL;
+    ft->kb = pl->Dk > 0 ? row_in_t(a->k, pl->kv_dtype, ft->b, ft->hk, 0) : NULL;
+    ft->vb = pl->Dv > 0 ? row_in_t(a->v, pl->kv_dtype, ft->b, ft->hk, 0) : NULL;
     /* Few query columns (decode): dot-product S (gemm_nt) in natural layout, so
      * that the vector dimension runs along head_dim instead of along a handful
      * of queries. Chosen by shape only (never by threads). */
@@ -316,7 +388,7 @@ static void fwd_tile_end(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd
     }
     for (int c = 0; c < ncol; c++)
         w->alpha[c] = w->l[c] == 0.0f ? 0.0f : 1.0f / w->l[c];
-    fwd_store(pl, a, w->on, w->m, w->l, w->alpha, ft->b, ft->h0, ft->nh, ft->i0, ft->nr);
+    fwd_store(pl, a, w->on, w->m, w->l, w->alpha, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->rowc);
 }
 
 /* One (tile, split) of the forward: Alg. 1 over the tile's key tiles in the split. */
@@ -346,9 +418,9 @@ void sdpa_fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int6
         if (ktile + 1 < kt_end) { /* the next key tile, while this one computes */
             const int64_t n1 = pl->Tk - j1 > pl->bk ? j1 + pl->bk : pl->Tk;
             if (ft.kb) /* a tile lies in one page */
-                prefetch_rows(kv_row(pl, a->k, ft.kb, j1), a->k->seq_stride, 0, n1 - j1, pl->Dk);
+                prefetch_rows(pl, kv_row(pl, a->k, ft.kb, j1), a->k->seq_stride, 0, n1 - j1, pl->Dk);
             if (ft.vb)
-                prefetch_rows(kv_row(pl, a->v, ft.vb, j1), a->v->seq_stride, 0, n1 - j1, pl->Dv);
+                prefetch_rows(pl, kv_row(pl, a->v, ft.vb, j1), a->v->seq_stride, 0, n1 - j1, pl->Dv);
         }
         fwd_wide_tile(pl, w, a, &ft, kind, ks, ke);
     }
@@ -378,6 +450,6 @@ void sdpa_fwd_merge(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t)
         w->l[c] = sdpa_merge_row(n, m, l, o, Dv, w->on + (size_t)c * Dv, &w->m[c], alpha);
         w->alpha[c] = w->l[c] == 0.0f ? 0.0f : 1.0f / w->l[c];
     }
-    fwd_store(pl, a, w->on, w->m, w->l, w->alpha, b, h0, nh, i0, nr);
+    fwd_store(pl, a, w->on, w->m, w->l, w->alpha, b, h0, nh, i0, nr, w->rowc);
 }
 

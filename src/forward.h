@@ -12,6 +12,9 @@ typedef struct fwd_ws {
     float *qt, *s, *m, *l, *alpha;
     float *vs; /* 2 * ld floats: the logit variants' per-column scratch */
     float *on; /* the output accumulator O, natural layout [ncol][Dv] (row stride Dv) */
+    float *kc, *vc, *rowc; /* bf16 / fp16 tensors only (else NULL): a key tile of K and of V
+                              widened to fp32 ([block_k][Dk], [block_k][Dv]), and one row of Q
+                              or O ([max(Dk, Dv)]) on its way in or out */
     int64_t *lo, *hi;
 } fwd_ws;
 

@@ -147,15 +147,15 @@ static void fwd_job_init(const plan *pl, const fwd_args *a, const fwd_sizes *s, 
             u->q = *a->q, u->k = *a->k, u->v = *a->v, u->o = *a->o;
             u->lse = a->lse ? *a->lse : (sdpa_tensor_out){0};
             if (u->q.data)
-                u->q.data += t0 * u->q.seq_stride;
+                u->q.data = elem_at(u->q.data, t0 * u->q.seq_stride, pl->q_dtype);
             if (u->o.data)
-                u->o.data += t0 * u->o.seq_stride;
+                u->o.data = (void *)elem_at(u->o.data, t0 * u->o.seq_stride, pl->o_dtype);
             if (u->lse.data)
-                u->lse.data += t0 * u->lse.seq_stride;
+                u->lse.data = (float *)u->lse.data + t0 * u->lse.seq_stride;
             if (u->k.data && sq->cu_seqlens_k)
-                u->k.data += k0 * u->k.seq_stride;
+                u->k.data = elem_at(u->k.data, k0 * u->k.seq_stride, pl->kv_dtype);
             if (u->v.data && sq->cu_seqlens_k)
-                u->v.data += k0 * u->v.seq_stride;
+                u->v.data = elem_at(u->v.data, k0 * u->v.seq_stride, pl->kv_dtype);
             u->a.q = &u->q, u->a.k = &u->k, u->a.v = &u->v, u->a.o = &u->o;
             u->a.lse = a->lse ? &u->lse : NULL;
         }
@@ -193,10 +193,10 @@ static sdpa_status fwd_prepare(const sdpa_problem *p, const sdpa_tensor *q, cons
     const int64_t so[3] = {o->batch_stride, o->head_stride, o->seq_stride};
     const int64_t sl[3] = {lse ? lse->batch_stride : 0, lse ? lse->head_stride : 0, lse ? lse->seq_stride : 0};
     tensor_desc t[5] = {
-        {q->data, sq, {nq[0], nq[1], nq[2]}, pl->Dk, 4, 0, 1},
-        {k->data, sk, {nk[0], nk[1], nk[2]}, pl->Dk, 4, 0, 1},
-        {v->data, sv, {nk[0], nk[1], nk[2]}, pl->Dv, 4, 0, 1},
-        {o->data, so, {nq[0], nq[1], nq[2]}, pl->Dv, 4, 1, 1},
+        {q->data, sq, {nq[0], nq[1], nq[2]}, pl->Dk, dtype_bytes(pl->q_dtype), 0, 1},
+        {k->data, sk, {nk[0], nk[1], nk[2]}, pl->Dk, dtype_bytes(pl->kv_dtype), 0, 1},
+        {v->data, sv, {nk[0], nk[1], nk[2]}, pl->Dv, dtype_bytes(pl->kv_dtype), 0, 1},
+        {o->data, so, {nq[0], nq[1], nq[2]}, pl->Dv, dtype_bytes(pl->o_dtype), 1, 1},
         {lse ? lse->data : NULL, sl, {nq[0], nq[1], nq[2]}, 1, 4, 1, lse && lse->data},
     };
     if ((st = sdpa_check_tensors(pl, t, 5)) != SDPA_OK)

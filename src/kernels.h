@@ -27,6 +27,7 @@
 #define SDPA_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "sdpa.h"
 
@@ -172,6 +173,16 @@ typedef void (*sdpa_alibi_rows_fn)(int M, int N, float *S, ptrdiff_t lds, const 
  * meaning "masked"; an allowed entry becomes +0, never -0). */
 typedef void (*sdpa_bwd_softcap_fn)(int M, int N, float *dS, ptrdiff_t ldd, const float *G, ptrdiff_t ldg);
 
+/* Reduced-precision storage (src/dtype.h gives the exact scalar definitions):
+ * rows of a bf16 or fp16 tensor to fp32, dst[r*ldd + c] = widen(src[r*lds + c])
+ * (exact), and fp32 rows to bf16 or fp16, dst[r*ldd + c] = narrow(src[r*lds + c])
+ * (round to nearest even, fp16 overflow to +-inf, NaN stays NaN): every ISA gives
+ * the bits of dtype.h. Strides in elements; rows, cols >= 0. */
+typedef void (*sdpa_widen_rows_fn)(int rows, int cols, const uint16_t *src, ptrdiff_t lds, float *dst,
+                                   ptrdiff_t ldd);
+typedef void (*sdpa_narrow_rows_fn)(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst,
+                                    ptrdiff_t ldd);
+
 /* One ISA's kernels and the shapes that go with them (BLIS keeps its block sizes
  * beside its micro-kernel pointers). The driver learns every vector width, step,
  * alignment and block size from here; no other file outside the ISA's own layer
@@ -209,6 +220,8 @@ typedef struct sdpa_kernels {
     sdpa_alibi_cols_fn alibi_cols;
     sdpa_alibi_rows_fn alibi_rows;
     sdpa_bwd_softcap_fn bwd_softcap;
+    sdpa_widen_rows_fn widen_bf16, widen_f16;
+    sdpa_narrow_rows_fn narrow_bf16, narrow_f16;
 } sdpa_kernels;
 
 /* The cut-off of every ISA's exp (kernels_scalar.c, simd_tmpl.h): a probability

@@ -8,6 +8,7 @@
 #include <assert.h>
 #include <math.h>
 
+#include "dtype.h"
 #include "kernels.h"
 
 static void gemm_scalar(int M, int N, int K, float alpha, const float *A, ptrdiff_t rs_a,
@@ -210,6 +211,34 @@ static void bwd_softcap_scalar(int M, int N, float *dS, ptrdiff_t ldd, const flo
         }
 }
 
+static void widen_bf16_scalar(int rows, int cols, const uint16_t *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            dst[r * ldd + c] = sdpa_bf16_to_f32(src[r * lds + c]);
+}
+
+static void widen_f16_scalar(int rows, int cols, const uint16_t *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            dst[r * ldd + c] = sdpa_f16_to_f32(src[r * lds + c]);
+}
+
+static void narrow_bf16_scalar(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst, ptrdiff_t ldd)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            dst[r * ldd + c] = sdpa_f32_to_bf16(src[r * lds + c]);
+}
+
+static void narrow_f16_scalar(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst, ptrdiff_t ldd)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            dst[r * ldd + c] = sdpa_f32_to_f16(src[r * lds + c]);
+}
+
 void sdpa_kernels_init_scalar(sdpa_kernels *t)
 {
     t->isa = SDPA_ISA_SCALAR;
@@ -237,5 +266,9 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->alibi_cols = alibi_cols_scalar;
     t->alibi_rows = alibi_rows_scalar;
     t->bwd_softcap = bwd_softcap_scalar;
+    t->widen_bf16 = widen_bf16_scalar;
+    t->widen_f16 = widen_f16_scalar;
+    t->narrow_bf16 = narrow_bf16_scalar;
+    t->narrow_f16 = narrow_f16_scalar;
     t->nt_max_cols = 8; /* same driver path on every ISA for the same shape */
 }

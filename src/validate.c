@@ -221,7 +221,7 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
 {
     if (!p)
         return SDPA_ERR_NULL_ARGUMENT;
-    if (p->struct_size != sizeof(sdpa_problem) || p->reserved0 != 0 || p->reserved1 != 0)
+    if (p->struct_size != sizeof(sdpa_problem) || p->reserved0 != 0 || p->reserved1 != 0 || p->reserved2 != 0)
         return SDPA_ERR_BAD_DESCRIPTOR;
     for (size_t i = 0; i < sizeof p->reserved / sizeof p->reserved[0]; i++)
         if (p->reserved[i])
@@ -229,7 +229,8 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
     if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT ||
         (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT ||
         (p->use_default_scale != 0 && p->use_default_scale != 1) || (int)p->isa < SDPA_ISA_AUTO ||
-        (int)p->isa >= SDPA_ISA_COUNT)
+        (int)p->isa >= SDPA_ISA_COUNT || (unsigned)p->q_dtype > SDPA_DTYPE_F16 ||
+        (unsigned)p->kv_dtype > SDPA_DTYPE_F16 || (unsigned)p->o_dtype > SDPA_DTYPE_F16)
         return SDPA_ERR_BAD_DESCRIPTOR;
     if (p->batch < 0 || p->q_heads < 0 || p->kv_heads < 0 || p->q_len < 0 || p->kv_len < 0 ||
         p->head_dim_qk < 0 || p->head_dim_v < 0)
@@ -289,6 +290,10 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
     pl->Tk = p->kv_len;
     pl->Dk = p->head_dim_qk;
     pl->Dv = p->head_dim_v;
+    pl->q_dtype = p->q_dtype;
+    pl->kv_dtype = p->kv_dtype;
+    pl->o_dtype = p->o_dtype;
+    pl->reduced = p->q_dtype != SDPA_DTYPE_F32 || p->kv_dtype != SDPA_DTYPE_F32 || p->o_dtype != SDPA_DTYPE_F32;
     pl->scale = p->use_default_scale ? (float)(1.0 / sqrt((double)p->head_dim_qk)) : p->scale;
     pl->bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
                        (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT);

@@ -63,7 +63,7 @@ int ref_allowed(const sdpa_problem *p, int64_t b, int64_t h, int64_t i, int64_t 
 
 static const float *row_of(const sdpa_tensor *t, int64_t b, int64_t h, int64_t i)
 {
-    return t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride;
+    return (const float *)t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride;
 }
 
 double ref_score(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k, int64_t b,

@@ -270,7 +270,11 @@ MUT(struct_size_big, f->p.struct_size = (uint32_t)sizeof(sdpa_problem) + 8)
 MUT(struct_size_zero, f->p.struct_size = 0)
 MUT(reserved0, f->p.reserved0 = 1)
 MUT(reserved_first, f->p.reserved[0] = 1)
-MUT(reserved_last, f->p.reserved[2] = 0x8000000000000000ull)
+MUT(reserved_last, f->p.reserved[sizeof f->p.reserved / sizeof f->p.reserved[0] - 1] = 0x8000000000000000ull)
+MUT(reserved2, f->p.reserved2 = 1)
+MUT(q_dtype_3, f->p.q_dtype = (sdpa_dtype)3)
+MUT(kv_dtype_neg, f->p.kv_dtype = (sdpa_dtype)-1)
+MUT(o_dtype_big, f->p.o_dtype = (sdpa_dtype)1000)
 MUT(reserved1, f->p.reserved1 = 1)
 MUT(causal_3, f->p.causal = (sdpa_causal)3)
 MUT(causal_neg, f->p.causal = (sdpa_causal)-1)
@@ -290,7 +294,11 @@ Test(api, bad_descriptor)
         {"struct_size 0 (not initialised)", mut_struct_size_zero, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
         {"reserved0 nonzero", mut_reserved0, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
         {"reserved[0] nonzero", mut_reserved_first, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
-        {"reserved[2] nonzero", mut_reserved_last, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"last reserved[] nonzero", mut_reserved_last, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"reserved2 nonzero", mut_reserved2, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"q_dtype = 3", mut_q_dtype_3, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"kv_dtype = -1", mut_kv_dtype_neg, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"o_dtype = 1000", mut_o_dtype_big, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
         {"reserved1 nonzero", mut_reserved1, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
         {"causal = 3", mut_causal_3, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
         {"causal = -1", mut_causal_neg, BOTH, SDPA_ERR_BAD_DESCRIPTOR},

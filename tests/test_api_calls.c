@@ -58,6 +58,10 @@ Test(api, problem_init_defaults)
     cr_assert_eq(p.block_k, 0);
     cr_assert_eq(p.softcap, 0.0f);
     cr_assert_eq(p.reserved1, 0);
+    cr_assert_eq(p.reserved2, 0);
+    cr_assert_eq(p.q_dtype, SDPA_DTYPE_F32);
+    cr_assert_eq(p.kv_dtype, SDPA_DTYPE_F32);
+    cr_assert_eq(p.o_dtype, SDPA_DTYPE_F32);
     cr_assert_null(p.alibi_slopes);
     cr_assert_null(p.sinks);
     cr_assert_null(p.dsinks);
@@ -499,7 +503,8 @@ Test(api, invalid_arguments_write_nothing)
     } while (0)
     CASE("struct_size garbage", SDPA_ERR_BAD_DESCRIPTOR, PP->struct_size = 0xdeadbeef);
     CASE("struct_size one less", SDPA_ERR_BAD_DESCRIPTOR, PP->struct_size -= 1);
-    CASE("reserved[2]", SDPA_ERR_BAD_DESCRIPTOR, PP->reserved[2] = 1);
+    CASE("last reserved[]", SDPA_ERR_BAD_DESCRIPTOR, PP->reserved[sizeof PP->reserved / sizeof PP->reserved[0] - 1] = 1);
+    CASE("reserved2", SDPA_ERR_BAD_DESCRIPTOR, PP->reserved2 = 1);
     CASE("causal 3", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)3);
     CASE("causal -1", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)-1);
     CASE("alignment 2", SDPA_ERR_BAD_DESCRIPTOR, PP->window_alignment = (sdpa_alignment)2);

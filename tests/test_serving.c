@@ -180,7 +180,7 @@ static sdpa_tensor_out toks_out(const toks *t)
 static sdpa_tensor toks_in_at(const toks *t, int64_t t0)
 {
     sdpa_tensor v = toks_in(t);
-    v.data += t0 * t->st;
+    v.data = (const float *)v.data + t0 * t->st;
     return v;
 }
 

@@ -82,7 +82,8 @@ class Problem(ctypes.Structure):
         ("softcap", ctypes.c_float), ("reserved1", ctypes.c_uint32),
         ("alibi_slopes", c_void_p), ("sinks", c_void_p), ("dsinks", c_void_p),
         ("seqs", ctypes.POINTER(Seqs)),
-        ("reserved", ctypes.c_uint64 * 3),
+        ("q_dtype", ctypes.c_int), ("kv_dtype", ctypes.c_int), ("o_dtype", ctypes.c_int),
+        ("reserved2", ctypes.c_uint32), ("reserved", ctypes.c_uint64 * 1),
     ]
 
 

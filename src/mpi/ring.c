@@ -142,11 +142,11 @@ static sdpa_tensor tv(const float *d, int64_t bs, int64_t hs, int64_t ss)
 /* Row offset of a view (rows are the seq dimension). */
 static sdpa_tensor rows_in(const sdpa_tensor *t, int64_t r0)
 {
-    return tv(t->data ? t->data + r0 * t->seq_stride : NULL, t->batch_stride, t->head_stride, t->seq_stride);
+    return tv(t->data ? (const float *)t->data + r0 * t->seq_stride : NULL, t->batch_stride, t->head_stride, t->seq_stride);
 }
 static sdpa_tensor_out rows_out(const sdpa_tensor_out *t, int64_t r0)
 {
-    return (sdpa_tensor_out){t->data ? t->data + r0 * t->seq_stride : NULL, t->batch_stride, t->head_stride,
+    return (sdpa_tensor_out){t->data ? (float *)t->data + r0 * t->seq_stride : NULL, t->batch_stride, t->head_stride,
                              t->seq_stride};
 }
 
@@ -165,6 +165,7 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
         p->head_dim_qk < 0 || p->head_dim_v < 0)
         return SDPA_ERR_NEGATIVE_SIZE;
     if (p->seqs || p->bool_mask.data || p->bias.data || p->alibi_slopes || p->sinks || p->dsinks ||
+        p->q_dtype != SDPA_DTYPE_F32 || p->kv_dtype != SDPA_DTYPE_F32 || p->o_dtype != SDPA_DTYPE_F32 ||
         p->window_left != SDPA_WINDOW_UNBOUNDED || p->window_right != SDPA_WINDOW_UNBOUNDED ||
         (p->causal == SDPA_CAUSAL_BOTTOM_RIGHT && p->kv_lengths) || p->q_len != p->kv_len ||
         sdpa_ring_local_len(p->q_len, R->P, layout) < 0)
@@ -297,7 +298,7 @@ static void pack(float *dst, const sdpa_tensor *t, int64_t B, int64_t H, int64_t
             for (int64_t i = 0; i < Tl; i++) {
                 float *d = dst + ((b * H + h) * Tl + i) * D;
                 if (D)
-                    memcpy(d, t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride,
+                    memcpy(d, (const float *)t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride,
                            (size_t)D * sizeof(float));
             }
 }
@@ -308,7 +309,7 @@ static void unpack(const sdpa_tensor_out *t, const float *src, int64_t B, int64_
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < Tl; i++)
                 if (D)
-                    memcpy(t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride,
+                    memcpy((float *)t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride,
                            src + ((b * H + h) * Tl + i) * D, (size_t)D * sizeof(float));
 }
 
@@ -453,7 +454,7 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                             if (!inited[cc])
                                 for (int64_t bh = 0; bh < B * Hq; bh++)
                                     for (int64_t t = 0; t < R.C; t++)
-                                        lacc.data[(bh / Hq) * lacc.batch_stride + (bh % Hq) * lacc.head_stride +
+                                        ((float *)lacc.data)[(bh / Hq) * lacc.batch_stride + (bh % Hq) * lacc.head_stride +
                                                   (cc * R.C + t) * lacc.seq_stride] = -INFINITY;
                     const int64_t nq = c[i].nq;
                     const sdpa_tensor_out op = {ot, Hq * nq * Dv, nq * Dv, Dv}, lp = {lt, Hq * nq, nq, 1};

@@ -127,7 +127,7 @@ static void slice_rows(const cfg *c, const slice *s, int64_t H, int64_t D, float
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < Tl; i++)
                 memcpy(out + ((b * H + h) * Tl + i) * D,
-                       s->view.data + b * s->view.batch_stride + h * s->view.head_stride + i * s->view.seq_stride,
+                       (const float *)s->view.data + b * s->view.batch_stride + h * s->view.head_stride + i * s->view.seq_stride,
                        sizeof(float) * (size_t)D);
 }
 

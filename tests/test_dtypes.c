@@ -1,0 +1,448 @@
+/* SPDX-License-Identifier: MIT */
+/* tests/test_dtypes.c - bf16 and fp16 storage (issue 16) in the forward, on every
+ * ISA the machine runs:
+ *  - the scalar conversions of src/dtype.h against the compiler's _Float16 on
+ *    every fp16 pattern and a sweep of fp32 patterns (where _Float16 exists), and
+ *    bf16 rounding against a float64 construction;
+ *  - every combination of Q, K/V and O types over shapes that hit the tails
+ *    (decode, GQA, prefill, Tq != Tk, Dk != Dv, odd head_dims, causal, sliding
+ *    window, key lengths, a bias), paged K/V in bf16 and fp16: the accuracy rule
+ *    of docs/design.md ("Reduced precision"): against float64 computed on the
+ *    same rounded inputs, the error is at most 2x that of the naive fp32
+ *    reference (tests/ref.c) given the same rounded inputs and rounding its O to
+ *    the same type; LSE (fp32) by the same rule; the bits identical for 1 and 2
+ *    threads; nothing written past the outputs;
+ *  - bad input: an unknown type is SDPA_ERR_BAD_DESCRIPTOR, a 16-bit backward
+ *    SDPA_ERR_UNSUPPORTED, and neither writes an output. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/dtype.h"
+#include "ref.h"
+#include "util.h"
+
+static const char *dtype_name(sdpa_dtype t)
+{
+    return t == SDPA_DTYPE_F32 ? "fp32" : t == SDPA_DTYPE_BF16 ? "bf16" : "fp16";
+}
+
+static size_t dsize(sdpa_dtype t)
+{
+    return t == SDPA_DTYPE_F32 ? 4 : 2;
+}
+
+/* n floats stored as type t in a new buffer with `guard` extra elements of 0xA5 bytes. */
+static void *store_as(sdpa_dtype t, const float *x, size_t n, size_t guard)
+{
+    unsigned char *buf = malloc((n + guard) * dsize(t) + 1);
+    cr_assert_not_null(buf);
+    memset(buf, 0xA5, (n + guard) * dsize(t));
+    for (size_t i = 0; i < n; i++) {
+        if (t == SDPA_DTYPE_F32) {
+            memcpy(buf + 4 * i, &x[i], 4);
+        } else {
+            const uint16_t h = t == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(x[i]) : sdpa_f32_to_f16(x[i]);
+            memcpy(buf + 2 * i, &h, 2);
+        }
+    }
+    return buf;
+}
+
+/* Element i of a buffer of type t, widened. */
+static float load_as(sdpa_dtype t, const void *buf, size_t i)
+{
+    if (t == SDPA_DTYPE_F32) {
+        float x;
+        memcpy(&x, (const char *)buf + 4 * i, 4);
+        return x;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)buf + 2 * i, 2);
+    return t == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(h) : sdpa_f16_to_f32(h);
+}
+
+/* x rounded to type t and back. */
+static float round_to(sdpa_dtype t, float x)
+{
+    return t == SDPA_DTYPE_F32 ? x : t == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(sdpa_f32_to_bf16(x))
+                                                          : sdpa_f16_to_f32(sdpa_f32_to_f16(x));
+}
+
+static int guard_intact(const void *buf, size_t from_byte, size_t bytes)
+{
+    for (size_t i = 0; i < bytes; i++)
+        if (((const unsigned char *)buf)[from_byte + i] != 0xA5)
+            return 0;
+    return 1;
+}
+
+/* ------------------------------------------------------- the conversions -- */
+
+/* bf16 rounding from its definition: the two bf16 neighbours of x (truncation and
+ * the next one up in magnitude), the nearer in float64, ties to the even one. */
+static uint16_t bf16_by_definition(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if (isnan(x))
+        return (uint16_t)((u >> 16) | 0x40);
+    const uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+    const double dl = fabs((double)sdpa_bf16_to_f32(lo) - (double)x);
+    /* above the largest finite bf16 the next value is 2^128 as if the exponent went
+     * on (IEEE: a value at or past the midpoint to it overflows to inf) */
+    const double hv = (lo & 0x7fff) == 0x7f7f ? copysign(0x1p128, (double)x) : (double)sdpa_bf16_to_f32(hi);
+    const double dh = fabs(hv - (double)x);
+    if (dl < dh || (dl == dh && !(lo & 1)))
+        return lo;
+    return hi;
+}
+
+Test(dtypes, conversions_exact)
+{
+    /* every bf16 and fp16 pattern widens to the value it encodes */
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float b = sdpa_bf16_to_f32((uint16_t)h);
+        uint32_t u;
+        memcpy(&u, &b, 4);
+        cr_assert_eq(u, h << 16, "bf16 %04x", h);
+        if (((h >> 7) & 0xff) != 0xff) /* finite bf16: narrowing gives it back */
+            cr_assert_eq(sdpa_f32_to_bf16(b), h, "bf16 %04x round trip", h);
+        const float f = sdpa_f16_to_f32((uint16_t)h);
+        const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+        const double want = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+        if (e == 31 && m)
+            cr_assert(isnan(f), "fp16 %04x NaN", h);
+        else
+            cr_assert_eq((double)fabsf(f), want, "fp16 %04x = %.9g, want %.9g", h, (double)f, want);
+        cr_assert_eq(!!signbit(f), !!(h & 0x8000), "fp16 %04x sign", h);
+        if (e != 31)
+            cr_assert_eq(sdpa_f32_to_f16(f), h, "fp16 %04x round trip", h);
+    }
+    /* narrowing: a sweep of fp32 patterns (every 4099th, plus the neighbourhood of
+     * every fp16 / bf16 tie and boundary) */
+    util_rng r;
+    util_rng_seed(&r, "dtypes conversions", 16);
+    for (uint64_t i = 0; i < ((uint64_t)1 << 32); i += 4099 + (util_rng_u64(&r) & 1)) {
+        float x;
+        const uint32_t u = (uint32_t)i;
+        memcpy(&x, &u, 4);
+        cr_assert_eq(sdpa_f32_to_bf16(x), bf16_by_definition(x), "bf16 of %08x", u);
+#ifdef __FLT16_MAX__
+        const _Float16 c = (_Float16)x;
+        uint16_t want;
+        memcpy(&want, &c, 2);
+        if (!isnan(x))
+            cr_assert_eq(sdpa_f32_to_f16(x), want, "fp16 of %08x: %04x, _Float16 %04x", u, sdpa_f32_to_f16(x), want);
+        else
+            cr_assert(isnan(sdpa_f16_to_f32(sdpa_f32_to_f16(x))), "fp16 of NaN %08x", u);
+#endif
+    }
+    /* fp16: ties and the overflow boundary by hand */
+    cr_assert_eq(sdpa_f32_to_f16(65504.0f), 0x7bff);
+    cr_assert_eq(sdpa_f32_to_f16(65519.99f), 0x7bff);
+    cr_assert_eq(sdpa_f32_to_f16(65520.0f), 0x7c00); /* the tie above the largest: to even = inf */
+    cr_assert_eq(sdpa_f32_to_f16(-1e9f), 0xfc00);
+    cr_assert_eq(sdpa_f32_to_f16(0x1p-25f), 0x0000);      /* tie between 0 and 2^-24: even 0 */
+    cr_assert_eq(sdpa_f32_to_f16(0x1.8p-24f), 0x0002);    /* tie between 1 and 2 units: even 2 */
+    cr_assert_eq(sdpa_f32_to_f16(0x1.002p0f), 0x3c00);    /* halfway to the next: even */
+    cr_assert_eq(sdpa_f32_to_f16(0x1.006p0f), 0x3c02);
+    cr_assert_eq(sdpa_f32_to_bf16(1.00390625f), 0x3f80); /* 1 + 2^-8: tie, even */
+    cr_assert_eq(sdpa_f32_to_bf16(1.01171875f), 0x3f82); /* 1 + 3 * 2^-8: tie, even */
+}
+
+/* ------------------------------------------------------------ the forward -- */
+
+typedef struct shape {
+    const char *name;
+    int64_t B, Hq, Hkv, Tq, Tk, Dk, Dv;
+    sdpa_causal causal;
+    int64_t wl;      /* window_left, -1 unbounded */
+    int kv_lengths;  /* ragged key lengths */
+    int bias;        /* an additive bias */
+} shape;
+
+static const shape shapes[] = {
+    {"decode GQA 1,8,2,1,300,128,128", 1, 8, 2, 1, 300, 128, 128, SDPA_CAUSAL_NONE, -1, 0, 0},
+    {"decode odd 2,4,4,1,77,67,33", 2, 4, 4, 1, 77, 67, 33, SDPA_CAUSAL_NONE, -1, 1, 0},
+    {"short Tq 1,4,1,5,200,64,64 causal br", 1, 4, 1, 5, 200, 64, 64, SDPA_CAUSAL_BOTTOM_RIGHT, -1, 0, 0},
+    {"prefill 1,2,1,150,150,64,48 causal", 1, 2, 1, 150, 150, 64, 48, SDPA_CAUSAL_TOP_LEFT, -1, 0, 0},
+    {"prefill 2,2,2,70,131,17,40 window", 2, 2, 2, 70, 131, 17, 40, SDPA_CAUSAL_NONE, 30, 1, 0},
+    {"bias 1,2,2,33,65,32,32", 1, 2, 2, 33, 65, 32, 32, SDPA_CAUSAL_NONE, -1, 0, 1},
+};
+
+typedef struct run_out {
+    void *o;
+    float *lse;
+} run_out;
+
+/* One forward of shape s with the given types, on isa with `threads` threads. */
+static sdpa_status run_forward(const shape *s, const sdpa_dtype ty[3], sdpa_isa isa, int threads, const void *q,
+                               const void *k, const void *v, const float *bias, const int32_t *lens,
+                               const run_out *out)
+{
+    sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
+    p.causal = s->causal;
+    p.window_left = s->wl;
+    p.kv_lengths = lens;
+    if (bias) {
+        p.bias.data = bias;
+        p.bias.batch_stride = s->Hq * s->Tq * s->Tk;
+        p.bias.head_stride = s->Tq * s->Tk;
+        p.bias.query_stride = s->Tk;
+        p.bias.key_stride = 1;
+    }
+    p.q_dtype = ty[0];
+    p.kv_dtype = ty[1];
+    p.o_dtype = ty[2];
+    p.isa = isa;
+    p.num_threads = threads;
+    const sdpa_tensor tq = {q, s->Hq * s->Tq * s->Dk, s->Tq * s->Dk, s->Dk};
+    const sdpa_tensor tk = {k, s->Hkv * s->Tk * s->Dk, s->Tk * s->Dk, s->Dk};
+    const sdpa_tensor tv = {v, s->Hkv * s->Tk * s->Dv, s->Tk * s->Dv, s->Dv};
+    const sdpa_tensor_out to = {out->o, s->Hq * s->Tq * s->Dv, s->Tq * s->Dv, s->Dv};
+    const sdpa_tensor_out tl = {out->lse, s->Hq * s->Tq, s->Tq, 1};
+    return sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
+}
+
+static void check_shape(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *isas, int nisa, uint64_t seed)
+{
+    const size_t nq = (size_t)(s->B * s->Hq * s->Tq * s->Dk), nk = (size_t)(s->B * s->Hkv * s->Tk * s->Dk),
+                 nv = (size_t)(s->B * s->Hkv * s->Tk * s->Dv), no = (size_t)(s->B * s->Hq * s->Tq * s->Dv),
+                 nl = (size_t)(s->B * s->Hq * s->Tq), nb = s->bias ? (size_t)(s->B * s->Hq * s->Tq * s->Tk) : 0;
+    util_rng r;
+    util_rng_init(&r, seed);
+    float *q = malloc(nq * 4 + 4), *k = malloc(nk * 4 + 4), *v = malloc(nv * 4 + 4), *bias = NULL;
+    util_fill_normal(&r, q, nq, 1.5f);
+    util_fill_normal(&r, k, nk, 1.5f);
+    util_fill_normal(&r, v, nv, 1.0f);
+    if (nb) {
+        bias = malloc(nb * 4);
+        util_fill_normal(&r, bias, nb, 1.0f);
+        for (size_t i = 0; i < nb; i += 7)
+            bias[i] = -INFINITY;
+    }
+    int32_t lens[8];
+    for (int64_t b = 0; b < s->B; b++)
+        lens[b] = s->kv_lengths ? (int32_t)(b == 0 ? s->Tk - 3 : s->Tk / 2 + b) : (int32_t)s->Tk;
+    /* the inputs as the library holds them, and the same values in fp32 */
+    void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nv, 0);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = round_to(ty[0], q[i]);
+    for (size_t i = 0; i < nk; i++)
+        k[i] = round_to(ty[1], k[i]);
+    for (size_t i = 0; i < nv; i++)
+        v[i] = round_to(ty[1], v[i]);
+    /* references on the rounded inputs */
+    sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
+    p.causal = s->causal;
+    p.window_left = s->wl;
+    p.kv_lengths = s->kv_lengths ? lens : NULL;
+    if (bias) {
+        p.bias.data = bias;
+        p.bias.batch_stride = s->Hq * s->Tq * s->Tk;
+        p.bias.head_stride = s->Tq * s->Tk;
+        p.bias.query_stride = s->Tk;
+        p.bias.key_stride = 1;
+    }
+    double *ro = malloc(no * 8 + 8), *rl = malloc(nl * 8);
+    float *no32 = malloc(no * 4 + 4), *nl32 = malloc(nl * 4), *got = malloc(no * 4 + 4);
+    ref_forward(&p, q, k, v, ro, rl);
+    naive32_forward(&p, q, k, v, no32, nl32);
+    for (size_t i = 0; i < no; i++)
+        no32[i] = round_to(ty[2], no32[i]);
+    const size_t guard = 16;
+    for (int ii = 0; ii < nisa; ii++) {
+        run_out out[2];
+        for (int t = 0; t < 2; t++) {
+            out[t].o = store_as(ty[2], no32, 0, no + guard); /* all guard bytes */
+            out[t].lse = malloc(nl * 4);
+            const sdpa_status st = run_forward(s, ty, isas[ii], t + 1, qs, ks, vs, bias,
+                                               s->kv_lengths ? lens : NULL, &out[t]);
+            cr_assert_eq(st, SDPA_OK, "[%s] %s q %s kv %s o %s: %s", sdpa_isa_name(isas[ii]), s->name,
+                         dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]), sdpa_status_string(st));
+            cr_expect(guard_intact(out[t].o, no * dsize(ty[2]), guard * dsize(ty[2])),
+                      "[%s] %s: written past O", sdpa_isa_name(isas[ii]), s->name);
+        }
+        char what[200];
+        snprintf(what, sizeof what, "[%s] %s q %s kv %s o %s: O", sdpa_isa_name(isas[ii]), s->name,
+                 dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]));
+        for (size_t i = 0; i < no; i++)
+            got[i] = load_as(ty[2], out[0].o, i);
+        util_fa_expect(what, got, no32, ro, no, 2.0);
+        snprintf(what, sizeof what, "[%s] %s q %s kv %s o %s: LSE", sdpa_isa_name(isas[ii]), s->name,
+                 dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]));
+        util_fa_expect(what, out[0].lse, nl32, rl, nl, 2.0);
+        cr_expect(memcmp(out[0].o, out[1].o, no * dsize(ty[2])) == 0 &&
+                      memcmp(out[0].lse, out[1].lse, nl * 4) == 0,
+                  "[%s] %s q %s kv %s o %s: 1 and 2 threads differ", sdpa_isa_name(isas[ii]), s->name,
+                  dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]));
+        for (int t = 0; t < 2; t++) {
+            free(out[t].o);
+            free(out[t].lse);
+        }
+    }
+    free(q), free(k), free(v), free(bias), free(qs), free(ks), free(vs);
+    free(ro), free(rl), free(no32), free(nl32), free(got);
+}
+
+static void sweep(const sdpa_dtype ty[3])
+{
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas(isas);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_shape(&shapes[i], ty, isas, nisa, 1600 + i);
+}
+
+/* Every combination of types (the all-fp32 one included: it goes the old way). */
+#define COMBO(qt, kvt, ot)                                                                                         \
+    Test(dtypes, forward_q_##qt##_kv_##kvt##_o_##ot)                                                               \
+    {                                                                                                              \
+        const sdpa_dtype ty[3] = {SDPA_DTYPE_##qt, SDPA_DTYPE_##kvt, SDPA_DTYPE_##ot};                             \
+        sweep(ty);                                                                                                 \
+    }
+#define COMBO_O(qt, kvt) COMBO(qt, kvt, F32) COMBO(qt, kvt, BF16) COMBO(qt, kvt, F16)
+#define COMBO_KV(qt) COMBO_O(qt, F32) COMBO_O(qt, BF16) COMBO_O(qt, F16)
+COMBO_KV(F32)
+COMBO_KV(BF16)
+COMBO_KV(F16)
+
+/* ---------------------------------------------------------------- paged -- */
+
+/* Three sequences over a shuffled paged bf16 / fp16 cache [num_blocks, Hkv,
+ * block_size, D] (decode rows and a chunk, bottom-right causal), against each
+ * sequence's own dense reference on the gathered rounded keys. */
+static void paged_case(sdpa_dtype kvt)
+{
+    enum { NS = 3, HQ = 4, HKV = 2, D = 64, BS = 16, MAXB = 8, NB = 24 };
+    const int32_t tq[NS] = {1, 5, 1}, tk[NS] = {100, 37, 128};
+    int32_t cuq[NS + 1] = {0}, table[NS * MAXB];
+    for (int b = 0; b < NS; b++)
+        cuq[b + 1] = cuq[b] + tq[b];
+    for (int i = 0; i < NS * MAXB; i++)
+        table[i] = (int32_t)((i * 7 + 3) % NB); /* shuffled, every id once */
+    util_rng r;
+    util_rng_seed(&r, "dtypes paged", 1616);
+    const size_t ncache = (size_t)NB * HKV * BS * D, nq = (size_t)cuq[NS] * HQ * D;
+    float *kc = malloc(ncache * 4), *vc = malloc(ncache * 4), *q = malloc(nq * 4);
+    util_fill_normal(&r, kc, ncache, 1.5f);
+    util_fill_normal(&r, vc, ncache, 1.0f);
+    util_fill_normal(&r, q, nq, 1.5f);
+    void *ks = store_as(kvt, kc, ncache, 0), *vs = store_as(kvt, vc, ncache, 0);
+    for (size_t i = 0; i < ncache; i++) {
+        kc[i] = round_to(kvt, kc[i]);
+        vc[i] = round_to(kvt, vc[i]);
+    }
+    sdpa_seqs sq = {0};
+    sq.cu_seqlens_q = cuq;
+    sq.block_table = table;
+    sq.max_blocks_per_seq = MAXB;
+    sq.seq_lens_k = tk;
+    sq.block_size = BS;
+    sq.num_blocks = NB;
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas(isas);
+    for (int ii = 0; ii < nisa; ii++) {
+        sdpa_problem p = util_problem(NS, HQ, HKV, cuq[NS], 0, D, D);
+        p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+        p.seqs = &sq;
+        p.kv_dtype = kvt;
+        p.isa = isas[ii];
+        float *o = malloc(nq * 4), *lse = malloc((size_t)cuq[NS] * HQ * 4);
+        const sdpa_tensor tqq = {q, 0, D, HQ * D}, tkk = {ks, HKV * BS * D, BS * D, D}, tvv = {vs, HKV * BS * D, BS * D, D};
+        const sdpa_tensor_out to = {o, 0, D, HQ * D}, tl = {lse, 0, 1, HQ};
+        const sdpa_status st = sdpa_forward(&p, &tqq, &tkk, &tvv, &to, &tl);
+        cr_assert_eq(st, SDPA_OK, "[%s] paged %s: %s", sdpa_isa_name(isas[ii]), dtype_name(kvt),
+                     sdpa_status_string(st));
+        for (int b = 0; b < NS; b++) { /* sequence b as a dense problem on its gathered keys */
+            const size_t n = (size_t)tk[b];
+            float *kd = malloc((size_t)HKV * n * D * 4), *vd = malloc((size_t)HKV * n * D * 4);
+            float *qd = malloc((size_t)HQ * tq[b] * D * 4), *gd = malloc((size_t)HQ * tq[b] * D * 4);
+            float *gl = malloc((size_t)HQ * tq[b] * 4);
+            for (int h = 0; h < HKV; h++)
+                for (size_t j = 0; j < n; j++) {
+                    const size_t page = (size_t)table[b * MAXB + j / BS], src = ((page * HKV + h) * BS + j % BS) * D;
+                    memcpy(kd + (h * n + j) * D, kc + src, D * 4);
+                    memcpy(vd + (h * n + j) * D, vc + src, D * 4);
+                }
+            for (int h = 0; h < HQ; h++)
+                for (int i = 0; i < tq[b]; i++) {
+                    const size_t tok = (size_t)cuq[b] + i;
+                    memcpy(qd + ((size_t)h * tq[b] + i) * D, q + (tok * HQ + h) * D, D * 4);
+                    memcpy(gd + ((size_t)h * tq[b] + i) * D, o + (tok * HQ + h) * D, D * 4);
+                    gl[h * tq[b] + i] = lse[tok * HQ + h];
+                }
+            sdpa_problem pd = util_problem(1, HQ, HKV, tq[b], tk[b], D, D);
+            pd.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+            const size_t no = (size_t)HQ * tq[b] * D, nl = (size_t)HQ * tq[b];
+            double *ro = malloc(no * 8), *rl = malloc(nl * 8);
+            float *n32 = malloc(no * 4), *nl32 = malloc(nl * 4);
+            ref_forward(&pd, qd, kd, vd, ro, rl);
+            naive32_forward(&pd, qd, kd, vd, n32, nl32);
+            char what[120];
+            snprintf(what, sizeof what, "[%s] paged %s sequence %d: O", sdpa_isa_name(isas[ii]), dtype_name(kvt), b);
+            util_fa_expect(what, gd, n32, ro, no, 2.0);
+            snprintf(what, sizeof what, "[%s] paged %s sequence %d: LSE", sdpa_isa_name(isas[ii]), dtype_name(kvt), b);
+            util_fa_expect(what, gl, nl32, rl, nl, 2.0);
+            free(kd), free(vd), free(qd), free(gd), free(gl), free(ro), free(rl), free(n32), free(nl32);
+        }
+        free(o), free(lse);
+    }
+    free(kc), free(vc), free(q), free(ks), free(vs);
+}
+
+Test(dtypes, paged_bf16)
+{
+    paged_case(SDPA_DTYPE_BF16);
+}
+
+Test(dtypes, paged_fp16)
+{
+    paged_case(SDPA_DTYPE_F16);
+}
+
+/* ------------------------------------------------------------ bad input -- */
+
+Test(dtypes, bad_types_write_nothing)
+{
+    const shape *s = &shapes[1];
+    const sdpa_dtype ty[3] = {SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16};
+    const size_t nq = (size_t)(s->B * s->Hq * s->Tq * s->Dk), nk = (size_t)(s->B * s->Hkv * s->Tk * s->Dk),
+                 nv = (size_t)(s->B * s->Hkv * s->Tk * s->Dv), no = (size_t)(s->B * s->Hq * s->Tq * s->Dv),
+                 nl = (size_t)(s->B * s->Hq * s->Tq);
+    float *x = calloc(nk + nq + nv + no, 4);
+    void *q = store_as(SDPA_DTYPE_BF16, x, nq, 0), *k = store_as(SDPA_DTYPE_BF16, x, nk, 0),
+         *v = store_as(SDPA_DTYPE_BF16, x, nv, 0);
+    run_out out = {store_as(SDPA_DTYPE_BF16, x, 0, no), malloc(nl * 4)};
+    memset(out.lse, 0xA5, nl * 4);
+    const sdpa_dtype bad[3][3] = {{(sdpa_dtype)3, SDPA_DTYPE_F32, SDPA_DTYPE_F32},
+                                  {SDPA_DTYPE_F32, (sdpa_dtype)-1, SDPA_DTYPE_F32},
+                                  {SDPA_DTYPE_F32, SDPA_DTYPE_F32, (sdpa_dtype)7}};
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(run_forward(s, bad[i], SDPA_ISA_AUTO, 1, q, k, v, NULL, NULL, &out), SDPA_ERR_BAD_DESCRIPTOR,
+                     "unknown type %d", i);
+    cr_expect(guard_intact(out.o, 0, no * 2) && guard_intact(out.lse, 0, nl * 4), "written on error");
+    /* the backward takes fp32 only in this version: refused, nothing written */
+    sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
+    p.q_dtype = ty[0], p.kv_dtype = ty[1], p.o_dtype = ty[2];
+    const sdpa_tensor tq = {q, s->Hq * s->Tq * s->Dk, s->Tq * s->Dk, s->Dk};
+    const sdpa_tensor tk = {k, s->Hkv * s->Tk * s->Dk, s->Tk * s->Dk, s->Dk};
+    const sdpa_tensor tv = {v, s->Hkv * s->Tk * s->Dv, s->Tk * s->Dv, s->Dv};
+    const sdpa_tensor to = {out.o, s->Hq * s->Tq * s->Dv, s->Tq * s->Dv, s->Dv};
+    const sdpa_tensor tl = {out.lse, s->Hq * s->Tq, s->Tq, 1};
+    void *dq = store_as(SDPA_DTYPE_BF16, x, 0, nq), *dk = store_as(SDPA_DTYPE_BF16, x, 0, nk),
+         *dv = store_as(SDPA_DTYPE_BF16, x, 0, nv);
+    const sdpa_tensor_out tdq = {dq, tq.batch_stride, tq.head_stride, tq.seq_stride},
+                          tdk = {dk, tk.batch_stride, tk.head_stride, tk.seq_stride},
+                          tdv = {dv, tv.batch_stride, tv.head_stride, tv.seq_stride};
+    cr_expect_eq(sdpa_backward(&p, &tq, &tk, &tv, &to, &tl, &to, &tdq, &tdk, &tdv), SDPA_ERR_UNSUPPORTED);
+    size_t bytes = 0;
+    cr_expect_eq(sdpa_backward_workspace_size(&p, &bytes), SDPA_ERR_UNSUPPORTED);
+    cr_expect(guard_intact(dq, 0, nq * 2) && guard_intact(dk, 0, nk * 2) && guard_intact(dv, 0, nv * 2),
+              "backward wrote on error");
+    free(x), free(q), free(k), free(v), free(out.o), free(out.lse), free(dq), free(dk), free(dv);
+}
