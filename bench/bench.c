@@ -51,6 +51,15 @@
  * Without these options the output is exactly as before; with them every row
  * (table and JSON) also says which variant it is.
  *
+ * Types (--dtype fp32,bf16,fp16, issue 16): every shape is timed once per type
+ * listed, with Q, K, V and O (and dO, dQ, dK, dV) stored in that type (inputs the
+ * same random values, rounded to nearest even); LSE stays fp32. Decode GB/s count
+ * the K and V bytes of that type. Every JSON row has "dtype" (the naive and
+ * --serve rows, fp32 only, say "fp32"); the table has a dtype column when a type
+ * other than fp32 is timed. A backward the library refuses for a 16-bit type
+ * (SDPA_ERR_UNSUPPORTED: libsdpa computes the backward in fp32 only for now) is
+ * skipped with a note in the table, no row and no failure.
+ *
  * Output: a table on stdout; with --json, one JSON object per line on stdout
  * and the header and table on stderr. */
 #include <errno.h>
@@ -69,6 +78,7 @@
 #include "sdpa.h"
 
 #include "bench.h"
+#include "dtype.h" /* src/dtype.h: the library's exact fp32 -> bf16 / fp16 rounding */
 #include "peak.h"
 
 #if HAVE_OPENMP
@@ -90,6 +100,14 @@ static bench_blas blas;
 #define DECODE_MAX_TQ 16
 #define MAX_VARIANTS 4 /* softcap, alibi, sinks alone, and the ones given together */
 #define SINK_VALUE 0.5f
+#define N_DTYPES 3 /* SDPA_DTYPE_F32, _BF16, _F16 */
+
+static const char *const dtype_names[N_DTYPES] = {"fp32", "bf16", "fp16"};
+
+static size_t dtype_bytes(sdpa_dtype dt)
+{
+    return dt == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
 
 /* ------------------------------------------------------------ shapes and masks */
 
@@ -136,8 +154,9 @@ static double allowed_pairs(const bcase *c)
     return p * (double)c->s.Hq;
 }
 
-/* Bytes of K and V that at least one query may read, each counted once. */
-static double kv_bytes_read(const bcase *c)
+/* Bytes of K and V (elements of kv_bytes bytes) that at least one query may
+ * read, each counted once. */
+static double kv_bytes_read(const bcase *c, size_t kv_bytes)
 {
     double keys = 0.0;
     for (int64_t b = 0; b < c->s.B; b++) {
@@ -148,7 +167,7 @@ static double kv_bytes_read(const bcase *c)
         }
         keys += (double)mx;
     }
-    return keys * (double)c->s.Hkv * (double)(c->s.Dk + c->s.Dv) * sizeof(float);
+    return keys * (double)c->s.Hkv * (double)(c->s.Dk + c->s.Dv) * (double)kv_bytes;
 }
 
 static double op_flops(const bcase *c, int backward)
@@ -221,6 +240,9 @@ typedef struct options {
     variant variants[MAX_VARIANTS];
     int n_variants;    /* 0: no variant option given */
     int serve;         /* --serve: the continuous-batching step instead of the shapes */
+    sdpa_dtype dtypes[N_DTYPES]; /* --dtype: the types timed, in the order given (default fp32) */
+    int n_dtypes;
+    int show_dtype;    /* a type other than fp32 is timed: the table gets a dtype column */
 } options;
 
 static void print_help(void)
@@ -250,6 +272,12 @@ static void print_help(void)
         "  --no-limits               do not measure the FMA peak and bandwidth\n"
         "  --limits-only             only measure and print them (the header)\n"
         "  --bw-mib N                bandwidth buffer in MiB (default 256; keep it >> the LLC)\n"
+        "  --dtype T[,T..]           storage types to time, each of fp32, bf16, fp16 (default fp32): every\n"
+        "                            shape runs once per type with Q, K, V and O (dO, dQ, dK, dV) in it\n"
+        "                            (LSE fp32); every JSON row has \"dtype\" (naive and --serve rows:\n"
+        "                            \"fp32\"). A backward libsdpa refuses for a 16-bit type (this version\n"
+        "                            computes the backward in fp32 only) is skipped: a '# ... skipped'\n"
+        "                            line in the table, no row, exit status unaffected\n"
         "  --softcap C               also time logit soft-capping with cap C (0: off)\n"
         "  --alibi                   also time ALiBi (slopes 2^(-8(h+1)/Hq))\n"
         "  --sinks                   also time attention sinks (0.5 per head; backward writes dsinks)\n"
@@ -361,6 +389,32 @@ static int parse_isas(const char *list, options *o)
     return 0;
 }
 
+/* --dtype fp32,bf16,fp16: each type once, in the order given. */
+static int parse_dtypes(const char *list, options *o)
+{
+    char buf[64];
+    if (strlen(list) >= sizeof buf)
+        return usage("--dtype '%s': expected fp32, bf16 or fp16, or a comma list of them", list);
+    strcpy(buf, list);
+    o->n_dtypes = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        int dt = -1;
+        for (int i = 0; i < N_DTYPES; i++)
+            if (strcmp(tok, dtype_names[i]) == 0)
+                dt = i;
+        if (dt < 0)
+            return usage("--dtype '%s': expected fp32, bf16 or fp16, or a comma list of them", tok);
+        int dup = 0;
+        for (int i = 0; i < o->n_dtypes; i++)
+            dup |= o->dtypes[i] == (sdpa_dtype)dt;
+        if (!dup)
+            o->dtypes[o->n_dtypes++] = (sdpa_dtype)dt;
+    }
+    if (o->n_dtypes == 0)
+        return usage("--dtype '%s': no type named (expected fp32, bf16 or fp16)", list);
+    return 0;
+}
+
 static int max_threads(void)
 {
 #if HAVE_OPENMP
@@ -468,7 +522,8 @@ static int parse_options(int argc, char **argv, options *o)
         static const char *const flags[] = {"--help", "--json", "--naive", "--no-naive", "--quick",
                                             "--no-limits", "--limits-only", "--alibi", "--sinks", "--serve"};
         static const char *const valued[] = {"--isa", "--threads", "--shape", "--mask", "--op",
-                                             "--reps", "--warmup", "--bw-mib", "--max-time", "--softcap"};
+                                             "--reps", "--warmup", "--bw-mib", "--max-time", "--softcap",
+                                             "--dtype"};
         int is_flag = 0, is_valued = 0;
         for (size_t f = 0; f < sizeof flags / sizeof flags[0]; f++)
             is_flag |= strcmp(name, flags[f]) == 0;
@@ -512,6 +567,10 @@ static int parse_options(int argc, char **argv, options *o)
                 (errno == ERANGE && (fabsf(v) == HUGE_VALF || v == 0.0f)))
                 return usage("--softcap '%s': expected a finite number C > 0 (or 0: off)", val);
             o->softcap = v == 0.0f ? 0.0f : v;
+        } else if (strcmp(name, "--dtype") == 0) {
+            const int rc = parse_dtypes(val, o);
+            if (rc != 0)
+                return rc;
         } else if (strcmp(name, "--isa") == 0) {
             const int rc = parse_isas(val, o);
             if (rc != 0)
@@ -586,6 +645,11 @@ static int parse_options(int argc, char **argv, options *o)
     if (o->serve && (o->n_shapes || o->n_masks || o->softcap != 0.0f || o->alibi || o->sinks || !o->fwd))
         return usage("--serve times its own step (forward, no variants): %s", "drop --shape, --mask, "
                                                                             "--op backward, --softcap, --alibi and --sinks");
+    if (o->n_dtypes == 0)
+        o->dtypes[o->n_dtypes++] = SDPA_DTYPE_F32;
+    o->show_dtype = o->n_dtypes > 1 || o->dtypes[0] != SDPA_DTYPE_F32;
+    if (o->serve && o->show_dtype)
+        return usage("--serve times its fp32 step only: %s", "drop --dtype (or give --dtype fp32)");
     if (o->serve)
         o->naive = 0;
     if (o->reps < 0)
@@ -653,27 +717,43 @@ static double peak_rss_mb(void)
 #endif
 }
 
-static float *alloc_floats(int64_t n)
+/* n elements of elem bytes each, 64-byte aligned (at least one element). */
+static void *alloc_elems(int64_t n, size_t elem)
 {
     if (n <= 0)
         n = 1;
-    if ((uint64_t)n > (SIZE_MAX - 64) / sizeof(float))
+    if ((uint64_t)n > (SIZE_MAX - 64) / elem)
         return NULL;
-    size_t bytes = (size_t)n * sizeof(float);
+    size_t bytes = (size_t)n * elem;
     bytes = (bytes + 63) & ~(size_t)63;
     return aligned_alloc(64, bytes);
 }
 
-/* Deterministic uniform values in [-1, 1). */
-static void fill_random(float *x, int64_t n, uint64_t seed)
+static float *alloc_floats(int64_t n)
+{
+    return alloc_elems(n, sizeof(float));
+}
+
+/* Deterministic uniform values in [-1, 1), stored as dt (rounded to nearest
+ * even for bf16 / fp16: the same values in every type, up to that rounding). */
+static void fill_random_as(void *x, int64_t n, uint64_t seed, sdpa_dtype dt)
 {
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
     for (int64_t i = 0; i < n; i++) {
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
-        x[i] = (float)((double)(s >> 40) / (double)(1 << 23) - 1.0);
+        const float v = (float)((double)(s >> 40) / (double)(1 << 23) - 1.0);
+        if (dt == SDPA_DTYPE_F32)
+            ((float *)x)[i] = v;
+        else
+            ((uint16_t *)x)[i] = dt == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(v) : sdpa_f32_to_f16(v);
     }
+}
+
+static void fill_random(float *x, int64_t n, uint64_t seed)
+{
+    fill_random_as(x, n, seed, SDPA_DTYPE_F32);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -696,11 +776,11 @@ typedef struct evict_list {
     int n;
 } evict_list;
 
-static void evict_add(evict_list *e, const void *p, int64_t floats)
+static void evict_add(evict_list *e, const void *p, int64_t n, size_t elem)
 {
-    if (p && floats > 0 && e->n < 12) {
+    if (p && n > 0 && e->n < 12) {
         e->p[e->n] = p;
-        e->bytes[e->n] = (size_t)floats * sizeof(float);
+        e->bytes[e->n] = (size_t)n * elem;
         e->n++;
     }
 }
@@ -1005,6 +1085,7 @@ static void measure_limits(const options *o, limits *L)
 
 typedef struct row {
     const char *impl, *isa, *op;
+    sdpa_dtype dtype; /* of Q, K/V, O (naive-blas: fp32) */
     int threads, reps;
     const bcase *c;
     double ms, gflops, peak_gflops, gbps, peak_gbps, rss_mb, rss_increase_mb, speedup, pairs,
@@ -1041,9 +1122,12 @@ static void emit_row(out_state *st, const row *r)
     const int variants = st->o->n_variants > 0;
     const variant *var = r->var ? r->var : &plain_variant;
     if (!st->header_done) {
-        fprintf(st->table, "%-10s %-8s %3s  %-28s %-19s %-8s %10s %9s %6s %8s %8s %5s %8s", "impl",
-                "isa", "thr", "B,Hq,Hkv,Tq,Tk,Dk,Dv", "mask", "op", "ms", "GFLOP/s", "%peak",
-                "xscalar", "GB/s", "%bw", "RSS MiB");
+        fprintf(st->table, "%-10s %-8s %3s  %-28s %-19s %-8s", "impl", "isa", "thr", "B,Hq,Hkv,Tq,Tk,Dk,Dv",
+                "mask", "op");
+        if (st->o->show_dtype)
+            fprintf(st->table, " %-5s", "dtype");
+        fprintf(st->table, " %10s %9s %6s %8s %8s %5s %8s", "ms", "GFLOP/s", "%peak", "xscalar", "GB/s", "%bw",
+                "RSS MiB");
         if (variants)
             fprintf(st->table, "  %-19s %8s", "variant", "/plain");
         fputc('\n', st->table);
@@ -1060,9 +1144,11 @@ static void emit_row(out_state *st, const row *r)
         if (r->peak_gbps > 0.0)
             snprintf(pb, sizeof pb, "%.1f", 100.0 * r->gbps / r->peak_gbps);
     }
-    fprintf(st->table, "%-10s %-8s %3d  %-28s %-19s %-8s %10.3f %9.2f %6s %8s %8s %5s %8.1f",
-            r->impl, r->isa, r->threads, sh, mask_names[r->c->mask], r->op, r->ms, r->gflops, pk, sp,
-            gb, pb, r->rss_mb);
+    fprintf(st->table, "%-10s %-8s %3d  %-28s %-19s %-8s", r->impl, r->isa, r->threads, sh, mask_names[r->c->mask],
+            r->op);
+    if (st->o->show_dtype)
+        fprintf(st->table, " %-5s", dtype_names[r->dtype]);
+    fprintf(st->table, " %10.3f %9.2f %6s %8s %8s %5s %8.1f", r->ms, r->gflops, pk, sp, gb, pb, r->rss_mb);
     if (variants) {
         char vn[64] = "plain", ra[16] = "-";
         if (var->softcap != 0.0f && strcmp(var->name, "softcap") == 0)
@@ -1082,7 +1168,7 @@ static void emit_row(out_state *st, const row *r)
     printf(",\"B\":%lld,\"Hq\":%lld,\"Hkv\":%lld,\"Tq\":%lld,\"Tk\":%lld,\"Dk\":%lld,\"Dv\":%lld",
            (long long)s->B, (long long)s->Hq, (long long)s->Hkv, (long long)s->Tq, (long long)s->Tk,
            (long long)s->Dk, (long long)s->Dv);
-    printf(",\"mask\":\"%s\"", mask_names[r->c->mask]);
+    printf(",\"mask\":\"%s\",\"dtype\":\"%s\"", mask_names[r->c->mask], dtype_names[r->dtype]);
     json_num("ms", r->ms);
     json_num("gflops", r->gflops);
     json_num("peak_gflops", r->peak_gflops > 0.0 ? r->peak_gflops : NAN);
@@ -1109,17 +1195,18 @@ static void emit_row(out_state *st, const row *r)
     fflush(stdout);
 }
 
-static void fill_row(row *r, const bcase *c, int backward, const timing *t, double peak_gflops,
+static void fill_row(row *r, const bcase *c, int backward, sdpa_dtype dt, const timing *t, double peak_gflops,
                      double peak_gbps, double rss_before)
 {
     r->c = c;
+    r->dtype = dt;
     r->op = backward ? "backward" : "forward";
     r->reps = t->reps;
     r->ms = t->median_s * 1e3;
     r->pairs = allowed_pairs(c);
     r->gflops = op_flops(c, backward) / t->median_s * 1e-9;
     r->peak_gflops = peak_gflops;
-    r->gbps = kv_bytes_read(c) / t->median_s * 1e-9;
+    r->gbps = kv_bytes_read(c, dtype_bytes(dt)) / t->median_s * 1e-9;
     r->peak_gbps = peak_gbps;
     r->rss_mb = peak_rss_mb();
     r->rss_increase_mb = r->rss_mb - rss_before;
@@ -1131,8 +1218,11 @@ static void fill_row(row *r, const bcase *c, int backward, const timing *t, doub
 
 /* ------------------------------------------------------------ problem buffers */
 
+/* A shape's tensors, every one but LSE (fp32) of type dt. */
 typedef struct bufs {
-    float *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
+    sdpa_dtype dt;
+    void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+    float *lse;
     int32_t *kvlen;
     int64_t nq, nk, nv, no, nl;
 } bufs;
@@ -1140,9 +1230,10 @@ typedef struct bufs {
 /* A row's inputs and outputs, for flush_caches. */
 static void evict_bufs(evict_list *e, const bufs *b)
 {
-    evict_add(e, b->q, b->nq), evict_add(e, b->k, b->nk), evict_add(e, b->v, b->nv);
-    evict_add(e, b->o, b->no), evict_add(e, b->lse, b->nl), evict_add(e, b->dout, b->no);
-    evict_add(e, b->dq, b->nq), evict_add(e, b->dk, b->nk), evict_add(e, b->dv, b->nv);
+    const size_t es = dtype_bytes(b->dt);
+    evict_add(e, b->q, b->nq, es), evict_add(e, b->k, b->nk, es), evict_add(e, b->v, b->nv, es);
+    evict_add(e, b->o, b->no, es), evict_add(e, b->lse, b->nl, sizeof(float)), evict_add(e, b->dout, b->no, es);
+    evict_add(e, b->dq, b->nq, es), evict_add(e, b->dk, b->nk, es), evict_add(e, b->dv, b->nv, es);
 }
 
 static void free_bufs(bufs *b)
@@ -1152,38 +1243,40 @@ static void free_bufs(bufs *b)
     memset(b, 0, sizeof *b);
 }
 
-static int alloc_bufs(const bcase *c, int grads, bufs *b)
+static int alloc_bufs(const bcase *c, int grads, sdpa_dtype dt, bufs *b)
 {
     const shape *s = &c->s;
+    const size_t es = dtype_bytes(dt);
     memset(b, 0, sizeof *b);
+    b->dt = dt;
     b->nq = s->B * s->Hq * s->Tq * s->Dk;
     b->nk = s->B * s->Hkv * s->Tk * s->Dk;
     b->nv = s->B * s->Hkv * s->Tk * s->Dv;
     b->no = s->B * s->Hq * s->Tq * s->Dv;
     b->nl = s->B * s->Hq * s->Tq;
-    b->q = alloc_floats(b->nq), b->k = alloc_floats(b->nk), b->v = alloc_floats(b->nv);
-    b->o = alloc_floats(b->no), b->lse = alloc_floats(b->nl);
+    b->q = alloc_elems(b->nq, es), b->k = alloc_elems(b->nk, es), b->v = alloc_elems(b->nv, es);
+    b->o = alloc_elems(b->no, es), b->lse = alloc_floats(b->nl);
     b->kvlen = malloc((size_t)s->B * sizeof(int32_t));
     int ok = b->q && b->k && b->v && b->o && b->lse && b->kvlen;
     if (grads) {
-        b->dout = alloc_floats(b->no), b->dq = alloc_floats(b->nq);
-        b->dk = alloc_floats(b->nk), b->dv = alloc_floats(b->nv);
+        b->dout = alloc_elems(b->no, es), b->dq = alloc_elems(b->nq, es);
+        b->dk = alloc_elems(b->nk, es), b->dv = alloc_elems(b->nv, es);
         ok = ok && b->dout && b->dq && b->dk && b->dv;
     }
     if (!ok) {
         free_bufs(b);
         return -1;
     }
-    fill_random(b->q, b->nq, 1);
-    fill_random(b->k, b->nk, 2);
-    fill_random(b->v, b->nv, 3);
-    memset(b->o, 0, (size_t)b->no * sizeof(float));
+    fill_random_as(b->q, b->nq, 1, dt);
+    fill_random_as(b->k, b->nk, 2, dt);
+    fill_random_as(b->v, b->nv, 3, dt);
+    memset(b->o, 0, (size_t)b->no * es); /* all-zero bits are +0 in every type */
     memset(b->lse, 0, (size_t)b->nl * sizeof(float));
     if (grads) {
-        fill_random(b->dout, b->no, 4);
-        memset(b->dq, 0, (size_t)b->nq * sizeof(float));
-        memset(b->dk, 0, (size_t)b->nk * sizeof(float));
-        memset(b->dv, 0, (size_t)b->nv * sizeof(float));
+        fill_random_as(b->dout, b->no, 4, dt);
+        memset(b->dq, 0, (size_t)b->nq * es);
+        memset(b->dk, 0, (size_t)b->nk * es);
+        memset(b->dv, 0, (size_t)b->nv * es);
     }
     for (int64_t i = 0; i < s->B; i++)
         b->kvlen[i] = padding_length(s, i);
@@ -1197,13 +1290,13 @@ typedef struct sdpa_ctx {
     sdpa_status st;
 } sdpa_ctx;
 
-static sdpa_tensor tin(const float *p, int64_t H, int64_t T, int64_t D)
+static sdpa_tensor tin(const void *p, int64_t H, int64_t T, int64_t D)
 {
     const sdpa_tensor t = {p, H * T * D, T * D, D};
     return t;
 }
 
-static sdpa_tensor_out tout(float *p, int64_t H, int64_t T, int64_t D)
+static sdpa_tensor_out tout(void *p, int64_t H, int64_t T, int64_t D)
 {
     const sdpa_tensor_out t = {p, H * T * D, T * D, D};
     return t;
@@ -1222,6 +1315,7 @@ static void setup_sdpa(sdpa_ctx *x, const bcase *c, const bufs *b, sdpa_isa isa,
     x->pb.kv_lengths = c->mask == MASK_PADDING ? b->kvlen : NULL;
     x->pb.num_threads = threads;
     x->pb.isa = isa;
+    x->pb.q_dtype = x->pb.kv_dtype = x->pb.o_dtype = b->dt;
     x->q = tin(b->q, s->Hq, s->Tq, s->Dk);
     x->k = tin(b->k, s->Hkv, s->Tk, s->Dk);
     x->v = tin(b->v, s->Hkv, s->Tk, s->Dv);
@@ -1259,7 +1353,8 @@ static int run_sdpa_backward(void *p)
  * its backward) and dsinks. */
 typedef struct variant_bufs {
     float *slopes, *sinks;
-    float *o[MAX_VARIANTS], *lse[MAX_VARIANTS], *dsinks[MAX_VARIANTS];
+    void *o[MAX_VARIANTS]; /* of the shape's type */
+    float *lse[MAX_VARIANTS], *dsinks[MAX_VARIANTS];
 } variant_bufs;
 
 static void free_variant_bufs(variant_bufs *vb)
@@ -1279,10 +1374,11 @@ static int alloc_variant_bufs(const options *o, const bcase *c, const bufs *b, v
     vb->slopes = alloc_floats(Hq), vb->sinks = alloc_floats(Hq);
     int ok = vb->slopes && vb->sinks;
     for (int i = 0; ok && i < o->n_variants; i++) {
-        vb->o[i] = alloc_floats(b->no), vb->lse[i] = alloc_floats(b->nl), vb->dsinks[i] = alloc_floats(Hq);
+        vb->o[i] = alloc_elems(b->no, dtype_bytes(b->dt)), vb->lse[i] = alloc_floats(b->nl);
+        vb->dsinks[i] = alloc_floats(Hq);
         ok = vb->o[i] && vb->lse[i] && vb->dsinks[i];
         if (ok) {
-            memset(vb->o[i], 0, (size_t)b->no * sizeof(float));
+            memset(vb->o[i], 0, (size_t)b->no * dtype_bytes(b->dt));
             memset(vb->lse[i], 0, (size_t)b->nl * sizeof(float));
         }
     }
@@ -1316,16 +1412,43 @@ static void setup_variant(sdpa_ctx *x, const bcase *c, const bufs *b, const vari
     x->lse_in.seq_stride = 1;
 }
 
+/* Index into scalar_ms of (type, case, op, thread index): the scalar time, the
+ * reference of xscalar. */
+static size_t scalar_index(sdpa_dtype dt, int ci, int op, int ti)
+{
+    return (((size_t)dt * MAX_CASES + (size_t)ci) * 2 + (size_t)op) * MAX_LIST + (size_t)ti;
+}
+
+/* A 16-bit type's backward, tried once with the default ISA: 1 (and a note in the
+ * table) when the library refuses it as unsupported, so its rows are skipped. */
+static int backward_unsupported(out_state *st, const bcase *c, const bufs *b)
+{
+    sdpa_ctx x;
+    if (b->dt == SDPA_DTYPE_F32)
+        return 0;
+    setup_sdpa(&x, c, b, SDPA_ISA_AUTO, 0);
+    if (run_sdpa_backward(&x) == 0 || x.st != SDPA_ERR_UNSUPPORTED)
+        return 0; /* another error shows in the timed runs */
+    char sh[160];
+    fmt_shape(sh, sizeof sh, &c->s);
+    fprintf(st->table, "# backward %s %s %s skipped: libsdpa: %s\n", sh, mask_names[c->mask], dtype_names[b->dt],
+            sdpa_status_string(x.st));
+    fflush(st->table);
+    return 1;
+}
+
 static int sdpa_pass(const options *o, const limits *L, out_state *st, double *scalar_ms)
 {
     int failed = 0;
     const int nv = o->n_variants, n = 1 + nv; /* problem 0 is the plain one */
-    for (int ci = 0; ci < o->n_cases; ci++) {
+    for (int cd = 0; cd < o->n_cases * o->n_dtypes; cd++) { /* each case in each type */
+        const int ci = cd / o->n_dtypes;
         const bcase *c = &o->cases[ci];
+        const sdpa_dtype dt = o->dtypes[cd % o->n_dtypes];
         const double rss_before = peak_rss_mb();
         bufs b;
         variant_bufs vb;
-        int ok = alloc_bufs(c, o->bwd, &b) == 0;
+        int ok = alloc_bufs(c, o->bwd, dt, &b) == 0;
         if (ok && alloc_variant_bufs(o, c, &b, &vb) != 0) {
             free_bufs(&b);
             ok = 0;
@@ -1333,7 +1456,7 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
         if (!ok) {
             char sh[160];
             fmt_shape(sh, sizeof sh, &c->s);
-            fprintf(stderr, "sdpa bench: error: %s: out of memory; shape skipped\n", sh);
+            fprintf(stderr, "sdpa bench: error: %s %s: out of memory; shape skipped\n", sh, dtype_names[dt]);
             failed = 1;
             continue;
         }
@@ -1349,7 +1472,7 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                     else
                         setup_variant(&x, c, &b, &vb, &o->variants[k - 1], k - 1, SDPA_ISA_AUTO, 0);
                     if (run_sdpa_forward(&x) != 0) {
-                        fprintf(stderr, "sdpa bench: error: forward%s%s: %s\n", k ? " " : "",
+                        fprintf(stderr, "sdpa bench: error: forward %s%s%s: %s\n", dtype_names[dt], k ? " " : "",
                                 k ? o->variants[k - 1].name : "", sdpa_status_string(x.st));
                         bad = 1;
                     }
@@ -1358,6 +1481,8 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                     failed = 1;
                     continue;
                 }
+                if (backward_unsupported(st, c, &b))
+                    continue;
             }
             double vscalar[MAX_VARIANTS][MAX_LIST] = {{0}}; /* each variant's scalar ms */
             for (int ti = 0; ti < o->n_threads; ti++)
@@ -1385,8 +1510,8 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                     }
                     int bad_k = 0;
                     if (time_interleaved(n, fns, ctxs, o, evp, t, &bad_k) != 0) {
-                        fprintf(stderr, "sdpa bench: error: %s %s%s%s: %s\n", sdpa_isa_name(isa),
-                                op ? "backward" : "forward", bad_k ? " " : "",
+                        fprintf(stderr, "sdpa bench: error: %s %s %s%s%s: %s\n", sdpa_isa_name(isa),
+                                op ? "backward" : "forward", dtype_names[dt], bad_k ? " " : "",
                                 bad_k ? o->variants[bad_k - 1].name : "", sdpa_status_string(x[bad_k].st));
                         failed = 1;
                         continue;
@@ -1398,8 +1523,8 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                         r.impl = "sdpa";
                         r.isa = sdpa_isa_name(isa);
                         r.threads = o->threads[ti];
-                        fill_row(&r, c, op, &t[k], L->peak[isa][ti], L->bw[ti], rss_before);
-                        double *ref = k == 0 ? &scalar_ms[(ci * 2 + op) * MAX_LIST + ti] : &vscalar[k - 1][ti];
+                        fill_row(&r, c, op, dt, &t[k], L->peak[isa][ti], L->bw[ti], rss_before);
+                        double *ref = k == 0 ? &scalar_ms[scalar_index(dt, ci, op, ti)] : &vscalar[k - 1][ti];
                         if (isa == SDPA_ISA_SCALAR)
                             *ref = r.ms;
                         if (*ref > 0.0)
@@ -1439,10 +1564,11 @@ static int run_naive_forward(void *p)
     const shape *s = &x->c->s;
     const int64_t G = s->Hq / s->Hkv;
     const int Tq = (int)s->Tq, Tk = (int)s->Tk, Dk = (int)s->Dk, Dv = (int)s->Dv;
+    const float *bq = x->b->q, *bk = x->b->k, *bv = x->b->v; /* fp32 (alloc_bufs in naive_pass) */
     for (int64_t bh = 0; bh < s->B * s->Hq; bh++) {
         const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
         blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, Dk, x->scale,
-                    x->b->q + bh * s->Tq * s->Dk, Dk, x->b->k + bg * s->Tk * s->Dk, Dk, 0.0f,
+                    bq + bh * s->Tq * s->Dk, Dk, bk + bg * s->Tk * s->Dk, Dk, 0.0f,
                     x->S + bh * s->Tq * s->Tk, Tk);
     }
     const int64_t rows = s->B * s->Hq * s->Tq;
@@ -1466,7 +1592,7 @@ static int run_naive_forward(void *p)
     for (int64_t bh = 0; bh < s->B * s->Hq; bh++) {
         const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
         blas.sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, Dv, Tk, 1.0f,
-                    x->S + bh * s->Tq * s->Tk, Tk, x->b->v + bg * s->Tk * s->Dv, Dv, 0.0f,
+                    x->S + bh * s->Tq * s->Tk, Tk, bv + bg * s->Tk * s->Dv, Dv, 0.0f,
                     x->o + bh * s->Tq * s->Dv, Dv);
     }
     return 0;
@@ -1479,14 +1605,15 @@ static int run_naive_backward(void *p)
     const shape *s = &x->c->s;
     const int64_t G = s->Hq / s->Hkv;
     const int Tq = (int)s->Tq, Tk = (int)s->Tk, Dk = (int)s->Dk, Dv = (int)s->Dv;
+    const float *bq = x->b->q, *bk = x->b->k, *bv = x->b->v, *bdo = x->b->dout; /* fp32 */
     for (int64_t bh = 0; bh < s->B * s->Hq; bh++) {
         const int64_t bg = (bh / s->Hq) * s->Hkv + (bh % s->Hq) / G;
         const float beta = (bh % s->Hq) % G == 0 ? 0.0f : 1.0f; /* GQA: sum over the group */
-        const float *P = x->S + bh * s->Tq * s->Tk, *dO = x->b->dout + bh * s->Tq * s->Dv;
+        const float *P = x->S + bh * s->Tq * s->Tk, *dO = bdo + bh * s->Tq * s->Dv;
         blas.sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, Dv, Tq, 1.0f, P, Tk, dO, Dv, beta,
                     x->dv + bg * s->Tk * s->Dv, Dv);
         blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, Dv, 1.0f, dO, Dv,
-                    x->b->v + bg * s->Tk * s->Dv, Dv, 0.0f, x->dP + bh * s->Tq * s->Tk, Tk);
+                    bv + bg * s->Tk * s->Dv, Dv, 0.0f, x->dP + bh * s->Tq * s->Tk, Tk);
     }
     const int64_t rows = s->B * s->Hq * s->Tq;
     OMP(omp parallel for num_threads(x->threads) schedule(static))
@@ -1504,9 +1631,9 @@ static int run_naive_backward(void *p)
         const float beta = (bh % s->Hq) % G == 0 ? 0.0f : 1.0f;
         const float *dS = x->dP + bh * s->Tq * s->Tk;
         blas.sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, Dk, Tk, x->scale, dS, Tk,
-                    x->b->k + bg * s->Tk * s->Dk, Dk, 0.0f, x->dq + bh * s->Tq * s->Dk, Dk);
+                    bk + bg * s->Tk * s->Dk, Dk, 0.0f, x->dq + bh * s->Tq * s->Dk, Dk);
         blas.sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, Dk, Tq, x->scale, dS, Tk,
-                    x->b->q + bh * s->Tq * s->Dk, Dk, beta, x->dk + bg * s->Tk * s->Dk, Dk);
+                    bq + bh * s->Tq * s->Dk, Dk, beta, x->dk + bg * s->Tk * s->Dk, Dk);
     }
     return 0;
 }
@@ -1551,7 +1678,7 @@ static int naive_pass(const options *o, const limits *L, out_state *st, const do
         naive_ctx x;
         memset(&x, 0, sizeof x);
         const int64_t ns = s->B * s->Hq * s->Tq * s->Tk;
-        int ok = alloc_bufs(c, o->bwd, &b) == 0;
+        int ok = alloc_bufs(c, o->bwd, SDPA_DTYPE_F32, &b) == 0; /* OpenBLAS: fp32 */
         if (ok) {
             x.S = alloc_floats(ns);
             x.o = alloc_floats(b.no);
@@ -1610,8 +1737,8 @@ static int naive_pass(const options *o, const limits *L, out_state *st, const do
                     r.impl = "naive-blas";
                     r.isa = "openblas";
                     r.threads = x.threads;
-                    fill_row(&r, c, op, &t, best_peak(L, ti), L->bw[ti], rss_before);
-                    const double ref_ms = scalar_ms[(ci * 2 + op) * MAX_LIST + ti];
+                    fill_row(&r, c, op, SDPA_DTYPE_F32, &t, best_peak(L, ti), L->bw[ti], rss_before);
+                    const double ref_ms = scalar_ms[scalar_index(SDPA_DTYPE_F32, ci, op, ti)];
                     if (ref_ms > 0.0)
                         r.speedup = ref_ms / r.ms;
                     r.max_abs_diff = diff[op];
@@ -1870,8 +1997,8 @@ static void emit_serve_row(out_state *st, const serve_row *r)
     fflush(st->table);
     if (!st->o->json)
         return;
-    printf("{\"impl\":\"%s\",\"op\":\"forward\",\"isa\":\"%s\",\"threads\":%d,\"serve\":\"%s\"", r->impl, r->isa,
-           r->threads, r->part);
+    printf("{\"impl\":\"%s\",\"op\":\"forward\",\"isa\":\"%s\",\"threads\":%d,\"serve\":\"%s\",\"dtype\":\"fp32\"",
+           r->impl, r->isa, r->threads, r->part);
     printf(",\"seqs\":%d,\"Hq\":%d,\"Hkv\":%d,\"Dk\":%d,\"Dv\":%d,\"block_size\":%d", r->nseq, SERVE_HQ, SERVE_HKV,
            SERVE_D, SERVE_D, SERVE_BS);
     json_num("tokens", r->tokens);
@@ -2007,6 +2134,13 @@ static void print_header(FILE *f, const options *o, const limits *L)
     } else {
         fprintf(f, "# limits not measured (--no-limits)\n");
     }
+    if (o->show_dtype) {
+        fprintf(f, "# types (--dtype):");
+        for (int i = 0; i < o->n_dtypes; i++)
+            fprintf(f, "%s %s", i ? "," : "", dtype_names[o->dtypes[i]]);
+        fprintf(f, "; Q, K, V, O (dO, dQ, dK, dV) stored in the row's type, LSE fp32; decode GB/s count "
+                   "K and V in that type; naive-blas rows are fp32\n");
+    }
     if (o->serve)
         fprintf(f, "# --serve: one step of %d decode rows (contexts 256..8192) + %d prefill chunks of %d over %d "
                    "cached keys (causal bottom-right), Hq %d, Hkv %d, D %d, pages of %d keys (HND, shuffled); "
@@ -2045,7 +2179,7 @@ static void print_header(FILE *f, const options *o, const limits *L)
 int sdpa_bench_main(int argc, char **argv)
 {
     options *o = calloc(1, sizeof *o);
-    double *scalar_ms = calloc((size_t)MAX_CASES * 2 * MAX_LIST, sizeof(double));
+    double *scalar_ms = calloc((size_t)N_DTYPES * MAX_CASES * 2 * MAX_LIST, sizeof(double));
     limits L;
     if (!o || !scalar_ms) {
         free(o), free(scalar_ms);

@@ -43,14 +43,17 @@ def read_rows(paths):
 
 
 def series_name(r):
-    return f"sdpa {r.get('isa', '?')}" if r["impl"] == "sdpa" else r["impl"]
+    # rows of `sdpa bench --dtype bf16,fp16` are their own series ("sdpa avx512 bf16"); fp32 keeps its name
+    dtype = r.get("dtype", "fp32")
+    suffix = "" if dtype == "fp32" else f" {dtype}"
+    return f"sdpa {r.get('isa', '?')}{suffix}" if r["impl"] == "sdpa" else r["impl"] + suffix
 
 
 def series_key(name):
     if name.startswith("sdpa "):
-        isa = name[5:]
-        return (0, ISA_ORDER.index(isa) if isa in ISA_ORDER else 99, isa)
-    return (1, 0, name)
+        isa, _, dtype = name[5:].partition(" ")
+        return (0, ISA_ORDER.index(isa) if isa in ISA_ORDER else 99, isa, dtype)
+    return (1, 0, name, "")
 
 
 def main():

@@ -259,7 +259,7 @@ def load_sdpa_rows(paths):
                 peaks[t] = max(peaks.get(t, 0.0), r["peak_gflops"])
             if r.get("peak_gbps"):
                 bw[t] = max(bw.get(t, 0.0), r["peak_gbps"])
-            if r.get("isa") == "scalar":
+            if r.get("isa") == "scalar" and r.get("dtype", "fp32") == "fp32":  # torch runs fp32
                 key = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"], r["op"], t)
                 scalar[key] = r["ms"]
     return peaks, bw, scalar, cases, threads

@@ -50,6 +50,10 @@ typedef struct cli_opts {
     int64_t window_left, window_right;
     int threads;
     sdpa_isa isa;
+    /* --dtype (Q, O, dO, dQ) and --kv-dtype (K, V, dK, dV; default --dtype): the
+     * types the tensors are stored in while the library computes (issue 16) */
+    sdpa_dtype dtype, kv_dtype;
+    int have_kv_dtype;
 } cli_opts;
 
 /** "sdpa: error: <path>: <message>" */
@@ -68,12 +72,15 @@ int parse_options(int cmd, int argc, char **argv, cli_opts *o, int *help);
 
 /* ------------------------------------------------------------ tensors (cli_npy.c) */
 
-/* A float32 .npy of rank 2..4 viewed as [B, H, T, D]; size[i] is the product of
- * the dims from i on (size[0] the element count, size[1..3] the strides), each
- * checked against int64 overflow when the file is loaded. */
+/* A float32 or float16 .npy of rank 2..4 viewed as [B, H, T, D]; size[i] is the
+ * product of the dims from i on (size[0] the element count, size[1..3] the
+ * strides), each checked against int64 overflow when the file is loaded. Once
+ * loaded, a.data holds a.count elements of type dt (float for fp32, uint16_t
+ * for bf16 and fp16), whatever the file's type was; a.dtype stays the file's. */
 typedef struct tensor {
     const char *path;
     npy_array a;
+    sdpa_dtype dt;
     int64_t b, h, t, d;
     int64_t size[4];
 } tensor;
@@ -82,7 +89,21 @@ typedef struct tensor {
  *  these products overflows int64 (a 0 among the dims does not hide it). */
 int dims_sizes(const int64_t *dims, int n, int64_t *size);
 int load_npy(const char *path, npy_array *a);
+/** load_tensor_as(path, role, SDPA_DTYPE_F32, t). */
 int load_tensor(const char *path, const char *role, tensor *t);
+/** Loads a float32 or float16 tensor and stores it as dt (rounded to nearest
+ *  even where dt is narrower than the file; widening is exact). */
+int load_tensor_as(const char *path, const char *role, sdpa_dtype dt, tensor *t);
+/** Converts the n elements of an npy array of dtype NPY_F4 or NPY_F2 in place
+ *  into a buffer of type dt (a->data replaced; a->dtype kept). 0, or -1 when
+ *  out of memory (a unchanged). */
+int npy_store_as(npy_array *a, sdpa_dtype dt);
+/** Bytes of one element: 4 for fp32, 2 for bf16 and fp16. */
+size_t dtype_size(sdpa_dtype dt);
+/** "fp32", "bf16" or "fp16". */
+const char *dtype_name(sdpa_dtype dt);
+/** Parses "fp32", "bf16" or "fp16" (those spellings only); 0, or -1. */
+int dtype_parse(const char *s, sdpa_dtype *dt);
 sdpa_tensor tensor_view(const tensor *t);
 /** Shape of a tensor of logical dims (b, h, t, d) in the given rank. */
 void shape_in_rank(int rank, int64_t b, int64_t h, int64_t t, int64_t d, int64_t *shape);
@@ -93,15 +114,21 @@ int broadcast_strides(const char *path, const char *role, const npy_array *a, co
                       int64_t strides[4]);
 /** n floats (at least one byte), or NULL if n is negative or too large. */
 float *alloc_floats(int64_t n);
+/** n elements of type dt (at least one byte), or NULL if n is negative or too large. */
+void *alloc_elems(int64_t n, sdpa_dtype dt);
 
 /* ------------------------------------------------------------ outputs (cli_out.c) */
 
+/* An output: data holds the elements of type dt (fp32 when zero-initialised).
+ * fp32 and bf16 data are written as float32 ('<f4', bf16 widened exactly), fp16
+ * data as float16 ('<f2'). */
 typedef struct out_file {
     const char *path;
     char *tmp;
-    const float *data;
+    const void *data;
     int ndim;
     int64_t shape[4];
+    sdpa_dtype dt;
 } out_file;
 
 void install_signal_cleanup(void);

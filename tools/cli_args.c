@@ -67,7 +67,7 @@ int library_error(sdpa_status st)
 /* ------------------------------------------------------------ the option table */
 
 typedef enum opt_kind {
-    K_PATH, K_SCALE, K_SOFTCAP, K_CAUSAL, K_ALIGN, K_WINDOW, K_THREADS, K_ISA, K_LAYOUT, K_PAGE_LAYOUT
+    K_PATH, K_SCALE, K_SOFTCAP, K_CAUSAL, K_ALIGN, K_WINDOW, K_THREADS, K_ISA, K_LAYOUT, K_PAGE_LAYOUT, K_DTYPE
 } opt_kind;
 
 typedef struct opt_def {
@@ -81,14 +81,14 @@ typedef struct opt_def {
 #define OFF(f) offsetof(cli_opts, f)
 #define FB (CMD_FORWARD | CMD_BACKWARD)
 static const opt_def opt_defs[] = {
-    {"--query", "-q", K_PATH, OFF(q), FB, "Q, float32 (T, Dk), (Hq, T, Dk) or (B, Hq, Tq, Dk)"},
-    {"--key", "-k", K_PATH, OFF(k), FB, "K, float32 (B, Hkv, Tk, Dk) in Q's rank"},
-    {"--value", "-v", K_PATH, OFF(v), FB, "V, float32 (B, Hkv, Tk, Dv) in Q's rank"},
+    {"--query", "-q", K_PATH, OFF(q), FB, "Q, float32 or float16 (T, Dk), (Hq, T, Dk) or (B, Hq, Tq, Dk)"},
+    {"--key", "-k", K_PATH, OFF(k), FB, "K, float32 or float16 (B, Hkv, Tk, Dk) in Q's rank"},
+    {"--value", "-v", K_PATH, OFF(v), FB, "V, float32 or float16 (B, Hkv, Tk, Dv) in Q's rank"},
     {"--out", "-o", K_PATH, OFF(o), FB,
      "O (forward: written; backward: the forward's O, read, given with --lse)"},
     {"--lse", NULL, K_PATH, OFF(lse), FB,
      "logsumexp, float32 of shape Q.shape[:-1] (forward: written; backward: read)"},
-    {"--do", NULL, K_PATH, OFF(dout), CMD_BACKWARD, "dO, float32 shaped like O (read)"},
+    {"--do", NULL, K_PATH, OFF(dout), CMD_BACKWARD, "dO, float32 or float16 shaped like O (read)"},
     {"--dq", NULL, K_PATH, OFF(dq), CMD_BACKWARD, "dQ (written)"},
     {"--dk", NULL, K_PATH, OFF(dk), CMD_BACKWARD, "dK (written)"},
     {"--dv", NULL, K_PATH, OFF(dv), CMD_BACKWARD, "dV (written)"},
@@ -124,6 +124,10 @@ static const opt_def opt_defs[] = {
     {"--seq-lens-k", NULL, K_PATH, OFF(lensk), FB, "LK.npy: int32/int64 (B,) keys of each sequence in the cache"},
     {"--page-layout", NULL, K_PAGE_LAYOUT, OFF(page_nhd), FB,
      "HND|NHD: caches (num_blocks, Hkv, block_size, D) (default) or (num_blocks, block_size, Hkv, D)"},
+    {"--dtype", NULL, K_DTYPE, OFF(dtype), FB,
+     "fp32|bf16|fp16: type Q and O are stored in (backward: dO, dQ too) (default fp32; see below)"},
+    {"--kv-dtype", NULL, K_DTYPE, OFF(kv_dtype), FB,
+     "fp32|bf16|fp16: type K and V are stored in (backward: dK, dV too) (default: --dtype's)"},
     {"--data", NULL, K_PATH, OFF(data_dir), CMD_DEMO, "DIR: the examples directory"},
     {"--threads", NULL, K_THREADS, OFF(threads), FB | CMD_DEMO, "N: OpenMP threads (0: OpenMP's default)"},
     {"--isa", NULL, K_ISA, OFF(isa), FB | CMD_DEMO, "NAME: scalar|avx2|avx512|neon|auto"},
@@ -161,6 +165,22 @@ void print_help(int cmd)
                "head h is x = scale * q.k, then C * tanh(x / C) (--softcap), then - slope[h] * |j - (i + d)|\n"
                "(--alibi-slopes; d: the diagonal of --causal / --window-align), then + bias and the masks.\n"
                "A sink s[h] joins every row's softmax denominator and carries no value.\n");
+    if (cmd == CMD_FORWARD)
+        printf("\nTypes (--dtype, --kv-dtype): Q, K and V may be float32 or float16 .npy files. Each tensor is\n"
+               "stored in its type while libsdpa computes (products and sums accumulate in fp32): Q and O in\n"
+               "--dtype's, K and V in --kv-dtype's (default: --dtype's; e.g. an fp32 model with a bf16 KV\n"
+               "cache: --kv-dtype bf16). Inputs are rounded to nearest even into a 16-bit type (a float16\n"
+               "file into fp16 is kept as is). O is written as float32 ('<f4'; bf16 widened exactly), or\n"
+               "as float16 ('<f2') with --dtype fp16; LSE is always float32. Masks, bias, ALiBi slopes and\n"
+               "sinks stay float32.\n");
+    if (cmd == CMD_BACKWARD)
+        printf("\nTypes (--dtype, --kv-dtype): Q, K, V, dO and the given O may be float32 or float16 .npy files\n"
+               "(LSE: float32). Each tensor is stored in its type while libsdpa computes: Q, O, dO and dQ in\n"
+               "--dtype's, K, V, dK and dV in --kv-dtype's (default: --dtype's), rounded to nearest even.\n"
+               "Outputs are written as float32 ('<f4'), or as float16 ('<f2') when stored in fp16 (dQ with\n"
+               "--dtype fp16, dK and dV with --kv-dtype fp16); dsinks is float32. This version of libsdpa\n"
+               "computes the backward in fp32 only: with a 16-bit type it refuses the call, and the tool\n"
+               "prints the library's error and exits with status 2, writing nothing.\n");
     if (cmd != CMD_DEMO)
         printf("\nQ/K/V/O share one rank: 2 (T, D), 3 (H, T, D) or 4 (B, H, T, D), or with --layout bshd\n"
                "4 (B, T, H, D); outputs have the rank and layout of their input. GQA: Hq a multiple of\n"
@@ -256,6 +276,13 @@ static int parse_align(int cmd, const char *val, cli_opts *o)
     return 0;
 }
 
+static int parse_dtype_opt(int cmd, const char *name, const char *val, sdpa_dtype *dt)
+{
+    if (dtype_parse(val, dt) != 0)
+        return usage_error(cmd, "%s '%s': expected fp32, bf16 or fp16", name, val);
+    return 0;
+}
+
 static int parse_isa(int cmd, const char *val, cli_opts *o)
 {
     sdpa_isa isa;
@@ -296,6 +323,10 @@ static int parse_value(int cmd, const opt_def *d, const char *name, const char *
         o->threads = (int)n;
         return 0;
     case K_ISA: return parse_isa(cmd, val, o);
+    case K_DTYPE:
+        if (d->offset == OFF(kv_dtype))
+            o->have_kv_dtype = 1;
+        return parse_dtype_opt(cmd, d->name, val, (sdpa_dtype *)field);
     case K_LAYOUT:
         if (strcmp(val, "bhsd") != 0 && strcmp(val, "bshd") != 0)
             return usage_error(cmd, "--layout '%s': expected bhsd (B, H, T, D) or bshd (B, T, H, D)", val);
@@ -372,6 +403,7 @@ static void default_options(cli_opts *o)
     o->align = SDPA_ALIGN_TOP_LEFT;
     o->window_left = o->window_right = SDPA_WINDOW_UNBOUNDED;
     o->isa = SDPA_ISA_AUTO;
+    o->dtype = o->kv_dtype = SDPA_DTYPE_F32;
 }
 
 int parse_options(int cmd, int argc, char **argv, cli_opts *o, int *help)
@@ -408,6 +440,8 @@ int parse_options(int cmd, int argc, char **argv, cli_opts *o, int *help)
         if ((rc = parse_value(cmd, &opt_defs[di], name, val, o)))
             return rc;
     }
+    if (!o->have_kv_dtype)
+        o->kv_dtype = o->dtype;
     if (o->dsinks && !o->sinks)
         return usage_error(cmd, "--dsinks needs --sinks (it is the gradient of the sinks)");
     if (o->have_align && o->causal != SDPA_CAUSAL_NONE)

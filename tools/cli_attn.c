@@ -72,17 +72,19 @@ static int forward_args(const cli_opts *op)
 }
 
 /* The output files of the forward: O, and LSE if asked for. Returns their number. */
-static int forward_outputs(const job *j, float *o, float *lse, out_file *outs)
+static int forward_outputs(const job *j, void *o, float *lse, out_file *outs)
 {
     int n = 0;
     outs[n].path = j->opt.o;
     outs[n].data = o;
+    outs[n].dt = j->opt.dtype;
     outs[n].ndim = j->ondim;
     memcpy(outs[n].shape, j->oshape, sizeof j->oshape);
     n++;
     if (j->opt.lse) {
         outs[n].path = j->opt.lse;
         outs[n].data = lse;
+        outs[n].dt = SDPA_DTYPE_F32;
         outs[n].ndim = j->lndim;
         memcpy(outs[n].shape, j->lshape, sizeof j->lshape);
         n++;
@@ -94,7 +96,8 @@ int cmd_forward(int argc, char **argv)
 {
     job j;
     int rc, help, nout = 0;
-    float *o = NULL, *lse = NULL;
+    void *o = NULL;
+    float *lse = NULL;
     out_file outs[2];
     memset(&j, 0, sizeof j);
     memset(outs, 0, sizeof outs);
@@ -106,7 +109,7 @@ int cmd_forward(int argc, char **argv)
     }
     if ((rc = forward_args(&j.opt)) || (rc = load_common(&j)))
         goto done;
-    o = alloc_floats(j.ocount);
+    o = alloc_elems(j.ocount, j.opt.dtype);
     lse = j.opt.lse ? alloc_floats(j.lcount) : NULL;
     if (!o || (j.opt.lse && !lse)) {
         rc = library_error(SDPA_ERR_OUT_OF_MEMORY);
@@ -192,30 +195,31 @@ static int load_backward_inputs(job *j)
 {
     const cli_opts *op = &j->opt;
     int rc;
-    if ((rc = load_tensor(op->dout, "dO", &j->dout)) ||
+    if ((rc = load_tensor_as(op->dout, "dO", op->dtype, &j->dout)) ||
         (rc = same_shape(&j->dout, "dO", j->oshape, j->ondim, "dO is shaped like O: Q's shape with Dv last")))
         return rc;
     if (!op->o)
         return 0;
-    if ((rc = load_tensor(op->o, "O", &j->o)) ||
+    if ((rc = load_tensor_as(op->o, "O", op->dtype, &j->o)) ||
         (rc = same_shape(&j->o, "O", j->oshape, j->ondim, "the forward's O: Q's shape with Dv last")))
         return rc;
     return load_given_lse(j);
 }
 
-/* Runs the backward into dq, dk, dv (shaped like Q, K, V), recomputing O and
- * LSE first (into buffers freed here) when they were not given. */
-static int run_backward(job *j, float *dq, float *dk, float *dv, float *dsinks)
+/* Runs the backward into dq, dk, dv (shaped like Q, K, V; of the types of Q
+ * and K/V), recomputing O (of --dtype's type) and LSE first (into buffers freed
+ * here) when they were not given. */
+static int run_backward(job *j, void *dq, void *dk, void *dv, float *dsinks)
 {
     const sdpa_tensor tq = j->vq, tk = j->vk, tv = j->vv;
     const int64_t *os = j->ostr, *ls = j->lstr;
-    const sdpa_tensor tdo = {(const float *)j->dout.a.data, os[0], os[1], os[2]};
-    float *o = NULL, *lse = NULL;
-    sdpa_tensor to = {(const float *)j->o.a.data, os[0], os[1], os[2]},
-                tl = {(const float *)j->lse.a.data, ls[0], ls[1], ls[2]};
+    const sdpa_tensor tdo = {j->dout.a.data, os[0], os[1], os[2]};
+    void *o = NULL;
+    float *lse = NULL;
+    sdpa_tensor to = {j->o.a.data, os[0], os[1], os[2]}, tl = {j->lse.a.data, ls[0], ls[1], ls[2]};
     sdpa_status st = SDPA_OK;
     if (!j->opt.o) {
-        o = alloc_floats(j->ocount);
+        o = alloc_elems(j->ocount, j->opt.dtype);
         lse = alloc_floats(j->lcount);
         if (!o || !lse)
             st = SDPA_ERR_OUT_OF_MEMORY;
@@ -240,7 +244,8 @@ int cmd_backward(int argc, char **argv)
 {
     job j;
     int rc, help;
-    float *dq = NULL, *dk = NULL, *dv = NULL, *dsinks = NULL;
+    void *dq = NULL, *dk = NULL, *dv = NULL;
+    float *dsinks = NULL;
     out_file outs[4];
     int nout = 0;
     memset(&j, 0, sizeof j);
@@ -253,9 +258,9 @@ int cmd_backward(int argc, char **argv)
     }
     if ((rc = backward_args(&j.opt)) || (rc = load_common(&j)) || (rc = load_backward_inputs(&j)))
         goto done;
-    dq = alloc_floats((int64_t)j.q.a.count);
-    dk = alloc_floats((int64_t)j.k.a.count);
-    dv = alloc_floats((int64_t)j.v.a.count);
+    dq = alloc_elems((int64_t)j.q.a.count, j.opt.dtype); /* a gradient has its tensor's type */
+    dk = alloc_elems((int64_t)j.k.a.count, j.opt.kv_dtype);
+    dv = alloc_elems((int64_t)j.v.a.count, j.opt.kv_dtype);
     dsinks = j.opt.dsinks ? alloc_floats(j.p.q_heads) : NULL;
     if (!dq || !dk || !dv || (j.opt.dsinks && !dsinks)) {
         rc = library_error(SDPA_ERR_OUT_OF_MEMORY);
@@ -263,14 +268,14 @@ int cmd_backward(int argc, char **argv)
     }
     const tensor *in[3] = {&j.q, &j.k, &j.v};
     const char *paths[3] = {j.opt.dq, j.opt.dk, j.opt.dv};
-    const float *data[3] = {dq, dk, dv};
+    const void *data[3] = {dq, dk, dv};
     for (int i = 0; i < 3; i++) {
-        outs[i] = (out_file){paths[i], NULL, data[i], in[i]->a.ndim, {0}};
+        outs[i] = (out_file){paths[i], NULL, data[i], in[i]->a.ndim, {0}, in[i]->dt};
         memcpy(outs[i].shape, in[i]->a.shape, (size_t)in[i]->a.ndim * sizeof(int64_t));
     }
     nout = 3;
     if (j.opt.dsinks) /* float32 (Hq,), like the sinks */
-        outs[nout++] = (out_file){j.opt.dsinks, NULL, dsinks, 1, {j.p.q_heads}};
+        outs[nout++] = (out_file){j.opt.dsinks, NULL, dsinks, 1, {j.p.q_heads}, SDPA_DTYPE_F32};
     for (int i = 0; i < nout; i++)
         if ((rc = out_prepare(&outs[i])))
             goto done;

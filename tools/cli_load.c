@@ -43,7 +43,7 @@ static int strides_of(vkind kind, const int64_t *shape, int ndim, int lse, int64
 static sdpa_tensor view_of(const tensor *t, vkind kind)
 {
     int64_t st[3], n;
-    sdpa_tensor v = {(const float *)t->a.data, 0, 0, 0};
+    sdpa_tensor v = {t->a.data, 0, 0, 0};
     if (strides_of(kind, t->a.shape, t->a.ndim, 0, st, &n) == 0) /* load_tensor checked the size */
         v.batch_stride = st[0], v.head_stride = st[1], v.seq_stride = st[2];
     return v;
@@ -93,8 +93,8 @@ static int load_qkv(job *j)
     j->mode = !o->cuq ? MODE_DENSE : o->btab ? MODE_PAGED : MODE_PACKED;
     j->qkind = j->mode != MODE_DENSE ? V_TOKENS : o->bshd ? V_BSHD : V_BHSD;
     j->kvkind = j->mode == MODE_PAGED ? (o->page_nhd ? V_NHD : V_HND) : j->qkind;
-    if ((rc = load_tensor(o->q, "Q", &j->q)) || (rc = load_tensor(o->k, "K", &j->k)) ||
-        (rc = load_tensor(o->v, "V", &j->v)))
+    if ((rc = load_tensor_as(o->q, "Q", o->dtype, &j->q)) || (rc = load_tensor_as(o->k, "K", o->kv_dtype, &j->k)) ||
+        (rc = load_tensor_as(o->v, "V", o->kv_dtype, &j->v)))
         return rc;
     tensor *q = &j->q, *k = &j->k, *v = &j->v;
     const int r = q->a.ndim;
@@ -341,6 +341,9 @@ static void fill_problem(job *j)
     p->num_threads = o->threads;
     p->isa = o->isa;
     p->softcap = o->softcap;
+    p->q_dtype = o->dtype;     /* Q, O (dO, dQ) */
+    p->o_dtype = o->dtype;
+    p->kv_dtype = o->kv_dtype; /* K, V (dK, dV) */
     if (j->mode != MODE_DENSE)
         p->seqs = &j->seqs;
 }

@@ -9,6 +9,58 @@
 #include <string.h>
 
 #include "cli.h"
+#include "dtype.h" /* src/dtype.h: the library's exact fp32 <-> bf16 / fp16 conversions */
+
+size_t dtype_size(sdpa_dtype dt)
+{
+    return dt == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+const char *dtype_name(sdpa_dtype dt)
+{
+    return dt == SDPA_DTYPE_BF16 ? "bf16" : dt == SDPA_DTYPE_F16 ? "fp16" : "fp32";
+}
+
+int dtype_parse(const char *s, sdpa_dtype *dt)
+{
+    if (strcmp(s, "fp32") == 0)
+        *dt = SDPA_DTYPE_F32;
+    else if (strcmp(s, "bf16") == 0)
+        *dt = SDPA_DTYPE_BF16;
+    else if (strcmp(s, "fp16") == 0)
+        *dt = SDPA_DTYPE_F16;
+    else
+        return -1;
+    return 0;
+}
+
+/* Element i of a float32 ('<f4') or float16 ('<f2') array, as a float (exact). */
+static float npy_elem_f32(const npy_array *a, size_t i)
+{
+    if (a->dtype == NPY_F2)
+        return sdpa_f16_to_f32(((const uint16_t *)a->data)[i]);
+    return ((const float *)a->data)[i];
+}
+
+int npy_store_as(npy_array *a, sdpa_dtype dt)
+{
+    const npy_dtype have = a->dtype;
+    if ((have == NPY_F4 && dt == SDPA_DTYPE_F32) || (have == NPY_F2 && dt == SDPA_DTYPE_F16))
+        return 0; /* already stored so */
+    void *buf = alloc_elems((int64_t)a->count, dt);
+    if (!buf)
+        return -1;
+    for (size_t i = 0; i < a->count; i++) {
+        const float x = npy_elem_f32(a, i);
+        if (dt == SDPA_DTYPE_F32)
+            ((float *)buf)[i] = x;
+        else /* one rounding: a float16 value is exact in fp32 */
+            ((uint16_t *)buf)[i] = dt == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(x) : sdpa_f32_to_f16(x);
+    }
+    free(a->data);
+    a->data = buf;
+    return 0;
+}
 
 static int mul_ok(int64_t a, int64_t b, int64_t *r)
 {
@@ -38,14 +90,20 @@ int load_npy(const char *path, npy_array *a)
 
 int load_tensor(const char *path, const char *role, tensor *t)
 {
+    return load_tensor_as(path, role, SDPA_DTYPE_F32, t);
+}
+
+int load_tensor_as(const char *path, const char *role, sdpa_dtype dt, tensor *t)
+{
     int rc;
     char sh[160];
     t->path = path;
+    t->dt = dt;
     if ((rc = load_npy(path, &t->a)) != 0)
         return rc;
-    if (t->a.dtype != NPY_F4) {
-        file_error(path, "%s must be float32 ('<f4'), got %s ('%s')", role, npy_dtype_name(t->a.dtype),
-                   npy_dtype_descr(t->a.dtype));
+    if (t->a.dtype != NPY_F4 && t->a.dtype != NPY_F2) {
+        file_error(path, "%s must be float32 ('<f4') or float16 ('<f2'), got %s ('%s')", role,
+                   npy_dtype_name(t->a.dtype), npy_dtype_descr(t->a.dtype));
         return EXIT_BAD;
     }
     if (t->a.ndim < 2 || t->a.ndim > 4) {
@@ -65,12 +123,16 @@ int load_tensor(const char *path, const char *role, tensor *t)
                    npy_shape_str(t->a.shape, t->a.ndim, sh, sizeof sh));
         return EXIT_BAD;
     }
+    if (npy_store_as(&t->a, dt) != 0) {
+        file_error(path, "out of memory converting %s to %s", role, dtype_name(dt));
+        return EXIT_BAD;
+    }
     return 0;
 }
 
 sdpa_tensor tensor_view(const tensor *t)
 {
-    sdpa_tensor v = {(const float *)t->a.data, t->size[1], t->size[2], t->size[3]};
+    sdpa_tensor v = {t->a.data, t->size[1], t->size[2], t->size[3]};
     return v;
 }
 
@@ -131,4 +193,12 @@ float *alloc_floats(int64_t n)
     if (n < 0 || (uint64_t)n > SIZE_MAX / sizeof(float))
         return NULL;
     return malloc(n ? (size_t)n * sizeof(float) : 1);
+}
+
+void *alloc_elems(int64_t n, sdpa_dtype dt)
+{
+    const size_t es = dtype_size(dt);
+    if (n < 0 || (uint64_t)n > SIZE_MAX / es)
+        return NULL;
+    return malloc(n ? (size_t)n * es : 1);
 }

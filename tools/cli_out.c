@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "dtype.h" /* src/dtype.h: sdpa_bf16_to_f32 */
 
 /* Temporary files alive right now, removed if SIGINT/SIGTERM/SIGHUP arrives
  * (unlink() is async-signal-safe), so an interrupted run leaves nothing. */
@@ -103,11 +104,35 @@ void out_discard(out_file *outs, int n)
         }
 }
 
+/* Writes one output's data to its temporary file: fp32 as float32, fp16 as
+ * float16 (its bits as they are), bf16 widened (exactly) to float32. */
+static int out_write(const out_file *of, char *err, size_t errlen)
+{
+    if (of->dt == SDPA_DTYPE_F32)
+        return npy_write(of->tmp, NPY_F4, of->data, of->ndim, of->shape, err, errlen);
+    if (of->dt == SDPA_DTYPE_F16)
+        return npy_write(of->tmp, NPY_F2, of->data, of->ndim, of->shape, err, errlen);
+    int64_t count = 1;
+    for (int d = 0; d < of->ndim; d++)
+        count *= of->shape[d]; /* checked against overflow when the shapes were made */
+    float *wide = alloc_floats(count);
+    if (!wide) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    const uint16_t *h = of->data;
+    for (int64_t i = 0; i < count; i++)
+        wide[i] = sdpa_bf16_to_f32(h[i]);
+    const int rc = npy_write(of->tmp, NPY_F4, wide, of->ndim, of->shape, err, errlen);
+    free(wide);
+    return rc;
+}
+
 int out_commit(out_file *outs, int n)
 {
     char err[256];
     for (int i = 0; i < n; i++)
-        if (npy_write_f32(outs[i].tmp, outs[i].data, outs[i].ndim, outs[i].shape, err, sizeof err) != 0) {
+        if (out_write(&outs[i], err, sizeof err) != 0) {
             file_error(outs[i].path, "%s", err);
             out_discard(outs, n);
             return EXIT_BAD;

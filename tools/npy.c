@@ -30,7 +30,7 @@ static const struct {
     size_t size;
 } dtype_info[] = {
     [NPY_F4] = {"<f4", "float32", 4}, [NPY_B1] = {"|b1", "bool", 1}, [NPY_U1] = {"|u1", "uint8", 1},
-    [NPY_I4] = {"<i4", "int32", 4},   [NPY_I8] = {"<i8", "int64", 8},
+    [NPY_I4] = {"<i4", "int32", 4},   [NPY_I8] = {"<i8", "int64", 8}, [NPY_F2] = {"<f2", "float16", 2},
 };
 
 size_t npy_dtype_size(npy_dtype dtype)
@@ -210,7 +210,7 @@ static int parse_dtype(const char *descr, npy_dtype *dtype, char *err, size_t er
     char order;
     const char *t;
     static const char *const supported =
-        "supported: float32 '<f4', bool '|b1', uint8 '|u1', int32 '<i4', int64 '<i8'";
+        "supported: float32 '<f4', float16 '<f2', bool '|b1', uint8 '|u1', int32 '<i4', int64 '<i8'";
     if (strlen(descr) < 2) {
         set_err(err, errlen, "unsupported dtype '%s' (%s)", descr, supported);
         return -1;
@@ -231,6 +231,8 @@ static int parse_dtype(const char *descr, npy_dtype *dtype, char *err, size_t er
     }
     if (strcmp(t, "f4") == 0)
         *dtype = NPY_F4;
+    else if (strcmp(t, "f2") == 0)
+        *dtype = NPY_F2;
     else if (strcmp(t, "i4") == 0)
         *dtype = NPY_I4;
     else if (strcmp(t, "i8") == 0)
@@ -463,6 +465,12 @@ void npy_free(npy_array *a)
 int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
                   size_t errlen)
 {
+    return npy_write(path, NPY_F4, data, ndim, shape, err, errlen);
+}
+
+int npy_write(const char *path, npy_dtype dtype, const void *data, int ndim, const int64_t *shape, char *err,
+              size_t errlen)
+{
     char dict[64 + 24 * NPY_MAX_DIMS], sh[24 * NPY_MAX_DIMS];
     unsigned char pre[12];
     size_t dlen, prelen, total, count = 1;
@@ -473,9 +481,14 @@ int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *
         set_err(err, errlen, "bad rank %d", ndim);
         return -1;
     }
+    if (dtype != NPY_F4 && dtype != NPY_F2) {
+        set_err(err, errlen, "cannot write dtype %s", npy_dtype_name(dtype));
+        return -1;
+    }
+    const size_t elsize = npy_dtype_size(dtype);
     for (int i = 0; i < ndim; i++)
         count *= (size_t)shape[i];
-    snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }",
+    snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", npy_dtype_descr(dtype),
              npy_shape_str(shape, ndim, sh, sizeof sh));
     dlen = strlen(dict);
     /* Version 1.0 if the header length fits in 16 bits. Pad with spaces so that
@@ -507,12 +520,13 @@ int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *
         ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF;
     if (ok && host_is_little_endian()) {
-        ok = fwrite(data, sizeof(float), count, f) == count;
+        ok = fwrite(data, elsize, count, f) == count;
     } else if (ok) {
         for (size_t i = 0; ok && i < count; i++) {
-            float x = data[i];
-            byteswap(&x, 1, sizeof x);
-            ok = fwrite(&x, sizeof x, 1, f) == 1;
+            unsigned char x[4];
+            memcpy(x, (const unsigned char *)data + i * elsize, elsize);
+            byteswap(x, 1, elsize);
+            ok = fwrite(x, elsize, 1, f) == 1;
         }
     }
     if (!ok) {

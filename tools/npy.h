@@ -3,7 +3,8 @@
  *
  * Supported: format versions 1.0, 2.0 and 3.0; C-order arrays (Fortran order is
  * accepted only where it means the same, rank <= 1); the little-endian dtypes
- * '<f4' (float32), '|b1' (bool), '|u1' (uint8), '<i4' (int32), '<i8' (int64).
+ * '<f4' (float32), '<f2' (float16, IEEE binary16, read as raw uint16_t), '|b1'
+ * (bool), '|u1' (uint8), '<i4' (int32), '<i8' (int64).
  * Everything else is rejected with a one-line reason. Reference:
  * https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html */
 #ifndef SDPA_TOOLS_NPY_H
@@ -20,7 +21,8 @@ typedef enum npy_dtype {
     NPY_B1,     /**< '|b1' bool */
     NPY_U1,     /**< '|u1' uint8 */
     NPY_I4,     /**< '<i4' int32 */
-    NPY_I8      /**< '<i8' int64 */
+    NPY_I8,     /**< '<i8' int64 */
+    NPY_F2      /**< '<f2' float16 (IEEE binary16 bits, as uint16_t) */
 } npy_dtype;
 
 typedef struct npy_array {
@@ -42,9 +44,13 @@ const char *npy_dtype_name(npy_dtype dtype);
  *  name, no newline) in err; *out is then empty and needs no npy_free. */
 int npy_read(const char *path, npy_array *out, char *err, size_t errlen);
 
-/** Writes a C-order '<f4' array with a version 1.0 header (2.0 if the header
+/** Writes a C-order array of dtype NPY_F4 ('<f4', data: float) or NPY_F2 ('<f2',
+ *  data: uint16_t binary16 bits) with a version 1.0 header (2.0 if the header
  *  does not fit). Returns 0, or -1 with a reason in err (the file may then be
  *  partially written: callers write to a temporary file and rename it). */
+int npy_write(const char *path, npy_dtype dtype, const void *data, int ndim, const int64_t *shape, char *err,
+              size_t errlen);
+/** npy_write(path, NPY_F4, ...). */
 int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
                   size_t errlen);
 

@@ -6,6 +6,8 @@
  *   sdpa backward -q Q -k K -v V --do dO --dq dQ --dk dK --dv dV [-o O --lse LSE] [--dsinks dS]
  *                 [mask and variant options]
  *   (variants: --softcap C, --alibi-slopes SLOPES, --sinks SINKS; see 'sdpa forward --help')
+ *   (types: --dtype fp32|bf16|fp16 for Q and O (dO, dQ), --kv-dtype for K and V (dK, dV):
+ *    the tensors are stored in that type while libsdpa computes; float32 or float16 inputs)
  *   (packed sequences: --cu-seqlens-q CUQ with --cu-seqlens-k CUK, or, forward only, a paged
  *    K/V cache with --block-table BT --seq-lens-k LK [--page-layout HND|NHD]; dense 4-D files
  *    in (B, T, H, D) order: --layout bshd)
@@ -32,13 +34,14 @@
 static void print_main_help(FILE *f)
 {
     fprintf(f, "usage: sdpa <command> [options]\n\n"
-               "Scaled dot-product attention (FlashAttention-2, fp32) on .npy files.\n\n"
+               "Scaled dot-product attention (FlashAttention-2) on .npy files: tensors stored in fp32,\n"
+               "bf16 or fp16 (--dtype, --kv-dtype), products and sums accumulated in fp32.\n\n"
                "Commands:\n"
                "  info       version, CPU features, ISAs, active ISA, OpenMP threads\n"
-               "  forward    O (and LSE) from Q, K, V and masks\n"
-               "  backward   dQ, dK, dV from Q, K, V, dO (and O, LSE)\n"
+               "  forward    O (and LSE) from Q, K, V and masks [--dtype fp32|bf16|fp16] [--kv-dtype ...]\n"
+               "  backward   dQ, dK, dV from Q, K, V, dO (and O, LSE) [--dtype ...] [--kv-dtype ...]\n"
                "  demo       worked example and a timed causal prefill, checked against float64\n"
-               "  bench      benchmark%s\n\n"
+               "  bench      benchmark [--dtype fp32,bf16,fp16]%s\n\n"
                "'sdpa <command> --help' describes each command. The SDPA_ISA environment variable\n"
                "caps the ISA chosen at load (scalar, avx2, avx512, neon).\n",
 #ifdef SDPA_HAVE_BENCH
