@@ -4,7 +4,7 @@
  * libdeflate / ggml style: an ISA translation unit includes its vector layer
  * (src/x86/vec_avx2.h, src/x86/vec_avx512.h, src/arm/vec_neon.h) and then this
  * file, which includes one header per kernel family (src/simd/gemm.h,
- * softmax.h, decode.h, transpose.h, variants.h) and provides tmpl_fill_table(). Only
+ * softmax.h, decode.h, transpose.h, variants.h, convert.h) and provides tmpl_fill_table(). Only
  * static (inline) definitions live in these headers, so nothing compiled with
  * one ISA's flags can leak into another translation unit. Every function they
  * instantiate carries the layer's name as a suffix (TMPL_FN(gemm) is gemm_avx2,
@@ -48,6 +48,11 @@
  *   V_REDUCE4(a0,a1,a2,a3,out)     out[j] = sum of the lanes of a_j (float out[4]), in
  *                       one fixed order that is the same for every j
  *   V_HMAX(a)           the largest lane of a (no lane is NaN where it is used)
+ *   V_WIDEN_BF16(p) V_WIDEN_F16(p)        VL uint16 (bf16 / fp16 bits) at p to a v_f32
+ *   V_NARROW_BF16(p,v) V_NARROW_F16(p,v)  v to VL uint16 at p; all four with the bits of
+ *                       src/dtype.h for every input (simd/convert.h)
+ *   V_WIDEN_BF16_T(p,t) V_WIDEN_F16_T(p,t) V_NARROW_BF16_T(p,v,t) V_NARROW_F16_T(p,v,t)
+ *                       (optional) the same for the leading lanes of a V_TAIL_INIT tail
  *
  * Numerics: the gemm accumulates each C(m,n) with one fused multiply-add per k
  * in increasing k (the scalar kernel's order; it rounds each product, so the
@@ -181,6 +186,7 @@ TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
 #include "simd/decode.h"
 #include "simd/transpose.h"
 #include "simd/variants.h"
+#include "simd/convert.h"
 
 /* Installs every kernel of these headers and the vector shapes that go with
  * them; the ISA's init sets isa, name and block sizes. */
@@ -206,6 +212,10 @@ TMPL_INLINE void tmpl_fill_table(sdpa_kernels *t)
     t->alibi_cols = TMPL_FN(alibi_cols);
     t->alibi_rows = TMPL_FN(alibi_rows);
     t->bwd_softcap = TMPL_FN(bwd_softcap);
+    t->widen_bf16 = TMPL_FN(widen_bf16);
+    t->widen_f16 = TMPL_FN(widen_f16);
+    t->narrow_bf16 = TMPL_FN(narrow_bf16);
+    t->narrow_f16 = TMPL_FN(narrow_f16);
 }
 
 #endif /* SDPA_SIMD_TMPL_H */

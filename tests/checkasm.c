@@ -19,6 +19,10 @@
  * ISA's vectors, row strides longer than N) with their special values; their
  * tolerances, in ulps with the reasons, are at each check.
  *
+ * The 16-bit storage conversions (widen_bf16, widen_f16, narrow_bf16,
+ * narrow_f16) must give the scalar table's bits exactly, over every tail and
+ * every 16-bit pattern, with crafted fp32 inputs for the roundings.
+ *
  * Usage: checkasm [--test=NAME] [--bench] [--help] [seed] (dav1d's flags; see
  * usage()). Prints one line per ISA and kernel and ends with "N passed, N
  * failed" (counts of checked calls); exits 1 on any failure. --bench times
@@ -1645,6 +1649,319 @@ static void test_bwd_softcap(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     kernel_end();
 }
 
+/* ------------------------------------------ 16-bit storage (bf16, fp16) */
+
+/* widen_bf16, widen_f16, narrow_bf16, narrow_f16: every ISA's bits against the
+ * scalar table's (the definitions of src/dtype.h), bit for bit, NaN payloads
+ * included, over 0..3 rows of every column count 0 .. 3 VL + 1 (every tail) and
+ * some longer rows, with row strides mostly longer than the rows on both sides.
+ * The widenings see every one of the 2^16 patterns (a counter runs through them
+ * across the calls, and one call takes them all at once); the narrowings random
+ * fp32 bits and crafted inputs (ties of both formats and their neighbours, fp32
+ * denormals, the fp16 subnormal range and its boundaries, 65504 / 65520, FLT_MAX,
+ * inf, NaNs with payloads, -0), plus one call per format over every fp32 upper
+ * part (bf16: 16 bits, fp16: 19 bits) with the lower bits that decide its
+ * rounding (0, tie - 1, tie, tie + 1, all ones, random). Guard zones around every
+ * buffer and the padding between rows must keep their bits, and so must the
+ * inputs. Checks that do not lean on the scalar table: widen_bf16 is the pattern
+ * shifted left 16, widen_f16 the value of the fp16 fields (exact in double; a NaN
+ * keeps its sign and payload, quiet), and the ISA's own narrowing of a widened
+ * pattern gives the pattern back (quieted, for a NaN). */
+
+#define CANARY16 0xa5a5u
+
+typedef struct hbuf {
+    uint16_t *mem, *snap, *p;
+    size_t total, off;
+    int rows, cols;
+    ptrdiff_t ld;
+} hbuf;
+
+static hbuf hbuf_new(int rows, int cols, ptrdiff_t ld)
+{
+    hbuf b;
+    const size_t extent = (rows > 0 && cols > 0) ? (size_t)(rows - 1) * (size_t)ld + (size_t)cols : 0;
+    tail_guard_toggle ^= 1; /* as buf_new: every other buffer ends at its last element */
+    b.off = GUARD;
+    b.total = GUARD + extent + (tail_guard_toggle ? GUARD : 0);
+    b.mem = malloc(b.total * sizeof(uint16_t));
+    b.snap = malloc(b.total * sizeof(uint16_t));
+    if (!b.mem || !b.snap) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < b.total; i++)
+        b.mem[i] = CANARY16;
+    b.p = b.mem + b.off;
+    b.rows = rows;
+    b.cols = cols;
+    b.ld = ld;
+    return b;
+}
+
+static void hbuf_free(hbuf *b)
+{
+    free(b->mem);
+    free(b->snap);
+}
+
+static uint16_t *hat(const hbuf *b, int r, int c)
+{
+    return b->p + (ptrdiff_t)r * b->ld + c;
+}
+
+static void hbuf_snap(hbuf *b)
+{
+    memcpy(b->snap, b->mem, b->total * sizeof(uint16_t));
+}
+
+static hbuf hbuf_clone(const hbuf *src)
+{
+    hbuf b = *src;
+    b.mem = malloc(b.total * sizeof(uint16_t));
+    b.snap = malloc(b.total * sizeof(uint16_t));
+    if (!b.mem || !b.snap) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    memcpy(b.mem, src->mem, b.total * sizeof(uint16_t));
+    b.p = b.mem + b.off;
+    return b;
+}
+
+/* As buf_changed, for 16-bit elements. */
+static long hbuf_changed(const hbuf *b, int logical_may_change)
+{
+    long bad = 0;
+    for (size_t i = 0; i < b->total; i++) {
+        if (logical_may_change && i >= b->off) {
+            const size_t j = i - b->off;
+            const size_t r = j / (size_t)b->ld, c = j % (size_t)b->ld;
+            if ((int)r < b->rows && (int)c < b->cols)
+                continue;
+        }
+        if (b->mem[i] != b->snap[i])
+            bad++;
+    }
+    return bad;
+}
+
+enum { CVT_WIDEN_BF16, CVT_WIDEN_F16, CVT_NARROW_BF16, CVT_NARROW_F16 };
+static const char *const cvt_names[] = {"widen_bf16", "widen_f16", "narrow_bf16", "narrow_f16"};
+
+static sdpa_widen_rows_fn widen_fn(const sdpa_kernels *kt, int f16)
+{
+    return f16 ? kt->widen_f16 : kt->widen_bf16;
+}
+
+static sdpa_narrow_rows_fn narrow_fn(const sdpa_kernels *kt, int f16)
+{
+    return f16 ? kt->narrow_f16 : kt->narrow_bf16;
+}
+
+static unsigned widen_counter; /* the next of the 2^16 patterns the widenings see */
+
+static uint16_t widen_input(void)
+{
+    return chance(25) ? (uint16_t)rnd() : (uint16_t)(widen_counter++ & 0xffffu);
+}
+
+/* What the widening of h must give, from the format's fields alone. */
+static int widen_ok(int f16, uint16_t h, float got)
+{
+    const uint32_t g = float_bits(got);
+    if (!f16)
+        return g == (uint32_t)h << 16;
+    const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if ((g >> 31) != (uint32_t)(h >> 15))
+        return 0;
+    if (e == 0x1f && m) /* NaN: quiet, the payload in the top fraction bits */
+        return isnan(got) && (g & 0x7fffffu) == (((uint32_t)m << 13) | 0x400000u);
+    const double mag = e == 0x1f ? INFINITY : e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+    return fabs((double)got) == mag;
+}
+
+/* The pattern narrowing a widened h must give back: h, or h quieted for a NaN. */
+static uint16_t round_trip(int f16, uint16_t h)
+{
+    if (!f16)
+        return (h & 0x7fffu) > 0x7f80u ? (uint16_t)(h | 0x0040u) : h;
+    return (h & 0x7fffu) > 0x7c00u ? (uint16_t)(h | 0x0200u) : h;
+}
+
+static void check_widen(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int f16, int rows, int cols,
+                        ptrdiff_t lds, ptrdiff_t ldd, int every_pattern)
+{
+    hbuf src = hbuf_new(rows, cols, lds);
+    buf dst = buf_new(rows, cols, ldd);
+    unsigned k = 0;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            *hat(&src, r, c) = every_pattern ? (uint16_t)(k++ & 0xffffu) : widen_input();
+    buf dst2 = buf_clone(&dst);
+    hbuf_snap(&src);
+    buf_snap(&dst);
+    widen_fn(kt, f16)(rows, cols, src.p, src.ld, dst.p, dst.ld);
+    widen_fn(ref_kt, f16)(rows, cols, src.p, src.ld, dst2.p, dst2.ld);
+    int ok = 1;
+    const long bad = hbuf_changed(&src, 0) + buf_changed(&dst, 1);
+    if (bad) {
+        ok = 0;
+        report("rows=%d cols=%d lds=%td ldd=%td: %ld elements outside the output changed", rows, cols, lds, ldd,
+               bad);
+    }
+    for (int r = 0; r < rows && ok; r++)
+        for (int c = 0; c < cols && ok; c++) {
+            const uint16_t h = *hat(&src, r, c);
+            const float got = *at(&dst, r, c), sc = *at(&dst2, r, c);
+            if (float_bits(got) != float_bits(sc) || !widen_ok(f16, h, got)) {
+                ok = 0;
+                report("rows=%d cols=%d lds=%td ldd=%td: (%d,%d) %04x -> %08x, scalar %08x", rows, cols, lds, ldd,
+                       r, c, (unsigned)h, (unsigned)float_bits(got), (unsigned)float_bits(sc));
+            }
+        }
+    /* back through the ISA's own narrowing (into a fresh buffer of the source's layout) */
+    if (ok && rows > 0 && cols > 0) {
+        hbuf back = hbuf_new(rows, cols, lds);
+        hbuf_snap(&back);
+        narrow_fn(kt, f16)(rows, cols, dst.p, dst.ld, back.p, back.ld);
+        if (hbuf_changed(&back, 1)) {
+            ok = 0;
+            report("rows=%d cols=%d: the narrowing back wrote outside its output", rows, cols);
+        }
+        for (int r = 0; r < rows && ok; r++)
+            for (int c = 0; c < cols && ok; c++) {
+                const uint16_t h = *hat(&src, r, c), b = *hat(&back, r, c);
+                if (b != round_trip(f16, h)) {
+                    ok = 0;
+                    report("rows=%d cols=%d: (%d,%d) %04x widened and narrowed gives %04x, expected %04x", rows,
+                           cols, r, c, (unsigned)h, (unsigned)b, (unsigned)round_trip(f16, h));
+                }
+            }
+        hbuf_free(&back);
+    }
+    record(ok);
+    hbuf_free(&src);
+    buf_free(&dst);
+    buf_free(&dst2);
+}
+
+/* Crafted fp32 inputs for the narrowings, as bit patterns. */
+static uint32_t narrow_input(void)
+{
+    static const uint32_t special[] = {
+        0x00000000u, 0x00000001u, 0x00007fffu, 0x00008000u, 0x00008001u, 0x00018000u, /* zero, denormals: */
+        0x007f8000u, 0x007fffffu, 0x00800000u, /* bf16 ties among them; FLT_MIN */
+        0x32ffffffu, 0x33000000u, 0x33000001u, /* around 2^-25: the tie between 0 and fp16's smallest */
+        0x337fffffu, 0x33800000u, 0x33a00000u, 0x33c00000u, 0x33e00000u, /* 2^-24 and 1.25, 1.5, 1.75 2^-24 */
+        0x387fc000u, 0x387fdfffu, 0x387fe000u, 0x387fe001u, 0x387ff000u, 0x387fffffu, /* up to 2^-14 */
+        0x38800000u, 0x38800fffu, 0x38801000u, 0x38801001u, 0x38803000u, /* fp16's smallest normal */
+        0x3f800000u, 0x3f801000u, 0x3f803000u, 0x3f808000u, 0x3f818000u, /* 1 and ties above it */
+        0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477ff001u, 0x47800000u, /* 65504, 65520, 65536 */
+        0x7f7f7fffu, 0x7f7f8000u, 0x7f7fffffu, 0x7f800000u, /* bf16's largest, FLT_MAX, inf */
+        0x7f800001u, 0x7f801fffu, 0x7f802000u, 0x7f80ffffu, 0x7f810000u, 0x7fa00000u, /* NaNs: signalling, */
+        0x7fbfffffu, 0x7fc00000u, 0x7fc00001u, 0x7fe5a5a5u, 0x7fffffffu, /* payloads kept or cut, quiet */
+    };
+    const uint32_t sign = rnd() & 0x80000000u;
+    const int r = (int)(rnd() % 100);
+    if (r < 35) /* any bits */
+        return rnd();
+    if (r < 55)
+        return sign | special[rnd() % (sizeof special / sizeof special[0])];
+    if (r < 65) /* bf16 ties and their neighbours, any exponent */
+        return (rnd() & 0xffff0000u) | (0x7fffu + rnd() % 3);
+    if (r < 78) /* fp16 normal range (2^-14 .. 2^15): ties and their neighbours */
+        return sign | (113u + rnd() % 30) << 23 | (rnd() & 0x7fe000u) | (0x0fffu + rnd() % 3);
+    if (r < 88) { /* fp16 subnormal range: k 2^-25 (k odd: a tie) and its neighbours */
+        const uint32_t u = float_bits((float)(rnd() % 2049) * 0x1p-25f);
+        return sign | (u ? u + rnd() % 3 - 1 : u);
+    }
+    if (r < 94) /* NaN, any payload */
+        return sign | 0x7f800000u | (1u + rnd() % 0x7fffffu);
+    return sign | (rnd() & 0x007fffffu) >> (rnd() % 23); /* fp32 denormals */
+}
+
+/* sweep: the input is row r's lower bits under column c's upper part (see above). */
+static void check_narrow(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int f16, int rows, int cols,
+                         ptrdiff_t lds, ptrdiff_t ldd, int sweep)
+{
+    buf src = buf_new(rows, cols, lds);
+    hbuf dst = hbuf_new(rows, cols, ldd);
+    const int low_bits = f16 ? 13 : 16;
+    const uint32_t tie = 1u << (low_bits - 1), low_mask = (1u << low_bits) - 1u;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            const uint32_t lows[] = {0, tie - 1, tie, tie + 1, low_mask, rnd() & low_mask};
+            *at(&src, r, c) = bits_float(sweep ? (uint32_t)c << low_bits | lows[r % 6] : narrow_input());
+        }
+    hbuf dst2 = hbuf_clone(&dst);
+    buf_snap(&src);
+    hbuf_snap(&dst);
+    narrow_fn(kt, f16)(rows, cols, src.p, src.ld, dst.p, dst.ld);
+    narrow_fn(ref_kt, f16)(rows, cols, src.p, src.ld, dst2.p, dst2.ld);
+    int ok = 1;
+    const long bad = buf_changed(&src, 0) + hbuf_changed(&dst, 1);
+    if (bad) {
+        ok = 0;
+        report("rows=%d cols=%d lds=%td ldd=%td: %ld elements outside the output changed", rows, cols, lds, ldd,
+               bad);
+    }
+    for (int r = 0; r < rows && ok; r++)
+        for (int c = 0; c < cols && ok; c++) {
+            const uint16_t got = *hat(&dst, r, c), sc = *hat(&dst2, r, c);
+            if (got != sc) {
+                ok = 0;
+                report("rows=%d cols=%d lds=%td ldd=%td: (%d,%d) %08x (%.9g) -> %04x, scalar %04x", rows, cols, lds,
+                       ldd, r, c, (unsigned)float_bits(*at(&src, r, c)), (double)*at(&src, r, c), (unsigned)got,
+                       (unsigned)sc);
+            }
+        }
+    record(ok);
+    buf_free(&src);
+    hbuf_free(&dst);
+    hbuf_free(&dst2);
+}
+
+/* A row stride for cols elements: cols + 1..9 or + 37 mostly, else cols (at least 1). */
+static ptrdiff_t cvt_ld(int cols)
+{
+    const int q = (int)(rnd() % 8);
+    const int pad = q < 2 ? 0 : q < 7 ? 1 + (int)(rnd() % 9) : 37;
+    return cols + pad > 0 ? cols + pad : 1;
+}
+
+static void test_cvt(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int which)
+{
+    const int narrow = which >= CVT_NARROW_BF16, f16 = which == CVT_WIDEN_F16 || which == CVT_NARROW_F16;
+    const int vl = kt->vec_floats;
+    kernel_begin(kt->name, cvt_names[which]);
+    int cols_list[64], n_cols = 0;
+    for (int c = 0; c <= 3 * vl + 1; c++)
+        var_add(cols_list, &n_cols, 64, c);
+    const int longer[] = {4 * vl + 5, 63, 64, 65, 127, 200};
+    for (size_t i = 0; i < sizeof longer / sizeof longer[0]; i++)
+        var_add(cols_list, &n_cols, 64, longer[i]);
+    for (int rows = 0; rows <= 3; rows++)
+        for (int i = 0; i < n_cols; i++)
+            for (int rep = 0; rep < 3; rep++) {
+                const int cols = cols_list[i];
+                const ptrdiff_t lds = cvt_ld(cols), ldd = cvt_ld(cols);
+                if (narrow)
+                    check_narrow(kt, ref_kt, f16, rows, cols, lds, ldd, 0);
+                else
+                    check_widen(kt, ref_kt, f16, rows, cols, lds, ldd, 0);
+            }
+    if (narrow) /* every upper part, with a tail: 6 rows of 2^16 (bf16) or 2^19 (fp16) + 3 */
+        check_narrow(kt, ref_kt, f16, 6, (1 << (f16 ? 19 : 16)) + 3, (1 << (f16 ? 19 : 16)) + 8,
+                     (1 << (f16 ? 19 : 16)) + 5, 1);
+    else /* every pattern in one call: 2 rows of 2^15, and again as 3 rows with a tail */
+        for (int rep = 0; rep < 2; rep++) {
+            const int rows = rep ? 3 : 2, cols = rep ? 21847 : 32768;
+            check_widen(kt, ref_kt, f16, rows, cols, cols + 5, cols + 3, 1);
+        }
+    kernel_end();
+}
+
 /* ---------------------------------------------------------------- bench */
 
 /* --bench: each kernel of each ISA on one fixed, representative shape (a score
@@ -1664,6 +1981,7 @@ static void test_bwd_softcap(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
 
 typedef struct bench_bufs {
     float *a, *b, *c, *v1, *v2, *v3, *scratch, *g;
+    uint16_t *h; /* bf16 / fp16 bits for the widenings, the narrowings' output */
 } bench_bufs;
 
 static void bench_fill(bench_bufs *w)
@@ -1673,6 +1991,7 @@ static void bench_fill(bench_bufs *w)
         w->b[i] = frand(-1.0f, 1.0f);
         w->c[i] = frand(0.0f, 1.0f);
         w->g[i] = chance(50) ? 1.0f : -1.0f; /* bwd_softcap's G: dS keeps its magnitude call after call */
+        w->h[i] = (uint16_t)(0x3c00u | (rnd() & 0x83ffu)); /* +-[1, 2) in both formats */
     }
     for (int i = 0; i < 256; i++) {
         w->v1[i] = -INFINITY; /* m: a first tile */
@@ -1715,6 +2034,10 @@ static int bench_call(const sdpa_kernels *kt, const char *name, int variant, ben
         kt->alibi_rows(BENCH_DQ, BENCH_DK, w->c, BENCH_DK, w->v2, w->v3);
     else if (!strcmp(name, "bwd_softcap"))
         kt->bwd_softcap(BENCH_BK, BENCH_BQ, w->a, BENCH_BQ, w->g, BENCH_BQ);
+    else if (!strcmp(name, "widen_bf16") || !strcmp(name, "widen_f16"))
+        (name[6] == 'f' ? kt->widen_f16 : kt->widen_bf16)(BENCH_BK, BENCH_D, w->h, BENCH_D, w->c, BENCH_D);
+    else if (!strcmp(name, "narrow_bf16") || !strcmp(name, "narrow_f16"))
+        (name[7] == 'f' ? kt->narrow_f16 : kt->narrow_bf16)(BENCH_BK, BENCH_D, w->a, BENCH_D, w->h, BENCH_D);
     return 1;
 }
 
@@ -1772,6 +2095,10 @@ static const bench_case bench_cases[] = {
     {"alibi_cols", "128x64", 0, 0},
     {"alibi_rows", "4x256", 0, 0},
     {"bwd_softcap", "128x64", 0, 0},
+    {"widen_bf16", "128x128", 0, 0},
+    {"widen_f16", "128x128", 0, 0},
+    {"narrow_bf16", "128x128", 0, 0},
+    {"narrow_f16", "128x128", 0, 0},
 };
 
 /* ----------------------------------------------------------------- main */
@@ -1792,6 +2119,7 @@ static void usage(const char *argv0)
            "               online_softmax, 'gemm*', ...); kernels: gemm online_softmax\n"
            "               online_softmax_rows scale_rows bwd_probs bwd_dscores transpose gemm_nt\n"
            "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
+           "               widen_bf16 widen_f16 narrow_bf16 narrow_f16\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"
@@ -1810,6 +2138,11 @@ static void run_bench(void)
             fprintf(stderr, "checkasm: out of memory\n");
             exit(2);
         }
+    }
+    w.h = aligned_alloc(64, BENCH_FLOATS * sizeof(uint16_t));
+    if (!w.h) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
     }
     printf("checkasm --bench: CPU features: %s\n", sdpa_cpu_features());
     printf("one thread, best of 5 batches of ~2 ms per kernel and ISA; the same shape for every ISA\n");
@@ -1840,6 +2173,7 @@ static void run_bench(void)
     }
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(*all[i]);
+    free(w.h);
 }
 
 int main(int argc, char **argv)
@@ -1915,6 +2249,9 @@ int main(int argc, char **argv)
             test_alibi(kt, ref_kt, 1);
         if (selected("bwd_softcap"))
             test_bwd_softcap(kt, ref_kt);
+        for (int k = CVT_WIDEN_BF16; k <= CVT_NARROW_F16; k++)
+            if (selected(cvt_names[k]))
+                test_cvt(kt, ref_kt, k);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;

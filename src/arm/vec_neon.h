@@ -110,4 +110,26 @@ static inline void neon_reduce4(float32x4_t a0, float32x4_t a1, float32x4_t a2, 
 #define V_REDUCE4(a0, a1, a2, a3, out) neon_reduce4((a0), (a1), (a2), (a3), (out))
 #define V_HMAX(a) vmaxvq_f32(a)
 
+/* The 16-bit storage types (simd/convert.h; the bits of src/dtype.h), 4 per d
+ * register: bf16 is integer work (widen = shift left 16 while widening;
+ * narrow = sdpa_f32_to_bf16's u + 0x7fff + lsb, upper half, a NaN its upper
+ * half with the quiet bit set); fp16 is FCVTL / FCVTN, whose NaN handling
+ * (FPCR.DN clear: quiet bit set, sign and top payload bits kept), overflow to
+ * inf and subnormals under the default FPCR (round to nearest even, no
+ * flushing, IEEE half format) are dtype.h's. The library never changes FPCR. */
+static inline uint16x4_t neon_f32_to_bf16(float32x4_t v)
+{
+    const uint32x4_t u = vreinterpretq_u32_f32(v);
+    const uint32x4_t lsb = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+    const uint16x4_t r = vshrn_n_u32(vaddq_u32(u, vaddq_u32(lsb, vdupq_n_u32(0x7fff))), 16);
+    const uint16x4_t q = vorr_u16(vshrn_n_u32(u, 16), vdup_n_u16(0x40)); /* quiet NaN */
+    const uint16x4_t nan = vmovn_u32(vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7fffffff)), vdupq_n_u32(0x7f800000)));
+    return vbsl_u16(nan, q, r);
+}
+
+#define V_WIDEN_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))
+#define V_WIDEN_F16(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
+#define V_NARROW_BF16(p, v) vst1_u16((p), neon_f32_to_bf16(v))
+#define V_NARROW_F16(p, v) vst1_u16((p), vreinterpret_u16_f16(vcvt_f16_f32(v)))
+
 #endif /* SDPA_ARM_VEC_NEON_H */

@@ -48,9 +48,11 @@ unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
     const int fma = (ecx1 >> 12) & 1;
     const int osxsave = (ecx1 >> 27) & 1; /* the OS uses XSAVE: XGETBV is legal */
     const int avx = (ecx1 >> 28) & 1;
+    const int f16c = (ecx1 >> 29) & 1; /* vcvtph2ps / vcvtps2ph: the AVX2 rung's fp16 storage */
     if (sse42) sdpa_cpu_add_name(names, cap, "sse4.2");
     if (avx) sdpa_cpu_add_name(names, cap, "avx");
     if (fma) sdpa_cpu_add_name(names, cap, "fma");
+    if (f16c) sdpa_cpu_add_name(names, cap, "f16c");
 
     unsigned ebx7 = 0;
     if (max_leaf >= 7) {
@@ -80,7 +82,7 @@ unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
     if (os_ymm) sdpa_cpu_add_name(names, cap, "os-ymm");
     if (os_zmm) sdpa_cpu_add_name(names, cap, "os-zmm");
 
-    if (avx && avx2 && fma && os_ymm)
+    if (avx && avx2 && fma && f16c && os_ymm)
         flags |= SDPA_X86_CPU_FLAG_AVX2;
     if ((flags & SDPA_X86_CPU_FLAG_AVX2) && avx512f && avx512dq && avx512bw && avx512vl && os_zmm)
         flags |= SDPA_X86_CPU_FLAG_AVX512;

@@ -7,7 +7,9 @@
  * blend on the accumulator chain); exp is Sleef_exp2f8_u10avx2 (2^y, see
  * simd_tmpl.h); gemm_nt (decode scores) keeps one query row of up to 8 ymm or
  * two of up to 4 in registers against 4 or 2 keys per reduction, and longer
- * rows from L1, up to 4 query rows per key. Built with -mavx2 -mfma only. */
+ * rows from L1, up to 4 query rows per key; fp16 storage through F16C (every
+ * AVX2 CPU has it; the dispatcher checks it with AVX2). Built with -mavx2 -mfma
+ * -mf16c only. */
 #include "x86/vec_avx2.h"
 
 #include "simd_tmpl.h"

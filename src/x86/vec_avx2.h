@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* x86/vec_avx2.h - the V_* vector layer of src/simd_tmpl.h for AVX2 + FMA (8 x fp32).
  *
- * Included only by translation units built with -mavx2 -mfma. Two parts:
+ * Included only by translation units built with -mavx2 -mfma -mf16c. Two parts:
  *  1. ymm helpers (tail masks, the 8x8 transpose), also used by the AVX-512
  *     layer, which includes this file with SDPA_VEC_ISA already defined;
  *  2. the V_* macros, defined only when no other layer claimed SDPA_VEC_ISA.
@@ -143,5 +143,38 @@ static inline float avx2_hmax(__m256 a)
 #define V_TRANSPOSE(src, lds, dst, ldd) avx2_transpose8x8((src), (lds), (dst), (ldd))
 #define V_REDUCE4(a0, a1, a2, a3, out) avx2_reduce4((a0), (a1), (a2), (a3), (out))
 #define V_HMAX(a) avx2_hmax(a)
+
+/* The 16-bit storage types (simd/convert.h; the bits of src/dtype.h). bf16 is
+ * integer work: widen = zero-extend and shift left 16; narrow = the rounding of
+ * sdpa_f32_to_bf16 (u + 0x7fff + lsb, upper half; a NaN keeps its upper half
+ * with the quiet bit set), not vcvtneps2bf16, which flushes denormals. fp16 is
+ * F16C (vcvtph2ps, vcvtps2ph with round to nearest even from the immediate):
+ * checked to give dtype.h's bits for all 2^32 fp32 and 2^16 fp16 inputs; the
+ * library sets no MXCSR mode. */
+static inline __m256i avx2_f32_to_bf16_epi32(__m256 v)
+{
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)); /* quiet NaN */
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000)); /* both sides >= 0: signed compare */
+    return _mm256_blendv_epi8(r, q, nan);
+}
+
+static inline void avx2_store_bf16(uint16_t *p, __m256 v)
+{
+    const __m256i h = avx2_f32_to_bf16_epi32(v); /* every lane 0 .. 0xffff: packus does not saturate */
+    _mm_storeu_si128((__m128i *)(void *)p,
+                     _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+
+#define V_WIDEN_BF16(p)                                                                            \
+    _mm256_castsi256_ps(                                                                           \
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))), 16))
+#define V_WIDEN_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+#define V_NARROW_BF16(p, v) avx2_store_bf16((p), (v))
+#define V_NARROW_F16(p, v)                                                                         \
+    _mm_storeu_si128((__m128i *)(void *)(p), _mm256_cvtps_ph((v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
 
 #endif /* SDPA_VEC_ISA */

@@ -117,4 +117,38 @@ static inline void avx512_transpose16x16(const float *src, ptrdiff_t lds, float 
 #define V_REDUCE4(a0, a1, a2, a3, out) avx512_reduce4((a0), (a1), (a2), (a3), (out))
 #define V_HMAX(a) _mm512_reduce_max_ps(a)
 
+/* The 16-bit storage types (simd/convert.h; the bits of src/dtype.h), 16 per
+ * ymm of words: bf16 is integer work (widen = zero-extend and shift left 16;
+ * narrow = sdpa_f32_to_bf16's u + 0x7fff + lsb, upper half, a NaN its upper
+ * half with the quiet bit set; not vcvtneps2bf16, which flushes denormals),
+ * fp16 is vcvtph2ps / vcvtps2ph with round to nearest even from the immediate
+ * (F16C's conversions over zmm: dtype.h's bits for every input). Tails: the
+ * words through AVX512BW/VL masked loads and stores (the disabled lanes'
+ * memory is never touched). */
+static inline __m256i avx512_f32_to_bf16(__m512 v)
+{
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)); /* quiet NaN */
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q)); /* every lane 0 .. 0xffff */
+}
+
+static inline __m512 avx512_widen_bf16(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+#define AVX512_CVTPS_PH(v) _mm512_cvtps_ph((v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define V_WIDEN_BF16(p) avx512_widen_bf16(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#define V_WIDEN_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#define V_NARROW_BF16(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), avx512_f32_to_bf16(v))
+#define V_NARROW_F16(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), AVX512_CVTPS_PH(v))
+#define V_WIDEN_BF16_T(p, t) avx512_widen_bf16(_mm256_maskz_loadu_epi16((t), (p)))
+#define V_WIDEN_F16_T(p, t) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((t), (p)))
+#define V_NARROW_BF16_T(p, v, t) _mm256_mask_storeu_epi16((p), (t), avx512_f32_to_bf16(v))
+#define V_NARROW_F16_T(p, v, t) _mm256_mask_storeu_epi16((p), (t), AVX512_CVTPS_PH(v))
+
 #endif /* SDPA_X86_VEC_AVX512_H */
