@@ -229,14 +229,36 @@ static void fwd_nt_seg(const plan *pl, fwd_ws *w, const fwd_tile *ft, int64_t ks
     }
 }
 
+/* A bf16 / fp16 cache's keys [ks, ke) in one page through the ISA's attend_rows
+ * for that type (K and V widened in registers as they are read); 0 when it does
+ * not take the call (not provided, masks element by element, logit variants, or
+ * a shape it refuses), and then nothing was done. */
+static int fwd_nt_seg16(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int64_t ks, int64_t ke,
+                        int partial)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const sdpa_attend_rows16_fn f = pl->kv_dtype == SDPA_DTYPE_BF16 ? kt->attend_rows_bf16 : kt->attend_rows_f16;
+    if (!f || partial || pl->logit_variants || pl->Dk == 0 || pl->Dv == 0 || ke - ks > INT32_MAX)
+        return 0;
+    return f(ft->ncol, (int)(ke - ks), (int)pl->Dk, (int)pl->Dv, pl->scale, w->qt, pl->Dk,
+             kv_row(pl, a->k, ft->kb, ks), a->k->seq_stride, kv_row(pl, a->v, ft->vb, ks), a->v->seq_stride, w->m,
+             w->l, w->on, pl->Dv, w->s);
+}
+
 /* Few-column tiles (decode), keys [ks, ke): fwd_nt_seg over each run of keys in
- * one page (the whole range when unpaged); a bf16 / fp16 cache in runs of at
- * most block_k keys, widened to fp32 first. */
+ * one page (the whole range when unpaged); a bf16 / fp16 cache through the
+ * ISA's typed attend_rows where it takes the run, else in runs of at most
+ * block_k keys widened to fp32 first. */
 static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int64_t ks, int64_t ke,
                        int partial)
 {
     const int Dk = (int)pl->Dk, Dv = (int)pl->Dv;
     for (int64_t j = ks, e; j < ke; j = e) {
+        if (pl->kv_dtype != SDPA_DTYPE_F32) {
+            e = kv_run_end(pl, j, ke);
+            if (fwd_nt_seg16(pl, w, a, ft, j, e, partial))
+                continue;
+        }
         e = kv_run_end(pl, j, ke);
         if (pl->reduced && e - j > pl->bk)
             e = j + pl->bk;

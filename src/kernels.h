@@ -145,6 +145,14 @@ typedef int (*sdpa_attend_rows_fn)(int M, int N, int Dk, int Dv, float scale, co
                                    const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
                                    float *l, float *O, ptrdiff_t ldo, float *scratch);
 
+/* attend_rows over a bf16 or fp16 K/V cache (K, V: uint16 bit patterns, strides in
+ * elements), each element widened as it is read: the bits of attend_rows on the
+ * widened rows. Optional per ISA (NULL: the driver widens runs of keys into fp32
+ * buffers first). */
+typedef int (*sdpa_attend_rows16_fn)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                                     const uint16_t *K, ptrdiff_t ldk, const uint16_t *V, ptrdiff_t ldv, float *m,
+                                     float *l, float *O, ptrdiff_t ldo, float *scratch);
+
 /* dst[c][r] = src[r][c] for r < rows, c < cols (src row stride lds, dst row stride ldd). */
 typedef void (*sdpa_transpose_fn)(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
                                   ptrdiff_t ldd);
@@ -216,6 +224,7 @@ typedef struct sdpa_kernels {
     sdpa_online_softmax_rows_fn online_softmax_rows;
     sdpa_gemm_stream_fn gemm_stream;
     sdpa_attend_rows_fn attend_rows; /* NULL: not provided */
+    sdpa_attend_rows16_fn attend_rows_bf16, attend_rows_f16; /* NULL: not provided */
     sdpa_softcap_fn softcap;
     sdpa_alibi_cols_fn alibi_cols;
     sdpa_alibi_rows_fn alibi_rows;

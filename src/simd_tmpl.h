@@ -208,6 +208,8 @@ TMPL_INLINE void tmpl_fill_table(sdpa_kernels *t)
     t->online_softmax_rows = TMPL_FN(online_softmax_rows);
     t->gemm_stream = TMPL_FN(gemm_stream);
     t->attend_rows = TMPL_FN(attend_rows);
+    t->attend_rows_bf16 = TMPL_FN(attend_rows_bf16);
+    t->attend_rows_f16 = TMPL_FN(attend_rows_f16);
     t->softcap = TMPL_FN(softcap);
     t->alibi_cols = TMPL_FN(alibi_cols);
     t->alibi_rows = TMPL_FN(alibi_rows);

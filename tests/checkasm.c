@@ -1256,6 +1256,86 @@ static void test_attend(const sdpa_kernels *kt)
     kernel_end();
 }
 
+/* attend_rows_bf16 / attend_rows_f16: a 16-bit K/V cache must give, bit for bit,
+ * what attend_rows gives on the same rows widened (the return value included,
+ * over two calls when split > 0), read nothing past its rows (the 16-bit
+ * buffers are exact-sized allocations: ASan catches an over-read) and leave K
+ * and V untouched. */
+static void check_attend16(const sdpa_kernels *kt, int type, int M, int N, int Dk, int Dv, int split)
+{
+    const sdpa_attend_rows16_fn f = type == SDPA_DTYPE_BF16 ? kt->attend_rows_bf16 : kt->attend_rows_f16;
+    const sdpa_narrow_rows_fn narrow = type == SDPA_DTYPE_BF16 ? kt->narrow_bf16 : kt->narrow_f16;
+    const sdpa_widen_rows_fn widen = type == SDPA_DTYPE_BF16 ? kt->widen_bf16 : kt->widen_f16;
+    const float scale = 1.0f / sqrtf((float)(Dk > 0 ? Dk : 1));
+    const ptrdiff_t ldk = Dk + 3, ldv = Dv + 1, ldq = Dk + 2;
+    const size_t nk = N > 0 ? (size_t)(N - 1) * ldk + Dk : 0, nv = N > 0 ? (size_t)(N - 1) * ldv + Dv : 0;
+    uint16_t *k16 = malloc(nk * 2 + 2), *v16 = malloc(nv * 2 + 2), *k16c = malloc(nk * 2 + 2), *v16c = malloc(nv * 2 + 2);
+    float *kf = malloc(nk * 4 + 4), *vf = malloc(nv * 4 + 4), *q = malloc((size_t)M * ldq * 4 + 4);
+    float *o[2], *m[2], *l[2], *scratch[2];
+    for (int i = 0; i < 2; i++) {
+        o[i] = calloc((size_t)M * Dv + 1, 4);
+        m[i] = malloc((size_t)M * 4 + 4);
+        l[i] = calloc((size_t)M + 1, 4);
+        scratch[i] = malloc((size_t)(kt->attend_scratch > 0 ? kt->attend_scratch : 1) * 4);
+        for (int r = 0; r < M; r++)
+            m[i][r] = -INFINITY;
+    }
+    for (size_t i = 0; i < nk; i++)
+        kf[i] = (float)(rand() % 4001 - 2000) / 997.0f;
+    for (size_t i = 0; i < nv; i++)
+        vf[i] = (float)(rand() % 4001 - 2000) / 1999.0f;
+    for (size_t i = 0; i < (size_t)M * ldq; i++)
+        q[i] = (float)(rand() % 4001 - 2000) / 1013.0f;
+    if (N > 0) {
+        narrow(N, Dk, kf, ldk, k16, ldk);
+        narrow(N, Dv, vf, ldv, v16, ldv);
+        widen(N, Dk, k16, ldk, kf, ldk);
+        widen(N, Dv, v16, ldv, vf, ldv);
+    }
+    memcpy(k16c, k16, nk * 2);
+    memcpy(v16c, v16, nv * 2);
+    const int n1 = split > 0 && split < N ? split : N;
+    int d32 = kt->attend_rows(M, n1, Dk, Dv, scale, q, ldq, kf, ldk, vf, ldv, m[0], l[0], o[0], Dv, scratch[0]);
+    int d16 = f(M, n1, Dk, Dv, scale, q, ldq, k16, ldk, v16, ldv, m[1], l[1], o[1], Dv, scratch[1]);
+    if (d32 && n1 < N)
+        d32 = kt->attend_rows(M, N - n1, Dk, Dv, scale, q, ldq, kf + n1 * ldk, ldk, vf + n1 * ldv, ldv, m[0], l[0],
+                              o[0], Dv, scratch[0]);
+    if (d16 && n1 < N)
+        d16 = f(M, N - n1, Dk, Dv, scale, q, ldq, k16 + n1 * ldk, ldk, v16 + n1 * ldv, ldv, m[1], l[1], o[1], Dv,
+                scratch[1]);
+    int ok = d32 == d16 && memcmp(k16, k16c, nk * 2) == 0 && memcmp(v16, v16c, nv * 2) == 0 &&
+             memcmp(o[0], o[1], (size_t)M * Dv * 4) == 0 && memcmp(m[0], m[1], (size_t)M * 4) == 0 &&
+             memcmp(l[0], l[1], (size_t)M * 4) == 0;
+    if (!ok)
+        report("%s M=%d N=%d Dk=%d Dv=%d split=%d: done %d/%d, or O/m/l bits differ from attend_rows on the widened "
+               "rows, or K/V written",
+               type == SDPA_DTYPE_BF16 ? "bf16" : "fp16", M, N, Dk, Dv, split, d16, d32);
+    record(ok);
+    for (int i = 0; i < 2; i++)
+        free(o[i]), free(m[i]), free(l[i]), free(scratch[i]);
+    free(k16), free(v16), free(k16c), free(v16c), free(kf), free(vf), free(q);
+}
+
+static void test_attend16(const sdpa_kernels *kt)
+{
+    for (int type = SDPA_DTYPE_BF16; type <= SDPA_DTYPE_F16; type++) {
+        if (!kt->attend_rows || !(type == SDPA_DTYPE_BF16 ? kt->attend_rows_bf16 : kt->attend_rows_f16))
+            continue;
+        kernel_begin(kt->name, type == SDPA_DTYPE_BF16 ? "attend_rows_bf16" : "attend_rows_f16");
+        const int mx = kt->attend_max_rows, st = kt->nt_step, qfl = kt->attend_max_vecs * kt->vec_floats;
+        const int ms[] = {1, 2, 3, 4, 5, mx, mx + 1};
+        const int ns[] = {0, 1, 5, st - 1, st, st + 1, 2 * st + 1, 100};
+        const int ds[] = {1, 7, 8, 15, 16, 17, 33, 64, 100, 128, 129, qfl / 2 + 1, qfl - 1, qfl, qfl + 1};
+        int combo = 0;
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+                for (size_t d = 0; d < sizeof ds / sizeof ds[0]; d++, combo++)
+                    check_attend16(kt, type, ms[i], ns[j], ds[d], combo % 7 == 0 ? ds[d] + kt->vec_floats : ds[d],
+                                   combo % 3 ? 0 : ns[j] / 2 + 1);
+        kernel_end();
+    }
+}
+
 /* ------------------------------------------------------------ transpose */
 
 static void check_transpose(const sdpa_kernels *kt, int rows, int cols)
@@ -2240,6 +2320,8 @@ int main(int argc, char **argv)
             test_gemm_stream(kt, ref_kt);
         if (selected("attend_rows"))
             test_attend(kt);
+        if (selected("attend_rows_bf16") || selected("attend_rows_f16"))
+            test_attend16(kt);
         make_variant_sizes(kt);
         if (selected("softcap"))
             test_softcap(kt, ref_kt);

@@ -122,7 +122,8 @@ Test(dispatch, detection_matches_independent_probe)
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     const int probe_avx2 =
-        __builtin_cpu_supports("avx") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        __builtin_cpu_supports("avx") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c");
     const int probe_avx512 = probe_avx2 && __builtin_cpu_supports("avx512f") &&
                              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
                              __builtin_cpu_supports("avx512vl");

@@ -18,6 +18,36 @@
 #error "V_NT_QREGS must be 8 or 16 (add its half to TMPL_HALF_*)"
 #endif
 
+/* The element type of B in tmpl_nt_reg and tmpl_stream_reg (compile-time): fp32,
+ * or a bf16 / fp16 K/V cache widened in registers as it is read (attend_rows_bf16,
+ * attend_rows_f16: the same values as widening first, so the same bits as
+ * attend_rows on the widened rows). */
+enum { TMPL_KV_F32, TMPL_KV_BF16, TMPL_KV_F16 };
+
+/* One vector of B at element off (full), or its first n elements (t: V_TAIL_INIT(n)). */
+TMPL_INLINE v_f32 tmpl_kv_load(const int kvt, const void *B, ptrdiff_t off)
+{
+    if (kvt == TMPL_KV_F32)
+        return V_LOAD((const float *)B + off);
+    const uint16_t *h = (const uint16_t *)B + off;
+    return kvt == TMPL_KV_BF16 ? V_WIDEN_BF16(h) : V_WIDEN_F16(h);
+}
+
+TMPL_INLINE v_f32 tmpl_kv_load_t(const int kvt, const void *B, ptrdiff_t off, int n, v_tail t)
+{
+    if (kvt == TMPL_KV_F32)
+        return V_LOAD_T((const float *)B + off, t);
+    const uint16_t *h = (const uint16_t *)B + off;
+#ifdef V_WIDEN_BF16_T
+    (void)n;
+    return kvt == TMPL_KV_BF16 ? V_WIDEN_BF16_T(h, t) : V_WIDEN_F16_T(h, t);
+#else
+    uint16_t buf[TMPL_VL] = {0};
+    memcpy(buf, h, (size_t)n * sizeof buf[0]);
+    return kvt == TMPL_KV_BF16 ? V_WIDEN_BF16(buf) : V_WIDEN_F16(buf);
+#endif
+}
+
 /* --------------------------------------------------------------- gemm_nt */
 
 /* Row n of B against rows 0..rb-1 of A (rb compile-time, 1..TMPL_REDUCE_N), for head_dims
@@ -78,8 +108,8 @@ static const tmpl_nt_fn TMPL_FN(gemm_nt_keys_tab)[TMPL_REDUCE_N + 1] = {
  * V_REDUCE4 of their sum: C(m,n) depends only on row m, row n, K and alpha,
  * the same for rb = 1 and 2. rb, nv compile-time; the last vector is partial
  * when K % VL != 0. */
-TMPL_INLINE void tmpl_nt_reg(const int rb, const int nv, int mr, int N, int K, float alpha,
-                             const float *A, ptrdiff_t lda, const float *B, ptrdiff_t ldb, float *C,
+TMPL_INLINE void tmpl_nt_reg(const int kvt, const int rb, const int nv, int mr, int N, int K, float alpha,
+                             const float *A, ptrdiff_t lda, const void *B, ptrdiff_t ldb, float *C,
                              ptrdiff_t rs_c, ptrdiff_t cs_c)
 {
     const int kpi = TMPL_REDUCE_N / rb; /* keys per iteration: one V_REDUCE4 */
@@ -98,13 +128,14 @@ TMPL_INLINE void tmpl_nt_reg(const int rb, const int nv, int mr, int N, int K, f
         v_f32 acc[TMPL_REDUCE_N][2];
         TMPL_UNROLL
         for (int j = 0; j < kpi; j++) {
-            const float *b = B + (ptrdiff_t)(n0 + j < N ? n0 + j : N - 1) * ldb;
+            const ptrdiff_t b = (ptrdiff_t)(n0 + j < N ? n0 + j : N - 1) * ldb;
             TMPL_UNROLL
             for (int i = 0; i < rb; i++)
                 acc[j * rb + i][0] = acc[j * rb + i][1] = V_ZERO();
             TMPL_UNROLL
             for (int v = 0; v < nv; v++) {
-                const v_f32 bv = (v == nv - 1 && part) ? V_LOAD_T(b + v * TMPL_VL, t) : V_LOAD(b + v * TMPL_VL);
+                const v_f32 bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
+                                                       : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
                 TMPL_UNROLL
                 for (int i = 0; i < rb; i++)
                     acc[j * rb + i][v & 1] = V_FMA(q[i][v], bv, acc[j * rb + i][v & 1]);
@@ -133,7 +164,7 @@ typedef void (*tmpl_nt_reg_fn)(int mr, int N, int K, float alpha, const float *A
                                                  ptrdiff_t lda, const float *B, ptrdiff_t ldb,     \
                                                  float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)         \
     {                                                                                              \
-        tmpl_nt_reg(rb, nv, mr, N, K, alpha, A, lda, B, ldb, C, rs_c, cs_c);                       \
+        tmpl_nt_reg(TMPL_KV_F32, rb, nv, mr, N, K, alpha, A, lda, B, ldb, C, rs_c, cs_c);          \
     }
 #define TMPL_NT_REG_PTR(nv, rb) [rb - 1][nv] = TMPL_FN(gemm_nt_reg_##rb##_##nv),
 TMPL_NT_REG_LIST(TMPL_NT_REG)
@@ -187,11 +218,12 @@ static void TMPL_FN(gemm_nt)(int M, int N, int K, float alpha, const float *A, p
  * is the sentinel leaves the accumulator alone (skip_masked); a key whose
  * terms are all skipped is not read. The last vector is partial when
  * N % VL != 0. rb, nv compile-time. */
-TMPL_INLINE void tmpl_stream_reg(const int rb, const int nv, const int skip_masked, int mr, int N, int K,
-                                 const float *A, ptrdiff_t lda, const float *B, ptrdiff_t ldb, float *C,
+TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, const int skip_masked, int mr, int N,
+                                 int K, const float *A, ptrdiff_t lda, const void *B, ptrdiff_t ldb, float *C,
                                  ptrdiff_t ldc, const float *row_scale)
 {
-    const v_tail t = V_TAIL_INIT(N - (nv - 1) * TMPL_VL);
+    const int tailn = N - (nv - 1) * TMPL_VL;
+    const v_tail t = V_TAIL_INIT(tailn);
     const int part = N - (nv - 1) * TMPL_VL < TMPL_VL; /* the last vector is partial: masked */
     v_f32 acc[2][V_STREAM_HREGS];
     const float *a[2];
@@ -204,7 +236,7 @@ TMPL_INLINE void tmpl_stream_reg(const int rb, const int nv, const int skip_mask
     }
     const unsigned all = (1u << rb) - 1u;
     for (int k = 0; k < K; k++) {
-        const float *b = B + (ptrdiff_t)k * ldb;
+        const ptrdiff_t b = (ptrdiff_t)k * ldb;
         v_f32 p[2];
         unsigned live = all;
         TMPL_UNROLL
@@ -221,7 +253,8 @@ TMPL_INLINE void tmpl_stream_reg(const int rb, const int nv, const int skip_mask
         if (live == all) {
             TMPL_UNROLL
             for (int v = 0; v < nv; v++) {
-                const v_f32 bv = (v == nv - 1 && part) ? V_LOAD_T(b + v * TMPL_VL, t) : V_LOAD(b + v * TMPL_VL);
+                const v_f32 bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
+                                                       : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
                 TMPL_UNROLL
                 for (int i = 0; i < rb; i++)
                     acc[i][v] = V_FMA(p[i], bv, acc[i][v]);
@@ -229,7 +262,8 @@ TMPL_INLINE void tmpl_stream_reg(const int rb, const int nv, const int skip_mask
         } else if (live) {
             TMPL_UNROLL
             for (int v = 0; v < nv; v++) {
-                const v_f32 bv = (v == nv - 1 && part) ? V_LOAD_T(b + v * TMPL_VL, t) : V_LOAD(b + v * TMPL_VL);
+                const v_f32 bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
+                                                       : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
                 TMPL_UNROLL
                 for (int i = 0; i < rb; i++)
                     if (live >> i & 1u)
@@ -271,7 +305,7 @@ typedef void (*tmpl_stream_fn)(int mr, int N, int K, const float *A, ptrdiff_t l
                                                         ptrdiff_t lda, const float *B, ptrdiff_t ldb, \
                                                         float *C, ptrdiff_t ldc, const float *row_scale) \
     {                                                                                              \
-        tmpl_stream_reg(rb, nv, sk, mr, N, K, A, lda, B, ldb, C, ldc, row_scale);                  \
+        tmpl_stream_reg(TMPL_KV_F32, rb, nv, sk, mr, N, K, A, lda, B, ldb, C, ldc, row_scale);     \
     }
 #define TMPL_STREAM(nv, rb) TMPL_STREAM1(rb, nv, 0) TMPL_STREAM1(rb, nv, 1)
 #define TMPL_STREAM_PTR(nv, rb)                                                                    \
@@ -420,21 +454,23 @@ static void TMPL_FN(gemm_stream)(int M, int N, int K, const float *A, ptrdiff_t 
  * TMPL_ATTEND_STEP keys, each S = scale Q K^T (query rows in registers, two at a time when two
  * fit V_NT_QREGS, else one), the row softmax, O = alpha O + P V (O rows in
  * registers, likewise); the pieces are the kernels above, inlined. */
-TMPL_INLINE void tmpl_attend(const int nv, int M, int N, int Dk, int Dv, float scale, const float *Q,
-                             ptrdiff_t ldq, const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv,
+TMPL_INLINE void tmpl_attend(const int kvt, const int nv, int M, int N, int Dk, int Dv, float scale, const float *Q,
+                             ptrdiff_t ldq, const void *K, ptrdiff_t ldk, const void *V, ptrdiff_t ldv,
                              float *m, float *l, float *O, ptrdiff_t ldo, float *S, float *alpha)
 {
     const int pairs = 2 * nv <= V_NT_QREGS;
+    const size_t eb = kvt == TMPL_KV_F32 ? sizeof(float) : sizeof(uint16_t);
     for (int j = 0; j < N; j += TMPL_ATTEND_STEP) {
         const int n = N - j < TMPL_ATTEND_STEP ? N - j : TMPL_ATTEND_STEP;
-        const float *kj = K + (ptrdiff_t)j * ldk, *vj = V + (ptrdiff_t)j * ldv;
+        const void *kj = (const char *)K + (ptrdiff_t)j * ldk * (ptrdiff_t)eb;
+        const void *vj = (const char *)V + (ptrdiff_t)j * ldv * (ptrdiff_t)eb;
         int m0 = 0;
         if (pairs)
             for (; m0 + 2 <= M; m0 += 2)
-                tmpl_nt_reg(2, nv, 2, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk,
+                tmpl_nt_reg(kvt, 2, nv, 2, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk,
                             S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, 1);
         for (; m0 < M; m0++)
-            tmpl_nt_reg(1, nv, 1, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk,
+            tmpl_nt_reg(kvt, 1, nv, 1, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk,
                         S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, 1);
         if (n < TMPL_ATTEND_STEP)
             for (int r = 0; r < M; r++)
@@ -444,46 +480,72 @@ TMPL_INLINE void tmpl_attend(const int nv, int M, int N, int Dk, int Dv, float s
         m0 = 0;
         if (pairs)
             for (; m0 + 2 <= M; m0 += 2)
-                tmpl_stream_reg(2, nv, 0, 2, Dv, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, vj, ldv,
+                tmpl_stream_reg(kvt, 2, nv, 0, 2, Dv, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, vj, ldv,
                                 O + (ptrdiff_t)m0 * ldo, ldo, alpha + m0);
         for (; m0 < M; m0++)
-            tmpl_stream_reg(1, nv, 0, 1, Dv, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, vj, ldv,
+            tmpl_stream_reg(kvt, 1, nv, 0, 1, Dv, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, vj, ldv,
                             O + (ptrdiff_t)m0 * ldo, ldo, alpha + m0);
     }
 }
 
 typedef void (*tmpl_attend_fn)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
-                               const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
+                               const void *K, ptrdiff_t ldk, const void *V, ptrdiff_t ldv, float *m,
                                float *l, float *O, ptrdiff_t ldo, float *S, float *alpha);
-/* attend_rows_<vectors>_<isa>, up to V_NT_QREGS vectors */
+/* attend_rows_<type>_<vectors>_<isa>, up to V_NT_QREGS vectors, per K/V type */
 #define TMPL_ATTEND_LIST(X) TMPL_UPTO(V_NT_QREGS, X, ~)
-#define TMPL_ATTEND(nv, unused)                                                                    \
-    static void TMPL_FN(attend_rows_##nv)(int M, int N, int Dk, int Dv, float scale, const float *Q, \
-                                          ptrdiff_t ldq, const float *K, ptrdiff_t ldk, const float *V, \
-                                          ptrdiff_t ldv, float *m, float *l, float *O, ptrdiff_t ldo, \
-                                          float *S, float *alpha)                                  \
+#define TMPL_ATTEND_T(ty, kvt, nv)                                                                 \
+    static void TMPL_FN(attend_rows_##ty##_##nv)(int M, int N, int Dk, int Dv, float scale, const float *Q, \
+                                                 ptrdiff_t ldq, const void *K, ptrdiff_t ldk, const void *V, \
+                                                 ptrdiff_t ldv, float *m, float *l, float *O, ptrdiff_t ldo, \
+                                                 float *S, float *alpha)                           \
     {                                                                                              \
-        tmpl_attend(nv, M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, S, alpha);      \
+        tmpl_attend(kvt, nv, M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, S, alpha); \
     }
-#define TMPL_ATTEND_PTR(nv, unused) [nv] = TMPL_FN(attend_rows_##nv),
+#define TMPL_ATTEND(nv, unused)                                                                    \
+    TMPL_ATTEND_T(f32, TMPL_KV_F32, nv) TMPL_ATTEND_T(bf16, TMPL_KV_BF16, nv) TMPL_ATTEND_T(f16, TMPL_KV_F16, nv)
+#define TMPL_ATTEND_PTR(nv, unused)                                                                \
+    [TMPL_KV_F32][nv] = TMPL_FN(attend_rows_f32_##nv), [TMPL_KV_BF16][nv] = TMPL_FN(attend_rows_bf16_##nv), \
+    [TMPL_KV_F16][nv] = TMPL_FN(attend_rows_f16_##nv),
 TMPL_ATTEND_LIST(TMPL_ATTEND)
-static const tmpl_attend_fn TMPL_FN(attend_rows_tab)[V_NT_QREGS + 1] = {TMPL_ATTEND_LIST(TMPL_ATTEND_PTR)};
+static const tmpl_attend_fn TMPL_FN(attend_rows_tab)[3][V_NT_QREGS + 1] = {TMPL_ATTEND_LIST(TMPL_ATTEND_PTR)};
 
 /* See sdpa_attend_rows_fn: the kernels above, inlined, when head_dim_qk and
  * head_dim_v take the same number of vectors and a row fits V_NT_QREGS
  * registers; returns 0 (nothing done) otherwise, and unless
  * 0 < M <= TMPL_ATTEND_MAX_ROWS (the driver then composes the same steps). */
-static int TMPL_FN(attend_rows)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
-                                const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
-                                float *l, float *O, ptrdiff_t ldo, float *scratch)
+TMPL_INLINE int tmpl_attend_rows(const int kvt, int M, int N, int Dk, int Dv, float scale, const float *Q,
+                                 ptrdiff_t ldq, const void *K, ptrdiff_t ldk, const void *V, ptrdiff_t ldv, float *m,
+                                 float *l, float *O, ptrdiff_t ldo, float *scratch)
 {
     const int nvk = (Dk + TMPL_VL - 1) / TMPL_VL, nvv = (Dv + TMPL_VL - 1) / TMPL_VL;
     if (Dk <= 0 || Dv <= 0 || nvk != nvv || nvk > V_NT_QREGS || M <= 0 || M > TMPL_ATTEND_MAX_ROWS)
         return 0;
     if (N > 0)
-        TMPL_FN(attend_rows_tab)[nvk](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch,
-                             scratch + TMPL_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP);
+        TMPL_FN(attend_rows_tab)[kvt][nvk](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch,
+                                           scratch + TMPL_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP);
     return 1;
+}
+
+static int TMPL_FN(attend_rows)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                                const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
+                                float *l, float *O, ptrdiff_t ldo, float *scratch)
+{
+    return tmpl_attend_rows(TMPL_KV_F32, M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch);
+}
+
+/* The same over a bf16 / fp16 K/V cache (sdpa_attend_rows16_fn), widened in registers. */
+static int TMPL_FN(attend_rows_bf16)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                                     const uint16_t *K, ptrdiff_t ldk, const uint16_t *V, ptrdiff_t ldv, float *m,
+                                     float *l, float *O, ptrdiff_t ldo, float *scratch)
+{
+    return tmpl_attend_rows(TMPL_KV_BF16, M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch);
+}
+
+static int TMPL_FN(attend_rows_f16)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                                    const uint16_t *K, ptrdiff_t ldk, const uint16_t *V, ptrdiff_t ldv, float *m,
+                                    float *l, float *O, ptrdiff_t ldo, float *scratch)
+{
+    return tmpl_attend_rows(TMPL_KV_F16, M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch);
 }
 
 #endif /* SDPA_SIMD_DECODE_H */
