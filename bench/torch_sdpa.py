@@ -43,6 +43,12 @@ boolean [B, 1, 1, Tk] mask with the same key lengths as `sdpa bench` (Tk/2 for
 batch 0 up to Tk for the last). GQA (Hq > Hkv) uses enable_gqa=True where
 PyTorch has it, else K and V are expanded with repeat_interleave outside the
 timed region ("gqa": "repeat" in the row).
+Types: --dtype fp32,bf16 times each shape once per type (default fp32 only),
+with Q, K, V (and dO) torch.bfloat16 tensors holding the fp32 inputs rounded
+to bf16, PyTorch's own kernels and accumulation. fp32 rows are exactly as
+without the option (no "dtype" field, as before; plot.py reads a missing dtype
+as fp32); bf16 rows add "dtype": "bf16", count K and V as 2-byte elements in
+GB/s and take speedup_vs_scalar from the bf16 rows of `sdpa bench --dtype`.
 """
 import argparse
 import json
@@ -99,10 +105,10 @@ def allowed_pairs(s, mask):
     return float(Hq * sum(row_hi(s, mask, b, i) for b in range(B) for i in range(Tq)))
 
 
-def kv_bytes_read(s, mask):
+def kv_bytes_read(s, mask, esize=4):
     B, Hkv, Tq, Dk, Dv = s[0], s[2], s[3], s[5], s[6]
     keys = sum(max(row_hi(s, mask, b, i) for i in range(Tq)) for b in range(B))
-    return float(keys * Hkv * (Dk + Dv) * 4)
+    return float(keys * Hkv * (Dk + Dv) * esize)
 
 
 def op_flops(s, mask, backward):
@@ -124,12 +130,22 @@ def parse_list(text, what):
     return vals
 
 
-def build_cases(args):
+def parse_dtypes(text, allowed, prog):
+    out = []
+    for x in text.split(","):
+        if x not in allowed:
+            sys.exit(f"{prog}: error: --dtype '{x}': expected one of {', '.join(allowed)}")
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def build_cases(args, prog="torch_sdpa.py"):
     masks = []
     for m in args.mask or []:
         for x in m.split(","):
             if x not in MASKS:
-                sys.exit(f"torch_sdpa.py: error: --mask '{x}': expected one of {', '.join(MASKS)}")
+                sys.exit(f"{prog}: error: --mask '{x}': expected one of {', '.join(MASKS)}")
             if x not in masks:
                 masks.append(x)
     cases = []
@@ -137,7 +153,7 @@ def build_cases(args):
         for text in args.shape:
             s = tuple(parse_list(text, "--shape"))
             if len(s) != 7 or min(s) < 1 or s[1] % s[2] != 0:
-                sys.exit(f"torch_sdpa.py: error: --shape '{text}': expected B,Hq,Hkv,Tq,Tk,Dk,Dv "
+                sys.exit(f"{prog}: error: --shape '{text}': expected B,Hq,Hkv,Tq,Tk,Dk,Dv "
                          "(each >= 1, Hq a multiple of Hkv)")
             for m in MASKS:
                 if (not masks and m == "none") or m in masks:
@@ -182,12 +198,14 @@ def time_runs(fn, args):
 
 # ---------------------------------------------------------------- torch
 
-def make_problem(torch, F, s, mask, grad):
+def make_problem(torch, F, s, mask, grad, dtype=None):
     B, Hq, Hkv, Tq, Tk, Dk, Dv = s
     g = torch.Generator().manual_seed(1234)
     q = torch.rand(B, Hq, Tq, Dk, generator=g) * 2 - 1
     k = torch.rand(B, Hkv, Tk, Dk, generator=g) * 2 - 1
     v = torch.rand(B, Hkv, Tk, Dv, generator=g) * 2 - 1
+    if dtype is not None and dtype != torch.float32:  # the same values, rounded (bf16)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     kw = {}
     gqa = "none"
     if Hq != Hkv:
@@ -236,8 +254,9 @@ def supports_gqa(F):
 
 
 def load_sdpa_rows(paths):
-    """Peaks, read bandwidths and scalar times by thread count / row, and the
-    (shape, mask) cases and thread counts of the rows, in order."""
+    """Peaks, read bandwidths and scalar times by thread count / row (scalar
+    times keyed by (shape, mask, op, threads, dtype)), and the (shape, mask)
+    cases and thread counts of the rows, in order."""
     peaks, bw, scalar, cases, threads = {}, {}, {}, [], []
     for path in paths:
         with open(path) as f:
@@ -259,8 +278,9 @@ def load_sdpa_rows(paths):
                 peaks[t] = max(peaks.get(t, 0.0), r["peak_gflops"])
             if r.get("peak_gbps"):
                 bw[t] = max(bw.get(t, 0.0), r["peak_gbps"])
-            if r.get("isa") == "scalar" and r.get("dtype", "fp32") == "fp32":  # torch runs fp32
-                key = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"], r["op"], t)
+            if r.get("isa") == "scalar":  # compared per type: fp32 rows with fp32, bf16 with bf16
+                key = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"], r["op"], t,
+                       r.get("dtype", "fp32"))
                 scalar[key] = r["ms"]
     return peaks, bw, scalar, cases, threads
 
@@ -273,6 +293,8 @@ def main():
     p.add_argument("--shape", action="append", help="B,Hq,Hkv,Tq,Tk,Dk,Dv (repeatable)")
     p.add_argument("--mask", action="append", help="none|causal|causal-bottom-right|padding[,..]")
     p.add_argument("--op", choices=("forward", "backward", "both"), default="both")
+    p.add_argument("--dtype", default="fp32", metavar="fp32,bf16",
+                   help="tensor types to time, each shape once per type (default fp32)")
     p.add_argument("--reps", type=int, default=None, help="timed runs per row (default 5, --quick 3)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--max-time", type=float, default=None,
@@ -287,6 +309,7 @@ def main():
         args.max_time = 1.0 if args.quick else 5.0
     if args.reps < 1 or args.warmup < 0 or args.max_time <= 0:
         p.error("--reps must be >= 1, --warmup >= 0, --max-time > 0")
+    dtypes = parse_dtypes(args.dtype, ("fp32", "bf16"), "torch_sdpa.py")
 
     try:
         with warnings.catch_warnings():
@@ -313,25 +336,30 @@ def main():
     ops = ["forward", "backward"] if args.op == "both" else [args.op]
 
     # One-time initialisation (autograd engine, kernel selection) outside every row.
-    wq = torch.rand(1, 1, 16, 16, requires_grad=True)
-    wo = F.scaled_dot_product_attention(wq, wq, wq, is_causal=True)
-    torch.autograd.grad(wo, (wq,), torch.ones_like(wo))
+    torch_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    for dt in dtypes:
+        wq = torch.rand(1, 1, 16, 16).to(torch_dtypes[dt]).requires_grad_(True)
+        wo = F.scaled_dot_product_attention(wq, wq, wq, is_causal=True)
+        torch.autograd.grad(wo, (wq,), torch.ones_like(wo))
+    typed = dtypes != ["fp32"]  # a dtype column in the table, as `sdpa bench` has one
 
     cap = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "?"
     err = sys.stderr
     print(f"# torch_sdpa.py: torch {torch.__version__} (CPU capability {cap}), "
           f"default threads {default_threads}; threads {','.join(map(str, threads))}; "
-          f"median of up to {args.reps} runs after {args.warmup} warm-up", file=err)
-    print(f"{'impl':<10} {'isa':<8} {'thr':>3}  {'B,Hq,Hkv,Tq,Tk,Dk,Dv':<28} {'mask':<19} {'op':<8} "
+          + (f"types {','.join(dtypes)}; " if typed else "")
+          + f"median of up to {args.reps} runs after {args.warmup} warm-up", file=err)
+    dcol = f" {'dtype':<5}" if typed else ""
+    print(f"{'impl':<10} {'isa':<8} {'thr':>3}  {'B,Hq,Hkv,Tq,Tk,Dk,Dv':<28} {'mask':<19}{dcol} {'op':<8} "
           f"{'ms':>10} {'GFLOP/s':>9} {'%peak':>6} {'xscalar':>8} {'GB/s':>8} {'RSS MiB':>8}", file=err)
     for s, mask in cases:
         rss_before = peak_rss_mb()
-        for op in ops:
+        for dt, op in [(dt, op) for dt in dtypes for op in ops]:
             backward = op == "backward"
-            q, k, v, kw, gqa = make_problem(torch, F, s, mask, backward)
+            q, k, v, kw, gqa = make_problem(torch, F, s, mask, backward, torch_dtypes[dt])
             if backward:
                 out = F.scaled_dot_product_attention(q, k, v, **kw)
-                dout = torch.rand(out.shape, generator=torch.Generator().manual_seed(4)) * 2 - 1
+                dout = (torch.rand(out.shape, generator=torch.Generator().manual_seed(4)) * 2 - 1).to(out.dtype)
 
                 def fn():
                     torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -346,15 +374,18 @@ def main():
                 gflops = op_flops(s, mask, backward) / sec * 1e-9
                 row = {"impl": "torch-sdpa", "op": op, "isa": "torch", "threads": t,
                        "B": B, "Hq": Hq, "Hkv": Hkv, "Tq": Tq, "Tk": Tk, "Dk": Dk, "Dv": Dv,
-                       "mask": mask, "ms": sec * 1e3, "gflops": gflops, "peak_gflops": peaks.get(t)}
+                       "mask": mask}
+                if dt != "fp32":
+                    row["dtype"] = dt  # fp32 rows keep the fields they always had
+                row.update({"ms": sec * 1e3, "gflops": gflops, "peak_gflops": peaks.get(t)})
                 if Tq <= DECODE_MAX_TQ:
-                    row["gbps"] = kv_bytes_read(s, mask) / sec * 1e-9
+                    row["gbps"] = kv_bytes_read(s, mask, 4 if dt == "fp32" else 2) / sec * 1e-9
                     row["peak_gbps"] = bw.get(t)
                 row["rss_mb"] = peak_rss_mb()
                 row["rss_increase_mb"] = row["rss_mb"] - rss_before
                 row["reps"] = reps
                 row["pairs"] = allowed_pairs(s, mask)
-                ref = scalar.get((s, mask, op, t))
+                ref = scalar.get((s, mask, op, t, dt))
                 if ref:
                     row["speedup_vs_scalar"] = ref / row["ms"]
                 row["gqa"] = gqa
@@ -363,7 +394,8 @@ def main():
                 pk = f"{100 * gflops / row['peak_gflops']:.1f}" if row["peak_gflops"] else "-"
                 sp = f"{row['speedup_vs_scalar']:.2f}x" if ref else "-"
                 gb = f"{row['gbps']:.2f}" if "gbps" in row else ""
-                print(f"{'torch-sdpa':<10} {'torch':<8} {t:>3}  {','.join(map(str, s)):<28} {mask:<19} "
+                dv = f" {dt:<5}" if typed else ""
+                print(f"{'torch-sdpa':<10} {'torch':<8} {t:>3}  {','.join(map(str, s)):<28} {mask:<19}{dv} "
                       f"{op:<8} {row['ms']:>10.3f} {gflops:>9.2f} {pk:>6} {sp:>8} {gb:>8} "
                       f"{row['rss_mb']:>8.1f}", file=err, flush=True)
             del q, k, v, kw
