@@ -57,8 +57,7 @@
  * the K and V bytes of that type. Every JSON row has "dtype" (the naive and
  * --serve rows, fp32 only, say "fp32"); the table has a dtype column when a type
  * other than fp32 is timed. A backward the library refuses for a 16-bit type
- * (SDPA_ERR_UNSUPPORTED: libsdpa computes the backward in fp32 only for now) is
- * skipped with a note in the table, no row and no failure.
+ * (SDPA_ERR_UNSUPPORTED) is skipped with a note in the table, no row and no failure.
  *
  * Output: a table on stdout; with --json, one JSON object per line on stdout
  * and the header and table on stderr. */
@@ -275,9 +274,9 @@ static void print_help(void)
         "  --dtype T[,T..]           storage types to time, each of fp32, bf16, fp16 (default fp32): every\n"
         "                            shape runs once per type with Q, K, V and O (dO, dQ, dK, dV) in it\n"
         "                            (LSE fp32); every JSON row has \"dtype\" (naive and --serve rows:\n"
-        "                            \"fp32\"). A backward libsdpa refuses for a 16-bit type (this version\n"
-        "                            computes the backward in fp32 only) is skipped: a '# ... skipped'\n"
-        "                            line in the table, no row, exit status unaffected\n"
+        "                            \"fp32\"). A backward libsdpa refuses for a 16-bit type\n"
+        "                            (SDPA_ERR_UNSUPPORTED) is skipped: a '# ... skipped' line in the\n"
+        "                            table, no row, exit status unaffected\n"
         "  --softcap C               also time logit soft-capping with cap C (0: off)\n"
         "  --alibi                   also time ALiBi (slopes 2^(-8(h+1)/Hq))\n"
         "  --sinks                   also time attention sinks (0.5 per head; backward writes dsinks)\n"

@@ -112,8 +112,7 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_BLOCK_TABLE = -20, /**< a page id a sequence uses is outside [0, num_blocks), or
                                          block_size / max_blocks_per_seq / num_blocks out of range */
     SDPA_ERR_UNSUPPORTED = -21      /**< a combination this version does not compute: kv_lengths,
-                                         bool_mask or bias with seqs, a paged backward, or a
-                                         backward with a bf16 / fp16 tensor */
+                                         bool_mask or bias with seqs, or a paged backward */
 } sdpa_status;
 
 /** Instruction sets. Order within an architecture is "better is larger". */
@@ -272,8 +271,8 @@ typedef struct sdpa_problem {
                                 see sdpa_seqs */
     /* Element types (sdpa_dtype; default SDPA_DTYPE_F32 = the fp32 results, bit
      * for bit, of a descriptor without these fields). LSE, the bias, the slopes
-     * and sinks stay fp32. sdpa_backward takes fp32 tensors only in this version
-     * (SDPA_ERR_UNSUPPORTED otherwise). */
+     * and sinks stay fp32. The gradients have their tensor's type (dQ Q's, dK and
+     * dV K/V's; dO is O's). */
     sdpa_dtype q_dtype;    /**< Q (and, in the backward, dQ) */
     sdpa_dtype kv_dtype;   /**< K and V together (a bf16 or fp16 KV cache; dK, dV) */
     sdpa_dtype o_dtype;    /**< O (and dO) */

@@ -44,7 +44,7 @@ const char *sdpa_status_string(sdpa_status s)
     case SDPA_ERR_BAD_SINKS: return "a sink (sinks[h]) is NaN or +inf, or dsinks is set without sinks";
     case SDPA_ERR_BAD_SEQLENS: return "bad sequence lengths: cu_seqlens must start at 0, never decrease and end at q_len / kv_len; seq_lens_k must be in [0, max_blocks_per_seq * block_size]";
     case SDPA_ERR_BAD_BLOCK_TABLE: return "bad block table: a page id a sequence uses is outside [0, num_blocks), or block_size < 1, max_blocks_per_seq < 0 or num_blocks < 0";
-    case SDPA_ERR_UNSUPPORTED: return "not supported: kv_lengths, bool_mask or bias with packed sequences (seqs), a backward with a paged K/V cache, or a backward with a bf16 / fp16 tensor";
+    case SDPA_ERR_UNSUPPORTED: return "not supported: kv_lengths, bool_mask or bias with packed sequences (seqs), or a backward with a paged K/V cache";
     case SDPA_ERR_WORKSPACE_TOO_SMALL: return "the caller's workspace is smaller than sdpa_forward_workspace_size / sdpa_backward_workspace_size says";
     }
     return "unknown status";

@@ -10,14 +10,22 @@
 
 #include "backward.h"
 
-/* Zeroes the rows of heads [h0, h1) of a gradient (heads numbered b * n[1] + h). */
-static void zero_heads(float *data, const int64_t n[3], const int64_t s[3], int64_t len, int64_t h0, int64_t h1)
+/* Zeroes the rows of heads [h0, h1) of a gradient of type t (heads numbered b *
+ * n[1] + h); +0 is all zero bits in fp32, bf16 and fp16 alike. */
+static void zero_heads_t(void *data, sdpa_dtype t, const int64_t n[3], const int64_t s[3], int64_t len, int64_t h0,
+                         int64_t h1)
 {
     if (!data || len == 0 || n[2] == 0)
         return;
     for (int64_t bh = h0; bh < h1; bh++)
         for (int64_t z = 0; z < n[2]; z++)
-            memset(data + (bh / n[1]) * s[0] + (bh % n[1]) * s[1] + z * s[2], 0, (size_t)len * sizeof(float));
+            memset((void *)elem_at(data, (bh / n[1]) * s[0] + (bh % n[1]) * s[1] + z * s[2], t), 0,
+                   (size_t)len * dtype_bytes(t));
+}
+
+static void zero_heads(void *data, const int64_t n[3], const int64_t s[3], int64_t len, int64_t h0, int64_t h1)
+{
+    zero_heads_t(data, SDPA_DTYPE_F32, n, s, len, h0, h1);
 }
 
 /* dQ, dK, dV (dQ only unless with_kv) = 0 for the heads [part * H / parts,
@@ -31,11 +39,11 @@ static void zero_grads(const plan *pl, const sdpa_tensor_out *dq, const sdpa_ten
     const int64_t sdk[3] = {dk->batch_stride, dk->head_stride, dk->seq_stride};
     const int64_t sdv[3] = {dv->batch_stride, dv->head_stride, dv->seq_stride};
     const int64_t hq = pl->B * pl->Hq, hk = pl->B * pl->Hkv;
-    zero_heads(dq->data, nq3, sdq, pl->Dk, hq * part / parts, hq * (part + 1) / parts);
+    zero_heads_t(dq->data, pl->q_dtype, nq3, sdq, pl->Dk, hq * part / parts, hq * (part + 1) / parts);
     if (!with_kv)
         return;
-    zero_heads(dk->data, nk3, sdk, pl->Dk, hk * part / parts, hk * (part + 1) / parts);
-    zero_heads(dv->data, nk3, sdv, pl->Dv, hk * part / parts, hk * (part + 1) / parts);
+    zero_heads_t(dk->data, pl->kv_dtype, nk3, sdk, pl->Dk, hk * part / parts, hk * (part + 1) / parts);
+    zero_heads_t(dv->data, pl->kv_dtype, nk3, sdv, pl->Dv, hk * part / parts, hk * (part + 1) / parts);
 }
 
 /* D = rowsum(dO * O) for the rows [r0, r1) of all (batch, query head, row);
@@ -183,12 +191,6 @@ static void bwd_team_body(void *ctx, int tid, int team)
     }
 }
 
-/* The views of a backward call. */
-typedef struct bwd_views {
-    const sdpa_tensor *q, *k, *v, *o, *lse, *dout;
-    const sdpa_tensor_out *dq, *dk, *dv;
-} bwd_views;
-
 /* Validation of a call and its tensors. */
 static sdpa_status bwd_check(const bwd_views *x, const plan *pl)
 {
@@ -202,12 +204,13 @@ static sdpa_status bwd_check(const bwd_views *x, const plan *pl)
     sdpa_view_rows(pl, nq, nk);
     const int64_t B = nq[0], Hq = nq[1], Tq = nq[2], Bk = nk[0], Hkv = nk[1], Tk = nk[2];
     static const int64_t s_vec[3] = {0, 0, 1}; /* dsinks: Hq contiguous floats */
+    const size_t eq = dtype_bytes(pl->q_dtype), ekv = dtype_bytes(pl->kv_dtype), eo = dtype_bytes(pl->o_dtype);
     tensor_desc t[10] = {
-        {x->q->data, sq, {B, Hq, Tq}, pl->Dk, 4, 0, 1},      {x->k->data, sk, {Bk, Hkv, Tk}, pl->Dk, 4, 0, 1},
-        {x->v->data, sv, {Bk, Hkv, Tk}, pl->Dv, 4, 0, 1},    {x->o->data, so, {B, Hq, Tq}, pl->Dv, 4, 0, 1},
-        {x->lse->data, sl, {B, Hq, Tq}, 1, 4, 0, 1},         {x->dout->data, sdo, {B, Hq, Tq}, pl->Dv, 4, 0, 1},
-        {x->dq->data, sdq, {B, Hq, Tq}, pl->Dk, 4, 1, 1},    {x->dk->data, sdk, {Bk, Hkv, Tk}, pl->Dk, 4, 1, 1},
-        {x->dv->data, sdv, {Bk, Hkv, Tk}, pl->Dv, 4, 1, 1},  {pl->dsinks, s_vec, {1, 1, pl->Hq}, 1, 4, 1, pl->dsinks != NULL},
+        {x->q->data, sq, {B, Hq, Tq}, pl->Dk, eq, 0, 1},      {x->k->data, sk, {Bk, Hkv, Tk}, pl->Dk, ekv, 0, 1},
+        {x->v->data, sv, {Bk, Hkv, Tk}, pl->Dv, ekv, 0, 1},   {x->o->data, so, {B, Hq, Tq}, pl->Dv, eo, 0, 1},
+        {x->lse->data, sl, {B, Hq, Tq}, 1, 4, 0, 1},          {x->dout->data, sdo, {B, Hq, Tq}, pl->Dv, eo, 0, 1},
+        {x->dq->data, sdq, {B, Hq, Tq}, pl->Dk, eq, 1, 1},    {x->dk->data, sdk, {Bk, Hkv, Tk}, pl->Dk, ekv, 1, 1},
+        {x->dv->data, sdv, {Bk, Hkv, Tk}, pl->Dv, ekv, 1, 1}, {pl->dsinks, s_vec, {1, 1, pl->Hq}, 1, 4, 1, pl->dsinks != NULL},
     };
     return sdpa_check_tensors(pl, t, 10);
 }
@@ -215,19 +218,19 @@ static sdpa_status bwd_check(const bwd_views *x, const plan *pl)
 /* With Dv = 0 nothing flows back (dS = P * (0 - 0) = 0): the gradients are
  * zero. With Dk = Dv = 0, or no query or key rows, there is nothing else to
  * compute either; this also keeps empty problems of huge B x H instant. */
-static int bwd_trivial(const plan *pl)
+int sdpa_bwd_trivial(const plan *pl)
 {
     return pl->Dv == 0 || pl->B == 0 || pl->Hq == 0 || pl->Tq == 0 || pl->Tk == 0;
 }
 
 /* The workspace of a call: nthreads per-thread parts, then D, row_max,
  * row_logsum, row_dlo of B*Hq*Tq floats each (rounded to the alignment). */
-static sdpa_status bwd_workspace_floats(const plan *pl, size_t *floats, size_t *nD_round)
+sdpa_status sdpa_bwd_workspace_floats(const plan *pl, size_t *floats, size_t *nD_round)
 {
     const size_t nD = (size_t)(pl->B * pl->Hq * pl->Tq), nr = round_floats(nD);
     size_t total;
     *floats = *nD_round = 0;
-    if (bwd_trivial(pl)) /* nothing is allocated */
+    if (sdpa_bwd_trivial(pl)) /* nothing is allocated */
         return SDPA_OK;
     if (nr < nD || nr > SIZE_MAX / 4 || __builtin_mul_overflow((size_t)pl->nthreads, sdpa_bwd_ws_floats(pl), &total) ||
         __builtin_add_overflow(total, 4 * nr, &total))
@@ -239,7 +242,7 @@ static sdpa_status bwd_workspace_floats(const plan *pl, size_t *floats, size_t *
 
 /* Runs a validated, non-trivial call on the workspace ws. From here on the
  * outputs are written (zeroed first, by the team). */
-static void bwd_run(const plan *pl, const bwd_views *x, float *ws, size_t nD_round, double *dsinks_acc)
+void sdpa_bwd_run(const plan *pl, const bwd_views *x, float *ws, size_t nD_round, double *dsinks_acc)
 {
     /* Query tiles as in the forward (several heads of a group per tile when Tq
      * is short); the wavefront's rows are (head tile, row tile). */
@@ -282,15 +285,15 @@ static void bwd_unit(const plan *pl, const bwd_views *x, int64_t u, plan *up, bw
     const int64_t t0 = pl->seqs->cu_seqlens_q[u], k0 = pl->seqs->cu_seqlens_k[u];
     const sdpa_tensor *in[6] = {x->q, x->k, x->v, x->o, x->lse, x->dout};
     const sdpa_tensor_out *out[3] = {x->dq, x->dk, x->dv};
+    const sdpa_dtype tin[6] = {pl->q_dtype, pl->kv_dtype, pl->kv_dtype, pl->o_dtype, SDPA_DTYPE_F32, pl->o_dtype};
+    const sdpa_dtype tout[3] = {pl->q_dtype, pl->kv_dtype, pl->kv_dtype};
     for (int i = 0; i < 6; i++) {
         t[i] = *in[i];
-        if (t[i].data)
-            t[i].data = (const float *)t[i].data + (i == 1 || i == 2 ? k0 : t0) * t[i].seq_stride; /* fp32 only */
+        t[i].data = elem_at(t[i].data, (i == 1 || i == 2 ? k0 : t0) * t[i].seq_stride, tin[i]);
     }
     for (int i = 0; i < 3; i++) {
         g[i] = *out[i];
-        if (g[i].data)
-            g[i].data = (float *)g[i].data + (i ? k0 : t0) * g[i].seq_stride;
+        g[i].data = (void *)elem_at(g[i].data, (i ? k0 : t0) * g[i].seq_stride, tout[i]);
     }
     const bwd_views v = {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &g[0], &g[1], &g[2]};
     *ux = v;
@@ -309,7 +312,8 @@ static sdpa_status bwd_call_floats(const plan *pl, size_t *floats)
             sdpa_seq_plan(pl, u, &up);
         else
             up = *pl;
-        const sdpa_status st = bwd_workspace_floats(&up, &f, &nr);
+        const sdpa_status st =
+            up.reduced && !sdpa_bwd_trivial(&up) ? sdpa_bwd_typed_floats(&up, &f) : sdpa_bwd_workspace_floats(&up, &f, &nr);
         if (st != SDPA_OK)
             return st;
         *floats = f > *floats ? f : *floats;
@@ -333,11 +337,13 @@ static void bwd_call(const plan *pl, const bwd_views *x, float *ws, size_t float
         sdpa_tensor_out g[3];
         bwd_unit(pl, x, u, &up, &ux, t, g);
         size_t f, nr;
-        bwd_workspace_floats(&up, &f, &nr);
-        if (bwd_trivial(&up))
+        sdpa_bwd_workspace_floats(&up, &f, &nr);
+        if (sdpa_bwd_trivial(&up))
             zero_grads(&up, ux.dq, ux.dk, ux.dv, 0, 1, 1); /* nothing flows back; dsinks gain 0 */
+        else if (up.reduced)
+            sdpa_bwd_typed(&up, &ux, ws, acc);
         else
-            bwd_run(&up, &ux, ws, nr, acc);
+            sdpa_bwd_run(&up, &ux, ws, nr, acc);
     }
     for (int64_t h = 0; acc && h < pl->Hq; h++)
         pl->dsinks[h] = (float)-acc[h];
@@ -359,8 +365,6 @@ sdpa_status sdpa_backward_workspace_size(const sdpa_problem *p, size_t *bytes)
         return st;
     if (!bytes)
         return SDPA_ERR_NULL_ARGUMENT;
-    if (pl.reduced)
-        return SDPA_ERR_UNSUPPORTED; /* fp32 tensors only */
     size_t floats;
     if ((st = bwd_call_floats(&pl, &floats)) != SDPA_OK)
         return st;
@@ -378,8 +382,8 @@ sdpa_status sdpa_backward_with_workspace(const sdpa_problem *p, const sdpa_tenso
     sdpa_status st = sdpa_make_plan(p, &pl);
     if (st != SDPA_OK)
         return st;
-    if ((pl.seqs && !pl.seqs->cu_seqlens_k) || pl.reduced)
-        return SDPA_ERR_UNSUPPORTED; /* no paged backward; fp32 tensors only */
+    if (pl.seqs && !pl.seqs->cu_seqlens_k)
+        return SDPA_ERR_UNSUPPORTED; /* no paged backward */
     const bwd_views x = {q, k, v, o, lse, dout, dq, dk, dv};
     size_t floats;
     if ((st = bwd_check(&x, &pl)) != SDPA_OK || (st = bwd_call_floats(&pl, &floats)) != SDPA_OK)

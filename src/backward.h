@@ -76,4 +76,24 @@ void sdpa_bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_layo
 void sdpa_bwd_tile_stats(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_layout *L, int64_t bh,
                          int64_t r);
 
+/* The views of a backward call (or of one problem of it). */
+typedef struct bwd_views {
+    const sdpa_tensor *q, *k, *v, *o, *lse, *dout;
+    const sdpa_tensor_out *dq, *dk, *dv;
+} bwd_views;
+
+/* Nothing to compute but zeros (Dv = 0, or no rows). */
+int sdpa_bwd_trivial(const plan *pl);
+/* The fp32 backward of one non-trivial problem: its workspace (floats, and the
+ * rounded length of its per-row arrays), and the run on the whole team (dsinks
+ * added to dsinks_acc[h] when the plan has sinks). backward.c. */
+sdpa_status sdpa_bwd_workspace_floats(const plan *pl, size_t *floats, size_t *nD_round);
+void sdpa_bwd_run(const plan *pl, const bwd_views *x, float *ws, size_t nD_round, double *dsinks_acc);
+
+/* The backward of one non-trivial problem with a bf16 / fp16 tensor
+ * (backward_typed.c): per (batch, kv head) group its rows widened into fp32
+ * buffers, sdpa_bwd_run on them, the gradients narrowed into their tensors. */
+sdpa_status sdpa_bwd_typed_floats(const plan *pl, size_t *floats);
+void sdpa_bwd_typed(const plan *pl, const bwd_views *x, float *ws, double *dsinks_acc);
+
 #endif /* SDPA_BACKWARD_H */

@@ -82,6 +82,10 @@ void naive32_forward(const sdpa_problem *p, const float *q, const float *k, cons
                      float *lse);
 void naive32_backward(const sdpa_problem *p, const float *q, const float *k, const float *v,
                       const float *dout, float *dq, float *dk, float *dv);
+/* naive32_backward with D = rowsum(dO * O) from a given O (contiguous [B, Hq, Tq,
+ * Dv]: a stored, possibly rounded, forward output), one term at a time. */
+void naive32_backward_o(const sdpa_problem *p, const float *q, const float *k, const float *v, const float *o,
+                        const float *dout, float *dq, float *dk, float *dv);
 void naive32_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, const float *v,
                              const float *dout, float *dq, float *dk, float *dv, float *dsinks);
 

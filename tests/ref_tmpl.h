@@ -108,10 +108,12 @@ static void RN(forward)(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_
 }
 
 /* dsinks (NULL: not wanted) gets Hq values d L / d sinks[h] = -sum over b, i of
- * exp(s_h - LSE) D (0 without sinks). */
+ * exp(s_h - LSE) D (0 without sinks). o_in (NULL: not given): a stored forward
+ * output, contiguous [B, Hq, Tq, Dv]; then D = sum_c dO[c] O[c] from it, one term
+ * at a time, as a backward given a rounded O computes it, instead of sum_j P_j dP_j. */
 static void RN(backward)(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
                          const sdpa_tensor *v, const sdpa_tensor *dout, RT *dq, RT *dk, RT *dv,
-                         RT *dsinks)
+                         RT *dsinks, const float *o_in)
 {
     const int64_t B = p->batch, Hq = p->q_heads, Hkv = p->kv_heads, Tq = p->q_len, Tk = p->kv_len;
     const int64_t Dk = p->head_dim_qk, Dv = p->head_dim_v;
@@ -150,6 +152,12 @@ static void RN(backward)(const sdpa_problem *p, const sdpa_tensor *q, const sdpa
                     for (int64_t c = 0; c < Dv; c++)
                         dp[j] += (RT)dorow[c] * (RT)vr[c];
                     D += prob[j] * dp[j];
+                }
+                if (o_in) {
+                    const float *orow = o_in + ((b * Hq + h) * Tq + i) * Dv;
+                    D = 0;
+                    for (int64_t c = 0; c < Dv; c++)
+                        D += (RT)dorow[c] * (RT)orow[c];
                 }
                 /* the sink's probability exp(s_h - LSE): d L / d s_h = -P_sink D */
                 if (dsinks && p->sinks && p->sinks[h] != -INFINITY)

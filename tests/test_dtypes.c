@@ -12,8 +12,9 @@
  *    reference (tests/ref.c) given the same rounded inputs and rounding its O to
  *    the same type; LSE (fp32) by the same rule; the bits identical for 1 and 2
  *    threads; nothing written past the outputs;
- *  - bad input: an unknown type is SDPA_ERR_BAD_DESCRIPTOR, a 16-bit backward
- *    SDPA_ERR_UNSUPPORTED, and neither writes an output. */
+ *  - the backward of every combination (dQ in Q's type, dK and dV in K/V's, dO in
+ *    O's) by the 3x rule against a naive backward that reads the same stored O;
+ *  - bad input: an unknown type is SDPA_ERR_BAD_DESCRIPTOR and writes nothing. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <math.h>
@@ -311,6 +312,217 @@ COMBO_KV(F32)
 COMBO_KV(BF16)
 COMBO_KV(F16)
 
+/* ------------------------------------------------------------ backward -- */
+
+/* The backward of shape s with the given types: O and LSE from the library's own
+ * forward in those types (O stored in o_dtype, as a training step keeps it), then
+ * dQ, dK, dV in their tensors' types. Against float64 on the rounded Q, K, V, dO,
+ * the error of each gradient (read back from its type) is at most 3x that of the
+ * naive fp32 backward given the same rounded inputs and the same stored O (D =
+ * rowsum(dO * O) from it, one term at a time) with its gradients rounded to the
+ * same types; 1 and 2 threads give the same bits; nothing is written past them. */
+static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *isas, int nisa, uint64_t seed)
+{
+    const size_t nq = (size_t)(s->B * s->Hq * s->Tq * s->Dk), nk = (size_t)(s->B * s->Hkv * s->Tk * s->Dk),
+                 nv = (size_t)(s->B * s->Hkv * s->Tk * s->Dv), no = (size_t)(s->B * s->Hq * s->Tq * s->Dv),
+                 nl = (size_t)(s->B * s->Hq * s->Tq), nb = s->bias ? (size_t)(s->B * s->Hq * s->Tq * s->Tk) : 0;
+    util_rng r;
+    util_rng_init(&r, seed);
+    float *q = malloc(nq * 4 + 4), *k = malloc(nk * 4 + 4), *v = malloc(nv * 4 + 4), *dout = malloc(no * 4 + 4);
+    float *bias = NULL;
+    util_fill_normal(&r, q, nq, 1.0f);
+    util_fill_normal(&r, k, nk, 1.0f);
+    util_fill_normal(&r, v, nv, 1.0f);
+    util_fill_normal(&r, dout, no, 1.0f);
+    if (nb) {
+        bias = malloc(nb * 4);
+        util_fill_normal(&r, bias, nb, 1.0f);
+        for (size_t i = 0; i < nb; i += 7)
+            bias[i] = -INFINITY;
+    }
+    int32_t lens[8];
+    for (int64_t b = 0; b < s->B; b++)
+        lens[b] = s->kv_lengths ? (int32_t)(b == 0 ? s->Tk - 3 : s->Tk / 2 + b) : (int32_t)s->Tk;
+    void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nv, 0),
+         *dos = store_as(ty[2], dout, no, 0);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = round_to(ty[0], q[i]);
+    for (size_t i = 0; i < nk; i++)
+        k[i] = round_to(ty[1], k[i]);
+    for (size_t i = 0; i < nv; i++)
+        v[i] = round_to(ty[1], v[i]);
+    for (size_t i = 0; i < no; i++)
+        dout[i] = round_to(ty[2], dout[i]);
+    sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
+    p.causal = s->causal;
+    p.window_left = s->wl;
+    p.kv_lengths = s->kv_lengths ? lens : NULL;
+    if (bias) {
+        p.bias.data = bias;
+        p.bias.batch_stride = s->Hq * s->Tq * s->Tk;
+        p.bias.head_stride = s->Tq * s->Tk;
+        p.bias.query_stride = s->Tk;
+        p.bias.key_stride = 1;
+    }
+    double *rq = malloc(nq * 8 + 8), *rk = malloc(nk * 8 + 8), *rv = malloc(nv * 8 + 8);
+    ref_backward(&p, q, k, v, dout, rq, rk, rv);
+    float *nq32 = malloc(nq * 4 + 4), *nk32 = malloc(nk * 4 + 4), *nv32 = malloc(nv * 4 + 4);
+    float *o32 = malloc(no * 4 + 4), *got = malloc((nq > nk ? (nq > nv ? nq : nv) : (nk > nv ? nk : nv)) * 4 + 4);
+    const size_t guard = 16;
+    const sdpa_tensor tq = {qs, s->Hq * s->Tq * s->Dk, s->Tq * s->Dk, s->Dk};
+    const sdpa_tensor tk = {ks, s->Hkv * s->Tk * s->Dk, s->Tk * s->Dk, s->Dk};
+    const sdpa_tensor tv = {vs, s->Hkv * s->Tk * s->Dv, s->Tk * s->Dv, s->Dv};
+    const sdpa_tensor tdo = {dos, s->Hq * s->Tq * s->Dv, s->Tq * s->Dv, s->Dv};
+    for (int ii = 0; ii < nisa; ii++) {
+        run_out fw = {store_as(ty[2], dout, 0, no), malloc(nl * 4)};
+        cr_assert_eq(run_forward(s, ty, isas[ii], 1, qs, ks, vs, bias, s->kv_lengths ? lens : NULL, &fw), SDPA_OK);
+        for (size_t i = 0; i < no; i++)
+            o32[i] = load_as(ty[2], fw.o, i);
+        naive32_backward_o(&p, q, k, v, o32, dout, nq32, nk32, nv32);
+        for (size_t i = 0; i < nq; i++)
+            nq32[i] = round_to(ty[0], nq32[i]);
+        for (size_t i = 0; i < nk; i++)
+            nk32[i] = round_to(ty[1], nk32[i]);
+        for (size_t i = 0; i < nv; i++)
+            nv32[i] = round_to(ty[1], nv32[i]);
+        const sdpa_tensor to = {fw.o, s->Hq * s->Tq * s->Dv, s->Tq * s->Dv, s->Dv},
+                          tl = {fw.lse, s->Hq * s->Tq, s->Tq, 1};
+        void *g[2][3];
+        for (int t = 0; t < 2; t++) {
+            g[t][0] = store_as(ty[0], q, 0, nq + guard);
+            g[t][1] = store_as(ty[1], k, 0, nk + guard);
+            g[t][2] = store_as(ty[1], v, 0, nv + guard);
+            p.q_dtype = ty[0], p.kv_dtype = ty[1], p.o_dtype = ty[2];
+            p.isa = isas[ii];
+            p.num_threads = t + 1;
+            const sdpa_tensor_out tdq = {g[t][0], tq.batch_stride, tq.head_stride, tq.seq_stride},
+                                  tdk = {g[t][1], tk.batch_stride, tk.head_stride, tk.seq_stride},
+                                  tdv = {g[t][2], tv.batch_stride, tv.head_stride, tv.seq_stride};
+            const sdpa_status st = sdpa_backward(&p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv);
+            p.q_dtype = p.kv_dtype = p.o_dtype = SDPA_DTYPE_F32;
+            p.isa = SDPA_ISA_AUTO;
+            p.num_threads = 0;
+            cr_assert_eq(st, SDPA_OK, "[%s] %s backward q %s kv %s o %s: %s", sdpa_isa_name(isas[ii]), s->name,
+                         dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]), sdpa_status_string(st));
+            cr_expect(guard_intact(g[t][0], nq * dsize(ty[0]), guard * dsize(ty[0])) &&
+                          guard_intact(g[t][1], nk * dsize(ty[1]), guard * dsize(ty[1])) &&
+                          guard_intact(g[t][2], nv * dsize(ty[1]), guard * dsize(ty[1])),
+                      "[%s] %s backward: written past a gradient", sdpa_isa_name(isas[ii]), s->name);
+        }
+        const size_t n[3] = {nq, nk, nv};
+        const float *naive[3] = {nq32, nk32, nv32};
+        const double *ref[3] = {rq, rk, rv};
+        const char *names[3] = {"dQ", "dK", "dV"};
+        for (int x = 0; x < 3; x++) {
+            const sdpa_dtype t = x == 0 ? ty[0] : ty[1];
+            for (size_t i = 0; i < n[x]; i++)
+                got[i] = load_as(t, g[0][x], i);
+            char what[200];
+            snprintf(what, sizeof what, "[%s] %s q %s kv %s o %s: %s", sdpa_isa_name(isas[ii]), s->name,
+                     dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]), names[x]);
+            util_fa_expect(what, got, naive[x], ref[x], n[x], 3.0);
+            cr_expect(memcmp(g[0][x], g[1][x], n[x] * dsize(t)) == 0, "%s: 1 and 2 threads differ", what);
+        }
+        for (int t = 0; t < 2; t++)
+            for (int x = 0; x < 3; x++)
+                free(g[t][x]);
+        free(fw.o), free(fw.lse);
+    }
+    free(q), free(k), free(v), free(dout), free(bias), free(qs), free(ks), free(vs), free(dos);
+    free(rq), free(rk), free(rv), free(nq32), free(nk32), free(nv32), free(o32), free(got);
+}
+
+static void sweep_backward(const sdpa_dtype ty[3])
+{
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas(isas);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_backward(&shapes[i], ty, isas, nisa, 1700 + i);
+}
+
+#define BCOMBO(qt, kvt, ot)                                                                                        \
+    Test(dtypes, backward_q_##qt##_kv_##kvt##_o_##ot)                                                              \
+    {                                                                                                              \
+        const sdpa_dtype ty[3] = {SDPA_DTYPE_##qt, SDPA_DTYPE_##kvt, SDPA_DTYPE_##ot};                             \
+        sweep_backward(ty);                                                                                        \
+    }
+#define BCOMBO_O(qt, kvt) BCOMBO(qt, kvt, F32) BCOMBO(qt, kvt, BF16) BCOMBO(qt, kvt, F16)
+#define BCOMBO_KV(qt) BCOMBO_O(qt, F32) BCOMBO_O(qt, BF16) BCOMBO_O(qt, F16)
+BCOMBO_KV(F32)
+BCOMBO_KV(BF16)
+BCOMBO_KV(F16)
+
+/* Packed sequences (cu_seqlens) in bf16 / fp16, forward and backward: each
+ * sequence's outputs and gradients bitwise those of the same sequence alone as a
+ * dense problem of one batch (batch invariance carries over to 16-bit storage). */
+static void packed_case(sdpa_dtype t)
+{
+    enum { NS = 3, HQ = 4, HKV = 2, D = 40 };
+    const int32_t tq[NS] = {7, 1, 20}, tk[NS] = {30, 9, 20};
+    int32_t cuq[NS + 1] = {0}, cuk[NS + 1] = {0};
+    for (int b = 0; b < NS; b++)
+        cuq[b + 1] = cuq[b] + tq[b], cuk[b + 1] = cuk[b] + tk[b];
+    const size_t nq = (size_t)cuq[NS] * HQ * D, nk = (size_t)cuk[NS] * HKV * D, nl = (size_t)cuq[NS] * HQ;
+    util_rng r;
+    util_rng_seed(&r, "dtypes packed", 1618);
+    float *x = malloc((2 * nq + 2 * nk) * 4);
+    util_fill_normal(&r, x, 2 * nq + 2 * nk, 1.0f);
+    void *q = store_as(t, x, nq, 0), *k = store_as(t, x + nq, nk, 0), *v = store_as(t, x + nq + nk, nk, 0),
+         *dout = store_as(t, x + nq + 2 * nk, nq, 0);
+    void *o = store_as(t, x, 0, nq), *dq = store_as(t, x, 0, nq), *dk = store_as(t, x, 0, nk),
+         *dv = store_as(t, x, 0, nk);
+    float *lse = malloc(nl * 4);
+    sdpa_seqs sq = {0};
+    sq.cu_seqlens_q = cuq;
+    sq.cu_seqlens_k = cuk;
+    sdpa_problem p = util_problem(NS, HQ, HKV, cuq[NS], cuk[NS], D, D);
+    p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+    p.seqs = &sq;
+    p.q_dtype = p.kv_dtype = p.o_dtype = t;
+    /* token lists [total, H, D] */
+    const sdpa_tensor tq_ = {q, 0, D, HQ * D}, tk_ = {k, 0, D, HKV * D}, tv_ = {v, 0, D, HKV * D},
+                      tdo = {dout, 0, D, HQ * D}, to_in = {o, 0, D, HQ * D}, tl_in = {lse, 0, 1, HQ};
+    const sdpa_tensor_out to = {o, 0, D, HQ * D}, tl = {lse, 0, 1, HQ}, tdq = {dq, 0, D, HQ * D},
+                          tdk = {dk, 0, D, HKV * D}, tdv = {dv, 0, D, HKV * D};
+    cr_assert_eq(sdpa_forward(&p, &tq_, &tk_, &tv_, &to, &tl), SDPA_OK);
+    sdpa_status st = sdpa_backward(&p, &tq_, &tk_, &tv_, &to_in, &tl_in, &tdo, &tdq, &tdk, &tdv);
+    cr_assert_eq(st, SDPA_OK, "packed %s backward: %s", dtype_name(t), sdpa_status_string(st));
+    const size_t e = dsize(t);
+    for (int b = 0; b < NS; b++) { /* sequence b alone: views into the same token lists */
+        sdpa_problem pd = util_problem(1, HQ, HKV, tq[b], tk[b], D, D);
+        pd.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+        pd.q_dtype = pd.kv_dtype = pd.o_dtype = t;
+        const char *qb = (const char *)q + (size_t)cuq[b] * HQ * D * e, *kb = (const char *)k + (size_t)cuk[b] * HKV * D * e,
+                   *vb = (const char *)v + (size_t)cuk[b] * HKV * D * e, *dob = (const char *)dout + (size_t)cuq[b] * HQ * D * e;
+        void *o1 = store_as(t, x, 0, (size_t)tq[b] * HQ * D), *dq1 = store_as(t, x, 0, (size_t)tq[b] * HQ * D),
+             *dk1 = store_as(t, x, 0, (size_t)tk[b] * HKV * D), *dv1 = store_as(t, x, 0, (size_t)tk[b] * HKV * D);
+        float *l1 = malloc((size_t)tq[b] * HQ * 4);
+        const sdpa_tensor a_q = {qb, 0, D, HQ * D}, a_k = {kb, 0, D, HKV * D}, a_v = {vb, 0, D, HKV * D},
+                          a_do = {dob, 0, D, HQ * D}, a_oi = {o1, 0, D, HQ * D}, a_li = {l1, 0, 1, HQ};
+        const sdpa_tensor_out a_o = {o1, 0, D, HQ * D}, a_l = {l1, 0, 1, HQ}, a_dq = {dq1, 0, D, HQ * D},
+                              a_dk = {dk1, 0, D, HKV * D}, a_dv = {dv1, 0, D, HKV * D};
+        cr_assert_eq(sdpa_forward(&pd, &a_q, &a_k, &a_v, &a_o, &a_l), SDPA_OK);
+        cr_assert_eq(sdpa_backward(&pd, &a_q, &a_k, &a_v, &a_oi, &a_li, &a_do, &a_dq, &a_dk, &a_dv), SDPA_OK);
+        cr_expect(memcmp(o1, (const char *)o + (size_t)cuq[b] * HQ * D * e, (size_t)tq[b] * HQ * D * e) == 0 &&
+                      memcmp(dq1, (const char *)dq + (size_t)cuq[b] * HQ * D * e, (size_t)tq[b] * HQ * D * e) == 0 &&
+                      memcmp(dk1, (const char *)dk + (size_t)cuk[b] * HKV * D * e, (size_t)tk[b] * HKV * D * e) == 0 &&
+                      memcmp(dv1, (const char *)dv + (size_t)cuk[b] * HKV * D * e, (size_t)tk[b] * HKV * D * e) == 0,
+                  "packed %s: sequence %d differs from the same sequence alone", dtype_name(t), b);
+        free(o1), free(dq1), free(dk1), free(dv1), free(l1);
+    }
+    free(x), free(q), free(k), free(v), free(dout), free(o), free(dq), free(dk), free(dv), free(lse);
+}
+
+Test(dtypes, packed_bf16)
+{
+    packed_case(SDPA_DTYPE_BF16);
+}
+
+Test(dtypes, packed_fp16)
+{
+    packed_case(SDPA_DTYPE_F16);
+}
+
 /* ---------------------------------------------------------------- paged -- */
 
 /* Three sequences over a shuffled paged bf16 / fp16 cache [num_blocks, Hkv,
@@ -410,7 +622,6 @@ Test(dtypes, paged_fp16)
 Test(dtypes, bad_types_write_nothing)
 {
     const shape *s = &shapes[1];
-    const sdpa_dtype ty[3] = {SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16};
     const size_t nq = (size_t)(s->B * s->Hq * s->Tq * s->Dk), nk = (size_t)(s->B * s->Hkv * s->Tk * s->Dk),
                  nv = (size_t)(s->B * s->Hkv * s->Tk * s->Dv), no = (size_t)(s->B * s->Hq * s->Tq * s->Dv),
                  nl = (size_t)(s->B * s->Hq * s->Tq);
@@ -426,23 +637,5 @@ Test(dtypes, bad_types_write_nothing)
         cr_expect_eq(run_forward(s, bad[i], SDPA_ISA_AUTO, 1, q, k, v, NULL, NULL, &out), SDPA_ERR_BAD_DESCRIPTOR,
                      "unknown type %d", i);
     cr_expect(guard_intact(out.o, 0, no * 2) && guard_intact(out.lse, 0, nl * 4), "written on error");
-    /* the backward takes fp32 only in this version: refused, nothing written */
-    sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
-    p.q_dtype = ty[0], p.kv_dtype = ty[1], p.o_dtype = ty[2];
-    const sdpa_tensor tq = {q, s->Hq * s->Tq * s->Dk, s->Tq * s->Dk, s->Dk};
-    const sdpa_tensor tk = {k, s->Hkv * s->Tk * s->Dk, s->Tk * s->Dk, s->Dk};
-    const sdpa_tensor tv = {v, s->Hkv * s->Tk * s->Dv, s->Tk * s->Dv, s->Dv};
-    const sdpa_tensor to = {out.o, s->Hq * s->Tq * s->Dv, s->Tq * s->Dv, s->Dv};
-    const sdpa_tensor tl = {out.lse, s->Hq * s->Tq, s->Tq, 1};
-    void *dq = store_as(SDPA_DTYPE_BF16, x, 0, nq), *dk = store_as(SDPA_DTYPE_BF16, x, 0, nk),
-         *dv = store_as(SDPA_DTYPE_BF16, x, 0, nv);
-    const sdpa_tensor_out tdq = {dq, tq.batch_stride, tq.head_stride, tq.seq_stride},
-                          tdk = {dk, tk.batch_stride, tk.head_stride, tk.seq_stride},
-                          tdv = {dv, tv.batch_stride, tv.head_stride, tv.seq_stride};
-    cr_expect_eq(sdpa_backward(&p, &tq, &tk, &tv, &to, &tl, &to, &tdq, &tdk, &tdv), SDPA_ERR_UNSUPPORTED);
-    size_t bytes = 0;
-    cr_expect_eq(sdpa_backward_workspace_size(&p, &bytes), SDPA_ERR_UNSUPPORTED);
-    cr_expect(guard_intact(dq, 0, nq * 2) && guard_intact(dk, 0, nk * 2) && guard_intact(dv, 0, nv * 2),
-              "backward wrote on error");
-    free(x), free(q), free(k), free(v), free(out.o), free(out.lse), free(dq), free(dk), free(dv);
+    free(x), free(q), free(k), free(v), free(out.o), free(out.lse);
 }

@@ -178,9 +178,7 @@ void print_help(int cmd)
                "(LSE: float32). Each tensor is stored in its type while libsdpa computes: Q, O, dO and dQ in\n"
                "--dtype's, K, V, dK and dV in --kv-dtype's (default: --dtype's), rounded to nearest even.\n"
                "Outputs are written as float32 ('<f4'), or as float16 ('<f2') when stored in fp16 (dQ with\n"
-               "--dtype fp16, dK and dV with --kv-dtype fp16); dsinks is float32. This version of libsdpa\n"
-               "computes the backward in fp32 only: with a 16-bit type it refuses the call, and the tool\n"
-               "prints the library's error and exits with status 2, writing nothing.\n");
+               "--dtype fp16, dK and dV with --kv-dtype fp16); dsinks is float32.\n");
     if (cmd != CMD_DEMO)
         printf("\nQ/K/V/O share one rank: 2 (T, D), 3 (H, T, D) or 4 (B, H, T, D), or with --layout bshd\n"
                "4 (B, T, H, D); outputs have the rank and layout of their input. GQA: Hq a multiple of\n"
