@@ -8,7 +8,9 @@
  * interval, or every key disallowed by the boolean mask or a -inf bias), full
  * (inside every interval, no boolean mask or bias: no per-element work) or
  * partial (masked element by element; its products skip the masked terms, so a
- * NaN in a masked K/V row or bias entry is never read into a result). The keys
+ * NaN in a masked K/V row or bias entry is never read into a result); a boolean
+ * mask or bias that allows one run of keys in every row of a tile, the same
+ * run, with a zero bias (key padding as a mask) makes that run a full tile. The keys
  * of a tile are cut into runs and, on the causal diagonal, bands, so that the
  * products leave out the masked triangle (products.c). */
 #include <math.h>
@@ -40,21 +42,52 @@ int sdpa_classify_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0
     *ke = e;
     if (!pl->elem_mask)
         return (lo[nr - 1] <= s && hi[0] >= e) ? TILE_FULL : TILE_PARTIAL;
-    /* A boolean mask or bias may still disallow every key of the tile: look
-     * before computing anything. */
+    /* A boolean mask or bias may disallow every key of the tile (skip it), or
+     * allow in every row exactly one run of keys [F, L], the same in all rows,
+     * with a bias of zero on it (key padding given as a mask, as PyTorch and
+     * transformers pass it): then the tile is full over [F, L], as it would be
+     * with kv_lengths, and costs no per-element work. Each row is read only
+     * inside its interval, and the bias only where the boolean mask allows; an
+     * irregular mask stops the scan at its first break. */
+    int64_t F = -1, L = -1;
+    int any = 0, full = 1;
     for (int g = 0; g < nh; g++)
         for (int ii = 0; ii < nr; ii++) {
             const int64_t i = i0 + ii, h = h0 + g;
             const int64_t a = lo[ii] > s ? lo[ii] : s, z = hi[ii] < e ? hi[ii] : e;
+            int64_t f = -1, l = -1;
             for (int64_t j = a; j <= z; j++) {
                 if (pl->bm.data && !mask_at(pl, b, h, i, j))
                     continue;
-                if (pl->bias.data && bias_at(pl, b, h, i, j) == -INFINITY)
+                const float bv = pl->bias.data ? bias_at(pl, b, h, i, j) : 0.0f;
+                if (bv == -INFINITY)
                     continue;
-                return TILE_PARTIAL;
+                any = 1;
+                if (full && (bv != 0.0f || (f >= 0 && l != j - 1)))
+                    full = 0; /* a biased key, or a second run */
+                if (!full)
+                    return TILE_PARTIAL;
+                if (f < 0)
+                    f = j;
+                l = j;
             }
+            if (full && g == 0 && ii == 0) {
+                F = f;
+                L = l;
+            } else if (full && (f != F || l != L)) {
+                full = 0;
+            }
+            if (!full && any)
+                return TILE_PARTIAL;
         }
-    return TILE_SKIP;
+    if (!any)
+        return TILE_SKIP;
+    if (full && lo[nr - 1] <= F && hi[0] >= L) { /* (each row's run lies in its interval) */
+        *ks = F;
+        *ke = L;
+        return TILE_FULL;
+    }
+    return TILE_PARTIAL;
 }
 
 void sdpa_mask_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, const int64_t *lo,

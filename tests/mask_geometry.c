@@ -104,16 +104,32 @@ static void make_problem(problem *pr, int elem)
     const size_t n = (size_t)(p->batch * p->q_len * p->kv_len) + 1;
     pr->mask = NULL;
     pr->bias = NULL;
+    /* half the element masks are key padding (per batch, keys [pad_lo, pad_hi)
+     * allowed in every row; a zero bias there), the shape users pass as a mask */
+    const int padding = rnd(2);
+    int64_t pad_lo[64], pad_hi[64];
+    for (int64_t b = 0; b < p->batch && b < 64; b++) {
+        pad_lo[b] = rnd(3) ? 0 : rnd(p->kv_len + 1);
+        pad_hi[b] = pad_lo[b] + rnd(p->kv_len - pad_lo[b] + 1);
+    }
+    const int64_t per = p->q_len * p->kv_len > 0 ? p->q_len * p->kv_len : 1; /* elements per batch */
     if (elem & 1) {
         pr->mask = malloc(n);
-        for (size_t e = 0; e < n; e++)
-            pr->mask[e] = rnd(4) != 0;
+        for (size_t e = 0; e < n; e++) {
+            const int64_t j = (int64_t)e % (p->kv_len ? p->kv_len : 1), b = (int64_t)e / per;
+            pr->mask[e] = padding && b < p->batch ? (j >= pad_lo[b] && j < pad_hi[b]) : rnd(4) != 0;
+        }
         p->bool_mask = (sdpa_bool_mask){pr->mask, p->q_len * p->kv_len, 0, p->kv_len, 1};
     }
     if (elem & 2) {
         pr->bias = malloc(n * sizeof(float));
-        for (size_t e = 0; e < n; e++)
-            pr->bias[e] = rnd(5) ? (float)rnd(7) - 3.0f : -INFINITY;
+        for (size_t e = 0; e < n; e++) {
+            const int64_t j = (int64_t)e % (p->kv_len ? p->kv_len : 1), b = (int64_t)e / per;
+            if (padding && b < p->batch)
+                pr->bias[e] = j >= pad_lo[b] && j < pad_hi[b] ? (rnd(2) ? 0.0f : -0.0f) : -INFINITY;
+            else
+                pr->bias[e] = rnd(5) ? (float)rnd(7) - 3.0f : -INFINITY;
+        }
         if (pr->mask) /* a disallowed entry's bias is never read: poison it */
             for (size_t e = 0; e < n; e++)
                 if (!pr->mask[e])
@@ -165,8 +181,27 @@ static void check_tile(const plan *pl, const problem *pr, int64_t b, int64_t i0,
     for (int ii = 0; ii < nr; ii++)
         for (int64_t j = ks; j <= ke; j++)
             all &= allowed(pr, b, i0 + ii, j);
+    /* FULL: every pair of [ks, ke] allowed and, with a bias, a zero bias on each
+     * (a mask that allows one run of keys in every row, the same run, is full over
+     * that run: key padding as a mask) */
+    int zero_bias = 1;
+    for (int ii = 0; ii < nr && pr->bias; ii++)
+        for (int64_t j = ks; j <= ke; j++)
+            zero_bias &= pr->bias[(b * pl->Tq + i0 + ii) * pl->Tk + j] == 0.0f;
     if (kind == TILE_FULL)
-        CHECK(all && !pl->elem_mask, "a FULL tile with a disallowed pair or an element mask");
+        CHECK(all && zero_bias, "a FULL tile with a disallowed pair or a nonzero bias");
+    /* and conversely: a tile whose allowed pairs are exactly one run of keys [amin,
+     * amax] in every row, with a zero bias, is FULL over it */
+    int one_run = 1;
+    for (int ii = 0; ii < nr; ii++)
+        for (int64_t j = j0; j < j1; j++)
+            one_run &= allowed(pr, b, i0 + ii, j) == (j >= amin && j <= amax);
+    for (int ii = 0; ii < nr && pr->bias && one_run; ii++)
+        for (int64_t j = amin; j <= amax; j++)
+            one_run &= pr->bias[(b * pl->Tq + i0 + ii) * pl->Tk + j] == 0.0f;
+    CHECK(!one_run || (kind == TILE_FULL && ks == amin && ke == amax),
+          "a tile allowing one run [%lld, %lld] in every row (zero bias): kind %d over [%lld, %lld]",
+          (long long)amin, (long long)amax, kind, (long long)ks, (long long)ke);
 
     /* mask_tile on S^T (keys x columns), scores 1 + column */
     const int nk = (int)(ke - ks + 1), ld = nr;

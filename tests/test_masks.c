@@ -870,3 +870,96 @@ Test(masks, finite_min_bias_tile_is_not_skipped, .timeout = 120)
     free(ro); free(rl); free(rdq); free(rdk); free(rdv);
     free(no32); free(nl32); free(ndq); free(ndk); free(ndv);
 }
+
+/* ------------------------------------------- key padding given as a mask -- */
+
+/* Key padding as PyTorch and transformers pass it: a boolean mask broadcast as
+ * (B, 1, 1, Tk) (head and query strides 0) or materialised as (B, 1, Tq, Tk), or
+ * a 0 / -inf float bias of either shape. The library finds the run of allowed
+ * keys in each tile and computes it as it computes kv_lengths: forward (O, LSE)
+ * and backward (dQ, dK, dV) bit for bit those of the kv_lengths call, on every
+ * ISA, for decode (GQA) and prefill. (With causal too the tiles inside the
+ * padding run are full and those past it skipped, as with kv_lengths; the
+ * diagonal tiles are partial either way, but kv_lengths also narrows each row's
+ * interval there, which cuts their products differently: same values, not the
+ * same bits, so causal is left to the reference-checked mask tests.) */
+typedef struct pad_shape {
+    int64_t B, Hq, Hkv, Tq, Tk, D;
+} pad_shape;
+
+static void padding_case(const pad_shape *s, sdpa_isa isa, int form)
+{
+    const int64_t B = s->B, Hq = s->Hq, Hkv = s->Hkv, Tq = s->Tq, Tk = s->Tk, D = s->D;
+    const size_t nq = (size_t)(B * Hq * Tq * D), nk = (size_t)(B * Hkv * Tk * D), nl = (size_t)(B * Hq * Tq);
+    util_rng r;
+    util_rng_init(&r, 77 + (uint64_t)form);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
+    util_fill_normal(&r, q, nq, 1.0f);
+    util_fill_normal(&r, k, nk, 1.0f);
+    util_fill_normal(&r, v, nk, 1.0f);
+    util_fill_normal(&r, dout, nq, 1.0f);
+    int32_t lens[4];
+    for (int64_t b = 0; b < B; b++)
+        lens[b] = (int32_t)(b == 0 ? Tk : b == 1 ? Tk / 2 + 3 : b == 2 ? 1 : Tk - 17);
+    const int per_query = form == 1 || form == 3; /* (B, 1, Tq, Tk) materialised */
+    const size_t nm = (size_t)(B * (per_query ? Tq : 1) * Tk);
+    uint8_t *m = malloc(nm);
+    float *bias = malloc(nm * 4);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < (per_query ? Tq : 1); i++)
+            for (int64_t j = 0; j < Tk; j++) {
+                const size_t e = (size_t)((b * (per_query ? Tq : 1) + i) * Tk + j);
+                m[e] = j < lens[b];
+                bias[e] = j < lens[b] ? 0.0f : -INFINITY;
+            }
+    sdpa_problem base = util_problem(B, Hq, Hkv, Tq, Tk, D, D);
+    base.isa = isa;
+    sdpa_problem pm = base, pk = base;
+    pk.kv_lengths = lens;
+    const int64_t bs = (per_query ? Tq : 1) * Tk, qs = per_query ? Tk : 0;
+    if (form < 2)
+        pm.bool_mask = (sdpa_bool_mask){m, bs, 0, qs, 1};
+    else
+        pm.bias = (sdpa_bias){bias, bs, 0, qs, 1};
+    float *out[2][5];
+    for (int c = 0; c < 2; c++) {
+        const sdpa_problem *p = c ? &pm : &pk;
+        for (int x = 0; x < 5; x++)
+            out[c][x] = malloc((x == 1 ? nl : x == 3 || x == 4 ? nk : nq) * 4);
+        const sdpa_tensor tq4 = {q, Hq * Tq * D, Tq * D, D}, tk4 = {k, Hkv * Tk * D, Tk * D, D}, tv4 = {v, Hkv * Tk * D, Tk * D, D},
+                    tdo4 = {dout, Hq * Tq * D, Tq * D, D};
+        const sdpa_tensor_out to = {out[c][0], Hq * Tq * D, Tq * D, D}, tl = {out[c][1], Hq * Tq, Tq, 1},
+                              tdq = {out[c][2], Hq * Tq * D, Tq * D, D}, tdk = {out[c][3], Hkv * Tk * D, Tk * D, D},
+                              tdv = {out[c][4], Hkv * Tk * D, Tk * D, D};
+        cr_assert_eq(sdpa_forward(p, &tq4, &tk4, &tv4, &to, &tl), SDPA_OK);
+        const sdpa_tensor toi = {out[c][0], Hq * Tq * D, Tq * D, D}, tli = {out[c][1], Hq * Tq, Tq, 1};
+        cr_assert_eq(sdpa_backward(p, &tq4, &tk4, &tv4, &toi, &tli, &tdo4, &tdq, &tdk, &tdv), SDPA_OK);
+    }
+    static const char *forms[] = {"bool (B,1,1,Tk)", "bool (B,1,Tq,Tk)", "bias (B,1,1,Tk)", "bias (B,1,Tq,Tk)"};
+    static const char *names[] = {"O", "LSE", "dQ", "dK", "dV"};
+    for (int x = 0; x < 5; x++)
+        cr_expect(memcmp(out[0][x], out[1][x], (x == 1 ? nl : x == 3 || x == 4 ? nk : nq) * 4) == 0,
+                  "[%s] %lld,%lld,%lld,%lld,%lld,%lld, padding as %s: %s differs from kv_lengths'",
+                  sdpa_isa_name(isa), (long long)B, (long long)Hq, (long long)Hkv, (long long)Tq, (long long)Tk,
+                  (long long)D, forms[form], names[x]);
+    for (int c = 0; c < 2; c++)
+        for (int x = 0; x < 5; x++)
+            free(out[c][x]);
+    free(q), free(k), free(v), free(dout), free(m), free(bias);
+}
+
+Test(masks, key_padding_as_mask_or_bias_equals_kv_lengths, .timeout = 120)
+{
+    static const pad_shape shapes[] = {
+        {4, 8, 2, 1, 300, 64},    /* decode, GQA */
+        {4, 4, 4, 37, 200, 40},   /* short prefill, odd head_dim */
+        {2, 2, 1, 150, 150, 64},
+        {3, 2, 2, 128, 128, 32},
+    };
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas(isas);
+    for (int ii = 0; ii < nisa; ii++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int form = 0; form < 4; form++)
+                padding_case(&shapes[s], isas[ii], form);
+}
