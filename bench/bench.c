@@ -51,6 +51,24 @@
  * Without these options the output is exactly as before; with them every row
  * (table and JSON) also says which variant it is.
  *
+ * Key padding as users pass it (issue 20 item 4): besides "padding" (the key
+ * lengths as sdpa_problem.kv_lengths, Tk/2 for batch 0 up to Tk for the last),
+ * --mask takes the same key padding given as a mask: "padding-bool", a uint8
+ * bool_mask broadcast as (B,1,1,Tk) (head and query strides 0);
+ * "padding-bool-4d", the same materialised as (B,1,Tq,Tk) (query stride Tk,
+ * head stride 0); "padding-bias" and "padding-bias-4d", a 0/-inf fp32 bias of
+ * those two shapes. Every one allows exactly the (query, key) pairs of
+ * "padding", so FLOPs and GB/s count the same. Each form is timed as the
+ * variants are: with the kv_lengths problem of the same shape, ISA, threads and
+ * type, runs interleaved (kv_lengths, form 1, ..., kv_lengths, ...), its row
+ * (JSON "mask" = the form's name) carrying ratio_vs_kv_lengths = its median /
+ * the kv_lengths median of the same run; asking for a form alone still times
+ * (and prints) the kv_lengths rows it is compared with. The forms run the plain
+ * kernel (no variant), with their own O and LSE (the backward starts from a
+ * forward of the form); the masks are made and filled before any timed run.
+ * Without --mask, the default key-padding shape 8,12,12,128,128,64,64 (--quick:
+ * 4,4,4,128,128,64,64) gets all four forms; no other default shape does.
+ *
  * Types (--dtype fp32,bf16,fp16, issue 16): every shape is timed once per type
  * listed, with Q, K, V and O (and dO, dQ, dK, dV) stored in that type (inputs the
  * same random values, rounded to nearest even); LSE stays fp32. Decode GB/s count
@@ -110,16 +128,43 @@ static size_t dtype_bytes(sdpa_dtype dt)
 
 /* ------------------------------------------------------------ shapes and masks */
 
-typedef enum bench_mask { MASK_NONE, MASK_CAUSAL, MASK_CAUSAL_BR, MASK_PADDING, MASK_COUNT } bench_mask;
-static const char *const mask_names[MASK_COUNT] = {"none", "causal", "causal-bottom-right", "padding"};
+/* MASK_PADDING is key padding given as kv_lengths; the four after it are the
+ * same key padding given as a mask (see padding forms below). */
+typedef enum bench_mask {
+    MASK_NONE,
+    MASK_CAUSAL,
+    MASK_CAUSAL_BR,
+    MASK_PADDING,
+    MASK_PADDING_BOOL,    /* uint8 (B,1,1,Tk): head and query strides 0 */
+    MASK_PADDING_BOOL_4D, /* uint8 (B,1,Tq,Tk) materialised: query stride Tk, head stride 0 */
+    MASK_PADDING_BIAS,    /* fp32 0/-inf bias (B,1,1,Tk) */
+    MASK_PADDING_BIAS_4D, /* fp32 0/-inf bias (B,1,Tq,Tk) */
+    MASK_COUNT
+} bench_mask;
+static const char *const mask_names[MASK_COUNT] = {"none",         "causal",          "causal-bottom-right",
+                                                   "padding",      "padding-bool",    "padding-bool-4d",
+                                                   "padding-bias", "padding-bias-4d"};
+#define FIRST_FORM MASK_PADDING_BOOL
+#define N_FORMS (MASK_COUNT - FIRST_FORM)
+/* problems timed together (interleaved): the plain one, the variants, the padding forms */
+#define MAX_PROBLEMS (1 + MAX_VARIANTS + N_FORMS)
+
+static int is_padding_form(int m)
+{
+    return m >= FIRST_FORM && m < MASK_COUNT;
+}
 
 typedef struct shape {
     int64_t B, Hq, Hkv, Tq, Tk, Dk, Dv;
 } shape;
 
+/* A shape and its mask. A MASK_PADDING case also carries the padding forms to
+ * time with it (bit f: mask FIRST_FORM + f), each interleaved with it and
+ * compared with it (ratio_vs_kv_lengths); a case is never of a form's mask. */
 typedef struct bcase {
     shape s;
     bench_mask mask;
+    unsigned forms;
 } bcase;
 
 /* Key padding lengths: deterministic, from Tk/2 (batch 0) up to Tk (last batch). */
@@ -137,7 +182,11 @@ static int64_t row_hi(const bcase *c, int64_t b, int64_t i)
     switch (c->mask) {
     case MASK_CAUSAL: hi = i + 1; break;
     case MASK_CAUSAL_BR: hi = i + s->Tk - s->Tq + 1; break;
-    case MASK_PADDING: hi = padding_length(s, b); break;
+    case MASK_PADDING:
+    case MASK_PADDING_BOOL:
+    case MASK_PADDING_BOOL_4D:
+    case MASK_PADDING_BIAS:
+    case MASK_PADDING_BIAS_4D: hi = padding_length(s, b); break;
     default: hi = s->Tk; break;
     }
     return hi < 0 ? 0 : hi > s->Tk ? s->Tk : hi;
@@ -191,18 +240,18 @@ static int is_decode(const bcase *c)
 }
 
 static const bcase default_cases[] = {
-    {{1, 8, 8, 512, 512, 64, 64}, MASK_NONE},
-    {{1, 8, 8, 512, 512, 64, 64}, MASK_CAUSAL},
-    {{1, 8, 8, 2048, 2048, 128, 128}, MASK_CAUSAL},
-    {{1, 32, 8, 1, 4096, 128, 128}, MASK_NONE},
-    {{8, 12, 12, 128, 128, 64, 64}, MASK_PADDING},
+    {{1, 8, 8, 512, 512, 64, 64}, MASK_NONE, 0},
+    {{1, 8, 8, 512, 512, 64, 64}, MASK_CAUSAL, 0},
+    {{1, 8, 8, 2048, 2048, 128, 128}, MASK_CAUSAL, 0},
+    {{1, 32, 8, 1, 4096, 128, 128}, MASK_NONE, 0},
+    {{8, 12, 12, 128, 128, 64, 64}, MASK_PADDING, 0}, /* and, without --mask, every padding form */
 };
 static const bcase quick_cases[] = {
-    {{1, 4, 4, 256, 256, 64, 64}, MASK_NONE},
-    {{1, 4, 4, 256, 256, 64, 64}, MASK_CAUSAL},
-    {{1, 4, 4, 512, 512, 128, 128}, MASK_CAUSAL},
-    {{1, 32, 8, 1, 1024, 128, 128}, MASK_NONE},
-    {{4, 4, 4, 128, 128, 64, 64}, MASK_PADDING},
+    {{1, 4, 4, 256, 256, 64, 64}, MASK_NONE, 0},
+    {{1, 4, 4, 256, 256, 64, 64}, MASK_CAUSAL, 0},
+    {{1, 4, 4, 512, 512, 128, 128}, MASK_CAUSAL, 0},
+    {{1, 32, 8, 1, 1024, 128, 128}, MASK_NONE, 0},
+    {{4, 4, 4, 128, 128, 64, 64}, MASK_PADDING, 0}, /* and, without --mask, every padding form */
 };
 
 /* ------------------------------------------------------------ attention variants */
@@ -234,6 +283,7 @@ typedef struct options {
     int bw_mib;
     bcase cases[MAX_CASES];
     int n_cases;
+    int any_forms;     /* some case times padding forms: rows (table) get a /kv_lengths column */
     float softcap;     /* --softcap C (0: off) */
     int alibi, sinks;  /* --alibi, --sinks */
     variant variants[MAX_VARIANTS];
@@ -257,8 +307,16 @@ static void print_help(void)
         "  --isa NAME[,NAME..]|all   ISAs to time (default all the CPU supports; scalar first)\n"
         "  --threads N[,N..]         OpenMP thread counts (default 1 and the OpenMP maximum)\n"
         "  --shape B,Hq,Hkv,Tq,Tk,Dk,Dv  a problem shape (repeatable; replaces the defaults)\n"
-        "  --mask none|causal|causal-bottom-right|padding[,..]  mask(s) for every shape\n"
-        "                            (repeatable; default: none for --shape, the defaults' own)\n"
+        "  --mask M[,M..]            mask(s) for every shape (repeatable; default: none for --shape,\n"
+        "                            the defaults' own): none, causal, causal-bottom-right, padding\n"
+        "                            (key padding as kv_lengths: lengths Tk/2 .. Tk over the batch), or\n"
+        "                            the same key padding as a mask: padding-bool (uint8 (B,1,1,Tk),\n"
+        "                            head and query strides 0), padding-bool-4d (uint8 (B,1,Tq,Tk)),\n"
+        "                            padding-bias (0/-inf fp32 bias (B,1,1,Tk)), padding-bias-4d.\n"
+        "                            Each of these four is timed interleaved with padding (kv_lengths,\n"
+        "                            whose rows are printed too) on the same shape, ISA, threads and\n"
+        "                            type: its row has ratio_vs_kv_lengths (ms / kv_lengths ms of\n"
+        "                            the same run); no attention variant is applied to them\n"
         "  --op forward|backward|both  passes to time (default both)\n"
         "  --reps N                  timed runs per row (default 5, --quick 3); rows whose\n"
         "                            warm-up exceeds --max-time / N get fewer (at least 1)\n"
@@ -292,7 +350,9 @@ static void print_help(void)
         "\n"
         "default shapes: 1,8,8,512,512,64,64 (none and causal), 1,8,8,2048,2048,128,128 causal,\n"
         "decode 1,32,8,1,4096,128,128, 8,12,12,128,128,64,64 with key padding (kv lengths from\n"
-        "Tk/2 to Tk). FLOPs: forward 2P(Dk+Dv), backward 2P(3Dk+2Dv), P = allowed pairs.\n");
+        "Tk/2 to Tk) in all five forms (padding and the four mask forms; --quick: its\n"
+        "4,4,4,128,128,64,64 likewise). FLOPs: forward 2P(Dk+Dv), backward 2P(3Dk+2Dv),\n"
+        "P = allowed pairs.\n");
 }
 
 static int usage(const char *fmt, const char *arg)
@@ -428,12 +488,17 @@ static int same_case(const bcase *a, const bcase *b)
     return a->mask == b->mask && memcmp(&a->s, &b->s, sizeof a->s) == 0;
 }
 
+/* A padding form m joins the shape's MASK_PADDING case (added if need be): it
+ * is timed with, and compared with, that kv_lengths problem. */
 static int add_case(options *o, const shape *s, bench_mask m)
 {
-    const bcase c = {*s, m};
+    const unsigned forms = is_padding_form(m) ? 1u << (m - FIRST_FORM) : 0u;
+    const bcase c = {*s, forms ? MASK_PADDING : m, forms};
     for (int i = 0; i < o->n_cases; i++)
-        if (same_case(&o->cases[i], &c))
+        if (same_case(&o->cases[i], &c)) {
+            o->cases[i].forms |= forms;
             return 0;
+        }
     if (o->n_cases == MAX_CASES)
         return -1;
     o->cases[o->n_cases++] = c;
@@ -454,11 +519,17 @@ static int build_cases(options *o)
                         return -1;
     } else {
         for (int i = 0; i < n_defs; i++)
-            for (int m = 0; m < MASK_COUNT; m++)
-                if ((o->n_masks == 0 && m == (int)defs[i].mask) || o->mask_given[m])
+            for (int m = 0; m < MASK_COUNT; m++) {
+                /* without --mask: the shape's own mask, and for key padding every form of it */
+                const int own = m == (int)defs[i].mask || (defs[i].mask == MASK_PADDING && is_padding_form(m));
+                if ((o->n_masks == 0 && own) || o->mask_given[m])
                     if (add_case(o, &defs[i].s, (bench_mask)m) != 0)
                         return -1;
+            }
     }
+    o->any_forms = 0;
+    for (int i = 0; i < o->n_cases; i++)
+        o->any_forms |= o->cases[i].forms != 0;
     /* stable sort by footprint: the big shapes last (rss_mb is a high-water mark) */
     for (int i = 1; i < o->n_cases; i++)
         for (int j = i; j > 0 && footprint(&o->cases[j]) < footprint(&o->cases[j - 1]); j--) {
@@ -605,7 +676,8 @@ static int parse_options(int argc, char **argv, options *o)
             o->shapes[o->n_shapes++] = s;
         } else if (strcmp(name, "--mask") == 0) {
             if (parse_masks(val, o) != 0)
-                return usage("--mask '%s': expected none, causal, causal-bottom-right or padding", val);
+                return usage("--mask '%s': expected none, causal, causal-bottom-right, padding, padding-bool, "
+                             "padding-bool-4d, padding-bias or padding-bias-4d", val);
         } else if (strcmp(name, "--op") == 0) {
             if (strcmp(val, "forward") == 0)
                 o->fwd = 1, o->bwd = 0;
@@ -833,14 +905,15 @@ static void flush_caches(const evict_list *e)
  * warm-up run alone exceeds o->max_time it is the measurement (reps = 1): at
  * that length cold-start effects are negligible and the row costs half.
  * n problems (fns[i], ctxs[i]) are timed together, their runs interleaved
- * (0, 1, ..., n-1, 0, 1, ...: the plain kernel and its variants see the same
- * load), each its own row with its own budget; n = 1 is one row on its own.
+ * (0, 1, ..., n-1, 0, 1, ...: the plain kernel, its variants and the padding
+ * forms of a kv_lengths problem see the same load), each its own row with its
+ * own budget; n = 1 is one row on its own (n <= MAX_PROBLEMS).
  * evicts[i]: buffers to evict from the caches before each timed run of problem
  * i (decode-like rows), or NULL. */
 static int time_interleaved(int n, const run_fn *fns, void *const *ctxs, const options *o,
                             const evict_list *const *evicts, timing *t, int *failed_index)
 {
-    double last[1 + MAX_VARIANTS] = {0}, longest = 0.0;
+    double last[MAX_PROBLEMS] = {0}, longest = 0.0;
     for (int w = 0; w < o->warmup; w++)
         for (int k = 0; k < n; k++) {
             const double t0 = now_s();
@@ -865,7 +938,7 @@ static int time_interleaved(int n, const run_fn *fns, void *const *ctxs, const o
         reps = longest > 0.0 ? (int)(o->max_time / longest) : reps;
     if (reps < 1)
         reps = 1;
-    static double times[1 + MAX_VARIANTS][MAX_REPS];
+    static double times[MAX_PROBLEMS][MAX_REPS];
     for (int r = 0; r < reps; r++)
         for (int k = 0; k < n; k++) {
             if (evicts && evicts[k])
@@ -1091,6 +1164,7 @@ typedef struct row {
         max_abs_diff;
     const variant *var; /* the attention variant (plain when NULL); shown only with variant options */
     double ratio;       /* variant ms / plain ms of the same run, or < 0 (plain rows) */
+    double ratio_kv;    /* padding form rows: ms / the kv_lengths ms of the same run; else < 0 */
 } row;
 
 typedef struct out_state {
@@ -1129,6 +1203,8 @@ static void emit_row(out_state *st, const row *r)
                 "RSS MiB");
         if (variants)
             fprintf(st->table, "  %-19s %8s", "variant", "/plain");
+        if (st->o->any_forms)
+            fprintf(st->table, " %11s", "/kv_lengths");
         fputc('\n', st->table);
         st->header_done = 1;
     }
@@ -1157,6 +1233,12 @@ static void emit_row(out_state *st, const row *r)
         if (r->ratio > 0.0)
             snprintf(ra, sizeof ra, "%.3fx", r->ratio);
         fprintf(st->table, "  %-19s %8s", vn, ra);
+    }
+    if (st->o->any_forms) {
+        char rk[16] = "-";
+        if (r->ratio_kv > 0.0)
+            snprintf(rk, sizeof rk, "%.3fx", r->ratio_kv);
+        fprintf(st->table, " %11s", rk);
     }
     fputc('\n', st->table);
     fflush(st->table);
@@ -1190,6 +1272,8 @@ static void emit_row(out_state *st, const row *r)
         if (r->ratio > 0.0)
             json_num("ratio_vs_plain", r->ratio);
     }
+    if (r->ratio_kv > 0.0)
+        json_num("ratio_vs_kv_lengths", r->ratio_kv);
     printf(",\"version\":\"%s\"}\n", sdpa_version());
     fflush(stdout);
 }
@@ -1213,6 +1297,7 @@ static void fill_row(row *r, const bcase *c, int backward, sdpa_dtype dt, const 
     r->max_abs_diff = -1.0;
     r->var = NULL;
     r->ratio = -1.0;
+    r->ratio_kv = -1.0;
 }
 
 /* ------------------------------------------------------------ problem buffers */
@@ -1436,10 +1521,147 @@ static int backward_unsupported(out_state *st, const bcase *c, const bufs *b)
     return 1;
 }
 
+/* ------------------------------------------------------------ key padding given as a mask */
+
+/* The padding forms of a kv_lengths case: per form f (mask FIRST_FORM + f) in
+ * c->forms, its mask operand with the same key lengths (b->kvlen: key j of
+ * batch b allowed iff j < kvlen[b]), made and filled here, outside every timed
+ * run, and its own O and LSE (written by its forward, read by its backward). */
+typedef struct form_bufs {
+    void *mask[N_FORMS];    /* uint8 (bool forms) or fp32 (bias forms) */
+    int64_t n_mask[N_FORMS]; /* elements */
+    void *o[N_FORMS];       /* of the shape's type */
+    float *lse[N_FORMS];
+} form_bufs;
+
+static int form_is_bias(int f)
+{
+    return FIRST_FORM + f == MASK_PADDING_BIAS || FIRST_FORM + f == MASK_PADDING_BIAS_4D;
+}
+
+static int form_is_4d(int f)
+{
+    return FIRST_FORM + f == MASK_PADDING_BOOL_4D || FIRST_FORM + f == MASK_PADDING_BIAS_4D;
+}
+
+static void free_form_bufs(form_bufs *fb)
+{
+    for (int f = 0; f < N_FORMS; f++)
+        free(fb->mask[f]), free(fb->o[f]), free(fb->lse[f]);
+    memset(fb, 0, sizeof *fb);
+}
+
+static int alloc_form_bufs(const bcase *c, const bufs *b, form_bufs *fb)
+{
+    const shape *s = &c->s;
+    memset(fb, 0, sizeof *fb);
+    for (int f = 0; f < N_FORMS; f++) {
+        if (!(c->forms >> f & 1u))
+            continue;
+        const int64_t rows = form_is_4d(f) ? s->Tq : 1; /* (B,1,Tq,Tk) or (B,1,1,Tk) */
+        const size_t es = form_is_bias(f) ? sizeof(float) : sizeof(uint8_t);
+        fb->n_mask[f] = s->B * rows * s->Tk;
+        fb->mask[f] = alloc_elems(fb->n_mask[f], es);
+        fb->o[f] = alloc_elems(b->no, dtype_bytes(b->dt));
+        fb->lse[f] = alloc_floats(b->nl);
+        if (!fb->mask[f] || !fb->o[f] || !fb->lse[f]) {
+            free_form_bufs(fb);
+            return -1;
+        }
+        memset(fb->o[f], 0, (size_t)b->no * dtype_bytes(b->dt));
+        memset(fb->lse[f], 0, (size_t)b->nl * sizeof(float));
+        for (int64_t bi = 0; bi < s->B; bi++)
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t j = 0; j < s->Tk; j++) {
+                    const int64_t e = (bi * rows + i) * s->Tk + j;
+                    const int allowed = j < b->kvlen[bi];
+                    if (form_is_bias(f))
+                        ((float *)fb->mask[f])[e] = allowed ? 0.0f : -INFINITY;
+                    else
+                        ((uint8_t *)fb->mask[f])[e] = (uint8_t)allowed;
+                }
+    }
+    return 0;
+}
+
+/* The problem of padding form f of the kv_lengths case c: setup_sdpa's without
+ * kv_lengths, with the form's mask (batch stride rows*Tk, head stride 0, query
+ * stride Tk for the 4-D forms and 0 for the broadcast ones, key stride 1) and
+ * its own O and LSE. */
+static void setup_form(sdpa_ctx *x, const bcase *c, const bufs *b, const form_bufs *fb, int f, sdpa_isa isa,
+                       int threads)
+{
+    const shape *s = &c->s;
+    setup_sdpa(x, c, b, isa, threads);
+    x->pb.kv_lengths = NULL;
+    const int64_t qs = form_is_4d(f) ? s->Tk : 0, bs = (form_is_4d(f) ? s->Tq : 1) * s->Tk;
+    if (form_is_bias(f)) {
+        const sdpa_bias m = {fb->mask[f], bs, 0, qs, 1};
+        x->pb.bias = m;
+    } else {
+        const sdpa_bool_mask m = {fb->mask[f], bs, 0, qs, 1};
+        x->pb.bool_mask = m;
+    }
+    x->o = tout(fb->o[f], s->Hq, s->Tq, s->Dv);
+    x->lse = tout(fb->lse[f], s->Hq, s->Tq, 1);
+    x->lse.seq_stride = 1;
+    x->o_in = tin(fb->o[f], s->Hq, s->Tq, s->Dv);
+    x->lse_in = tin(fb->lse[f], s->Hq, s->Tq, 1);
+    x->lse_in.seq_stride = 1;
+}
+
+/* ------------------------------------------------------------ the problems of a case */
+
+/* The problems of one case, timed together: 0 the plain one, 1..nv the
+ * attention variants, then the padding forms form[0..nf-1] of a kv_lengths case
+ * (with the plain kernel, no variant). */
+typedef struct problem_set {
+    const options *o;
+    const bcase *c;
+    const bufs *b;
+    const variant_bufs *vb;
+    const form_bufs *fb;
+    int nv, nf, n;
+    int form[N_FORMS];
+} problem_set;
+
+static void setup_problem(sdpa_ctx *x, const problem_set *ps, int k, sdpa_isa isa, int threads)
+{
+    if (k == 0)
+        setup_sdpa(x, ps->c, ps->b, isa, threads);
+    else if (k <= ps->nv)
+        setup_variant(x, ps->c, ps->b, ps->vb, &ps->o->variants[k - 1], k - 1, isa, threads);
+    else
+        setup_form(x, ps->c, ps->b, ps->fb, ps->form[k - 1 - ps->nv], isa, threads);
+}
+
+/* " name" of problem k for an error message ("" for the plain one). */
+static void problem_name(char *buf, size_t n, const problem_set *ps, int k)
+{
+    const char *name = k == 0          ? ""
+                       : k <= ps->nv ? ps->o->variants[k - 1].name
+                                     : mask_names[FIRST_FORM + ps->form[k - 1 - ps->nv]];
+    snprintf(buf, n, "%s%s", k ? " " : "", name);
+}
+
+/* The buffers problem k reads and writes, to evict before its timed runs. */
+static void problem_evict(evict_list *e, const problem_set *ps, int k)
+{
+    bufs bk = *ps->b; /* a variant and a form have their own O and LSE */
+    if (k > 0 && k <= ps->nv)
+        bk.o = ps->vb->o[k - 1], bk.lse = ps->vb->lse[k - 1];
+    memset(e, 0, sizeof *e);
+    if (k > ps->nv) {
+        const int f = ps->form[k - 1 - ps->nv];
+        bk.o = ps->fb->o[f], bk.lse = ps->fb->lse[f];
+        evict_add(e, ps->fb->mask[f], ps->fb->n_mask[f], form_is_bias(f) ? sizeof(float) : sizeof(uint8_t));
+    }
+    evict_bufs(e, &bk);
+}
+
 static int sdpa_pass(const options *o, const limits *L, out_state *st, double *scalar_ms)
 {
     int failed = 0;
-    const int nv = o->n_variants, n = 1 + nv; /* problem 0 is the plain one */
     for (int cd = 0; cd < o->n_cases * o->n_dtypes; cd++) { /* each case in each type */
         const int ci = cd / o->n_dtypes;
         const bcase *c = &o->cases[ci];
@@ -1447,8 +1669,14 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
         const double rss_before = peak_rss_mb();
         bufs b;
         variant_bufs vb;
+        form_bufs fb;
         int ok = alloc_bufs(c, o->bwd, dt, &b) == 0;
         if (ok && alloc_variant_bufs(o, c, &b, &vb) != 0) {
+            free_bufs(&b);
+            ok = 0;
+        }
+        if (ok && alloc_form_bufs(c, &b, &fb) != 0) {
+            free_variant_bufs(&vb);
             free_bufs(&b);
             ok = 0;
         }
@@ -1459,6 +1687,15 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
             failed = 1;
             continue;
         }
+        problem_set ps = {o, c, &b, &vb, &fb, o->n_variants, 0, 0, {0}};
+        bcase form_case[N_FORMS]; /* the case as each form's rows name it */
+        for (int f = 0; f < N_FORMS; f++)
+            if (c->forms >> f & 1u) {
+                form_case[ps.nf] = *c;
+                form_case[ps.nf].mask = (bench_mask)(FIRST_FORM + f);
+                ps.form[ps.nf++] = f;
+            }
+        const int n = ps.n = 1 + ps.nv + ps.nf;
         for (int op = 0; op < 2; op++) {
             if ((op == 0 && !o->fwd) || (op == 1 && !o->bwd))
                 continue;
@@ -1466,13 +1703,12 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                 int bad = 0;
                 for (int k = 0; k < n && !bad; k++) {
                     sdpa_ctx x;
-                    if (k == 0)
-                        setup_sdpa(&x, c, &b, SDPA_ISA_AUTO, 0);
-                    else
-                        setup_variant(&x, c, &b, &vb, &o->variants[k - 1], k - 1, SDPA_ISA_AUTO, 0);
+                    setup_problem(&x, &ps, k, SDPA_ISA_AUTO, 0);
                     if (run_sdpa_forward(&x) != 0) {
-                        fprintf(stderr, "sdpa bench: error: forward %s%s%s: %s\n", dtype_names[dt], k ? " " : "",
-                                k ? o->variants[k - 1].name : "", sdpa_status_string(x.st));
+                        char pn[64];
+                        problem_name(pn, sizeof pn, &ps, k);
+                        fprintf(stderr, "sdpa bench: error: forward %s%s: %s\n", dtype_names[dt], pn,
+                                sdpa_status_string(x.st));
                         bad = 1;
                     }
                 }
@@ -1483,35 +1719,29 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                 if (backward_unsupported(st, c, &b))
                     continue;
             }
-            double vscalar[MAX_VARIANTS][MAX_LIST] = {{0}}; /* each variant's scalar ms */
+            double pscalar[MAX_PROBLEMS][MAX_LIST] = {{0}}; /* each variant's and form's scalar ms */
             for (int ti = 0; ti < o->n_threads; ti++)
                 for (int ii = 0; ii < o->n_isas; ii++) {
                     const sdpa_isa isa = o->isas[ii];
-                    sdpa_ctx x[1 + MAX_VARIANTS];
-                    run_fn fns[1 + MAX_VARIANTS];
-                    void *ctxs[1 + MAX_VARIANTS];
-                    evict_list ev[1 + MAX_VARIANTS];
-                    const evict_list *evp[1 + MAX_VARIANTS];
-                    timing t[1 + MAX_VARIANTS];
-                    memset(ev, 0, sizeof ev);
+                    sdpa_ctx x[MAX_PROBLEMS];
+                    run_fn fns[MAX_PROBLEMS];
+                    void *ctxs[MAX_PROBLEMS];
+                    evict_list ev[MAX_PROBLEMS];
+                    const evict_list *evp[MAX_PROBLEMS];
+                    timing t[MAX_PROBLEMS];
                     for (int k = 0; k < n; k++) {
-                        if (k == 0)
-                            setup_sdpa(&x[k], c, &b, isa, o->threads[ti]);
-                        else
-                            setup_variant(&x[k], c, &b, &vb, &o->variants[k - 1], k - 1, isa, o->threads[ti]);
+                        setup_problem(&x[k], &ps, k, isa, o->threads[ti]);
                         fns[k] = op ? run_sdpa_backward : run_sdpa_forward;
                         ctxs[k] = &x[k];
-                        bufs bk = b; /* a variant has its own O and LSE */
-                        if (k > 0)
-                            bk.o = vb.o[k - 1], bk.lse = vb.lse[k - 1];
-                        evict_bufs(&ev[k], &bk);
+                        problem_evict(&ev[k], &ps, k);
                         evp[k] = is_decode(c) ? &ev[k] : NULL;
                     }
                     int bad_k = 0;
                     if (time_interleaved(n, fns, ctxs, o, evp, t, &bad_k) != 0) {
-                        fprintf(stderr, "sdpa bench: error: %s %s %s%s%s: %s\n", sdpa_isa_name(isa),
-                                op ? "backward" : "forward", dtype_names[dt], bad_k ? " " : "",
-                                bad_k ? o->variants[bad_k - 1].name : "", sdpa_status_string(x[bad_k].st));
+                        char pn[64];
+                        problem_name(pn, sizeof pn, &ps, bad_k);
+                        fprintf(stderr, "sdpa bench: error: %s %s %s%s: %s\n", sdpa_isa_name(isa),
+                                op ? "backward" : "forward", dtype_names[dt], pn, sdpa_status_string(x[bad_k].st));
                         failed = 1;
                         continue;
                     }
@@ -1522,22 +1752,26 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                         r.impl = "sdpa";
                         r.isa = sdpa_isa_name(isa);
                         r.threads = o->threads[ti];
-                        fill_row(&r, c, op, dt, &t[k], L->peak[isa][ti], L->bw[ti], rss_before);
-                        double *ref = k == 0 ? &scalar_ms[scalar_index(dt, ci, op, ti)] : &vscalar[k - 1][ti];
+                        fill_row(&r, k > ps.nv ? &form_case[k - 1 - ps.nv] : c, op, dt, &t[k], L->peak[isa][ti],
+                                 L->bw[ti], rss_before);
+                        double *ref = k == 0 ? &scalar_ms[scalar_index(dt, ci, op, ti)] : &pscalar[k][ti];
                         if (isa == SDPA_ISA_SCALAR)
                             *ref = r.ms;
                         if (*ref > 0.0)
                             r.speedup = *ref / r.ms;
-                        if (k == 0)
+                        if (k == 0) {
                             plain_ms = r.ms;
-                        else {
+                        } else if (k <= ps.nv) {
                             r.var = &o->variants[k - 1];
                             r.ratio = plain_ms > 0.0 ? r.ms / plain_ms : -1.0;
+                        } else {
+                            r.ratio_kv = plain_ms > 0.0 ? r.ms / plain_ms : -1.0; /* problem 0: kv_lengths */
                         }
                         emit_row(st, &r);
                     }
                 }
         }
+        free_form_bufs(&fb);
         free_variant_bufs(&vb);
         free_bufs(&b);
     }
@@ -2147,6 +2381,10 @@ static void print_header(FILE *f, const options *o, const limits *L)
                    "once / time; /paged = ms / sdpa-paged ms\n",
                 SERVE_DECODE, SERVE_PREFILL, SERVE_CHUNK, SERVE_PREFIX, SERVE_HQ, SERVE_HKV, SERVE_D, SERVE_BS,
                 sdpa_isa_name(o->isas[o->n_isas - 1]));
+    if (o->any_forms && !o->serve)
+        fprintf(f, "# key padding as a mask (padding-bool (B,1,1,Tk), padding-bool-4d (B,1,Tq,Tk) uint8; "
+                   "padding-bias, padding-bias-4d 0/-inf fp32): the key lengths of padding, each timed "
+                   "interleaved with padding (kv_lengths); /kv_lengths = ms / kv_lengths ms of the same run\n");
     if (o->n_variants > 0) {
         fprintf(f, "# attention variants:");
         for (int i = 0; i < o->n_variants; i++)

@@ -1266,6 +1266,92 @@ Test(cli, bench_json_fields)
     cr_expect_eq(bwd, 1);
 }
 
+/* Key padding as a mask (issue 20 item 4): the rows of `sdpa bench --json` by
+ * mask and op, each row checked: a padding form's row has ratio_vs_kv_lengths,
+ * any other row has none; every row of one shape counts the same allowed pairs
+ * (the forms carry padding's key lengths). Counts in n[mask][op]. */
+static const char *const padding_forms[] = {"padding", "padding-bool", "padding-bool-4d", "padding-bias",
+                                            "padding-bias-4d"};
+
+static void count_padding_rows(const char *out, const char *shape_field, int n[5][2], int *other)
+{
+    char pairs[64] = "";
+    for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *end = strchr(line, '\n');
+        const size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (len == 0)
+            continue;
+        char buf[2048];
+        cr_assert_lt(len, sizeof buf);
+        memcpy(buf, line, len);
+        buf[len] = '\0';
+        cr_assert(buf[0] == '{' && buf[len - 1] == '}', "not a JSON object line: %s", buf);
+        int m = -1;
+        for (int i = 0; i < 5; i++) {
+            char want[64];
+            snprintf(want, sizeof want, "\"mask\":\"%s\"", padding_forms[i]);
+            if (strstr(buf, want))
+                m = i;
+        }
+        const int has_ratio = strstr(buf, "\"ratio_vs_kv_lengths\":") != NULL;
+        if (m < 0 || !strstr(buf, shape_field)) {
+            cr_expect(!has_ratio, "ratio_vs_kv_lengths on a row that is no padding form: %s", buf);
+            (*other)++;
+            continue;
+        }
+        cr_expect_eq(has_ratio, m > 0, "ratio_vs_kv_lengths %s: %s", m > 0 ? "missing" : "unexpected", buf);
+        if (has_ratio) {
+            const double ratio = strtod(strstr(buf, "\"ratio_vs_kv_lengths\":") + 22, NULL);
+            cr_expect(ratio > 0.0 && isfinite(ratio), "ratio_vs_kv_lengths not a positive number: %s", buf);
+        }
+        const char *pp = strstr(buf, "\"pairs\":");
+        cr_assert_not_null(pp, "no pairs: %s", buf);
+        char pv[64];
+        snprintf(pv, sizeof pv, "%.*s", (int)strcspn(pp, ",}"), pp);
+        if (!pairs[0])
+            strcpy(pairs, pv);
+        cr_expect_str_eq(pv, pairs, "a padding form counts other pairs than padding: %s", buf);
+        n[m][strstr(buf, "\"op\":\"backward\"") != NULL]++;
+    }
+}
+
+Test(cli, bench_json_padding_forms)
+{
+    /* Asked for on a tiny shape: each form once per op, and padding (kv_lengths) with them. */
+    const char *args[] = {"bench", "--quick", "--no-limits", "--no-naive", "--isa", "scalar", "--threads", "1",
+                          "--shape", "3,2,1,8,9,4,3", "--mask", "padding-bool,padding-bool-4d",
+                          "--mask", "padding-bias,padding-bias-4d", "--op", "both", "--reps", "1", "--json", NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "bench failed: %s", r->err);
+    int n[5][2] = {{0}}, other = 0;
+    count_padding_rows(r->out, "\"B\":3,\"Hq\":2,\"Hkv\":1,\"Tq\":8,\"Tk\":9,\"Dk\":4,\"Dv\":3", n, &other);
+    for (int m = 0; m < 5; m++)
+        for (int op = 0; op < 2; op++)
+            cr_expect_eq(n[m][op], 1, "%s %s: %d rows\n%s", padding_forms[m], op ? "backward" : "forward", n[m][op],
+                         r->out);
+    cr_expect_eq(other, 0, "unexpected rows:\n%s", r->out);
+    cr_expect_not_null(strstr(r->err, "/kv_lengths"), "no /kv_lengths column in the table: %s", r->err);
+
+    /* Without --mask, the default key-padding shape (--quick: 4,4,4,128,128,64,64)
+     * gets every form, and no other shape any. */
+    const char *dargs[] = {"bench", "--quick", "--no-limits", "--no-naive", "--isa", "scalar", "--threads", "1",
+                           "--op", "forward", "--reps", "1", "--warmup", "0", "--json", NULL};
+    r = run(dargs);
+    cr_assert_eq(r->status, 0, "bench failed: %s", r->err);
+    memset(n, 0, sizeof n);
+    other = 0;
+    count_padding_rows(r->out, "\"B\":4,\"Hq\":4,\"Hkv\":4,\"Tq\":128,\"Tk\":128,\"Dk\":64,\"Dv\":64", n, &other);
+    for (int m = 0; m < 5; m++)
+        cr_expect_eq(n[m][0], 1, "%s: %d forward rows\n%s", padding_forms[m], n[m][0], r->out);
+    cr_expect_gt(other, 0, "the other default shapes are missing:\n%s", r->out);
+
+    /* An unknown form is a usage error. */
+    const char *bad[] = {"bench", "--mask", "padding-bools", NULL};
+    r = run(bad);
+    cr_expect_eq(r->status, 2, "exit %d; stderr: %s", r->status, r->err);
+    cr_expect_not_null(strstr(r->err, "padding-bias-4d"), "stderr: %s", r->err);
+}
+
 /* An output that names an input file (directly or through another path to the
  * same file) is a usage error: the input is left as it was. */
 Test(cli, output_names_an_input)
