@@ -268,6 +268,8 @@ def load_sdpa_rows(paths):
             r = json.loads(line)
             if r.get("impl") != "sdpa" or r.get("variant", "plain") != "plain":
                 continue  # torch runs plain attention: skip `sdpa bench --softcap/--alibi/--sinks` rows
+            if "ratio_vs_kv_lengths" in r:
+                continue  # padding given as a mask or bias (padding-bool, ...): the `padding` row's problem
             t = r["threads"]
             case = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"])
             if case not in cases:
