@@ -3,6 +3,7 @@
 
     import numpy as np, libsdpa
     o = libsdpa.attention(q, k, v, causal=True)          # float32 [B, H, T, D]
+    o = libsdpa.attention(q16, k16, v16)                 # float16 (or ml_dtypes bfloat16)
     o, lse = libsdpa.attention(q, k, v, return_lse=True)
     dq, dk, dv = libsdpa.attention_backward(q, k, v, o, lse, do)
 

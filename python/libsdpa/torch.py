@@ -1,12 +1,16 @@
 # SPDX-License-Identifier: MIT
-"""libsdpa for PyTorch (CPU float32 tensors): a torch.library custom op with autograd
-(the backward is sdpa_backward) and fake kernels, so torch.compile traces it.
+"""libsdpa for PyTorch (CPU float32, bfloat16 and float16 tensors): a torch.library custom
+op with autograd (the backward is sdpa_backward) and fake kernels, so torch.compile traces it.
+Tensors go to the library by address with their strides (no copy); O comes back in the
+query's dtype. The backward passes the tensors to sdpa_backward in their own types (the
+gradients in the types of q, k, v): a library whose backward refuses 16-bit tensors raises
+libsdpa.SdpaError (SDPA_ERR_UNSUPPORTED); nothing is upcast behind the caller's back.
 
     from libsdpa.torch import scaled_dot_product_attention, attention, patch
     o = scaled_dot_product_attention(q, k, v, is_causal=True)   # torch's signature
     o = attention(q, k, v, kv_lengths=lengths)                  # libsdpa's own keywords
     with patch():                   # torch.nn.functional.scaled_dot_product_attention
-        model(x)                    # on CPU float32 tensors runs through libsdpa
+        model(x)                    # on CPU tensors runs through libsdpa
 
 Needs torch >= 2.4; `import libsdpa` itself never imports torch.
 """
@@ -16,29 +20,66 @@ import threading
 import warnings
 from typing import Optional, Tuple
 
+import ctypes
+
 import torch
 
 from . import _api
+from . import _binding as _b
 
 __all__ = ["scaled_dot_product_attention", "attention", "patch"]
 
 _CAUSAL = {None: 0, False: 0, True: 1, "top-left": 1, "top_left": 1, "bottom-right": 2,
            "bottom_right": 2}
 _CAUSAL_NAME = {0: None, 1: "top-left", 2: "bottom-right"}
+# sdpa_dtype of the tensor types the library stores (include/sdpa.h)
+_DTYPE_CODE = {torch.float32: _api.DTYPE_F32, torch.bfloat16: _api.DTYPE_BF16,
+               torch.float16: _api.DTYPE_F16}
+_ITEMSIZE = _api._ITEMSIZE
+_Tensor = _b.Tensor
+_byref = ctypes.byref
+
+
+def _raw(t, name):
+    """The _api._Raw of a CPU strided tensor: data_ptr(), element strides, sdpa_dtype; no
+    copy (a last dimension that is not contiguous is made so: an input only)."""
+    code = _DTYPE_CODE.get(t.dtype)
+    if code is None:
+        raise ValueError(f"{name}: dtype {t.dtype} is not supported (libsdpa stores float32, "
+                         "bfloat16 and float16)")
+    shape = tuple(t.shape)
+    if not t.numel():
+        return _api._Raw(shape, 0, _api._packed(shape), code, t)
+    if shape[-1] > 1 and t.stride(-1) != 1:
+        t = t.contiguous()
+    ptr = t.data_ptr()
+    if ptr % _ITEMSIZE[code]:
+        raise ValueError(f"{name}: data is not aligned to its element size")
+    return _api._Raw(shape, ptr, [s if n > 1 else 0 for n, s in zip(shape, t.stride())], code, t)
+
+
+def _out(shape, dtype):
+    """A new contiguous tensor and its sdpa_tensor_out (rank 3 LSE or rank 4)."""
+    t = torch.empty(shape, dtype=dtype)
+    st = t.stride()
+    return t, _Tensor(t.data_ptr() if t.numel() else 0, st[0], st[1], st[2])
 
 
 def _np(t):
     return None if t is None else t.detach().numpy()
 
 
-def _kw(mask, bias, kv_lengths, alibi, sinks, scale, causal, wl, wr, walign, softcap):
-    return dict(mask=_np(mask), bias=_np(bias), kv_lengths=_np(kv_lengths),
-                alibi_slopes=_np(alibi), sinks=_np(sinks),
-                scale=None if math.isnan(scale) else scale, causal=_CAUSAL_NAME[causal],
-                window=None if wl == -1 and wr == -1 else (None if wl == -1 else wl,
-                                                            None if wr == -1 else wr),
-                window_align="bottom-right" if walign else None,
-                softcap=softcap or None, threads=torch.get_num_threads())
+def _call(q, k, v, mask, bias, kv_lengths, alibi, sinks, scale, causal, wl, wr, walign,
+          softcap):
+    """The _api._Call (descriptor and tensor views) of the op's arguments."""
+    return _api._Call(
+        _raw(q, "q"), _raw(k, "k"), _raw(v, "v"),
+        scale=None if math.isnan(scale) else scale, causal=_CAUSAL_NAME[causal],
+        window=None if wl == -1 and wr == -1 else (None if wl == -1 else wl,
+                                                    None if wr == -1 else wr),
+        window_align="bottom-right" if walign else None, kv_lengths=_np(kv_lengths),
+        mask=_np(mask), bias=_np(bias), softcap=softcap or None, alibi_slopes=_np(alibi),
+        sinks=_np(sinks), threads=torch.get_num_threads(), isa=None)
 
 
 @torch.library.custom_op("libsdpa::attention", mutates_args=(), device_types="cpu")
@@ -48,11 +89,17 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   sinks: Optional[torch.Tensor], scale: float, causal: int, window_left: int,
                   window_right: int, window_align: int, softcap: float
                   ) -> Tuple[torch.Tensor, torch.Tensor]:
-    o, lse = _api.attention(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(),
-                            return_lse=True,
-                            **_kw(mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal,
-                                  window_left, window_right, window_align, softcap))
-    return torch.from_numpy(o), torch.from_numpy(lse)
+    c = _call(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, window_left,
+              window_right, window_align, softcap)
+    if c.rank != 4:
+        raise ValueError(f"libsdpa::attention: q of rank {c.rank}, expected 4")
+    o, o_t = _out((c.B, c.Hq, c.Tq, c.Dv), q.dtype)   # O in q's type, as torch SDPA
+    lse, l_t = _out((c.B, c.Hq, c.Tq), torch.float32)
+    c.p.o_dtype = c.p.q_dtype
+    st = _b.forward(_byref(c.p), _byref(c.q), _byref(c.k), _byref(c.v), _byref(o_t),
+                    _byref(l_t))
+    c.check("sdpa_forward", st)
+    return o, lse
 
 
 @_attention_op.register_fake
@@ -60,7 +107,7 @@ def _(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, windo
       window_right, window_align, softcap):
     B = max(q.shape[0], k.shape[0])
     shape = (B,) + tuple(q.shape[1:-1])
-    return q.new_empty(shape + (v.shape[-1],)), q.new_empty(shape)
+    return q.new_empty(shape + (v.shape[-1],)), q.new_empty(shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("libsdpa::attention_backward", mutates_args=(), device_types="cpu")
@@ -71,22 +118,50 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
                            scale: float, causal: int, window_left: int, window_right: int,
                            window_align: int, softcap: float
                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if do.stride(-1) != 1 and do.shape[-1] > 1:
-        do = do.contiguous()
-    res = _api.attention_backward(
-        q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), o.detach().numpy(),
-        lse.detach().numpy(), do.detach().numpy(),
-        **_kw(mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, window_left,
-              window_right, window_align, softcap))
-    dsinks = torch.from_numpy(res[3]) if sinks is not None else q.new_zeros(0)
-    return torch.from_numpy(res[0]), torch.from_numpy(res[1]), torch.from_numpy(res[2]), dsinks
+    c = _call(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, window_left,
+              window_right, window_align, softcap)
+    if c.rank != 4:
+        raise ValueError(f"libsdpa::attention_backward: q of rank {c.rank}, expected 4")
+    B, Hq, Hkv, Tq, Tk, Dk, Dv = c.B, c.Hq, c.Hkv, c.Tq, c.Tk, c.Dk, c.Dv
+    oshape = (B, Hq, Tq, Dv)
+    if do.dtype != o.dtype:
+        raise ValueError(f"do: dtype {do.dtype} differs from o's {o.dtype} (dO is stored in "
+                         "O's type)")
+    o_r = c.tensor_in(_raw(o, "o"), "o", oshape)
+    l_r = c.tensor_in(_raw(lse, "lse"), "lse", oshape[:-1])
+    do_r = c.tensor_in(_raw(do, "do"), "do", oshape)
+    if l_r[3] != _api.DTYPE_F32:
+        raise ValueError(f"lse: dtype {lse.dtype}, expected torch.float32")
+    c.p.o_dtype = o_r[3]
+    o_t, do_t = _Tensor(o_r[1], *o_r[2][:3]), _Tensor(do_r[1], *do_r[2][:3])
+    l_t = _Tensor(l_r[1], *l_r[2])
+    # the gradients in the types of q, k, v; a library that refuses 16-bit tensors gives
+    # SdpaError here, never a float32 computation in their place
+    dq, dq_t = _out((B, Hq, Tq, Dk), q.dtype)
+    dk, dk_t = _out((B, Hkv, Tk, Dk), k.dtype)
+    dv, dv_t = _out((B, Hkv, Tk, Dv), v.dtype)
+    dsinks = q.new_zeros(0, dtype=torch.float32)
+    if sinks is not None:
+        dsinks = torch.empty(Hq, dtype=torch.float32)
+        c.p.dsinks = dsinks.data_ptr()
+    st = _b.backward(_byref(c.p), _byref(c.q), _byref(c.k), _byref(c.v), _byref(o_t),
+                     _byref(l_t), _byref(do_t), _byref(dq_t), _byref(dk_t), _byref(dv_t))
+    c.check("sdpa_backward", st)
+    bq, bk, bv = c.bcast_b
+    if bq:
+        dq = dq.sum(0, keepdim=True, dtype=torch.float32).to(q.dtype)
+    if bk:
+        dk = dk.sum(0, keepdim=True, dtype=torch.float32).to(k.dtype)
+    if bv:
+        dv = dv.sum(0, keepdim=True, dtype=torch.float32).to(v.dtype)
+    return dq, dk, dv, dsinks
 
 
 @_attention_backward_op.register_fake
 def _(q, k, v, o, lse, do, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal,
       window_left, window_right, window_align, softcap):
-    ds = q.new_empty(sinks.shape) if sinks is not None else q.new_empty(0)
-    return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape), ds
+    ds = q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
 
 def _setup_context(ctx, inputs, output):
@@ -112,8 +187,9 @@ def _check_tensor(t, name):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(f"{name}: libsdpa runs on CPU tensors (got device {t.device})")
-    if t.dtype != torch.float32:
-        raise ValueError(f"{name}: dtype {t.dtype} is not supported (libsdpa computes in float32)")
+    if t.dtype not in _DTYPE_CODE:
+        raise ValueError(f"{name}: dtype {t.dtype} is not supported (libsdpa stores float32, "
+                         "bfloat16 and float16 and computes in float32)")
     if t.layout != torch.strided or t.is_nested:
         raise ValueError(f"{name}: only strided (dense) tensors are supported")
 
@@ -143,14 +219,20 @@ def _to4(q, k, v):
 
 def attention(query, key, value, *, scale=None, causal=None, window=None, window_align=None,
               kv_lengths=None, mask=None, bias=None, softcap=None, alibi_slopes=None, sinks=None):
-    """libsdpa's attention on CPU float32 tensors [.., H, T, D] with autograd (query, key,
-    value, and sinks when given; mask and bias get no gradient). Keywords as
+    """libsdpa's attention on CPU tensors [.., H, T, D] with autograd (query, key, value, and
+    sinks when given; mask and bias get no gradient). float32, bfloat16 or float16, read in
+    place; key and value share one dtype, query's may differ (a float32 query over a
+    bfloat16 cache); O has the query's dtype. The gradients have the types of query, key,
+    value (a library whose backward refuses 16-bit tensors raises SdpaError). Keywords as
     libsdpa.attention (the NumPy API): causal None/True/'top-left'/'bottom-right', window
     (left, right), kv_lengths (an integer tensor of B lengths), mask (bool, True = may attend)
     and bias (float32) broadcastable to [B, Hq, Tq, Tk], softcap, alibi_slopes, sinks.
     GQA: query heads a multiple of key heads. Returns O [.., Hq, Tq, Dv]."""
     for t, n in ((query, "query"), (key, "key"), (value, "value")):
         _check_tensor(t, n)
+    if key.dtype != value.dtype:
+        raise ValueError(f"key and value: dtypes {key.dtype} and {value.dtype} differ (libsdpa "
+                         "stores K and V in one type; the query's may differ)")
     q, k, v, lead = _to4(query, key, value)
     B, Hq, Tq, Tk = max(q.shape[0], k.shape[0]), q.shape[1], q.shape[2], k.shape[2]
     full = (B, Hq, Tq, Tk)
@@ -200,12 +282,15 @@ def attention(query, key, value, *, scale=None, causal=None, window=None, window
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
-    """torch.nn.functional.scaled_dot_product_attention computed by libsdpa (CPU float32):
-    query [N, .., Hq, L, E], key [N, .., H, S, E], value [N, .., H, S, Ev]; attn_mask bool
-    (True = takes part) or float (added to the scaled scores) broadcastable to
-    [N, .., Hq, L, S]; is_causal: top-left causal mask; scale: default 1/sqrt(E);
-    enable_gqa: Hq a multiple of H. dropout_p must be 0. A query row that no key may
-    attend gives 0 (PyTorch's math backend gives NaN there)."""
+    """torch.nn.functional.scaled_dot_product_attention computed by libsdpa (CPU float32,
+    bfloat16 or float16; key and value of one dtype, the query's may differ; the output has
+    the query's): query [N, .., Hq, L, E], key [N, .., H, S, E], value [N, .., H, S, Ev];
+    attn_mask bool (True = takes part) or float (float32 or the query's dtype, widened
+    exactly to float32, added to the scaled scores) broadcastable to [N, .., Hq, L, S];
+    is_causal: top-left causal mask; scale: default 1/sqrt(E); enable_gqa: Hq a multiple of
+    H. dropout_p must be 0. A query row that no key may attend gives 0 (PyTorch's math
+    backend gives NaN there). The backward of a 16-bit call raises SdpaError where the
+    library's backward refuses 16-bit tensors."""
     if dropout_p != 0.0:
         raise ValueError("libsdpa: dropout_p must be 0 (libsdpa has no dropout)")
     if attn_mask is not None and is_causal:
@@ -222,13 +307,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise TypeError("attn_mask: expected a torch.Tensor")
         if attn_mask.dtype == torch.bool:
             mask = attn_mask
-        elif attn_mask.dtype == torch.float32:
+        elif attn_mask.dtype == torch.float32 or attn_mask.dtype == query.dtype:
             if attn_mask.requires_grad:
                 raise ValueError("libsdpa: no gradient for a float attn_mask (requires_grad)")
-            bias = attn_mask
+            bias = attn_mask.float()   # a 16-bit mask: widened exactly (the bias is float32)
         else:
             raise ValueError(f"attn_mask: dtype {attn_mask.dtype} is not supported "
-                             "(bool or float32)")
+                             "(bool, float32 or the query's dtype)")
     return attention(query, key, value, scale=scale, causal=True if is_causal else None,
                      mask=mask, bias=bias)
 
@@ -245,8 +330,14 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
             return f"{n} is not a dense tensor"
         if t.device.type != "cpu":
             return f"{n} is on {t.device}"
-        if t.dtype != torch.float32:
+        if t.dtype not in _DTYPE_CODE:
             return f"{n} is {t.dtype}"
+    if not query.dtype == key.dtype == value.dtype:
+        return "query, key and value dtypes differ"   # PyTorch's own error
+    if query.dtype != torch.float32 and torch.is_grad_enabled() and (
+            query.requires_grad or key.requires_grad or value.requires_grad) \
+            and not _api._backward_16bit():
+        return f"{query.dtype} with autograd (this libsdpa's backward is float32 only)"
     if dropout_p != 0.0:
         return "dropout_p != 0"
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
@@ -256,7 +347,7 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
             return "attn_mask with is_causal"
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.device.type != "cpu":
             return "attn_mask not a CPU tensor"
-        if attn_mask.dtype not in (torch.bool, torch.float32):
+        if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
             return f"attn_mask is {attn_mask.dtype}"
         if attn_mask.requires_grad:
             return "attn_mask requires grad"
@@ -286,10 +377,12 @@ def _patched(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
 @contextlib.contextmanager
 def patch():
     """Routes torch.nn.functional.scaled_dot_product_attention through libsdpa inside the
-    block (CPU float32 tensors; anything else falls back to PyTorch, with one warning per
-    reason). Code that looks the function up at call time (torch.nn.functional.<name>,
-    F.<name>, transformers' "sdpa" attention) is affected; a name imported before the
-    block with `from torch.nn.functional import scaled_dot_product_attention` is not."""
+    block (CPU float32, bfloat16 and float16 tensors; a 16-bit call that wants gradients
+    only if the library's backward takes 16-bit tensors; anything else falls back to
+    PyTorch, with one warning per reason). Code that looks the function up at call time
+    (torch.nn.functional.<name>, F.<name>, transformers' "sdpa" attention) is affected; a
+    name imported before the block with `from torch.nn.functional import
+    scaled_dot_product_attention` is not."""
     F = torch.nn.functional
     saved = F.scaled_dot_product_attention
     F.scaled_dot_product_attention = _patched

@@ -251,7 +251,7 @@ def bad_cases(rng):
     q, k, v = qkv(rng)
     return [
         ("float64 q", (q.astype(np.float64), k, v), {}, "dtype"),
-        ("float16 k", (q, k.astype(np.float16), v), {}, "dtype"),
+        ("float16 k, float32 v", (q, k.astype(np.float16), v), {}, "dtype"),
         ("int v", (q, k, v.astype(np.int32)), {}, "dtype"),
         ("big-endian q", (q.astype(">f4"), k, v), {}, "dtype"),
         ("rank 5", (q[None], k[None], v[None]), {}, "rank"),

@@ -1,0 +1,226 @@
+# SPDX-License-Identifier: MIT
+"""libsdpa.torch with torch.bfloat16 / torch.float16 tensors: passed by data_ptr() with
+their strides (no copy), O in the query's dtype, bit for bit the library's float32 call on
+the widened inputs with O rounded (docs/design.md, "Reduced precision"); an fp32 query
+over a 16-bit cache; the backward never upcasts (it raises where the library refuses
+16-bit tensors); patch(); opcheck and torch.compile. Skipped without torch."""
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import libsdpa  # noqa: E402
+import libsdpa.torch as lt  # noqa: E402
+
+F = torch.nn.functional
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+ISAS = libsdpa.info()["supported_isas"]
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(0)
+
+
+def bits(t):
+    t = t.contiguous()
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+def rn(*shape, dtype=F32):
+    return torch.randn(*shape).to(dtype)
+
+
+# (B, Hq, Hkv, Tq, Tk, D): prefill GQA, decode GQA / MQA over long caches, odd MHA
+SHAPES = [(2, 4, 2, 9, 13, 16), (2, 8, 2, 1, 300, 64), (1, 8, 1, 1, 1000, 128),
+          (1, 3, 3, 5, 7, 24), (1, 4, 2, 70, 90, 32)]
+
+
+@pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_sdpa_bitwise_rounded_fp32(shape, dt):
+    B, Hq, Hkv, Tq, Tk, D = shape
+    q, k, v = rn(B, Hq, Tq, D, dtype=dt), rn(B, Hkv, Tk, D, dtype=dt), rn(B, Hkv, Tk, D, dtype=dt)
+    for causal in (False, True):
+        o = lt.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hq != Hkv)
+        o32 = lt.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                              enable_gqa=Hq != Hkv)
+        assert o.dtype == dt and o32.dtype == F32
+        assert same_bits(o, o32.to(dt))
+        # and near PyTorch's own SDPA in float64 on the same values (O's rounding only)
+        r = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
+                                           enable_gqa=Hq != Hkv)
+        eps = torch.finfo(dt).eps
+        torch.testing.assert_close(o.double(), r, rtol=eps, atol=4e-5)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qt,kvt", [(F32, BF16), (F32, F16), (BF16, F16), (F16, F32)],
+                         ids=["qf32_kvbf16", "qf32_kvf16", "qbf16_kvf16", "qf16_kvf32"])
+def test_mixed_types(qt, kvt, isa):
+    """An fp32 model over a bf16 cache (and the other mixes): O in q's type, bit for bit
+    the fp32 call on the widened cache, rounded to q's type."""
+    q, k, v = rn(2, 8, 1, 64, dtype=qt), rn(2, 2, 200, 64, dtype=kvt), rn(2, 2, 200, 64, dtype=kvt)
+    libsdpa.force_isa(isa)
+    try:
+        o = lt.attention(q, k, v, causal="bottom-right", kv_lengths=torch.tensor([200, 77]))
+        o32 = lt.attention(q.float(), k.float(), v.float(), causal="bottom-right",
+                           kv_lengths=torch.tensor([200, 77]))
+    finally:
+        libsdpa.force_isa(None)
+    assert o.dtype == qt
+    assert same_bits(o, o32.to(qt))
+
+
+def test_zero_copy_data_ptr(monkeypatch):
+    """The library gets each tensor's own data_ptr() and element strides (a packed bf16
+    QKV buffer's views, not copies), and writes O in place of a bf16 tensor."""
+    qkv = rn(2, 10, 3, 4, 16, dtype=BF16)   # [B, T, 3, H, D]
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    seen = []
+    real = lt._b.forward
+
+    def spy(p, qt, kt, vt, ot, lt_):
+        seen.append((p._obj.q_dtype, p._obj.kv_dtype, p._obj.o_dtype) + tuple(
+            (t._obj.data, t._obj.batch_stride, t._obj.head_stride, t._obj.seq_stride)
+            for t in (qt, kt, vt)))
+        return real(p, qt, kt, vt, ot, lt_)
+
+    monkeypatch.setattr(lt._b, "forward", spy)
+    o = lt.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert o.dtype == BF16
+    (dq, dkv, do_, tq, tk, tv), = seen
+    assert (dq, dkv, do_) == (1, 1, 1)   # SDPA_DTYPE_BF16
+    for t, got in ((q, tq), (k, tk), (v, tv)):
+        assert got == (t.data_ptr(),) + tuple(t.stride()[:3])
+    monkeypatch.undo()
+    o2 = lt.scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(),
+                                         is_causal=True)
+    assert same_bits(o, o2)
+
+
+def test_broadcast_and_last_dim():
+    q = rn(4, 3, 7, 16, dtype=F16)
+    k1, v1 = rn(1, 3, 9, 16, dtype=F16), rn(1, 3, 9, 16, dtype=F16)
+    o = lt.scaled_dot_product_attention(q, k1.expand(4, 3, 9, 16), v1.expand(4, 3, 9, 16))
+    o32 = lt.scaled_dot_product_attention(q.float(), k1.float().expand(4, 3, 9, 16),
+                                          v1.float().expand(4, 3, 9, 16))
+    assert same_bits(o, o32.to(F16))
+    qt = rn(2, 3, 16, 7, dtype=BF16).transpose(-1, -2)   # last dim not contiguous
+    k, v = rn(2, 3, 9, 16, dtype=BF16), rn(2, 3, 9, 16, dtype=BF16)
+    assert same_bits(lt.scaled_dot_product_attention(qt, k, v),
+                     lt.scaled_dot_product_attention(qt.contiguous(), k, v))
+
+
+def test_float_mask_in_query_dtype():
+    """A float attn_mask of the query's 16-bit dtype (as PyTorch requires) is the bias,
+    widened exactly: the same bits as the float32 mask of the same values."""
+    q = rn(2, 3, 7, 16, dtype=BF16)
+    k, v = rn(2, 3, 11, 16, dtype=BF16), rn(2, 3, 11, 16, dtype=BF16)
+    m = rn(1, 3, 7, 11, dtype=BF16)
+    m[0, 0, 0, 4] = -float("inf")
+    o = lt.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    assert same_bits(o, lt.scaled_dot_product_attention(q, k, v, attn_mask=m.float()))
+    with pytest.raises(ValueError, match="attn_mask"):
+        lt.scaled_dot_product_attention(q, k, v, attn_mask=m.half())
+
+
+def test_bad_types():
+    q = rn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="dtype torch.float64"):
+        lt.scaled_dot_product_attention(q, q.double(), q.double())
+    with pytest.raises(ValueError, match="dtype torch.int32"):
+        lt.attention(q.int(), q, q)
+    with pytest.raises(ValueError, match="key and value: dtypes torch.bfloat16 and torch.float16"):
+        lt.attention(q, q.bfloat16(), q.half())
+    with pytest.raises(ValueError, match="key and value: dtypes"):
+        lt.scaled_dot_product_attention(q.half(), q.half(), q)
+
+
+def test_backward_16bit_raises_or_matches():
+    """The autograd backward hands the 16-bit tensors to sdpa_backward as they are: where
+    the library refuses them, SdpaError with the library's message (never a float32
+    gradient computed in their place); where it takes them, gradients in the types of q,
+    k, v near the float32 backward on the same values."""
+    for qt, kvt in ((BF16, BF16), (F16, F16), (F32, BF16)):
+        q = rn(2, 4, 5, 16, dtype=qt).requires_grad_()
+        k = rn(2, 2, 9, 16, dtype=kvt).requires_grad_()
+        v = rn(2, 2, 9, 16, dtype=kvt).requires_grad_()
+        o = lt.attention(q, k, v, causal="bottom-right")
+        assert o.dtype == qt
+        do = torch.randn_like(o)
+        if not libsdpa._api._backward_16bit():
+            with pytest.raises(libsdpa.SdpaError) as e:
+                torch.autograd.grad(o, (q, k, v), do)
+            assert e.value.name == "SDPA_ERR_UNSUPPORTED"
+            assert "sdpa_backward: not supported" in str(e.value)
+            continue
+        got = torch.autograd.grad(o, (q, k, v), do)
+        ins = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        # the float32 backward on the same values, with the stored (rounded) O
+        o32 = lt.attention(*ins, causal="bottom-right")
+        want = torch.autograd.grad(o32, ins, do.float())
+        for g, w, t in zip(got, want, (q, k, v)):
+            assert g.dtype == t.dtype and g.shape == t.shape
+            eps = torch.finfo(t.dtype).eps
+            torch.testing.assert_close(g.float(), w, rtol=max(8 * eps, 5e-4),
+                                       atol=8 * eps * w.abs().max().item() + 5e-5)
+
+
+def test_no_grad_16bit_needs_no_backward():
+    q = rn(1, 2, 4, 8, dtype=F16).requires_grad_()
+    with torch.no_grad():
+        o = lt.scaled_dot_product_attention(q, q.detach(), q.detach())
+    assert o.dtype == F16 and not o.requires_grad
+
+
+def test_opcheck_16bit():
+    for qt, kvt in ((BF16, BF16), (F16, F16), (F32, BF16)):
+        q, k, v = rn(2, 4, 5, 8, dtype=qt), rn(2, 2, 7, 8, dtype=kvt), rn(2, 2, 7, 6, dtype=kvt)
+        args = (q, k, v, None, None, None, None, None, float("nan"), 1, -1, -1, 0, 0.0)
+        torch.library.opcheck(torch.ops.libsdpa.attention.default, args)
+        o, lse = torch.ops.libsdpa.attention(*args)
+        assert o.dtype == qt and lse.dtype == F32
+
+
+def test_torch_compile_bf16_inference():
+    q, k, v = (rn(2, 4, 10, 16, dtype=BF16) for _ in range(3))
+    f = torch.compile(lambda q, k, v: lt.scaled_dot_product_attention(q, k, v, is_causal=True) * 2,
+                      fullgraph=True, backend="aot_eager")
+    y = f(q, k, v)
+    assert y.dtype == BF16
+    assert same_bits(y, lt.scaled_dot_product_attention(q, k, v, is_causal=True) * 2)
+
+
+def test_patch_16bit():
+    calls = []
+    real = lt._attention_op
+    q, k, v = rn(1, 2, 6, 8, dtype=BF16), rn(1, 2, 6, 8, dtype=BF16), rn(1, 2, 6, 8, dtype=BF16)
+    with pytest.MonkeyPatch.context() as mp:
+        def spy(*a):
+            calls.append(a[0].dtype)
+            return real(*a)
+        mp.setattr(lt, "_attention_op", spy)
+        lt._warned.clear()
+        with lt.patch(), warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            assert calls == [BF16] and o.dtype == BF16
+            # mixed types: PyTorch's own call (and its error), not libsdpa's
+            with pytest.raises(RuntimeError):
+                F.scaled_dot_product_attention(q.float(), k, v)
+            # gradients wanted: libsdpa only if its backward takes 16-bit tensors
+            qg = q.clone().requires_grad_()
+            og = F.scaled_dot_product_attention(qg, k, v, is_causal=True)
+            og.sum().backward()
+            assert qg.grad is not None and qg.grad.dtype == BF16
+        msgs = [str(x.message) for x in w if "libsdpa" in str(x.message)]
+        assert any("dtypes differ" in m for m in msgs)
+        if libsdpa._api._backward_16bit():
+            assert calls == [BF16, BF16]
+        else:
+            assert calls == [BF16] and any("autograd" in m for m in msgs)
