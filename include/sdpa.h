@@ -488,6 +488,14 @@ SDPA_API int sdpa_isa_from_name(const char *name, sdpa_isa *isa);
 /** Space-separated CPU features detected at load (e.g. "avx avx2 fma avx512f ... os-zmm").
  *  Static string, valid for the life of the process. */
 SDPA_API const char *sdpa_cpu_features(void);
+/** The microarchitecture detected at load (vendor, family, model) and the block
+ *  sizes each runnable ISA's table uses for it (a descriptor's block_q / block_k
+ *  override them per call; the SDPA_TUNE environment variable, e.g.
+ *  "block_q=64,block_k=256,nt_max_cols=8", for the process, and whether it was
+ *  applied or rejected), e.g. "uarch zen4 (AuthenticAMD family 25 model 97);
+ *  scalar block_q 64 ...". Static string, valid for the life of the process;
+ *  thread-safe. */
+SDPA_API const char *sdpa_tuning(void);
 /** The raw SDPA_ISA value seen at load if it was ignored (not an ISA name, or an
  *  ISA of another architecture), else NULL. */
 SDPA_API const char *sdpa_isa_env_rejected(void);

@@ -27,6 +27,20 @@ static inline void sdpa_cpu_add_name(char *names, size_t cap, const char *n)
     strcpy(names + len, n);
 }
 
+/* Microarchitectures with parameters of their own (src/tuning.c). */
+typedef enum sdpa_uarch {
+    SDPA_UARCH_GENERIC = 0,
+    SDPA_UARCH_ZEN4,         /* AMD family 19h, models 10h-1Fh, 60h-7Fh, A0h-AFh: AVX-512 on 256-bit units */
+    SDPA_UARCH_ZEN5,         /* AMD family 1Ah */
+    SDPA_UARCH_INTEL_SERVER, /* Intel Sapphire / Emerald / Granite Rapids (family 6, models 8Fh, CFh, ADh,
+                                AEh): two 512-bit FMA units */
+    SDPA_UARCH_COUNT
+} sdpa_uarch;
+
+/* The microarchitecture of this CPU; desc gets its vendor, family and model in
+ * words (e.g. "GenuineIntel family 6 model 207"). */
+sdpa_uarch sdpa_cpu_uarch_x86(char *desc, size_t cap);
+
 /* Probes the CPU (and OS support of its register state). Fills names with a
  * space-separated list of what was seen (for `sdpa info`). Returns the flags. */
 unsigned sdpa_cpu_detect_x86(char *names, size_t cap);

@@ -25,6 +25,7 @@
 #include "config.h"
 #include "cpu.h"
 #include "kernels.h"
+#include "tuning.h"
 
 typedef struct sdpa_rung {
     sdpa_isa isa;
@@ -110,6 +111,7 @@ static void init_dispatch(void)
         runnable[r->isa] = 1;
         best = i;
     }
+    sdpa_tuning_apply(tables, runnable);
 
     /* SDPA_ISA caps the choice: the best runnable rung not above the named
      * one's. A value that is not an ISA name, or names an ISA that is not on
@@ -206,6 +208,12 @@ const char *sdpa_cpu_features(void)
 {
     ensure_init();
     return cpu_names;
+}
+
+const char *sdpa_tuning(void)
+{
+    ensure_init();
+    return sdpa_tuning_description();
 }
 
 const char *sdpa_isa_env_rejected(void)

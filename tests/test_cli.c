@@ -480,6 +480,28 @@ Test(cli, info_scalar_env_and_rejected_env)
     cr_assert_not_null(strstr(r->out, "\nactive isa: "));
 }
 
+Test(cli, info_tuning_and_sdpa_tune_env)
+{
+    const char *args[] = {"info", NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0);
+    cr_assert_not_null(strstr(r->out, "\ntuning: uarch "), "%s", r->out);
+    cr_assert_not_null(strstr(r->out, "scalar block_q "), "%s", r->out);
+    cr_assert_null(strstr(r->out, "SDPA_TUNE"), "%s", r->out);
+    r = run_env(args, "SDPA_TUNE=block_q=48,block_k=96,nt_max_cols=4");
+    cr_assert_eq(r->status, 0);
+    cr_assert_not_null(strstr(r->out, "scalar block_q 48 block_k 96 nt_max_cols 4"), "%s", r->out);
+    cr_assert_not_null(strstr(r->out, "' applied"), "%s", r->out);
+    const char *bad[] = {"SDPA_TUNE=block_q=0", "SDPA_TUNE=block_k=513", "SDPA_TUNE=bogus=1", "SDPA_TUNE=block_q",
+                         "SDPA_TUNE=block_q=12x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = run_env(args, bad[i]);
+        cr_assert_eq(r->status, 0);
+        cr_expect_not_null(strstr(r->out, "rejected (ignored)"), "%s: %s", bad[i], r->out);
+        cr_expect_null(strstr(r->out, "block_q 0 "), "%s: %s", bad[i], r->out);
+    }
+}
+
 Test(cli, help_and_usage)
 {
     const char *h[] = {"--help", NULL}, *fh[] = {"forward", "--help", NULL}, *bh[] = {"backward", "--help", NULL},

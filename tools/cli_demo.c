@@ -59,6 +59,7 @@ int cmd_info(int argc, char **argv)
     printf("sdpa %s (library %s, header %d.%d.%d)\n", SDPA_VERSION_STRING, sdpa_version(), SDPA_VERSION_MAJOR,
            SDPA_VERSION_MINOR, SDPA_VERSION_PATCH);
     printf("cpu features: %s\n", *sdpa_cpu_features() ? sdpa_cpu_features() : "(none)");
+    printf("tuning: %s\n", sdpa_tuning());
     print_isas("isa compiled:", sdpa_isa_compiled);
     print_isas("\nisa supported:", sdpa_isa_supported);
     printf("\nactive isa: %s\n", sdpa_isa_name(sdpa_isa_active()));

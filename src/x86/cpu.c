@@ -82,13 +82,67 @@ unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
     if (os_ymm) sdpa_cpu_add_name(names, cap, "os-ymm");
     if (os_zmm) sdpa_cpu_add_name(names, cap, "os-zmm");
 
+    /* 16-bit arithmetic and matrix extensions: listed for `sdpa info` (no kernel
+     * uses them yet; docs/design.md, "Reduced precision") */
+    unsigned eax71 = 0, edx7 = 0;
+    if (max_leaf >= 7) {
+        cpuid(7, 0, r);
+        edx7 = r[3];
+        if (r[0] >= 1) {
+            cpuid(7, 1, r);
+            eax71 = r[0];
+        }
+    }
+    if ((eax71 >> 5) & 1) sdpa_cpu_add_name(names, cap, "avx512_bf16");
+    if ((edx7 >> 23) & 1) sdpa_cpu_add_name(names, cap, "avx512_fp16");
+    if ((edx7 >> 24) & 1) sdpa_cpu_add_name(names, cap, "amx_tile");
+    if ((edx7 >> 22) & 1) sdpa_cpu_add_name(names, cap, "amx_bf16");
+    if ((eax71 >> 21) & 1) sdpa_cpu_add_name(names, cap, "amx_fp16");
+    if ((xcr0 & 0x60000) == 0x60000) sdpa_cpu_add_name(names, cap, "os-amx"); /* XTILECFG, XTILEDATA */
+
     if (avx && avx2 && fma && f16c && os_ymm)
         flags |= SDPA_X86_CPU_FLAG_AVX2;
     if ((flags & SDPA_X86_CPU_FLAG_AVX2) && avx512f && avx512dq && avx512bw && avx512vl && os_zmm)
         flags |= SDPA_X86_CPU_FLAG_AVX512;
     return flags;
 }
+sdpa_uarch sdpa_cpu_uarch_x86(char *desc, size_t cap)
+{
+    unsigned r[4];
+    char vendor[13];
+    cpuid(0, 0, r);
+    memcpy(vendor, &r[1], 4);
+    memcpy(vendor + 4, &r[3], 4);
+    memcpy(vendor + 8, &r[2], 4);
+    vendor[12] = '\0';
+    if (r[0] < 1) {
+        snprintf(desc, cap, "%s", vendor);
+        return SDPA_UARCH_GENERIC;
+    }
+    cpuid(1, 0, r);
+    const unsigned base_family = (r[0] >> 8) & 0xf, base_model = (r[0] >> 4) & 0xf;
+    const unsigned family = base_family == 0xf ? base_family + ((r[0] >> 20) & 0xff) : base_family;
+    const unsigned model =
+        base_family == 0x6 || base_family == 0xf ? base_model | (((r[0] >> 16) & 0xf) << 4) : base_model;
+    snprintf(desc, cap, "%s family %u model %u", vendor, family, model);
+    if (!strcmp(vendor, "AuthenticAMD") && family == 0x19 &&
+        ((model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) || (model >= 0xa0 && model <= 0xaf)))
+        return SDPA_UARCH_ZEN4;
+    if (!strcmp(vendor, "AuthenticAMD") && family == 0x1a)
+        return SDPA_UARCH_ZEN5;
+    if (!strcmp(vendor, "GenuineIntel") && family == 6 &&
+        (model == 0x8f || model == 0xcf || model == 0xad || model == 0xae))
+        return SDPA_UARCH_INTEL_SERVER;
+    return SDPA_UARCH_GENERIC;
+}
 #else
+sdpa_uarch sdpa_cpu_uarch_x86(char *desc, size_t cap)
+{
+    if (cap)
+        desc[0] = '\0';
+    return SDPA_UARCH_GENERIC;
+}
+
 unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
 {
     if (cap)

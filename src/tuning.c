@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: MIT */
+/* tuning.c - per-microarchitecture parameters of the kernel tables.
+ *
+ * Each ISA's init (src/x86/kernels_*.c, src/arm/kernels_neon.c) sets the block
+ * sizes it was first tuned with (on Zen 4); here, once at load, the detected
+ * microarchitecture may replace them with its own measured values (BLIS keeps
+ * one context per microarchitecture beside its micro-kernels; docs/perf-notes.md
+ * has the measurements behind each entry). Then the SDPA_TUNE environment
+ * variable may override them for every ISA, e.g.
+ *     SDPA_TUNE=block_q=64,block_k=256,nt_max_cols=8
+ * (keys block_q and block_k in 1..SDPA_MAX_BLOCK, nt_max_cols in 0..64: tiles of
+ * at most that many query columns take the decode path); a value that does not parse is recorded and ignored, like
+ * SDPA_ISA's, never printed. A descriptor's own block_q / block_k still win for
+ * its call. sdpa_tuning() says what was chosen. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "cpu.h"
+#include "kernels.h"
+#include "tuning.h"
+
+typedef struct uarch_entry {
+    sdpa_uarch uarch;
+    sdpa_isa isa;
+    int block_q, block_k, nt_max_cols; /* 0: keep the ISA's */
+} uarch_entry;
+
+static const char *const uarch_names[SDPA_UARCH_COUNT] = {
+    [SDPA_UARCH_GENERIC] = "generic",
+    [SDPA_UARCH_ZEN4] = "zen4",
+    [SDPA_UARCH_ZEN5] = "zen5",
+    [SDPA_UARCH_INTEL_SERVER] = "intel-server (sapphire/emerald/granite rapids)",
+};
+
+/* The ISA defaults are Zen 4's (and the generic choice); entries here only where
+ * a microarchitecture measured better with other values. */
+static const uarch_entry entries[] = {
+    {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 0, 0, 0},
+};
+
+static char description[640];
+
+/* Parses "key=value[,key=value..]" into *bq, *bk, *nt (left alone when absent);
+ * 0 when every pair is known and in range. */
+static int parse_env(const char *s, int *bq, int *bk, int *nt)
+{
+    char buf[128];
+    if (strlen(s) >= sizeof buf)
+        return -1;
+    strcpy(buf, s);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq)
+            return -1;
+        *eq = '\0';
+        char *end;
+        const long v = strtol(eq + 1, &end, 10);
+        if (end == eq + 1 || *end)
+            return -1;
+        if (!strcmp(tok, "block_q") && v >= 1 && v <= SDPA_MAX_BLOCK)
+            *bq = (int)v;
+        else if (!strcmp(tok, "block_k") && v >= 1 && v <= SDPA_MAX_BLOCK)
+            *bk = (int)v;
+        else if (!strcmp(tok, "nt_max_cols") && v >= 0 && v <= 64)
+            *nt = (int)v;
+        else
+            return -1;
+    }
+    return 0;
+}
+
+void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
+{
+    char cpu[96] = "";
+    sdpa_uarch u = SDPA_UARCH_GENERIC;
+#if ARCH_X86_64
+    u = sdpa_cpu_uarch_x86(cpu, sizeof cpu);
+#endif
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) {
+        const uarch_entry *e = &entries[i];
+        if (e->uarch != u || !runnable[e->isa])
+            continue;
+        sdpa_kernels *t = &tables[e->isa];
+        if (e->block_q)
+            t->block_q = e->block_q;
+        if (e->block_k)
+            t->block_k = e->block_k;
+        if (e->nt_max_cols)
+            t->nt_max_cols = e->nt_max_cols;
+    }
+    const char *env = getenv("SDPA_TUNE");
+    int bq = 0, bk = 0, nt = -1, env_ok = 1;
+    if (env && *env && parse_env(env, &bq, &bk, &nt) != 0)
+        env_ok = 0;
+    for (int isa = 0; env && *env && env_ok && isa < SDPA_ISA_COUNT; isa++) {
+        if (!runnable[isa])
+            continue;
+        sdpa_kernels *t = &tables[isa];
+        if (bq)
+            t->block_q = bq;
+        if (bk)
+            t->block_k = bk;
+        if (nt >= 0)
+            t->nt_max_cols = nt;
+    }
+    size_t n = (size_t)snprintf(description, sizeof description, "uarch %s%s%s%s", uarch_names[u],
+                                *cpu ? " (" : "", cpu, *cpu ? ")" : "");
+    for (int isa = 0; isa < SDPA_ISA_COUNT && n < sizeof description; isa++)
+        if (runnable[isa])
+            n += (size_t)snprintf(description + n, sizeof description - n,
+                                  "; %s block_q %d block_k %d nt_max_cols %d", tables[isa].name,
+                                  tables[isa].block_q, tables[isa].block_k, tables[isa].nt_max_cols);
+    if (env && *env && n < sizeof description)
+        snprintf(description + n, sizeof description - n, "; SDPA_TUNE '%.60s' %s", env,
+                 env_ok ? "applied" : "rejected (ignored)");
+}
+
+const char *sdpa_tuning_description(void)
+{
+    return description;
+}
