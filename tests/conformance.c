@@ -11,19 +11,24 @@
  * a naive fp32 implementation, plus a small absolute slack. Guard zones around
  * every output must stay intact. Then, for every ISA, every edge case of
  * tests/data/edge_cases.json (EC-01 .. EC-13 with their tile, layout and thread
- * variants, see ec_cases.h); each of their checks counts. Ends with "N passed,
- * N failed".
+ * variants, see ec_cases.h); each of their checks counts. Then, for every ISA,
+ * bf16 / fp16 storage (docs/design.md, "Reduced precision"): forward and backward
+ * of every (Q, K/V, O) type combination over four shapes with tails (decode GQA,
+ * a short prefill with odd head_dims, a causal prefill, ragged kv_lengths with an
+ * empty sequence) by the rule of tests/test_dtypes.c (see run_dtype_case). Ends
+ * with "N passed, N failed".
  *
  *   conformance [edge_cases.json]   (default: SDPA_TEST_DATA_DIR/edge_cases.json)
  *
- * SDPA_TEST_REDUCED=1 runs a smaller random sweep (emulation); the edge cases
- * always run in full. */
+ * SDPA_TEST_REDUCED=1 runs a smaller random sweep (emulation) and 7 of the 27 type
+ * combinations (dtype_reduced); the edge cases always run in full. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../src/dtype.h"
 #include "ec_cases.h"
 #include "ref.h"
 #include "sdpa.h"
@@ -271,6 +276,249 @@ static void run_case(sdpa_isa isa, const shape *s, int mask_kind, int threads, i
     run_case_v(isa, s, mask_kind, threads, blocks, backward, 0);
 }
 
+/* ------------------------------------------------ bf16 / fp16 storage -- */
+
+static const char *dtype_name(sdpa_dtype t)
+{
+    return t == SDPA_DTYPE_F32 ? "fp32" : t == SDPA_DTYPE_BF16 ? "bf16" : "fp16";
+}
+static size_t dtype_size(sdpa_dtype t) { return t == SDPA_DTYPE_F32 ? 4 : 2; }
+
+/* x rounded to type t and back (src/dtype.h's conversions). */
+static float round_to(sdpa_dtype t, float x)
+{
+    return t == SDPA_DTYPE_F32 ? x : t == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(sdpa_f32_to_bf16(x))
+                                                          : sdpa_f16_to_f32(sdpa_f32_to_f16(x));
+}
+
+/* n values of x stored as type t, followed by `guard` elements of 0xA5 bytes (x may be
+ * NULL with n = 0: an output buffer that is all guard bytes until written). */
+static void *store_as(sdpa_dtype t, const float *x, size_t n, size_t guard)
+{
+    unsigned char *b = malloc((n + guard) * dtype_size(t) + 1);
+    if (!b) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    memset(b, 0xA5, (n + guard) * dtype_size(t));
+    for (size_t i = 0; i < n; i++) {
+        if (t == SDPA_DTYPE_F32) {
+            memcpy(b + 4 * i, &x[i], 4);
+        } else {
+            const uint16_t h = t == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(x[i]) : sdpa_f32_to_f16(x[i]);
+            memcpy(b + 2 * i, &h, 2);
+        }
+    }
+    return b;
+}
+
+/* n elements of a buffer of type t, widened into x. */
+static void load_as(sdpa_dtype t, const void *buf, size_t n, float *x)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (t == SDPA_DTYPE_F32) {
+            memcpy(&x[i], (const char *)buf + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, (const char *)buf + 2 * i, 2);
+            x[i] = t == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(h) : sdpa_f16_to_f32(h);
+        }
+    }
+}
+
+static int bytes_are_a5(const void *buf, size_t from, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (((const unsigned char *)buf)[from + i] != 0xA5)
+            return 0;
+    return 1;
+}
+
+/* The rule of tests/test_dtypes.c (util_fa_compare_slack there): every non-finite
+ * reference entry matched exactly (NaN by NaN), no non-finite result where the
+ * reference is finite, and max |got - ref| <= factor * max |naive - ref| (over the
+ * naive's finite entries) + 1e-6 max |ref| + 1e-7. */
+static void fa_check(const char *isa, const char *what, const char *desc, const float *got, const float *naive,
+                     const double *ref, size_t n, double factor)
+{
+    double err = 0.0, nerr = 0.0, rmax = 0.0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double r = ref[i], g = got[i];
+        if (isnan(r) || isinf(r)) {
+            bad += isnan(r) ? !isnan(g) : g != r;
+            continue;
+        }
+        if (!isfinite(g)) {
+            bad++;
+            continue;
+        }
+        err = fmax(err, fabs(g - r));
+        rmax = fmax(rmax, fabs(r));
+        if (isfinite(naive[i]))
+            nerr = fmax(nerr, fabs((double)naive[i] - r));
+    }
+    const double bound = factor * nerr + 1e-6 * rmax + 1e-7;
+    check(bad == 0 && err <= bound, isa, what, desc, bad ? INFINITY : err, bound);
+}
+
+typedef struct dtype_shape {
+    int B, Hq, Hkv, Tq, Tk, Dk, Dv;
+    sdpa_causal causal;
+    int kv_lengths; /* ragged key lengths: Tk - 3, 0 (an empty sequence), Tk / 2 + 1, ... */
+} dtype_shape;
+
+/* Four shapes with tails: decode GQA (the typed attend_rows path where an ISA has
+ * one), a short prefill with odd head_dims and Dk != Dv (vector tails, widened key
+ * runs), a causal prefill across tile edges, ragged bottom-right causal kv_lengths
+ * with an empty sequence (O = 0, LSE = -inf, no gradient). */
+static const dtype_shape dtype_shapes[] = {
+    {1, 8, 2, 1, 300, 128, 128, SDPA_CAUSAL_NONE, 0},
+    {1, 2, 1, 13, 45, 67, 33, SDPA_CAUSAL_NONE, 0},
+    {1, 2, 2, 70, 70, 48, 48, SDPA_CAUSAL_TOP_LEFT, 0},
+    {3, 4, 2, 6, 131, 40, 24, SDPA_CAUSAL_BOTTOM_RIGHT, 1},
+};
+
+/* Type combinations as (q, kv, o) digits of sdpa_dtype. SDPA_TEST_REDUCED runs the
+ * three uniform ones plus four mixed ones that between them put bf16 and fp16 in
+ * every role next to another type: fp32 activations over a bf16 KV cache; fp32 Q,
+ * fp16 KV, bf16 O; fp16 Q and KV with an fp32 O; bf16 Q, fp32 KV, fp16 O. */
+static const int dtype_reduced[][3] = {{0, 0, 0}, {1, 1, 1}, {2, 2, 2}, {0, 1, 0}, {0, 2, 1}, {2, 2, 0}, {1, 0, 2}};
+
+/* Forward and backward of shape s stored as ty = {q, kv, o} on isa, by the rule of
+ * tests/test_dtypes.c and docs/design.md: inputs drawn in fp32 and rounded to
+ * their types; against float64 on the rounded inputs, O (read back from its type)
+ * and LSE within 2x the error of the naive fp32 forward on the same rounded inputs
+ * with its O rounded to O's type; then the backward from the library's stored O and
+ * LSE, dO rounded to O's type: dQ, dK, dV (read back from Q's and K/V's types)
+ * within 3x the error of naive32_backward_o (D from the same stored O) with its
+ * gradients rounded to the same types; 1 and 2 threads give the same bits; nothing
+ * written past an output. */
+static void run_dtype_case(sdpa_isa isa, const dtype_shape *s, const sdpa_dtype ty[3])
+{
+    const size_t nq = (size_t)s->B * s->Hq * s->Tq * s->Dk, nk = (size_t)s->B * s->Hkv * s->Tk * s->Dk;
+    const size_t nv = (size_t)s->B * s->Hkv * s->Tk * s->Dv, no = (size_t)s->B * s->Hq * s->Tq * s->Dv;
+    const size_t nl = (size_t)s->B * s->Hq * s->Tq, nmax = nq > nk ? (nq > nv ? nq : nv) : (nk > nv ? nk : nv);
+    const size_t guard = 16;
+    sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
+    p.causal = s->causal;
+    int32_t lens[8];
+    for (int b = 0; b < s->B; b++)
+        lens[b] = b == 0 ? s->Tk - 3 : b == 1 ? 0 : s->Tk / 2 + b;
+    p.kv_lengths = s->kv_lengths ? lens : NULL;
+    char desc[200];
+    snprintf(desc, sizeof desc, "q %s kv %s o %s B=%d Hq=%d Hkv=%d Tq=%d Tk=%d Dk=%d Dv=%d causal=%d kv_lengths=%d",
+             dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]), s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk,
+             s->Dv, (int)s->causal, s->kv_lengths);
+    const char *name = sdpa_isa_name(isa);
+
+    float *q = malloc(4 * (nq + 1)), *k = malloc(4 * (nk + 1)), *v = malloc(4 * (nv + 1)), *dout = malloc(4 * (no + 1));
+    for (size_t i = 0; i < nq; i++) q[i] = (float)(rng_unit() * 4 - 2);
+    for (size_t i = 0; i < nk; i++) k[i] = (float)(rng_unit() * 4 - 2);
+    for (size_t i = 0; i < nv; i++) v[i] = (float)(rng_unit() * 2 - 1);
+    for (size_t i = 0; i < no; i++) dout[i] = (float)(rng_unit() * 2 - 1);
+    /* the inputs as the library holds them, then the same values in fp32 */
+    void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nv, 0),
+         *dos = store_as(ty[2], dout, no, 0);
+    for (size_t i = 0; i < nq; i++) q[i] = round_to(ty[0], q[i]);
+    for (size_t i = 0; i < nk; i++) k[i] = round_to(ty[1], k[i]);
+    for (size_t i = 0; i < nv; i++) v[i] = round_to(ty[1], v[i]);
+    for (size_t i = 0; i < no; i++) dout[i] = round_to(ty[2], dout[i]);
+
+    /* forward, 1 and 2 threads */
+    const sdpa_tensor tq = {qs, (int64_t)s->Hq * s->Tq * s->Dk, (int64_t)s->Tq * s->Dk, s->Dk};
+    const sdpa_tensor tk = {ks, (int64_t)s->Hkv * s->Tk * s->Dk, (int64_t)s->Tk * s->Dk, s->Dk};
+    const sdpa_tensor tv = {vs, (int64_t)s->Hkv * s->Tk * s->Dv, (int64_t)s->Tk * s->Dv, s->Dv};
+    const sdpa_tensor tdo = {dos, (int64_t)s->Hq * s->Tq * s->Dv, (int64_t)s->Tq * s->Dv, s->Dv};
+    void *o[2];
+    float *lse[2];
+    p.q_dtype = ty[0], p.kv_dtype = ty[1], p.o_dtype = ty[2];
+    p.isa = isa;
+    for (int t = 0; t < 2; t++) {
+        o[t] = store_as(ty[2], NULL, 0, no + guard);
+        lse[t] = guarded(nl);
+        const sdpa_tensor_out to = {o[t], tdo.batch_stride, tdo.head_stride, tdo.seq_stride};
+        const sdpa_tensor_out tl = {lse[t], (int64_t)s->Hq * s->Tq, s->Tq, 1};
+        p.num_threads = t + 1;
+        const sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
+        check(st == SDPA_OK, name, t ? "dtype forward status (2 threads)" : "dtype forward status", desc, st, 0);
+        check(bytes_are_a5(o[t], no * dtype_size(ty[2]), guard * dtype_size(ty[2])) && guard_ok(lse[t], nl), name,
+              "dtype forward guard zones", desc, 0, 0);
+    }
+    check(memcmp(o[0], o[1], no * dtype_size(ty[2])) == 0 && memcmp(lse[0], lse[1], nl * 4) == 0, name,
+          "dtype forward: 1 and 2 threads give the same bits", desc, 0, 0);
+    /* the references see fp32 descriptors of the rounded values */
+    p.q_dtype = p.kv_dtype = p.o_dtype = SDPA_DTYPE_F32;
+    p.isa = SDPA_ISA_AUTO;
+    p.num_threads = 0;
+    double *ro = malloc(8 * (no + 1)), *rl = malloc(8 * (nl + 1));
+    float *n32o = malloc(4 * (no + 1)), *n32l = malloc(4 * (nl + 1)), *got = malloc(4 * (nmax + 1));
+    ref_forward(&p, q, k, v, ro, rl);
+    naive32_forward(&p, q, k, v, n32o, n32l);
+    for (size_t i = 0; i < no; i++)
+        n32o[i] = round_to(ty[2], n32o[i]);
+    load_as(ty[2], o[0], no, got);
+    fa_check(name, "dtype forward O", desc, got, n32o, ro, no, 2.0);
+    fa_check(name, "dtype forward LSE", desc, lse[0], n32l, rl, nl, 2.0);
+
+    /* backward from the stored O and LSE of the 1-thread forward */
+    float *o32 = n32o; /* reused: the stored O, widened */
+    load_as(ty[2], o[0], no, o32);
+    double *rq = malloc(8 * (nq + 1)), *rk = malloc(8 * (nk + 1)), *rv = malloc(8 * (nv + 1));
+    float *n32q = malloc(4 * (nq + 1)), *n32k = malloc(4 * (nk + 1)), *n32v = malloc(4 * (nv + 1));
+    ref_backward(&p, q, k, v, dout, rq, rk, rv);
+    naive32_backward_o(&p, q, k, v, o32, dout, n32q, n32k, n32v);
+    for (size_t i = 0; i < nq; i++) n32q[i] = round_to(ty[0], n32q[i]);
+    for (size_t i = 0; i < nk; i++) n32k[i] = round_to(ty[1], n32k[i]);
+    for (size_t i = 0; i < nv; i++) n32v[i] = round_to(ty[1], n32v[i]);
+    const sdpa_tensor tO = {o[0], tdo.batch_stride, tdo.head_stride, tdo.seq_stride};
+    const sdpa_tensor tL = {lse[0], (int64_t)s->Hq * s->Tq, s->Tq, 1};
+    void *g[2][3];
+    p.q_dtype = ty[0], p.kv_dtype = ty[1], p.o_dtype = ty[2];
+    p.isa = isa;
+    for (int t = 0; t < 2; t++) {
+        g[t][0] = store_as(ty[0], NULL, 0, nq + guard);
+        g[t][1] = store_as(ty[1], NULL, 0, nk + guard);
+        g[t][2] = store_as(ty[1], NULL, 0, nv + guard);
+        const sdpa_tensor_out tdq = {g[t][0], tq.batch_stride, tq.head_stride, tq.seq_stride};
+        const sdpa_tensor_out tdk = {g[t][1], tk.batch_stride, tk.head_stride, tk.seq_stride};
+        const sdpa_tensor_out tdv = {g[t][2], tv.batch_stride, tv.head_stride, tv.seq_stride};
+        p.num_threads = t + 1;
+        const sdpa_status st = sdpa_backward(&p, &tq, &tk, &tv, &tO, &tL, &tdo, &tdq, &tdk, &tdv);
+        check(st == SDPA_OK, name, t ? "dtype backward status (2 threads)" : "dtype backward status", desc, st, 0);
+        check(bytes_are_a5(g[t][0], nq * dtype_size(ty[0]), guard * dtype_size(ty[0])) &&
+                  bytes_are_a5(g[t][1], nk * dtype_size(ty[1]), guard * dtype_size(ty[1])) &&
+                  bytes_are_a5(g[t][2], nv * dtype_size(ty[1]), guard * dtype_size(ty[1])),
+              name, "dtype backward guard zones", desc, 0, 0);
+    }
+    const struct {
+        const char *what;
+        sdpa_dtype t;
+        const float *naive;
+        const double *ref;
+        size_t n;
+    } gr[3] = {{"dtype backward dQ", ty[0], n32q, rq, nq},
+               {"dtype backward dK", ty[1], n32k, rk, nk},
+               {"dtype backward dV", ty[1], n32v, rv, nv}};
+    int same = 1;
+    for (int x = 0; x < 3; x++) {
+        load_as(gr[x].t, g[0][x], gr[x].n, got);
+        fa_check(name, gr[x].what, desc, got, gr[x].naive, gr[x].ref, gr[x].n, 3.0);
+        same &= memcmp(g[0][x], g[1][x], gr[x].n * dtype_size(gr[x].t)) == 0;
+    }
+    check(same, name, "dtype backward: 1 and 2 threads give the same bits", desc, 0, 0);
+
+    for (int t = 0; t < 2; t++) {
+        free(o[t]);
+        guarded_free(lse[t]);
+        for (int x = 0; x < 3; x++)
+            free(g[t][x]);
+    }
+    free(q); free(k); free(v); free(dout); free(qs); free(ks); free(vs); free(dos);
+    free(ro); free(rl); free(n32o); free(n32l); free(got);
+    free(rq); free(rk); free(rv); free(n32q); free(n32k); free(n32v);
+}
+
 int main(int argc, char **argv)
 {
     const char *ec_path = argc > 1 ? argv[1] : SDPA_TEST_DATA_DIR "/edge_cases.json";
@@ -348,6 +596,24 @@ int main(int argc, char **argv)
                 ec_run_group(ecs, g, isa, ec_report, &ec_isa);
             printf("[%s] edge cases (%d): %d checks, %d failed\n", sdpa_isa_name(isa), ec_suite_size(ecs),
                    passed - ec_before_p + failed - ec_before, failed - ec_before);
+        }
+        /* 6. bf16 / fp16 storage: every type combination (7 reduced) over dtype_shapes */
+        {
+            const int dt_before = failed, dt_before_p = passed;
+            const int nshapes = (int)(sizeof dtype_shapes / sizeof dtype_shapes[0]);
+            const int ncombos = reduced ? (int)(sizeof dtype_reduced / sizeof dtype_reduced[0]) : 27;
+            rng_state = 0x243F6A8885A308D3ull;
+            for (int c = 0; c < ncombos; c++) {
+                const sdpa_dtype ty[3] = {
+                    (sdpa_dtype)(reduced ? dtype_reduced[c][0] : c / 9),
+                    (sdpa_dtype)(reduced ? dtype_reduced[c][1] : c / 3 % 3),
+                    (sdpa_dtype)(reduced ? dtype_reduced[c][2] : c % 3)};
+                for (int sh = 0; sh < nshapes; sh++)
+                    run_dtype_case(isa, &dtype_shapes[sh], ty);
+            }
+            printf("[%s] bf16/fp16 storage (%d type combinations x %d shapes): %d checks, %d failed\n",
+                   sdpa_isa_name(isa), ncombos, nshapes, passed - dt_before_p + failed - dt_before,
+                   failed - dt_before);
         }
     }
     ec_suite_free(ecs);
