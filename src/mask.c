@@ -31,6 +31,76 @@ static inline float bias_at(const plan *pl, int64_t b, int64_t h, int64_t i, int
                          j * pl->bias.key_stride];
 }
 
+/* What one row of a boolean mask and bias allows over keys [a, z]: how many keys,
+ * the first and last, and whether an allowed key has a nonzero bias. */
+typedef struct row_summary {
+    const uint8_t *m;   /* the row it was computed for (with bias, a, z) */
+    const float *bias;
+    int64_t a, z;
+    int64_t first, last, count;
+    int biased;
+} row_summary;
+
+static void summarise_row(const plan *pl, const uint8_t *m, const float *bias, int64_t a, int64_t z,
+                          row_summary *r)
+{
+    const int64_t ms = pl->bm.key_stride, bs = pl->bias.key_stride;
+    int64_t first = INT64_MAX, last = -1, count = 0;
+    int biased = 0;
+    /* no branch on the data: min / max / sum reductions, one loop per operand mix
+     * so that the contiguous ones vectorise */
+    if (m && !bias && ms == 1) {
+        for (int64_t j = a; j <= z; j++) {
+            const int ok = m[j] != 0;
+            count += ok;
+            first = ok && j < first ? j : first;
+            last = ok ? j : last;
+        }
+    } else if (!m && bias && bs == 1) {
+        for (int64_t j = a; j <= z; j++) {
+            const float bv = bias[j];
+            const int ok = bv != -INFINITY;
+            count += ok;
+            first = ok && j < first ? j : first;
+            last = ok ? j : last;
+            biased |= ok & (bv != 0.0f);
+        }
+    } else {
+        for (int64_t j = a; j <= z; j++) {
+            const int mok = m ? m[j * ms] != 0 : 1;
+            const float bv = bias && mok ? bias[j * bs] : 0.0f; /* the bias only where the mask allows */
+            const int ok = mok & (bv != -INFINITY);
+            count += ok;
+            first = ok && j < first ? j : first;
+            last = ok ? j : last;
+            biased |= ok & (bv != 0.0f);
+        }
+    }
+    r->m = m;
+    r->bias = bias;
+    r->a = a;
+    r->z = z;
+    r->first = first;
+    r->last = last;
+    r->count = count;
+    r->biased = biased;
+}
+
+/* A row with the same interval whose (contiguous) mask or bias holds the same
+ * bytes as the summarised one has its summary (a mask materialised over queries
+ * repeats its rows). Only one operand: with both, the bias is read only where the
+ * mask allows, so it is never compared whole. */
+static int same_row(const plan *pl, const row_summary *r, const uint8_t *m, const float *bias, int64_t a, int64_t z)
+{
+    if (r->a != a || r->z != z || z < a)
+        return 0;
+    if (m && !bias && pl->bm.key_stride == 1 && r->m && !r->bias)
+        return memcmp(m + a, r->m + a, (size_t)(z - a + 1)) == 0;
+    if (bias && !m && pl->bias.key_stride == 1 && r->bias && !r->m)
+        return memcmp(bias + a, r->bias + a, (size_t)(z - a + 1) * sizeof(float)) == 0;
+    return 0;
+}
+
 int sdpa_classify_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, const int64_t *lo,
                        const int64_t *hi, int64_t j0, int64_t j1, int64_t *ks, int64_t *ke)
 {
@@ -44,39 +114,45 @@ int sdpa_classify_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0
         return (lo[nr - 1] <= s && hi[0] >= e) ? TILE_FULL : TILE_PARTIAL;
     /* A boolean mask or bias may disallow every key of the tile (skip it), or
      * allow in every row exactly one run of keys [F, L], the same in all rows,
-     * with a bias of zero on it (key padding given as a mask, as PyTorch and
-     * transformers pass it): then the tile is full over [F, L], as it would be
-     * with kv_lengths, and costs no per-element work. Each row is read only
-     * inside its interval, and the bias only where the boolean mask allows; an
-     * irregular mask stops the scan at its first break. */
+     * with a zero bias on it (key padding as PyTorch and transformers pass it):
+     * then the tile is full over [F, L], as it would be with kv_lengths, and
+     * costs no per-element work. Each row is read once, inside its interval (the
+     * bias only where the boolean mask allows), by a branch-free pass the
+     * compiler vectorises; rows that share their mask and bias rows and their
+     * interval (a mask broadcast over heads or queries) are read once. */
     int64_t F = -1, L = -1;
     int any = 0, full = 1;
-    for (int g = 0; g < nh; g++)
-        for (int ii = 0; ii < nr; ii++) {
+    row_summary prev = {NULL, NULL, 0, -1, 0, -1, 0, 0};
+    /* every row the same: the operands broadcast over queries (and heads, or one
+     * head), and one interval for all rows */
+    const int uniform = (!pl->bm.data || (pl->bm.query_stride == 0 && (pl->bm.head_stride == 0 || nh == 1))) &&
+                        (!pl->bias.data || (pl->bias.query_stride == 0 && (pl->bias.head_stride == 0 || nh == 1))) &&
+                        lo[0] == lo[nr - 1] && hi[0] == hi[nr - 1];
+    for (int g = 0; g < (uniform ? 1 : nh); g++)
+        for (int ii = 0; ii < (uniform ? 1 : nr); ii++) {
             const int64_t i = i0 + ii, h = h0 + g;
             const int64_t a = lo[ii] > s ? lo[ii] : s, z = hi[ii] < e ? hi[ii] : e;
-            int64_t f = -1, l = -1;
-            for (int64_t j = a; j <= z; j++) {
-                if (pl->bm.data && !mask_at(pl, b, h, i, j))
-                    continue;
-                const float bv = pl->bias.data ? bias_at(pl, b, h, i, j) : 0.0f;
-                if (bv == -INFINITY)
-                    continue;
-                any = 1;
-                if (full && (bv != 0.0f || (f >= 0 && l != j - 1)))
-                    full = 0; /* a biased key, or a second run */
-                if (!full)
-                    return TILE_PARTIAL;
-                if (f < 0)
-                    f = j;
-                l = j;
+            const uint8_t *mrow = pl->bm.data ? &pl->bm.data[b * pl->bm.batch_stride + h * pl->bm.head_stride +
+                                                              i * pl->bm.query_stride]
+                                              : NULL;
+            const float *brow = pl->bias.data ? &pl->bias.data[b * pl->bias.batch_stride +
+                                                                h * pl->bias.head_stride + i * pl->bias.query_stride]
+                                              : NULL;
+            if (!(g || ii) || !((prev.m == mrow && prev.bias == brow && prev.a == a && prev.z == z) ||
+                                same_row(pl, &prev, mrow, brow, a, z)))
+                summarise_row(pl, mrow, brow, a, z, &prev);
+            else {
+                prev.m = mrow; /* the next row compares with this one */
+                prev.bias = brow;
             }
-            if (full && g == 0 && ii == 0) {
-                F = f;
-                L = l;
-            } else if (full && (f != F || l != L)) {
+            any |= prev.count > 0;
+            const int run = prev.count > 0 && prev.count == prev.last - prev.first + 1 && !prev.biased;
+            if (g == 0 && ii == 0) {
+                F = prev.count ? prev.first : -1;
+                L = prev.count ? prev.last : -1;
+            }
+            if (!run || prev.first != F || prev.last != L)
                 full = 0;
-            }
             if (!full && any)
                 return TILE_PARTIAL;
         }

@@ -136,6 +136,20 @@ static void make_problem(problem *pr, int elem)
                     pr->bias[e] = NAN;
         p->bias = (sdpa_bias){pr->bias, p->q_len * p->kv_len, 0, p->kv_len, 1};
     }
+    /* a third of the element masks are broadcast over queries, (B, 1, 1, Tk) as
+     * users pass key padding: every row a copy of row 0, read with query stride 0 */
+    if ((pr->mask || pr->bias) && rnd(3) == 0) {
+        for (int64_t b = 0; b < p->batch; b++)
+            for (int64_t i = 1; i < p->q_len; i++) {
+                const size_t r0 = (size_t)(b * p->q_len * p->kv_len), ri = r0 + (size_t)(i * p->kv_len);
+                if (pr->mask)
+                    memcpy(pr->mask + ri, pr->mask + r0, (size_t)p->kv_len);
+                if (pr->bias)
+                    memcpy(pr->bias + ri, pr->bias + r0, (size_t)p->kv_len * sizeof(float));
+            }
+        p->bool_mask.query_stride = 0;
+        p->bias.query_stride = 0;
+    }
 }
 
 static void check_rows(const plan *pl, const problem *pr, int64_t b, int64_t tkb)
