@@ -162,8 +162,8 @@ static void bwd_wave_of(void *arg, int64_t it)
     sdpa_bwd_pair(th->tm->pl, &th->w, th->tm->a, th->tm->L, it / th->cnt, r, th->d - r);
 }
 
-/* With enough (batch, kv head) pairs to keep every thread busy, each thread
- * runs whole heads (bwd_head_of, no barrier: a thread that finishes a head
+/* With enough (batch, kv head) pairs to keep every thread busy, or one thread,
+ * each thread runs whole heads (bwd_head_of, no barrier: a thread that finishes a head
  * takes the next one). Otherwise the team zeroes the gradients, computes D and
  * the statistics, then runs the pairs in anti-diagonal waves d = r + c: the
  * pairs of one wave touch distinct dQ and dK/dV tiles, so they run in parallel
@@ -174,7 +174,7 @@ static void bwd_team_body(void *ctx, int tid, int team)
     const bwd_team *tm = ctx;
     const bwd_args *a = tm->a;
     bwd_thread th = {tm, sdpa_bwd_ws_carve(tm->pl, tm->ws + (size_t)tid * tm->per), 0, 0, 0};
-    if (tm->BH >= 2 * (int64_t)tm->nthreads) {
+    if (tm->BH >= 2 * (int64_t)tm->nthreads || tm->nthreads == 1) { /* (one thread: its own head order) */
         sdpa_for_dynamic(team, tm->BH, bwd_head_of, &th, 1);
         return;
     }

@@ -49,20 +49,46 @@ static void group_plan(const plan *pl, int64_t b, int64_t hk, plan *gp)
     gp->reduced = 0;
 }
 
-sdpa_status sdpa_bwd_typed_floats(const plan *pl, size_t *floats)
+/* Whole groups per thread (each group's backward on one thread) when there are
+ * enough of them; otherwise one group at a time on the whole team. Either way a
+ * group's results are the fp32 backward's, which are the same for any thread
+ * count, so the choice changes no bit. */
+static int groups_per_thread(const plan *pl)
+{
+    return pl->nthreads > 1 && pl->B * pl->Hkv >= 2 * (int64_t)pl->nthreads;
+}
+
+/* One worker's floats: the group backward's workspace, then the group buffers. */
+static sdpa_status worker_floats(const plan *pl, int nthreads, size_t *floats, size_t *gf, size_t *nr)
 {
     plan gp;
-    size_t f, nr;
     group_plan(pl, 0, 0, &gp);
-    sdpa_status st = sdpa_bwd_workspace_floats(&gp, &f, &nr);
+    gp.nthreads = nthreads;
+    sdpa_status st = sdpa_bwd_workspace_floats(&gp, gf, nr);
     if (st != SDPA_OK)
         return st;
     const group_bufs g = bufs_of(pl);
-    size_t total = round_floats(f);
+    size_t total = round_floats(*gf);
     const size_t parts[4] = {g.q, g.o, g.k, g.v};
     for (int i = 0; i < 4; i++)
-        if (__builtin_add_overflow(total, 2 * parts[i], &total) || parts[i] > SIZE_MAX / 4)
+        if (parts[i] > SIZE_MAX / 4 || __builtin_add_overflow(total, 2 * parts[i], &total))
             return SDPA_ERR_SIZE_OVERFLOW;
+    *floats = total;
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_bwd_typed_floats(const plan *pl, size_t *floats)
+{
+    const int per_thread = groups_per_thread(pl);
+    size_t f, gf, nr, total;
+    sdpa_status st = worker_floats(pl, per_thread ? 1 : pl->nthreads, &f, &gf, &nr);
+    if (st != SDPA_OK)
+        return st;
+    if (__builtin_mul_overflow(f, (size_t)(per_thread ? pl->nthreads : 1), &total))
+        return SDPA_ERR_SIZE_OVERFLOW;
+    /* dsinks: one partial sum per (batch, query head), added in batch order after */
+    if (pl->dsinks && __builtin_add_overflow(total, round_floats(2 * (size_t)(pl->B * pl->Hq)), &total))
+        return SDPA_ERR_SIZE_OVERFLOW;
     *floats = total;
     return SDPA_OK;
 }
@@ -89,48 +115,106 @@ static void narrow_row(const plan *pl, sdpa_dtype t, const float *src, int64_t l
         (t == SDPA_DTYPE_BF16 ? pl->kt->narrow_bf16 : pl->kt->narrow_f16)(1, (int)len, src, len, dst, 1);
 }
 
+/* What the workers share, and one worker's buffers. */
+typedef struct typed_job {
+    const plan *pl;
+    const bwd_views *x;
+    float *ws;           /* the workers' parts, `per` floats each */
+    size_t per, gf, nr;  /* floats per worker; of its group workspace; the per-row array length */
+    int nthreads;        /* of each group's backward */
+    double *dsinks_part; /* [B][Hq] or NULL */
+} typed_job;
+
+typedef struct typed_worker {
+    const typed_job *job;
+    float *ws, *q, *dq, *o, *dout, *k, *dk, *v, *dv;
+} typed_worker;
+
+static typed_worker worker_of(const typed_job *job, int tid)
+{
+    const group_bufs gb = bufs_of(job->pl);
+    typed_worker w;
+    w.job = job;
+    w.ws = job->ws + (size_t)tid * job->per;
+    float *base = w.ws + round_floats(job->gf);
+    w.q = carve(&base, gb.q), w.dq = carve(&base, gb.q), w.o = carve(&base, gb.o), w.dout = carve(&base, gb.o);
+    w.k = carve(&base, gb.k), w.dk = carve(&base, gb.k), w.v = carve(&base, gb.v), w.dv = base;
+    return w;
+}
+
+/* Group (b, hk) = item: widen its rows, the fp32 backward, narrow its gradients. */
+static void typed_group(void *arg, int64_t item)
+{
+    const typed_worker *w = arg;
+    const typed_job *job = w->job;
+    const plan *pl = job->pl;
+    const bwd_views *x = job->x;
+    const int64_t b = item / pl->Hkv, hk = item % pl->Hkv, h0 = hk * pl->G;
+    const int64_t G = pl->G, Tq = pl->Tq, Tk = pl->Tk, Dk = pl->Dk, Dv = pl->Dv;
+    plan gp;
+    group_plan(pl, b, hk, &gp);
+    gp.nthreads = job->nthreads;
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t i = 0; i < Tq; i++) {
+            const size_t r = (size_t)(g * Tq + i);
+            widen_row(pl, pl->q_dtype, row_in_t(x->q, pl->q_dtype, b, h0 + g, i), Dk, w->q + r * Dk);
+            widen_row(pl, pl->o_dtype, row_in_t(x->o, pl->o_dtype, b, h0 + g, i), Dv, w->o + r * Dv);
+            widen_row(pl, pl->o_dtype, row_in_t(x->dout, pl->o_dtype, b, h0 + g, i), Dv, w->dout + r * Dv);
+        }
+    for (int64_t j = 0; j < Tk; j++) {
+        widen_row(pl, pl->kv_dtype, row_in_t(x->k, pl->kv_dtype, b, hk, j), Dk, w->k + (size_t)j * Dk);
+        widen_row(pl, pl->kv_dtype, row_in_t(x->v, pl->kv_dtype, b, hk, j), Dv, w->v + (size_t)j * Dv);
+    }
+    const sdpa_tensor tq = {w->q, G * Tq * Dk, Tq * Dk, Dk}, to = {w->o, G * Tq * Dv, Tq * Dv, Dv},
+                      tdo = {w->dout, G * Tq * Dv, Tq * Dv, Dv}, tk = {w->k, Tk * Dk, Tk * Dk, Dk},
+                      tv = {w->v, Tk * Dv, Tk * Dv, Dv};
+    const sdpa_tensor_out tdq = {w->dq, G * Tq * Dk, Tq * Dk, Dk}, tdk = {w->dk, Tk * Dk, Tk * Dk, Dk},
+                          tdv = {w->dv, Tk * Dv, Tk * Dv, Dv};
+    const sdpa_tensor lse = {row_in(x->lse, b, h0, 0), x->lse->batch_stride, x->lse->head_stride,
+                             x->lse->seq_stride};
+    const bwd_views gx = {&tq, &tk, &tv, &to, &lse, &tdo, &tdq, &tdk, &tdv};
+    sdpa_bwd_run(&gp, &gx, w->ws, job->nr, job->dsinks_part ? job->dsinks_part + b * pl->Hq + h0 : NULL);
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t i = 0; i < Tq; i++)
+            narrow_row(pl, pl->q_dtype, w->dq + (size_t)(g * Tq + i) * Dk, Dk,
+                       row_out_t(x->dq, pl->q_dtype, b, h0 + g, i));
+    for (int64_t j = 0; j < Tk; j++) {
+        narrow_row(pl, pl->kv_dtype, w->dk + (size_t)j * Dk, Dk, row_out_t(x->dk, pl->kv_dtype, b, hk, j));
+        narrow_row(pl, pl->kv_dtype, w->dv + (size_t)j * Dv, Dv, row_out_t(x->dv, pl->kv_dtype, b, hk, j));
+    }
+}
+
+static void typed_team_body(void *ctx, int tid, int team)
+{
+    const typed_job *job = ctx;
+    typed_worker w = worker_of(job, tid);
+    sdpa_for_dynamic(team, job->pl->B * job->pl->Hkv, typed_group, &w, 0);
+}
+
 void sdpa_bwd_typed(const plan *pl, const bwd_views *x, float *ws, double *dsinks_acc)
 {
-    plan gp;
-    size_t gf, nr;
-    group_plan(pl, 0, 0, &gp);
-    sdpa_bwd_workspace_floats(&gp, &gf, &nr);
-    const group_bufs gb = bufs_of(pl);
-    float *base = ws + round_floats(gf);
-    float *q = carve(&base, gb.q), *dq = carve(&base, gb.q), *o = carve(&base, gb.o), *dout = carve(&base, gb.o);
-    float *k = carve(&base, gb.k), *dk = carve(&base, gb.k), *v = carve(&base, gb.v), *dv = base;
-    const int64_t G = pl->G, Tq = pl->Tq, Tk = pl->Tk, Dk = pl->Dk, Dv = pl->Dv;
-    const sdpa_tensor tq = {q, G * Tq * Dk, Tq * Dk, Dk}, to = {o, G * Tq * Dv, Tq * Dv, Dv},
-                      tdo = {dout, G * Tq * Dv, Tq * Dv, Dv}, tk = {k, Tk * Dk, Tk * Dk, Dk},
-                      tv = {v, Tk * Dv, Tk * Dv, Dv};
-    const sdpa_tensor_out tdq = {dq, G * Tq * Dk, Tq * Dk, Dk}, tdk = {dk, Tk * Dk, Tk * Dk, Dk},
-                          tdv = {dv, Tk * Dv, Tk * Dv, Dv};
-    for (int64_t b = 0; b < pl->B; b++)
-        for (int64_t hk = 0; hk < pl->Hkv; hk++) {
-            const int64_t h0 = hk * G;
-            group_plan(pl, b, hk, &gp);
-            for (int64_t g = 0; g < G; g++)
-                for (int64_t i = 0; i < Tq; i++) {
-                    const size_t r = (size_t)(g * Tq + i);
-                    widen_row(pl, pl->q_dtype, row_in_t(x->q, pl->q_dtype, b, h0 + g, i), Dk, q + r * Dk);
-                    widen_row(pl, pl->o_dtype, row_in_t(x->o, pl->o_dtype, b, h0 + g, i), Dv, o + r * Dv);
-                    widen_row(pl, pl->o_dtype, row_in_t(x->dout, pl->o_dtype, b, h0 + g, i), Dv, dout + r * Dv);
-                }
-            for (int64_t j = 0; j < Tk; j++) {
-                widen_row(pl, pl->kv_dtype, row_in_t(x->k, pl->kv_dtype, b, hk, j), Dk, k + (size_t)j * Dk);
-                widen_row(pl, pl->kv_dtype, row_in_t(x->v, pl->kv_dtype, b, hk, j), Dv, v + (size_t)j * Dv);
-            }
-            const sdpa_tensor lse = {row_in(x->lse, b, h0, 0), x->lse->batch_stride, x->lse->head_stride,
-                                     x->lse->seq_stride};
-            const bwd_views gx = {&tq, &tk, &tv, &to, &lse, &tdo, &tdq, &tdk, &tdv};
-            sdpa_bwd_run(&gp, &gx, ws, nr, dsinks_acc ? dsinks_acc + h0 : NULL);
-            for (int64_t g = 0; g < G; g++)
-                for (int64_t i = 0; i < Tq; i++)
-                    narrow_row(pl, pl->q_dtype, dq + (size_t)(g * Tq + i) * Dk, Dk,
-                               row_out_t(x->dq, pl->q_dtype, b, h0 + g, i));
-            for (int64_t j = 0; j < Tk; j++) {
-                narrow_row(pl, pl->kv_dtype, dk + (size_t)j * Dk, Dk, row_out_t(x->dk, pl->kv_dtype, b, hk, j));
-                narrow_row(pl, pl->kv_dtype, dv + (size_t)j * Dv, Dv, row_out_t(x->dv, pl->kv_dtype, b, hk, j));
-            }
-        }
+    const int per_thread = groups_per_thread(pl);
+    typed_job job;
+    job.pl = pl;
+    job.x = x;
+    job.ws = ws;
+    job.nthreads = per_thread ? 1 : pl->nthreads;
+    worker_floats(pl, job.nthreads, &job.per, &job.gf, &job.nr);
+    const int workers = per_thread ? pl->nthreads : 1;
+    job.dsinks_part = NULL;
+    if (dsinks_acc) {
+        job.dsinks_part = (double *)(void *)(ws + (size_t)workers * job.per);
+        for (int64_t i = 0; i < pl->B * pl->Hq; i++)
+            job.dsinks_part[i] = 0.0;
+    }
+    if (per_thread) {
+        sdpa_parallel(workers, typed_team_body, &job);
+    } else { /* one group at a time, each on the whole team */
+        typed_worker w = worker_of(&job, 0);
+        for (int64_t item = 0; item < pl->B * pl->Hkv; item++)
+            typed_group(&w, item);
+    }
+    for (int64_t h = 0; dsinks_acc && h < pl->Hq; h++) /* in batch order, whatever ran where */
+        for (int64_t b = 0; b < pl->B; b++)
+            dsinks_acc[h] += job.dsinks_part[b * pl->Hq + h];
 }

@@ -523,6 +523,81 @@ Test(dtypes, packed_fp16)
     packed_case(SDPA_DTYPE_F16);
 }
 
+/* Sinks in a bf16 backward: dsinks (fp32) the same for 1 and 2 threads, bit for
+ * bit, and within 1e-5 (relative) of the fp32 backward's on the widened inputs
+ * and the same stored O (the 16-bit backward is that backward, group by group;
+ * only the order of dsinks' float64 sums differs); the gradients too. */
+Test(dtypes, sinks_backward_bf16)
+{
+    enum { B = 3, HQ = 4, HKV = 2, TQ = 9, TK = 33, D = 16 };
+    const float sinks[HQ] = {0.5f, -INFINITY, 1.0f, -0.3f};
+    const size_t nq = (size_t)B * HQ * TQ * D, nk = (size_t)B * HKV * TK * D, nl = (size_t)B * HQ * TQ;
+    util_rng r;
+    util_rng_seed(&r, "dtypes sinks", 1619);
+    float *x = malloc((2 * nq + 2 * nk) * 4);
+    util_fill_normal(&r, x, 2 * nq + 2 * nk, 1.0f);
+    const sdpa_dtype t = SDPA_DTYPE_BF16;
+    void *q = store_as(t, x, nq, 0), *k = store_as(t, x + nq, nk, 0), *v = store_as(t, x + nq + nk, nk, 0),
+         *dout = store_as(t, x + nq + 2 * nk, nq, 0), *o = store_as(t, x, 0, nq);
+    float *lse = malloc(nl * 4);
+    sdpa_problem p = util_problem(B, HQ, HKV, TQ, TK, D, D);
+    p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+    p.sinks = sinks;
+    p.q_dtype = p.kv_dtype = p.o_dtype = t;
+    const sdpa_tensor tq = {q, HQ * TQ * D, TQ * D, D}, tk = {k, HKV * TK * D, TK * D, D}, tv = {v, HKV * TK * D, TK * D, D},
+                      tdo = {dout, HQ * TQ * D, TQ * D, D}, toi = {o, HQ * TQ * D, TQ * D, D}, tli = {lse, HQ * TQ, TQ, 1};
+    const sdpa_tensor_out to = {o, HQ * TQ * D, TQ * D, D}, tl = {lse, HQ * TQ, TQ, 1};
+    cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+    float ds[3][HQ];
+    void *g[2][3];
+    for (int th = 0; th < 2; th++) {
+        g[th][0] = store_as(t, x, 0, nq), g[th][1] = store_as(t, x, 0, nk), g[th][2] = store_as(t, x, 0, nk);
+        const sdpa_tensor_out tdq = {g[th][0], HQ * TQ * D, TQ * D, D}, tdk = {g[th][1], HKV * TK * D, TK * D, D},
+                              tdv = {g[th][2], HKV * TK * D, TK * D, D};
+        p.num_threads = th + 1;
+        p.dsinks = ds[th];
+        cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &toi, &tli, &tdo, &tdq, &tdk, &tdv), SDPA_OK);
+    }
+    cr_expect(memcmp(ds[0], ds[1], sizeof ds[0]) == 0, "dsinks: 1 and 2 threads differ");
+    for (int i = 0; i < 3; i++)
+        cr_expect(memcmp(g[0][i], g[1][i], (i ? nk : nq) * 2) == 0, "gradient %d: 1 and 2 threads differ", i);
+    /* the fp32 backward on the widened values */
+    float *w[5];
+    const void *src[5] = {q, k, v, dout, o};
+    const size_t n[5] = {nq, nk, nk, nq, nq};
+    for (int i = 0; i < 5; i++) {
+        w[i] = malloc(n[i] * 4);
+        for (size_t e = 0; e < n[i]; e++)
+            w[i][e] = load_as(t, src[i], e);
+    }
+    float *gq = malloc(nq * 4), *gk = malloc(nk * 4), *gv = malloc(nk * 4);
+    sdpa_problem pf = p;
+    pf.q_dtype = pf.kv_dtype = pf.o_dtype = SDPA_DTYPE_F32;
+    pf.dsinks = ds[2];
+    pf.num_threads = 1;
+    const sdpa_tensor fq = {w[0], HQ * TQ * D, TQ * D, D}, fk = {w[1], HKV * TK * D, TK * D, D},
+                      fv = {w[2], HKV * TK * D, TK * D, D}, fdo = {w[3], HQ * TQ * D, TQ * D, D},
+                      fo = {w[4], HQ * TQ * D, TQ * D, D};
+    const sdpa_tensor_out fdq = {gq, HQ * TQ * D, TQ * D, D}, fdk = {gk, HKV * TK * D, TK * D, D},
+                          fdv = {gv, HKV * TK * D, TK * D, D};
+    cr_assert_eq(sdpa_backward(&pf, &fq, &fk, &fv, &fo, &tli, &fdo, &fdq, &fdk, &fdv), SDPA_OK);
+    for (int h = 0; h < HQ; h++)
+        cr_expect(fabsf(ds[0][h] - ds[2][h]) <= 1e-5f * (fabsf(ds[2][h]) + 1e-3f), "dsinks[%d] %.9g, fp32 %.9g", h,
+                  (double)ds[0][h], (double)ds[2][h]);
+    for (size_t e = 0; e < nq; e++) /* the gradients: the fp32 ones rounded */
+        cr_assert_eq(load_as(t, g[0][0], e), round_to(t, gq[e]), "dQ[%zu]", e);
+    for (size_t e = 0; e < nk; e++) {
+        cr_assert_eq(load_as(t, g[0][1], e), round_to(t, gk[e]), "dK[%zu]", e);
+        cr_assert_eq(load_as(t, g[0][2], e), round_to(t, gv[e]), "dV[%zu]", e);
+    }
+    for (int i = 0; i < 5; i++)
+        free(w[i]);
+    for (int th = 0; th < 2; th++)
+        for (int i = 0; i < 3; i++)
+            free(g[th][i]);
+    free(x), free(q), free(k), free(v), free(dout), free(o), free(lse), free(gq), free(gk), free(gv);
+}
+
 /* ---------------------------------------------------------------- paged -- */
 
 /* Three sequences over a shuffled paged bf16 / fp16 cache [num_blocks, Hkv,
