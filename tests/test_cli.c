@@ -488,6 +488,8 @@ Test(cli, info_tuning_and_sdpa_tune_env)
     cr_assert_not_null(strstr(r->out, "\ntuning: uarch "), "%s", r->out);
     cr_assert_not_null(strstr(r->out, "scalar block_q "), "%s", r->out);
     cr_assert_null(strstr(r->out, "SDPA_TUNE"), "%s", r->out);
+    cr_assert_not_null(strstr(r->out, "\ntypes: fp32 "), "%s", r->out);
+    cr_assert_not_null(strstr(r->out, "; bf16 "), "%s", r->out);
     r = run_env(args, "SDPA_TUNE=block_q=48,block_k=96,nt_max_cols=4");
     cr_assert_eq(r->status, 0);
     cr_assert_not_null(strstr(r->out, "scalar block_q 48 block_k 96 nt_max_cols 4"), "%s", r->out);

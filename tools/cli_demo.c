@@ -63,6 +63,17 @@ int cmd_info(int argc, char **argv)
     print_isas("isa compiled:", sdpa_isa_compiled);
     print_isas("\nisa supported:", sdpa_isa_supported);
     printf("\nactive isa: %s\n", sdpa_isa_name(sdpa_isa_active()));
+    {
+        /* every storage type runs on the active ISA; products and sums in fp32 on
+         * exactly widened values (docs/design.md, "Reduced precision") */
+        const sdpa_isa a = sdpa_isa_active();
+        const char *f16 = a == SDPA_ISA_AVX2 || a == SDPA_ISA_AVX512 ? "F16C"
+                          : a == SDPA_ISA_NEON                      ? "FCVTL/FCVTN"
+                                                                    : "C";
+        printf("types: fp32 %s; bf16 %s (widened by integer shifts, fp32 products); fp16 %s (widened by %s, fp32 "
+               "products); AVX512-BF16, AMX and BFDOT are not used\n",
+               sdpa_isa_name(a), sdpa_isa_name(a), sdpa_isa_name(a), f16);
+    }
     rej = sdpa_isa_env_rejected();
     if (rej)
         printf("SDPA_ISA: '%s' rejected (not an ISA name for this architecture; ignored)\n", rej);
