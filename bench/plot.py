@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-# bench/plot.py - turns the JSON lines of `sdpa bench --json` and bench/torch_sdpa.py into a PNG.
+# bench/plot.py - turns the JSON lines of `sdpa bench --json` and the peer scripts into a PNG.
 """Plots GFLOP/s against sequence length (Tk) per ISA, with the measured fp32
-FMA peak of each ISA as a horizontal line and the naive-blas and torch-sdpa
-rows beside them: one panel per pass (forward, backward) and thread count.
+FMA peak of each ISA as a horizontal line and the rows of the other
+implementations beside them (naive-blas; torch-sdpa, openvino-sdpa, and
+ort-attention / ort-mha / ort-gqa from bench/torch_sdpa.py, openvino_sdpa.py
+and ort_sdpa.py; any other "impl" is drawn the same way, one series per impl
+and dtype): one panel per pass (forward, backward) and thread count.
 Colours tell the implementation / ISA, markers the mask; points of one
 implementation and mask (decode apart) are joined in order of Tk. Decode-like rows
 (Tq <= 16) are drawn hollow: they are bound by memory bandwidth, not FLOPs.
 
     sdpa bench --json > sdpa.jsonl
     python3 bench/torch_sdpa.py --from-sdpa sdpa.jsonl > torch.jsonl
-    python3 bench/plot.py sdpa.jsonl torch.jsonl -o bench.png
+    python3 bench/ort_sdpa.py --from-sdpa sdpa.jsonl > ort.jsonl
+    python3 bench/plot.py sdpa.jsonl torch.jsonl ort.jsonl -o bench.png
 
 Needs matplotlib (python3 -m pip install -r bench/requirements.txt). Lines
 that are not JSON objects (comments, tables) are ignored; '-' reads stdin.
@@ -80,8 +84,9 @@ def main():
     ops = [op for op in ("forward", "backward") if any(r["op"] == op for r in rows)]
     threads = sorted({r["threads"] for r in rows})
     names = sorted({series_name(r) for r in rows}, key=series_key)
-    cmap = plt.get_cmap("tab10")
-    colour = {n: cmap(i % 10) for i, n in enumerate(names)}
+    ncolours = 10 if len(names) <= 10 else 20  # with every peer there are more than 10 series
+    cmap = plt.get_cmap("tab10" if ncolours == 10 else "tab20")
+    colour = {n: cmap(i % ncolours) for i, n in enumerate(names)}
 
     fig, axes = plt.subplots(len(ops), len(threads), figsize=(max(9.0, 5.5 * len(threads)), 4.2 * len(ops) + 0.8),
                              squeeze=False, sharex=True)
