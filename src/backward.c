@@ -299,54 +299,133 @@ static void bwd_unit(const plan *pl, const bwd_views *x, int64_t u, plan *up, bw
     *ux = v;
 }
 
-/* The workspace: the largest problem's (bwd_workspace_floats), then Hq doubles
- * accumulating dsinks. */
+/* A packed call with at least two sequences per thread runs whole sequences per
+ * thread, each sequence's backward on one thread (many short sequences would
+ * otherwise each start and stop the whole team); else one sequence after another,
+ * each on the whole team. A sequence's results are the same either way (the
+ * backward's bits do not depend on its threads). */
+static int units_per_thread(const plan *pl)
+{
+    return pl->seqs && pl->nthreads > 1 && pl->B >= 2 * (int64_t)pl->nthreads;
+}
+
+/* The workspace of one problem of the call (0 for a trivial one). */
+static sdpa_status unit_floats(const plan *up, size_t *f)
+{
+    size_t nr;
+    if (sdpa_bwd_trivial(up)) {
+        *f = 0;
+        return SDPA_OK;
+    }
+    return up->reduced ? sdpa_bwd_typed_floats(up, f) : sdpa_bwd_workspace_floats(up, f, &nr);
+}
+
+/* What the workers share. */
+typedef struct bwd_calljob {
+    const plan *pl;
+    const bwd_views *x;
+    float *ws;      /* workers' parts, `per` floats each */
+    size_t per;
+    int per_thread; /* units_per_thread */
+    double *part;   /* dsinks: [units][Hq] partial sums, or NULL */
+} bwd_calljob;
+
+/* The workspace: per worker the largest problem's, then with dsinks one partial
+ * sum per (problem, query head) in float64. */
 static sdpa_status bwd_call_floats(const plan *pl, size_t *floats)
 {
     *floats = 0;
     const int64_t n = pl->seqs ? pl->B : 1;
+    const int per_thread = units_per_thread(pl);
+    size_t per = 0;
     for (int64_t u = 0; u < n; u++) {
         plan up;
-        size_t f, nr;
+        size_t f;
         if (pl->seqs)
             sdpa_seq_plan(pl, u, &up);
         else
             up = *pl;
-        const sdpa_status st =
-            up.reduced && !sdpa_bwd_trivial(&up) ? sdpa_bwd_typed_floats(&up, &f) : sdpa_bwd_workspace_floats(&up, &f, &nr);
+        if (per_thread)
+            up.nthreads = 1;
+        const sdpa_status st = unit_floats(&up, &f);
         if (st != SDPA_OK)
             return st;
-        *floats = f > *floats ? f : *floats;
+        per = f > per ? f : per;
     }
-    if (pl->dsinks)
-        *floats += round_floats(2 * (size_t)pl->Hq);
+    size_t total;
+    if (__builtin_mul_overflow(round_floats(per), (size_t)(per_thread ? pl->nthreads : 1), &total))
+        return SDPA_ERR_SIZE_OVERFLOW;
+    if (pl->dsinks && __builtin_add_overflow(total, round_floats(2 * (size_t)(n * pl->Hq)), &total))
+        return SDPA_ERR_SIZE_OVERFLOW;
+    *floats = total;
     return SDPA_OK;
 }
 
-/* Every problem of the call in turn (each on the whole team), then dsinks. */
+/* Problem u of the call on the workspace ws (its worker's part). */
+static void bwd_unit_run(const bwd_calljob *c, int64_t u, float *ws)
+{
+    plan up;
+    bwd_views ux;
+    sdpa_tensor t[6];
+    sdpa_tensor_out g[3];
+    bwd_unit(c->pl, c->x, u, &up, &ux, t, g);
+    if (c->per_thread)
+        up.nthreads = 1;
+    double *acc = c->part ? c->part + u * c->pl->Hq : NULL;
+    size_t f, nr;
+    sdpa_bwd_workspace_floats(&up, &f, &nr);
+    if (sdpa_bwd_trivial(&up))
+        zero_grads(&up, ux.dq, ux.dk, ux.dv, 0, 1, 1); /* nothing flows back; dsinks gain 0 */
+    else if (up.reduced)
+        sdpa_bwd_typed(&up, &ux, ws, acc);
+    else
+        sdpa_bwd_run(&up, &ux, ws, nr, acc);
+}
+
+typedef struct bwd_callworker {
+    const bwd_calljob *job;
+    float *ws;
+} bwd_callworker;
+
+static void bwd_unit_of(void *arg, int64_t u)
+{
+    const bwd_callworker *w = arg;
+    bwd_unit_run(w->job, u, w->ws);
+}
+
+static void bwd_call_body(void *ctx, int tid, int team)
+{
+    const bwd_calljob *job = ctx;
+    bwd_callworker w = {job, job->ws ? job->ws + (size_t)tid * job->per : NULL};
+    sdpa_for_dynamic(team, job->pl->B, bwd_unit_of, &w, 0);
+}
+
+/* Every problem of the call (whole sequences per thread, or each on the whole
+ * team in turn), then dsinks = -(sum over problems, in order, of their partial
+ * sums). */
 static void bwd_call(const plan *pl, const bwd_views *x, float *ws, size_t floats)
 {
-    double *acc = pl->dsinks ? (double *)(void *)(ws + floats - round_floats(2 * (size_t)pl->Hq)) : NULL;
-    for (int64_t h = 0; acc && h < pl->Hq; h++)
-        acc[h] = 0.0;
     const int64_t n = pl->seqs ? pl->B : 1;
-    for (int64_t u = 0; u < n; u++) {
-        plan up;
-        bwd_views ux;
-        sdpa_tensor t[6];
-        sdpa_tensor_out g[3];
-        bwd_unit(pl, x, u, &up, &ux, t, g);
-        size_t f, nr;
-        sdpa_bwd_workspace_floats(&up, &f, &nr);
-        if (sdpa_bwd_trivial(&up))
-            zero_grads(&up, ux.dq, ux.dk, ux.dv, 0, 1, 1); /* nothing flows back; dsinks gain 0 */
-        else if (up.reduced)
-            sdpa_bwd_typed(&up, &ux, ws, acc);
-        else
-            sdpa_bwd_run(&up, &ux, ws, nr, acc);
+    bwd_calljob job = {pl, x, ws, 0, units_per_thread(pl), NULL};
+    if (pl->dsinks) {
+        job.part = (double *)(void *)(ws + floats - round_floats(2 * (size_t)(n * pl->Hq)));
+        for (int64_t i = 0; i < n * pl->Hq; i++)
+            job.part[i] = 0.0;
     }
-    for (int64_t h = 0; acc && h < pl->Hq; h++)
-        pl->dsinks[h] = (float)-acc[h];
+    const size_t part_floats = pl->dsinks ? round_floats(2 * (size_t)(n * pl->Hq)) : 0;
+    job.per = job.per_thread ? (floats - part_floats) / (size_t)pl->nthreads : floats - part_floats;
+    if (job.per_thread) {
+        sdpa_parallel(pl->nthreads, bwd_call_body, &job);
+    } else {
+        for (int64_t u = 0; u < n; u++)
+            bwd_unit_run(&job, u, ws);
+    }
+    for (int64_t h = 0; pl->dsinks && h < pl->Hq; h++) {
+        double acc = 0.0;
+        for (int64_t u = 0; u < n; u++)
+            acc += job.part[u * pl->Hq + h];
+        pl->dsinks[h] = (float)-acc;
+    }
 }
 
 sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
