@@ -7,7 +7,8 @@
 #   3. `python3 -m pip install .`: meson-python builds the library with the project's own
 #      meson files and installs the package with its bundled copy;
 #   4. from a directory outside the clone: `import libsdpa; libsdpa.info()`, the MiniLM
-#      example's check (with torch), then the tests; the last line is pytest's summary.
+#      and tiny-LM examples' checks (with torch), then the tests; the last line is
+#      pytest's summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -48,7 +49,11 @@ cd "$work"
 "$py" -c "import libsdpa; print(libsdpa.info())"
 if [[ ${PY_TORCH:-1} != 0 && -f $repo/examples/python/minilm_embeddings.py ]]; then
   stamp "examples/python/minilm_embeddings.py --check"
-  HF_HUB_OFFLINE=1 "$py" "$repo/examples/python/minilm_embeddings.py" --check
+  HF_HUB_OFFLINE=1 "$py" "$repo/examples/python/minilm_embeddings.py" --check --reps 10
+fi
+if [[ ${PY_TORCH:-1} != 0 && -f $repo/examples/python/train_tiny_lm.py ]]; then
+  stamp "examples/python/train_tiny_lm.py --check"
+  "$py" "$repo/examples/python/train_tiny_lm.py" --check | tail -n 3
 fi
 stamp "pytest python/tests"
 "$py" -m pytest -q -p no:cacheprovider "$repo/python/tests" 2>&1 | tail -n 5
