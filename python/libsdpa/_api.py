@@ -1,6 +1,16 @@
 # SPDX-License-Identifier: MIT
-"""The NumPy API: attention(), attention_backward(), merge_states(), info()."""
+"""The NumPy API: attention(), attention_backward(), merge_states(), info().
+
+Per-call cost: the Python layer checks everything it checked before, but a call builds no
+ctypes objects. The descriptor is a bytearray copy of sdpa_problem_init()'s template with the
+fields that differ written by struct.pack_into, the tensor views are struct-packed bytes,
+and both go to the library through _binding.forward_packed / backward_packed (void *
+parameters). Data pointers are read by _data_ptr (see there), not by ndarray.ctypes.data.
+python/bench_overhead.py measures the result.
+"""
 import ctypes
+import struct
+import sys
 
 import numpy as np
 
@@ -16,6 +26,56 @@ _BOOL = np.dtype(np.bool_)
 _INT_MAX = 2**31 - 1
 _Tensor = _b.Tensor
 _byref = ctypes.byref
+_ndarray = np.ndarray
+_empty = np.empty
+_pack_t = _b.TENSOR.pack
+_forward = _b.forward_packed
+_backward = _b.backward_packed
+
+
+def _header_offset():
+    """Where the data pointer of an ndarray lies in the array object, or 0 (then
+    ndarray.ctypes.data it is).
+
+    ndarray.ctypes.data builds a numpy._core._internal._ctypes object per call (1-2 us, as
+    much as the rest of a small call). On CPython, id() is the object's address, and the
+    first field of PyArrayObject after the object header (sizeof(PyObject) =
+    object.__basicsize__, which covers free-threaded and debug builds) is `char *data`:
+    NumPy's C ABI since 1.0 (the PyArray_DATA of extensions compiled long ago reads it
+    there). That is checked here against .ctypes.data on arrays of several kinds (offset,
+    reversed, strided, read-only, broadcast, empty, a subclass); any difference, or another
+    Python implementation, and the offset is 0. Only ndarray instances are ever read so
+    (subclasses share the layout), and only while a reference holds them."""
+    if sys.implementation.name != "cpython":
+        return 0
+    off = object.__basicsize__
+    at = ctypes.c_size_t.from_address
+
+    class _Sub(np.ndarray):
+        pass
+
+    base = np.arange(64, dtype=np.float32)
+    ro = base[1:9].copy()
+    ro.flags.writeable = False
+    probes = (base, base[3:], base[::-2], base.reshape(8, 8)[2:, 1::3], base.view(np.uint16)[1:],
+              np.broadcast_to(base[5:6], (4, 4)), ro, np.frombuffer(b"abcdefgh", np.uint8)[3:],
+              np.empty((2, 0, 3), np.float16), base.view(_Sub)[7:])
+    try:
+        if all(at(id(a) + off).value == a.ctypes.data for a in probes):
+            return off
+    except Exception:  # noqa: BLE001 - any surprise: the documented route
+        pass
+    return 0
+
+
+_HDR_OFF = _header_offset()
+_HDR_AT = ctypes.c_size_t.from_address
+
+
+def _data_ptr(a):
+    """The address of the first element of the ndarray a (see _header_offset; the hot paths
+    below inline this)."""
+    return _HDR_AT(id(a) + _HDR_OFF).value if _HDR_OFF else a.ctypes.data
 
 
 class SdpaError(ValueError):
@@ -46,6 +106,9 @@ DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
 _DTYPE_CODE = {_F32: DTYPE_F32, _F16: DTYPE_F16}
 _DTYPE_NAME = ("float32", "bfloat16", "float16")
 _ITEMSIZE = (4, 2, 2)
+# per sdpa_dtype: the bits that must be clear in a byte stride that is >= 0 (the sign bits
+# of a negative int are all set) and a multiple of the item size
+_BAD = tuple(-(1 << 62) | (n - 1) for n in _ITEMSIZE)
 _TYPED = "float32, float16 or bfloat16"
 
 
@@ -116,16 +179,40 @@ def _view(a, name, rank, writable=False, allowed="float32"):
     """(pointer, element strides of every dim, sdpa_dtype) of an array whose last dim
     is contiguous; ValueError otherwise. Dimensions of size 1 get stride 0. allowed:
     "float32" (LSE, bias, merge_states), or _TYPED for Q, K, V, O, dO."""
-    code = _dtype_code(a.dtype, name, allowed)
+    dt = a.dtype
+    code = 0 if dt is _F32 else _dtype_code(dt, name, allowed)
     if a.ndim != rank:
         raise ValueError(f"{name}: rank {a.ndim}, expected {rank} (like q)")
     if writable and not a.flags.writeable:
         raise ValueError(f"{name}: array is read-only")
     shape = a.shape
-    item = _ITEMSIZE[code]
     if not a.size:  # nothing is read or written: NULL data, packed strides
         return 0, _packed(shape), code
-    ptr = a.ctypes.data
+    ptr = _HDR_AT(id(a) + _HDR_OFF).value if _HDR_OFF else a.ctypes.data
+    item = _ITEMSIZE[code]
+    # The common case in a few operations: the address and the strides of the leading
+    # dimensions non-negative multiples of the item size (s & _BAD[code] == 0), the last
+    # stride the item size. A stricter test than the one below: whatever fails it goes
+    # there, for its message, or for the strides of dimensions of size 1 (anything goes).
+    if not ptr & (item - 1):
+        bad = _BAD[code]
+        if rank == 4:
+            n0, n1, n2, n3 = shape
+            s0, s1, s2, s3 = a.strides
+            if (s3 == item or n3 <= 1) and not (s0 | s1 | s2) & bad:
+                return ptr, (s0 // item if n0 > 1 else 0, s1 // item if n1 > 1 else 0,
+                             s2 // item if n2 > 1 else 0, 1 if n3 > 1 else 0), code
+        elif rank == 3:
+            n0, n1, n2 = shape
+            s0, s1, s2 = a.strides
+            if (s2 == item or n2 <= 1) and not (s0 | s1) & bad:
+                return ptr, (s0 // item if n0 > 1 else 0, s1 // item if n1 > 1 else 0,
+                             1 if n2 > 1 else 0), code
+        elif rank == 2:
+            n0, n1 = shape
+            s0, s1 = a.strides
+            if (s1 == item or n1 <= 1) and not s0 & bad:
+                return ptr, (s0 // item if n0 > 1 else 0, 1 if n1 > 1 else 0), code
     if ptr % item:
         raise ValueError(f"{name}: data is not aligned to {item} bytes")
     st = []
@@ -155,12 +242,34 @@ def _packed(shape):
 
 
 def _operand(x, name, rank):
-    """_view of q, k, v, o or do: a NumPy array of a supported type, or a _Raw."""
+    """(packed sdpa_tensor, sdpa_dtype, (B, H, T, D)) of q, k, v: a NumPy array of a
+    supported type (as _view checks it), or a _Raw. Rank 4 arrays, the common case, are
+    checked here in fewer operations (the same checks; anything unusual goes to _view)."""
     if type(x) is _Raw:
         if x.ndim != rank:
             raise ValueError(f"{name}: rank {x.ndim}, expected {rank} (like q)")
-        return x.ptr, x.st, x.code
-    return _view(x, name, rank, allowed=_TYPED)
+        ptr, st, code, shape = x.ptr, x.st, x.code, x.shape
+    else:
+        if rank == 4:
+            dt = x.dtype
+            code = 0 if dt is _F32 else _dtype_code(dt, name, _TYPED)
+            if x.ndim == 4 and x.size:
+                shape = x.shape
+                n0, n1, n2, n3 = shape
+                s0, s1, s2, s3 = x.strides
+                ptr = _HDR_AT(id(x) + _HDR_OFF).value if _HDR_OFF else x.ctypes.data
+                item = _ITEMSIZE[code]
+                if (s3 == item or n3 <= 1) and not (s0 | s1 | s2) & _BAD[code] and \
+                        not ptr & (item - 1):
+                    return (_pack_t(ptr, s0 // item if n0 > 1 else 0, s1 // item if n1 > 1 else 0,
+                                    s2 // item if n2 > 1 else 0), code, shape)
+        ptr, st, code = _view(x, name, rank, allowed=_TYPED)
+        shape = x.shape
+    if rank == 4:
+        return _pack_t(ptr, st[0], st[1], st[2]), code, shape
+    if rank == 3:
+        return _pack_t(ptr, 0, st[0], st[1]), code, (1,) + shape
+    return _pack_t(ptr, 0, 0, st[0]), code, (1, 1) + shape
 
 
 def _split(shape, st, rank):
@@ -178,7 +287,7 @@ def _lead_shape(rank, B, H, T):
 
 def _mask_view(m, name, rank, full, dtype_ok):
     """A mask or bias broadcast (zero copy where possible) to the logical
-    [B, Hq, Tq, Tk] (in q's rank); returns Mask4 fields."""
+    [B, Hq, Tq, Tk] (in q's rank); returns it and the sdpa_bool_mask / sdpa_bias fields."""
     m = _as_array(m, name)
     if m.dtype not in dtype_ok:
         raise ValueError(f"{name}: dtype {m.dtype} is not supported (expected "
@@ -191,12 +300,12 @@ def _mask_view(m, name, rank, full, dtype_ok):
     except ValueError as e:
         raise ValueError(f"{name}: shape {m.shape} does not broadcast to {target}") from e
     item = m.dtype.itemsize
-    if any(s < 0 or s % item for s in mb.strides) or (mb.size and mb.ctypes.data % item):
+    if any(s < 0 or s % item for s in mb.strides) or (mb.size and _data_ptr(mb) % item):
         m = np.ascontiguousarray(m)  # an input: a copy changes nothing but the speed
         mb = np.broadcast_to(m, target)
     st = [0] * (4 - rank) + [s // item if n > 1 else 0 for n, s in zip(mb.shape, mb.strides)]
-    ptr = mb.ctypes.data if mb.size else 0
-    return mb, _b.Mask4(ptr, st[0], st[1], st[2], st[3])
+    ptr = _data_ptr(mb) if mb.size else 0
+    return mb, (ptr, st[0], st[1], st[2], st[3])
 
 
 def _head_vector(x, name, H):
@@ -233,69 +342,107 @@ def _int_arg(x, name, lo, hi):
     return x
 
 
+# Offsets of the descriptor fields the Python layer writes (ctypes' own layout of
+# _binding.Problem, checked against the library's struct_size at import), and their
+# struct formats; the 7 sizes are consecutive int64.
+_OFF = _b.PROBLEM_OFFSETS
+_O_DIMS, _O_UDS, _O_SCALE, _O_CAUSAL, _O_WALIGN, _O_WL, _O_WR = (
+    _OFF[n] for n in ("batch", "use_default_scale", "scale", "causal", "window_alignment",
+                      "window_left", "window_right"))
+_O_KVL, _O_MASK, _O_BIAS, _O_THREADS, _O_ISA, _O_BQ, _O_BK, _O_SOFTCAP = (
+    _OFF[n] for n in ("kv_lengths", "bool_mask", "bias", "num_threads", "isa", "block_q",
+                      "block_k", "softcap"))
+_O_ALIBI, _O_SINKS, _O_DSINKS, _O_QDT, _O_KVDT, _O_ODT = (
+    _OFF[n] for n in ("alibi_slopes", "sinks", "dsinks", "q_dtype", "kv_dtype", "o_dtype"))
+_DIMS = struct.Struct("@7q")
+_I32 = struct.Struct("@i")
+_I64 = struct.Struct("@q")
+_FLT = struct.Struct("@f")
+_PTR = struct.Struct("@P")
+_PROBLEM = _b.PROBLEM_TEMPLATE
+_FLT_MAX = 3.4028234663852886e38
+# The fields a call does not set keep the template's values; num_threads and the dtypes
+# are written only when they differ from 0, so 0 must be the template's.
+if _OFF["head_dim_v"] != _O_DIMS + 48 or any(
+        _I32.unpack_from(_PROBLEM, o)[0] for o in (_O_THREADS, _O_QDT, _O_KVDT, _O_ODT)):
+    raise ImportError("libsdpa: sdpa_problem's layout or defaults are not what _api expects")
+
+
+def _f32(x):
+    """float(x) for a float field: what a C float conversion (ctypes.c_float) stores, without
+    struct's OverflowError for finite values beyond FLT_MAX (they become +-inf, which the
+    library rejects with its own status, as it did through ctypes)."""
+    x = float(x)
+    if -_FLT_MAX <= x <= _FLT_MAX or x != x:
+        return x
+    return ctypes.c_float(x).value
+
+
 class _Call:
-    """Everything a forward/backward call shares: the descriptor and the views of
+    """Everything a forward/backward call shares: the descriptor (pb: sdpa_problem_init()'s
+    bytes, the fields that differ written in place) and the packed sdpa_tensor views of
     q, k, v; keeps the arrays it points into alive."""
-    __slots__ = ("p", "q", "k", "v", "rank", "B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv", "keep",
-                 "bcast_b", "sinks", "qdt", "kvdt")
+    __slots__ = ("pb", "q", "k", "v", "rank", "B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv", "keep",
+                 "bcast_b", "sinks", "qdt", "kvdt", "qc", "kvc")
 
     def __init__(self, q, k, v, scale, causal, window, window_align, kv_lengths, mask, bias,
                  softcap, alibi_slopes, sinks, threads, isa, block_q=0, block_k=0):
         if type(q) is not _Raw:
-            q = _as_array(q, "q")
-            k = _as_array(k, "k")
-            v = _as_array(v, "v")
+            if type(q) is not _ndarray:
+                q = _as_array(q, "q")
+            if type(k) is not _ndarray:
+                k = _as_array(k, "k")
+            if type(v) is not _ndarray:
+                v = _as_array(v, "v")
             self.qdt, self.kvdt = q.dtype, k.dtype
         else:
             self.qdt = self.kvdt = None   # libsdpa.torch allocates its own outputs
         rank = q.ndim
         if rank not in (2, 3, 4):
             raise ValueError(f"q: rank {rank}; expected 2 (T, D), 3 (H, T, D) or 4 (B, H, T, D)")
-        qp, qs, qc = _operand(q, "q", rank)
-        kp, ks, kc = _operand(k, "k", rank)
-        vp, vs, vc = _operand(v, "v", rank)
+        self.q, qc, (Bq, Hq, Tq, Dk) = _operand(q, "q", rank)
+        self.k, kc, (Bk, Hkv, Tk, Dk2) = _operand(k, "k", rank)
+        self.v, vc, (Bv, Hv, Tv, Dv) = _operand(v, "v", rank)
         if kc != vc:
             raise ValueError(f"k and v: dtypes {_DTYPE_NAME[kc]} and {_DTYPE_NAME[vc]} differ "
                              "(K and V must share one storage type; q's may differ)")
-        (Bq, Hq, Tq, Dk), qs = _split(q.shape, qs, rank)
-        (Bk, Hkv, Tk, Dk2), ks = _split(k.shape, ks, rank)
-        (Bv, Hv, Tv, Dv), vs = _split(v.shape, vs, rank)
         if Dk2 != Dk:
             raise ValueError(f"k: head_dim {Dk2} differs from q's {Dk} (shapes q {q.shape}, k {k.shape})")
-        if (Hv, Tv) != (Hkv, Tk):
+        if Hv != Hkv or Tv != Tk:
             raise ValueError(f"v: heads and length {(Hv, Tv)} differ from k's {(Hkv, Tk)} "
                              f"(shapes k {k.shape}, v {v.shape})")
-        B = max(Bq, Bk, Bv)
-        for nm, n in (("q", Bq), ("k", Bk), ("v", Bv)):
-            if n not in (1, B):
-                raise ValueError(f"{nm}: batch {n} does not broadcast with {B} "
-                                 f"(shapes q {q.shape}, k {k.shape}, v {v.shape})")
-        self.bcast_b = (Bq != B, Bk != B, Bv != B)
-        self.q = _Tensor(qp, *qs)
-        self.k = _Tensor(kp, *ks)
-        self.v = _Tensor(vp, *vs)
+        if Bq == Bk == Bv:
+            B = Bq
+            self.bcast_b = (False, False, False)
+        else:
+            B = max(Bq, Bk, Bv)
+            for nm, n in (("q", Bq), ("k", Bk), ("v", Bv)):
+                if n not in (1, B):
+                    raise ValueError(f"{nm}: batch {n} does not broadcast with {B} "
+                                     f"(shapes q {q.shape}, k {k.shape}, v {v.shape})")
+            self.bcast_b = (Bq != B, Bk != B, Bv != B)
         self.rank, self.B, self.Hq, self.Hkv, self.Tq, self.Tk, self.Dk, self.Dv = \
             rank, B, Hq, Hkv, Tq, Tk, Dk, Dv
+        self.qc, self.kvc = qc, kc
         keep = [q, k, v]
-        p = _b.Problem.from_buffer_copy(_b.PROBLEM_TEMPLATE)
+        pb = bytearray(_PROBLEM)
+        _DIMS.pack_into(pb, _O_DIMS, B, Hq, Hkv, Tq, Tk, Dk, Dv)
         if qc:
-            p.q_dtype = qc
+            _I32.pack_into(pb, _O_QDT, qc)
         if kc:
-            p.kv_dtype = kc
-        p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim_qk, p.head_dim_v = \
-            B, Hq, Hkv, Tq, Tk, Dk, Dv
+            _I32.pack_into(pb, _O_KVDT, kc)
         if scale is not None:
-            p.use_default_scale = 0
-            p.scale = float(scale)
+            _I32.pack_into(pb, _O_UDS, 0)
+            _FLT.pack_into(pb, _O_SCALE, _f32(scale))
         if causal is not None and causal is not False:
             try:
-                p.causal = _CAUSAL[causal]
+                _I32.pack_into(pb, _O_CAUSAL, _CAUSAL[causal])
             except (KeyError, TypeError):
                 raise ValueError(f"causal: expected None, False, True (top-left), 'top-left' or "
                                  f"'bottom-right', got {causal!r}") from None
         if window_align is not None:
             try:
-                p.window_alignment = _ALIGN[window_align]
+                _I32.pack_into(pb, _O_WALIGN, _ALIGN[window_align])
             except (KeyError, TypeError):
                 raise ValueError(f"window_align: expected 'top-left' or 'bottom-right', got "
                                  f"{window_align!r}") from None
@@ -306,8 +453,9 @@ class _Call:
                 raise ValueError(f"window: expected (left, right), None for an unbounded side, "
                                  f"got {window!r}") from None
             lim = 2**63 - 1
-            p.window_left = -1 if left is None else _int_arg(left, "window left", -lim, lim)
-            p.window_right = -1 if right is None else _int_arg(right, "window right", -lim, lim)
+            _I64.pack_into(pb, _O_WL, -1 if left is None else _int_arg(left, "window left", -lim, lim))
+            _I64.pack_into(pb, _O_WR,
+                           -1 if right is None else _int_arg(right, "window right", -lim, lim))
         if kv_lengths is not None:
             kl = _as_array(kv_lengths, "kv_lengths")
             if kl.dtype.kind not in "iu":
@@ -319,35 +467,54 @@ class _Call:
                                  f"min {int(kl.min())}, max {int(kl.max())}")
             kl = np.ascontiguousarray(kl, dtype=np.int32)
             keep.append(kl)
-            p.kv_lengths = kl.ctypes.data
-        full = (B, Hq, Tq, Tk)
-        if mask is not None:
-            m, p.bool_mask = _mask_view(mask, "mask", rank, full, (_BOOL, _U8))
-            keep.append(m)
-        if bias is not None:
-            m, p.bias = _mask_view(bias, "bias", rank, full, (_F32,))
-            keep.append(m)
+            _PTR.pack_into(pb, _O_KVL, _data_ptr(kl))
+        if mask is not None or bias is not None:
+            full = (B, Hq, Tq, Tk)
+            if mask is not None:
+                m, fields = _mask_view(mask, "mask", rank, full, (_BOOL, _U8))
+                _b.MASK.pack_into(pb, _O_MASK, *fields)
+                keep.append(m)
+            if bias is not None:
+                m, fields = _mask_view(bias, "bias", rank, full, (_F32,))
+                _b.MASK.pack_into(pb, _O_BIAS, *fields)
+                keep.append(m)
         if softcap is not None:
-            p.softcap = float(softcap)
+            _FLT.pack_into(pb, _O_SOFTCAP, _f32(softcap))
         if alibi_slopes is not None:
             a = _head_vector(alibi_slopes, "alibi_slopes", Hq)
             keep.append(a)
-            p.alibi_slopes = a.ctypes.data
+            _PTR.pack_into(pb, _O_ALIBI, _data_ptr(a))
         self.sinks = None
         if sinks is not None:
             s = _head_vector(sinks, "sinks", Hq)
             keep.append(s)
             self.sinks = s
-            p.sinks = s.ctypes.data
-        p.num_threads = _int_arg(threads, "threads", 0, _INT_MAX)
+            _PTR.pack_into(pb, _O_SINKS, _data_ptr(s))
+        if type(threads) is not int or not 0 <= threads <= _INT_MAX:
+            threads = _int_arg(threads, "threads", 0, _INT_MAX)
+        if threads:
+            _I32.pack_into(pb, _O_THREADS, threads)
         if isa is not None:
-            p.isa = _isa_value(isa)
+            _I32.pack_into(pb, _O_ISA, _isa_value(isa))
         if block_q:
-            p.block_q = _int_arg(block_q, "block_q", 0, _INT_MAX)
+            _I32.pack_into(pb, _O_BQ, _int_arg(block_q, "block_q", 0, _INT_MAX))
         if block_k:
-            p.block_k = _int_arg(block_k, "block_k", 0, _INT_MAX)
-        self.p = p
+            _I32.pack_into(pb, _O_BK, _int_arg(block_k, "block_k", 0, _INT_MAX))
+        self.pb = pb
         self.keep = keep
+
+    @property
+    def p(self):
+        """The descriptor as a ctypes Problem over the same bytes (reading it, or writing a
+        field, goes to pb): for inspection; the calls use pb."""
+        return _b.Problem.from_buffer(self.pb)
+
+    def set_o_dtype(self, code):
+        if code:
+            _I32.pack_into(self.pb, _O_ODT, code)
+
+    def set_dsinks(self, ptr):
+        _PTR.pack_into(self.pb, _O_DSINKS, ptr)
 
     def out_view(self, arr, name, rank_shape):
         """Checks a caller's output array (shape, dtype, layout, writable)."""
@@ -368,17 +535,21 @@ class _Call:
         ptr, st, code = _view(arr, name, len(rank_shape), allowed=allowed)
         return arr, ptr, st, code
 
+    def dtypes(self):
+        """(q_dtype, kv_dtype, o_dtype) as the descriptor holds them."""
+        pb = self.pb
+        return (_I32.unpack_from(pb, _O_QDT)[0], _I32.unpack_from(pb, _O_KVDT)[0],
+                _I32.unpack_from(pb, _O_ODT)[0])
+
     def types(self):
         """' (q float16, k/v float16, o float32)': the storage types, for a message."""
-        p = self.p
-        return (f" (q {_DTYPE_NAME[p.q_dtype]}, k/v {_DTYPE_NAME[p.kv_dtype]}, "
-                f"o {_DTYPE_NAME[p.o_dtype]})")
+        qd, kvd, od = self.dtypes()
+        return f" (q {_DTYPE_NAME[qd]}, k/v {_DTYPE_NAME[kvd]}, o {_DTYPE_NAME[od]})"
 
     def check(self, func, status):
         """_check, naming the storage types when a 16-bit call is refused."""
         if status != 0:
-            p = self.p
-            _check(func, status, self.types() if p.q_dtype or p.kv_dtype or p.o_dtype else "")
+            _types_check(func, status, *self.dtypes())
 
 
 def _tshape(rank, B, H, T, D):
@@ -398,6 +569,136 @@ def _lse_t(ptr, st, rank):
     if rank == 3:
         return _Tensor(ptr, 0, st[0], st[1])
     return _Tensor(ptr, 0, 0, st[0])
+
+
+def _tp(ptr, st, rank):
+    """_t packed (bytes)."""
+    if rank == 4:
+        return _pack_t(ptr, st[0], st[1], st[2])
+    if rank == 3:
+        return _pack_t(ptr, 0, st[0], st[1])
+    return _pack_t(ptr, 0, 0, st[0])
+
+
+def _lse_tp(ptr, st, rank):
+    """_lse_t packed (bytes)."""
+    if rank == 4:
+        return _pack_t(ptr, st[0], st[1], st[2])
+    if rank == 3:
+        return _pack_t(ptr, 0, st[0], st[1])
+    return _pack_t(ptr, 0, 0, st[0])
+
+
+def _new_out(shape, dt, item, rank, H, T, D):
+    """A new C-order array [.., T, D] (shape, in a rank-`rank` call whose sizes are H, T, D)
+    and its packed sdpa_tensor_out: the strides numpy gives it, in elements."""
+    a = _empty(shape, dt)
+    if a.size:
+        return a, _pack_t(_data_ptr(a), H * T * D if rank == 4 else 0, T * D if rank > 2 else 0, D)
+    return a, _tp(_data_ptr(a), [s // item for s in a.strides], rank)
+
+
+def _new_lse(shape, rank, H, T):
+    """A new float32 LSE [.., T] (shape) of a rank-`rank` call and its sdpa_tensor_out."""
+    a = _empty(shape, _F32)
+    if a.size:
+        return a, _pack_t(_data_ptr(a), H * T if rank == 4 else 0, T if rank > 2 else 0, 1)
+    return a, _lse_tp(_data_ptr(a), [s // 4 for s in a.strides], rank)
+
+
+def _types_check(func, status, qd, kvd, od):
+    """_check, naming the storage types when a 16-bit call is refused."""
+    _check(func, status, f" (q {_DTYPE_NAME[qd]}, k/v {_DTYPE_NAME[kvd]}, o {_DTYPE_NAME[od]})"
+           if qd or kvd or od else "")
+
+
+def _fast_problem(B, Hq, Hkv, Tq, Tk, Dk, Dv, qc, kc, oc, scale, causal, threads):
+    """The descriptor (bytes) that _Call builds, and attention() completes with o_dtype = oc,
+    for a call that sets nothing but the sizes, the storage types, scale (None or a float),
+    causal (its sdpa_causal value) and threads (an int in [0, INT_MAX]): the fast paths'
+    (_fast_forward, libsdpa.torch's _fast_kernel)."""
+    pb = bytearray(_PROBLEM)
+    _DIMS.pack_into(pb, _O_DIMS, B, Hq, Hkv, Tq, Tk, Dk, Dv)
+    if scale is not None:
+        _I32.pack_into(pb, _O_UDS, 0)
+        _FLT.pack_into(pb, _O_SCALE, _f32(scale))
+    if causal:
+        _I32.pack_into(pb, _O_CAUSAL, causal)
+    if threads:
+        _I32.pack_into(pb, _O_THREADS, threads)
+    if qc:
+        _I32.pack_into(pb, _O_QDT, qc)
+    if kc:
+        _I32.pack_into(pb, _O_KVDT, kc)
+    if oc:
+        _I32.pack_into(pb, _O_ODT, oc)
+    return bytes(pb)
+
+
+def _fast_forward(q, k, v, scale, causal, threads, return_lse):
+    """attention() in the common case, in fewer operations; None when the call is not that
+    case, and then attention() takes the general path (_Call), which checks everything and
+    words the errors: this function raises nothing of its own, and what it hands the library
+    is byte for byte what _Call would (test_numpy checks that).
+
+    The common case: q, k, v ndarrays (the class itself) of rank 4, not empty, of supported
+    types (k's that of v), one batch size, the data aligned and the strides of the leading
+    dimensions non-negative multiples of the item size, the last dimension contiguous, the
+    head_dim, heads and lengths of k and v consistent; threads an int in [0, INT_MAX], scale
+    None or a float, causal one of _CAUSAL's keys; O new, of q's type."""
+    dq = q.dtype
+    dk = k.dtype
+    qc = 0 if dq is _F32 else _DTYPE_CODE.get(dq)
+    kc = 0 if dk is _F32 else _DTYPE_CODE.get(dk)
+    if qc is None or kc is None or v.dtype is not dk or q.ndim != 4 or k.ndim != 4 or \
+            v.ndim != 4 or not q.size or not k.size or not v.size:
+        return None
+    B, Hq, Tq, Dk = q.shape
+    Bk, Hkv, Tk, Dk2 = k.shape
+    Bv, Hv, Tv, Dv = v.shape
+    if Bk != B or Bv != B or Dk2 != Dk or Hv != Hkv or Tv != Tk:
+        return None
+    q0, q1, q2, q3 = q.strides
+    k0, k1, k2, k3 = k.strides
+    v0, v1, v2, v3 = v.strides
+    qi = _ITEMSIZE[qc]
+    ki = _ITEMSIZE[kc]
+    qp = _HDR_AT(id(q) + _HDR_OFF).value
+    kp = _HDR_AT(id(k) + _HDR_OFF).value
+    vp = _HDR_AT(id(v) + _HDR_OFF).value
+    if (q3 != qi and Dk > 1) or (k3 != ki and Dk > 1) or (v3 != ki and Dv > 1) or \
+            (q0 | q1 | q2) & _BAD[qc] or (k0 | k1 | k2 | v0 | v1 | v2) & _BAD[kc] or \
+            qp & (qi - 1) or (kp | vp) & (ki - 1):
+        return None
+    if scale is not None and type(scale) is not float:
+        return None
+    if causal is None or causal is False:
+        causal = 0
+    else:
+        try:
+            causal = _CAUSAL[causal]
+        except (KeyError, TypeError):
+            return None
+    pb = _fast_problem(B, Hq, Hkv, Tq, Tk, Dk, Dv, qc, kc, qc, scale, causal, threads)
+    b1, h1 = B > 1, Hq > 1
+    q_t = _pack_t(qp, q0 // qi if b1 else 0, q1 // qi if h1 else 0, q2 // qi if Tq > 1 else 0)
+    h1 = Hkv > 1
+    t1 = Tk > 1
+    k_t = _pack_t(kp, k0 // ki if b1 else 0, k1 // ki if h1 else 0, k2 // ki if t1 else 0)
+    v_t = _pack_t(vp, v0 // ki if b1 else 0, v1 // ki if h1 else 0, v2 // ki if t1 else 0)
+    out = _empty((B, Hq, Tq, Dv), dq)
+    o_t = _pack_t(_HDR_AT(id(out) + _HDR_OFF).value, Hq * Tq * Dv, Tq * Dv, Dv)
+    if return_lse:
+        lse = _empty((B, Hq, Tq), _F32)
+        st = _forward(pb, q_t, k_t, v_t, o_t,
+                      _pack_t(_HDR_AT(id(lse) + _HDR_OFF).value, Hq * Tq, Tq, 1))
+        if st:
+            _types_check("sdpa_forward", st, qc, kc, qc)
+        return out, lse
+    st = _forward(pb, q_t, k_t, v_t, o_t, None)
+    if st:
+        _types_check("sdpa_forward", st, qc, kc, qc)
+    return out
 
 
 def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=None,
@@ -429,34 +730,50 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
     Returns O, or (O, LSE) with return_lse=True (LSE [.., Tq], natural log).
     Raises ValueError (SdpaError for a status of the library) on bad input.
     """
+    if _HDR_OFF and type(q) is _ndarray and type(k) is _ndarray and type(v) is _ndarray and \
+            out is None and out_dtype is None and window is None and window_align is None and \
+            kv_lengths is None and mask is None and bias is None and softcap is None and \
+            alibi_slopes is None and sinks is None and isa is None and not block_q and \
+            not block_k and type(threads) is int and 0 <= threads <= _INT_MAX:
+        r = _fast_forward(q, k, v, scale, causal, threads, return_lse)
+        if r is not None:
+            return r
     c = _Call(q, k, v, scale, causal, window, window_align, kv_lengths, mask, bias, softcap,
               alibi_slopes, sinks, threads, isa, block_q, block_k)
-    rank = c.rank
-    oshape = _tshape(rank, c.B, c.Hq, c.Tq, c.Dv)
+    rank, Hq, Tq, Dv = c.rank, c.Hq, c.Tq, c.Dv
+    oshape = (c.B, Hq, Tq, Dv) if rank == 4 else (Hq, Tq, Dv) if rank == 3 else (Tq, Dv)
     if out is None:
-        odt = c.qdt if out_dtype is None else _out_dtype(out_dtype)
+        if out_dtype is None:
+            odt, code = c.qdt, c.qc
+        else:
+            odt = _out_dtype(out_dtype)
+            code = _DTYPE_CODE[odt]
         if odt is None:
             raise ValueError("out: needed when q is an address view (_Raw)")
-        out = np.empty(oshape, dtype=odt)
-        code = _DTYPE_CODE[odt]
-        item = _ITEMSIZE[code]
-        o = _t(out.ctypes.data, [s // item for s in out.strides], rank)
+        out = _empty(oshape, odt)
+        if out.size:   # C order: the strides in elements as numpy gives them
+            o_t = _pack_t(_HDR_AT(id(out) + _HDR_OFF).value if _HDR_OFF else out.ctypes.data,
+                          Hq * Tq * Dv if rank == 4 else 0, Tq * Dv if rank > 2 else 0, Dv)
+        else:
+            o_t = _tp(_data_ptr(out), [s // _ITEMSIZE[code] for s in out.strides], rank)
     else:
         if out_dtype is not None and _out_dtype(out_dtype) != getattr(out, "dtype", None):
             raise ValueError(f"out_dtype: {out_dtype!r} differs from out's dtype "
                              f"{getattr(out, 'dtype', None)} (give one of them)")
         out, ptr, st, code = c.out_view(out, "out", oshape)
-        o = _t(ptr, st, rank)
+        o_t = _tp(ptr, st, rank)
     if code:
-        c.p.o_dtype = code
-    lse_t = None
-    lse = None
+        _I32.pack_into(c.pb, _O_ODT, code)
     if return_lse:
-        lse = np.empty(oshape[:-1], dtype=_F32)
-        lse_t = _byref(_lse_t(lse.ctypes.data, [s // 4 for s in lse.strides], rank))
-    st = _b.forward(_byref(c.p), _byref(c.q), _byref(c.k), _byref(c.v), _byref(o), lse_t)
-    c.check("sdpa_forward", st)
-    return (out, lse) if return_lse else out
+        lse, lse_t = _new_lse(oshape[:-1], rank, Hq, Tq)
+        st = _forward(bytes(c.pb), c.q, c.k, c.v, o_t, lse_t)
+        if st:
+            c.check("sdpa_forward", st)
+        return out, lse
+    st = _forward(bytes(c.pb), c.q, c.k, c.v, o_t, None)
+    if st:
+        c.check("sdpa_forward", st)
+    return out
 
 
 def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=None, window=None,
@@ -482,25 +799,21 @@ def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=None, window=N
     if doc != oc:
         raise ValueError(f"o and do: dtypes {_DTYPE_NAME[oc]} and {_DTYPE_NAME[doc]} differ "
                          "(dO is stored in O's type)")
-    if oc:
-        c.p.o_dtype = oc
-    o_t = _t(op, os_, rank)
-    l_t = _lse_t(lp, ls, rank)
-    do_t = _t(dop, dos, rank)
-    qi, ki = _ITEMSIZE[c.p.q_dtype], _ITEMSIZE[c.p.kv_dtype]
-    dq = np.empty(_tshape(rank, B, Hq, Tq, Dk), dtype=c.qdt)
-    dk = np.empty(_tshape(rank, B, Hkv, Tk, Dk), dtype=c.kvdt)
-    dv = np.empty(_tshape(rank, B, Hkv, Tk, Dv), dtype=c.kvdt)
-    dq_t = _t(dq.ctypes.data, [s // qi for s in dq.strides], rank)
-    dk_t = _t(dk.ctypes.data, [s // ki for s in dk.strides], rank)
-    dv_t = _t(dv.ctypes.data, [s // ki for s in dv.strides], rank)
+    c.set_o_dtype(oc)
+    o_t = _tp(op, os_, rank)
+    l_t = _lse_tp(lp, ls, rank)
+    do_t = _tp(dop, dos, rank)
+    qi, ki = _ITEMSIZE[c.qc], _ITEMSIZE[c.kvc]
+    dq, dq_t = _new_out(_tshape(rank, B, Hq, Tq, Dk), c.qdt, qi, rank, Hq, Tq, Dk)
+    dk, dk_t = _new_out(_tshape(rank, B, Hkv, Tk, Dk), c.kvdt, ki, rank, Hkv, Tk, Dk)
+    dv, dv_t = _new_out(_tshape(rank, B, Hkv, Tk, Dv), c.kvdt, ki, rank, Hkv, Tk, Dv)
     dsinks = None
     if c.sinks is not None:
-        dsinks = np.empty(Hq, dtype=_F32)
-        c.p.dsinks = dsinks.ctypes.data
-    st = _b.backward(_byref(c.p), _byref(c.q), _byref(c.k), _byref(c.v), _byref(o_t),
-                     _byref(l_t), _byref(do_t), _byref(dq_t), _byref(dk_t), _byref(dv_t))
-    c.check("sdpa_backward", st)
+        dsinks = _empty(Hq, dtype=_F32)
+        c.set_dsinks(_data_ptr(dsinks))
+    st = _backward(bytes(c.pb), c.q, c.k, c.v, o_t, l_t, do_t, dq_t, dk_t, dv_t)
+    if st:
+        c.check("sdpa_backward", st)
     del o_arr, lse_arr, do_arr
     bq, bk, bv = c.bcast_b
     if bq:

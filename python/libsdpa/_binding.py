@@ -9,6 +9,7 @@ GIL around every foreign call.
 """
 import ctypes
 import os
+import struct
 
 from . import _config
 
@@ -124,6 +125,34 @@ if _template.struct_size != ctypes.sizeof(Problem):
                       f"this binding's {ctypes.sizeof(Problem)}: binding and library disagree")
 PROBLEM_TEMPLATE = bytes(_template)
 del _template
+
+
+# The fast path of libsdpa._api and libsdpa.torch: the descriptor is a bytearray copy of
+# the template with the fields that differ written by struct.pack_into at ctypes' own
+# field offsets, the tensor views are struct-packed, and both go to the library as bytes
+# through second declarations of the same functions. Those have no argtypes: ctypes passes
+# a bytes object as a pointer to its buffer and None as NULL without a from_param call per
+# argument, and the library only reads through them (every pointer parameter is const).
+# Pass them bytes and None only (an int would go as a C int). A ctypes Structure per view
+# and byref() per argument cost several microseconds per call; this is a fraction of one.
+PROBLEM_OFFSETS = {name: getattr(Problem, name).offset for name, _ in Problem._fields_}
+TENSOR = struct.Struct("@Pqqq")    # sdpa_tensor / sdpa_tensor_out
+MASK = struct.Struct("@Pqqqq")     # sdpa_bool_mask / sdpa_bias
+if TENSOR.size != ctypes.sizeof(Tensor) or MASK.size != ctypes.sizeof(Mask4) or \
+        bytes(Tensor(1, 2, 3, 4)) != TENSOR.pack(1, 2, 3, 4) or \
+        bytes(Mask4(1, 2, 3, 4, 5)) != MASK.pack(1, 2, 3, 4, 5):
+    raise ImportError("libsdpa: struct's packing of sdpa_tensor / sdpa_bool_mask differs from "
+                      "ctypes'")
+
+
+def _proto_packed(name):
+    f = lib[name]   # a new function object: the declarations above stay as they are
+    f.restype = ctypes.c_int
+    return f
+
+
+forward_packed = _proto_packed("sdpa_forward")     # (bytes problem, q, k, v, o, lse or None)
+backward_packed = _proto_packed("sdpa_backward")   # (bytes problem, q, k, v, o, lse, do, dq, dk, dv)
 
 
 def new_problem():

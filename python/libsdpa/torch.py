@@ -20,8 +20,6 @@ import threading
 import warnings
 from typing import Optional, Tuple
 
-import ctypes
-
 import torch
 
 from . import _api
@@ -36,8 +34,7 @@ _CAUSAL_NAME = {0: None, 1: "top-left", 2: "bottom-right"}
 _DTYPE_CODE = {torch.float32: _api.DTYPE_F32, torch.bfloat16: _api.DTYPE_BF16,
                torch.float16: _api.DTYPE_F16}
 _ITEMSIZE = _api._ITEMSIZE
-_Tensor = _b.Tensor
-_byref = ctypes.byref
+_pack_t = _b.TENSOR.pack
 
 
 def _raw(t, name):
@@ -50,19 +47,26 @@ def _raw(t, name):
     shape = tuple(t.shape)
     if not t.numel():
         return _api._Raw(shape, 0, _api._packed(shape), code, t)
-    if shape[-1] > 1 and t.stride(-1) != 1:
+    st = t.stride()
+    if shape[-1] > 1 and st[-1] != 1:
         t = t.contiguous()
+        st = t.stride()
     ptr = t.data_ptr()
     if ptr % _ITEMSIZE[code]:
         raise ValueError(f"{name}: data is not aligned to its element size")
-    return _api._Raw(shape, ptr, [s if n > 1 else 0 for n, s in zip(shape, t.stride())], code, t)
+    return _api._Raw(shape, ptr, [s if n > 1 else 0 for n, s in zip(shape, st)], code, t)
+
+
+_CPU = torch.device("cpu")
+_NAN = float("nan")   # the op's scale when the default is wanted
 
 
 def _out(shape, dtype):
-    """A new contiguous tensor and its sdpa_tensor_out (rank 3 LSE or rank 4)."""
-    t = torch.empty(shape, dtype=dtype)
+    """A new contiguous tensor and its packed sdpa_tensor_out (rank 3 LSE or rank 4). (The
+    sizes go to torch.empty one by one: a tuple costs it twice the time.)"""
+    t = torch.empty(*shape, dtype=dtype, device=_CPU)
     st = t.stride()
-    return t, _Tensor(t.data_ptr() if t.numel() else 0, st[0], st[1], st[2])
+    return t, _pack_t(t.data_ptr() if t.numel() else 0, st[0], st[1], st[2])
 
 
 def _np(t):
@@ -82,6 +86,75 @@ def _call(q, k, v, mask, bias, kv_lengths, alibi, sinks, scale, causal, wl, wr, 
         sinks=_np(sinks), threads=torch.get_num_threads(), isa=None)
 
 
+def _fast_kernel(q, k, v, scale, causal, want_lse):
+    """_forward_kernel for a call without masks, bias, key lengths, ALiBi, sinks, window or
+    softcap, in fewer operations: None unless q, k, v are non-empty [B, H, T, D] tensors
+    of supported types (k's that of v), one batch size, consistent sizes, aligned, with a
+    contiguous last dimension; then _forward_kernel's general path does it all (and words
+    the errors). The library gets the bytes the general path would give it (test_torch
+    checks that)."""
+    qc = _DTYPE_CODE.get(q.dtype)
+    kc = _DTYPE_CODE.get(k.dtype)
+    if qc is None or kc is None or v.dtype != k.dtype or causal not in _CAUSAL_NAME or \
+            q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return None
+    B, Hq, Tq, Dk = q.shape
+    Bk, Hkv, Tk, Dk2 = k.shape
+    Bv, Hv, Tv, Dv = v.shape
+    if Bk != B or Bv != B or Dk2 != Dk or Hv != Hkv or Tv != Tk or \
+            not (B and Hq and Tq and Dk and Hkv and Tk and Dv):
+        return None
+    q0, q1, q2, q3 = q.stride()
+    k0, k1, k2, k3 = k.stride()
+    v0, v1, v2, v3 = v.stride()
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    qm, km = _ITEMSIZE[qc] - 1, _ITEMSIZE[kc] - 1
+    if (q3 != 1 and Dk > 1) or (k3 != 1 and Dk > 1) or (v3 != 1 and Dv > 1) or qp & qm or \
+            (kp | vp) & km:
+        return None
+    pb = _api._fast_problem(B, Hq, Hkv, Tq, Tk, Dk, Dv, qc, kc, qc,
+                            None if math.isnan(scale) else scale, causal, torch.get_num_threads())
+    b1 = B > 1
+    h1 = Hkv > 1
+    t1 = Tk > 1
+    q_t = _pack_t(qp, q0 if b1 else 0, q1 if Hq > 1 else 0, q2 if Tq > 1 else 0)
+    k_t = _pack_t(kp, k0 if b1 else 0, k1 if h1 else 0, k2 if t1 else 0)
+    v_t = _pack_t(vp, v0 if b1 else 0, v1 if h1 else 0, v2 if t1 else 0)
+    o, o_t = _out((B, Hq, Tq, Dv), q.dtype)
+    lse = l_t = None
+    if want_lse:
+        lse, l_t = _out((B, Hq, Tq), torch.float32)
+    st = _b.forward_packed(pb, q_t, k_t, v_t, o_t, l_t)
+    if st:
+        _api._types_check("sdpa_forward", st, qc, kc, qc)
+    return o, lse
+
+
+def _forward_kernel(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal,
+                    window_left, window_right, window_align, softcap, want_lse=True):
+    """The op's kernel: (O, LSE), or (O, None) with want_lse=False (attention() when no
+    gradient is wanted)."""
+    if mask is None and bias is None and kv_lengths is None and alibi_slopes is None and \
+            sinks is None and window_left == -1 and window_right == -1 and not window_align \
+            and not softcap:
+        r = _fast_kernel(q, k, v, scale, causal, want_lse)
+        if r is not None:
+            return r
+    c = _call(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, window_left,
+              window_right, window_align, softcap)
+    if c.rank != 4:
+        raise ValueError(f"libsdpa::attention: q of rank {c.rank}, expected 4")
+    o, o_t = _out((c.B, c.Hq, c.Tq, c.Dv), q.dtype)   # O in q's type, as torch SDPA
+    lse = l_t = None
+    if want_lse:
+        lse, l_t = _out((c.B, c.Hq, c.Tq), torch.float32)
+    c.set_o_dtype(c.qc)
+    st = _b.forward_packed(bytes(c.pb), c.q, c.k, c.v, o_t, l_t)
+    if st:
+        c.check("sdpa_forward", st)
+    return o, lse
+
+
 @torch.library.custom_op("libsdpa::attention", mutates_args=(), device_types="cpu")
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   mask: Optional[torch.Tensor], bias: Optional[torch.Tensor],
@@ -89,17 +162,8 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   sinks: Optional[torch.Tensor], scale: float, causal: int, window_left: int,
                   window_right: int, window_align: int, softcap: float
                   ) -> Tuple[torch.Tensor, torch.Tensor]:
-    c = _call(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, window_left,
-              window_right, window_align, softcap)
-    if c.rank != 4:
-        raise ValueError(f"libsdpa::attention: q of rank {c.rank}, expected 4")
-    o, o_t = _out((c.B, c.Hq, c.Tq, c.Dv), q.dtype)   # O in q's type, as torch SDPA
-    lse, l_t = _out((c.B, c.Hq, c.Tq), torch.float32)
-    c.p.o_dtype = c.p.q_dtype
-    st = _b.forward(_byref(c.p), _byref(c.q), _byref(c.k), _byref(c.v), _byref(o_t),
-                    _byref(l_t))
-    c.check("sdpa_forward", st)
-    return o, lse
+    return _forward_kernel(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal,
+                           window_left, window_right, window_align, softcap)
 
 
 @_attention_op.register_fake
@@ -132,9 +196,9 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
     do_r = c.tensor_in(_raw(do, "do"), "do", oshape)
     if l_r[3] != _api.DTYPE_F32:
         raise ValueError(f"lse: dtype {lse.dtype}, expected torch.float32")
-    c.p.o_dtype = o_r[3]
-    o_t, do_t = _Tensor(o_r[1], *o_r[2][:3]), _Tensor(do_r[1], *do_r[2][:3])
-    l_t = _Tensor(l_r[1], *l_r[2])
+    c.set_o_dtype(o_r[3])
+    o_t, do_t = _pack_t(o_r[1], *o_r[2][:3]), _pack_t(do_r[1], *do_r[2][:3])
+    l_t = _pack_t(l_r[1], *l_r[2])
     # the gradients in the types of q, k, v; a library that refuses 16-bit tensors gives
     # SdpaError here, never a float32 computation in their place
     dq, dq_t = _out((B, Hq, Tq, Dk), q.dtype)
@@ -142,11 +206,11 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
     dv, dv_t = _out((B, Hkv, Tk, Dv), v.dtype)
     dsinks = q.new_zeros(0, dtype=torch.float32)
     if sinks is not None:
-        dsinks = torch.empty(Hq, dtype=torch.float32)
-        c.p.dsinks = dsinks.data_ptr()
-    st = _b.backward(_byref(c.p), _byref(c.q), _byref(c.k), _byref(c.v), _byref(o_t),
-                     _byref(l_t), _byref(do_t), _byref(dq_t), _byref(dk_t), _byref(dv_t))
-    c.check("sdpa_backward", st)
+        dsinks = torch.empty(Hq, dtype=torch.float32, device="cpu")
+        c.set_dsinks(dsinks.data_ptr())
+    st = _b.backward_packed(bytes(c.pb), c.q, c.k, c.v, o_t, l_t, do_t, dq_t, dk_t, dv_t)
+    if st:
+        c.check("sdpa_backward", st)
     bq, bk, bv = c.bcast_b
     if bq:
         dq = dq.sum(0, keepdim=True, dtype=torch.float32).to(q.dtype)
@@ -185,7 +249,7 @@ _attention_op.register_autograd(_backward, setup_context=_setup_context)
 def _check_tensor(t, name):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:   # (t.device builds a torch.device: ten times the time)
         raise ValueError(f"{name}: libsdpa runs on CPU tensors (got device {t.device})")
     if t.dtype not in _DTYPE_CODE:
         raise ValueError(f"{name}: dtype {t.dtype} is not supported (libsdpa stores float32, "
@@ -195,7 +259,7 @@ def _check_tensor(t, name):
 
 
 def _last_contig(t):
-    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+    return t if t.stride()[-1] == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
 def _to4(q, k, v):
@@ -203,6 +267,10 @@ def _to4(q, k, v):
     if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(f"query, key and value must have the same rank >= 2 (got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)})")
+    if q.dim() == 4 and q.shape[0] == k.shape[0] == v.shape[0]:
+        # the common case: nothing to broadcast or fold (expand and reshape would give
+        # views of the same shape and strides)
+        return _last_contig(q), _last_contig(k), _last_contig(v), (q.shape[0],)
     lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]) if q.dim() > 3 else ()
 
     def four(t):
@@ -215,6 +283,43 @@ def _to4(q, k, v):
         return t.reshape((-1,) + tuple(t.shape[-3:]))   # a view where strides allow
 
     return four(q), four(k), four(v), tuple(lead)
+
+
+# What _direct() asks of the dispatcher's state (torch internals; without one of them every
+# call takes the custom op).
+_C = torch._C
+_modes_dispatch = getattr(_C, "_len_torch_dispatch_stack", None)
+_modes_function = getattr(_C, "_is_torch_function_mode_enabled", None)
+_functorch_stack = getattr(getattr(_C, "_functorch", None), "peek_interpreter_stack", None)
+_tracing_state = getattr(_C, "_get_tracing_state", None)
+_profiling = getattr(getattr(_C, "_autograd", None), "_profiler_enabled", None)
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+import torch.autograd.forward_ad as _fwd_ad  # noqa: E402
+_DIRECT = None not in (_modes_dispatch, _modes_function, _functorch_stack, _tracing_state,
+                       _profiling, _is_compiling, getattr(_fwd_ad, "_current_level", None))
+_PlainTensor = torch.Tensor
+
+
+def _direct(tensors):
+    """Whether attention() may run the op's kernel itself instead of calling the custom op
+    (whose dispatch costs tens of microseconds a call, most of a small call's time): only in
+    plain eager PyTorch (torch.compile not tracing, no torch function or dispatch mode, e.g.
+    FakeTensorMode, no functorch transform such as vmap, no forward-mode AD level, no
+    torch.jit tracing, no profiler), for tensors of the class torch.Tensor itself (no
+    subclass, no negative-bit view or zero tensor), none of which wants a gradient while
+    grad mode is on. Then the op would compute the very same O, and autograd would record
+    nothing: the result is the same tensor values without a detour. Anything else takes
+    the op. (is_compiling comes first: under torch.compile the rest is never traced.)"""
+    if not _DIRECT or _is_compiling() or _modes_dispatch() or _modes_function() or \
+            _functorch_stack() is not None or _fwd_ad._current_level >= 0 or \
+            _tracing_state() is not None or _profiling():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not _PlainTensor or (grad and t.requires_grad) or
+                              t.is_neg() or t._is_zerotensor()):
+            return False
+    return True
 
 
 def attention(query, key, value, *, scale=None, causal=None, window=None, window_align=None,
@@ -230,25 +335,29 @@ def attention(query, key, value, *, scale=None, causal=None, window=None, window
     GQA: query heads a multiple of key heads. Returns O [.., Hq, Tq, Dv]."""
     for t, n in ((query, "query"), (key, "key"), (value, "value")):
         _check_tensor(t, n)
+    return _attention(query, key, value, scale, causal, window, window_align, kv_lengths, mask,
+                      bias, softcap, alibi_slopes, sinks)
+
+
+def _attention(query, key, value, scale, causal, window, window_align, kv_lengths, mask, bias,
+               softcap, alibi_slopes, sinks):
+    """attention() after _check_tensor of query, key and value."""
     if key.dtype != value.dtype:
         raise ValueError(f"key and value: dtypes {key.dtype} and {value.dtype} differ (libsdpa "
                          "stores K and V in one type; the query's may differ)")
     q, k, v, lead = _to4(query, key, value)
-    B, Hq, Tq, Tk = max(q.shape[0], k.shape[0]), q.shape[1], q.shape[2], k.shape[2]
-    full = (B, Hq, Tq, Tk)
 
     def m4(x, name, dtype):
         """A mask or bias: right-aligned broadcast to [.., Hq, Tq, Tk] as in PyTorch; above
         rank 4 its leading dims are folded like the query's."""
-        if x is None:
-            return None
         if not isinstance(x, torch.Tensor):
             x = torch.as_tensor(x)
         if x.dtype != dtype:
             raise ValueError(f"{name}: dtype {x.dtype}, expected {dtype}")
         x = x.detach()
         if query.dim() > 4:
-            x = x.expand(tuple(lead) + (Hq, Tq, Tk)).reshape(full)
+            B, Hq, Tq, Tk = max(q.shape[0], k.shape[0]), q.shape[1], q.shape[2], k.shape[2]
+            x = x.expand(tuple(lead) + (Hq, Tq, Tk)).reshape((B, Hq, Tq, Tk))
         return x
 
     kvl = None
@@ -269,13 +378,20 @@ def attention(query, key, value, *, scale=None, causal=None, window=None, window
     al = None if alibi_slopes is None else torch.as_tensor(alibi_slopes, dtype=torch.float32)
     sk = None if sinks is None else (sinks if isinstance(sinks, torch.Tensor)
                                      else torch.as_tensor(sinks, dtype=torch.float32))
-    o, _ = _attention_op(q, k, v, m4(mask, "mask", torch.bool), m4(bias, "bias", torch.float32),
-                         kvl, al, sk, float("nan") if scale is None else float(scale), cz, wl, wr,
-                         1 if window_align in ("bottom-right", "bottom_right") else 0,
-                         float(softcap or 0.0))
-    if query.dim() == 2:
+    args = (q, k, v, None if mask is None else m4(mask, "mask", torch.bool),
+            None if bias is None else m4(bias, "bias", torch.float32), kvl, al, sk,
+            _NAN if scale is None else float(scale), cz, wl, wr,
+            1 if window_align in ("bottom-right", "bottom_right") else 0, float(softcap or 0.0))
+    if _direct(args[:8]):
+        o, _ = _forward_kernel(*args, want_lse=False)
+    else:
+        o, _ = _attention_op(*args)
+    rank = query.dim()
+    if rank == 4:
+        return o   # [B, Hq, Tq, Dv] already, B = lead[0]
+    if rank == 2:
         return o[0, 0]
-    if query.dim() == 3:
+    if rank == 3:
         return o[0]
     return o.reshape(tuple(lead) + tuple(o.shape[1:]))
 
@@ -314,8 +430,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         else:
             raise ValueError(f"attn_mask: dtype {attn_mask.dtype} is not supported "
                              "(bool, float32 or the query's dtype)")
-    return attention(query, key, value, scale=scale, causal=True if is_causal else None,
-                     mask=mask, bias=bias)
+    return _attention(query, key, value, scale, True if is_causal else None, None, None, None,
+                      mask, bias, None, None, None)
 
 
 _torch_sdpa = torch.nn.functional.scaled_dot_product_attention

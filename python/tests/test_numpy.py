@@ -358,6 +358,87 @@ def test_empty():
     assert np.all(o == 0) and np.all(lse == -np.inf)
 
 
+@pytest.mark.parametrize("case", range(len(bad_cases(np.random.default_rng(0)))))
+def test_bad_input_raises_without_out(case):
+    """The same cases without out= (which takes attention()'s fast path when the rest is
+    plain): the same errors, the fast path declines every one of them."""
+    rng = np.random.default_rng(0)
+    name, (q, k, v), kw, words = bad_cases(rng)[case]
+    if kw.pop("_q", None):
+        q = np.concatenate([q, q[:1]])
+    with pytest.raises(ValueError) as e:
+        libsdpa.attention(q, k, v, **kw)
+    assert words.lower() in str(e.value).lower(), (name, str(e.value))
+
+
+# ---------------------------------------------------------------- the fast path
+
+def fast_path_cases():
+    """(q, k, v, keywords) that attention()'s fast path (_api._fast_forward) takes."""
+    rng = np.random.default_rng(8)
+    f16 = np.float16
+    packed = rnd(rng, 2, 11, 3, 4, 16)                        # [B, T, 3, H, D]
+    pq, pk, pv = (packed[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    big = rnd(rng, 3, 8, 30, 40)
+    cases = [
+        (rnd(rng, 1, 1, 1, 8),) * 3 + ({"threads": 1},),
+        qkv(rng) + ({},),
+        qkv(rng, B=1, Hq=8, Hkv=2, Tq=1, Tk=40) + ({"threads": 2, "return_lse": True},),
+        qkv(rng, Tq=13) + ({"causal": True, "scale": 0.37},),
+        qkv(rng, Tq=5) + ({"causal": "bottom-right", "return_lse": True},),
+        (pq, pk, pv, {"causal": False}),
+        (big[:, ::2, ::3, 5:21], big[:, 1::2, :17, 3:19], big[:, ::2, 2:19, 1:17], {}),
+        tuple(x.astype(f16) for x in qkv(rng)) + ({"return_lse": True},),
+        (rnd(rng, 2, 4, 3, 16),) + tuple(x.astype(f16) for x in qkv(rng)[1:]) + ({},),
+        (rnd(rng, 1, 2, 1, 1), rnd(rng, 1, 2, 6, 1), rnd(rng, 1, 2, 6, 1), {}),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("case", range(len(fast_path_cases())))
+def test_fast_path_same_call_as_general(case, monkeypatch):
+    """The fast path hands the library the very descriptor and q, k, v views that the
+    general path (_Call) builds, O and LSE the same strides, and the results are the same
+    bits."""
+    from libsdpa import _api
+    q, k, v, kw = fast_path_cases()[case]
+    seen, taken = [], []
+    real_forward, real_fast = _api._forward, _api._fast_forward
+
+    def spy(p, qt, kt, vt, ot, lt):
+        un = _api._b.TENSOR.unpack
+        seen.append((p, qt, kt, vt, un(ot)[1:], None if lt is None else un(lt)[1:]))
+        return real_forward(p, qt, kt, vt, ot, lt)
+
+    def fast(*a):
+        r = real_fast(*a)
+        taken.append(r is not None)
+        return r
+
+    monkeypatch.setattr(_api, "_forward", spy)
+    monkeypatch.setattr(_api, "_fast_forward", fast)
+    r1 = libsdpa.attention(q, k, v, **kw)
+    monkeypatch.setattr(_api, "_fast_forward", lambda *a: None)
+    r2 = libsdpa.attention(q, k, v, **kw)
+    assert taken == [True]
+    assert seen[0] == seen[1]
+    for a, b in zip(r1 if isinstance(r1, tuple) else (r1,), r2 if isinstance(r2, tuple) else (r2,)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_data_pointer_route():
+    """_api._data_ptr (the address read from the array object where that was verified at
+    import) agrees with ndarray.ctypes.data on views of every kind."""
+    from libsdpa import _api
+    base = np.arange(300, dtype=np.float32)
+    views = [base, base[7:], base[::-3], base.reshape(10, 30)[3:, 2::4], base.view(np.float16)[5:],
+             np.broadcast_to(base[9:10], (3, 4)), np.empty((0, 4)), np.asfortranarray(
+                 base.reshape(10, 30)), base.reshape(10, 30).T[1:], np.zeros((2, 3), bool)]
+    for a in views:
+        assert _api._data_ptr(a) == a.ctypes.data
+
+
 # ---------------------------------------------------------------- threads
 
 def test_sixteen_python_threads_same_bits():

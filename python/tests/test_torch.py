@@ -177,6 +177,89 @@ def test_torch_compile_fullgraph():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("case", range(4))
+def test_fast_kernel_same_call_as_general(case, monkeypatch):
+    """lt._fast_kernel hands the library the descriptor and views that the general path
+    (_api._Call over _raw views) builds, and gives the same bits."""
+    qkv = rn(2, 7, 3, 4, 16)   # [B, T, 3, H, D]: strided views
+    cases = [
+        (rn(1, 1, 1, 8), rn(1, 1, 1, 8), rn(1, 1, 1, 8), float("nan"), 0),
+        (rn(2, 8, 5, 16), rn(2, 2, 9, 16), rn(2, 2, 9, 12), 0.3, 1),
+        tuple(qkv[:, :, i].transpose(1, 2) for i in range(3)) + (float("nan"), 2),
+        (rn(3, 4, 6, 8).bfloat16(), rn(1, 2, 9, 8).half().expand(3, 2, 9, 8),
+         rn(1, 2, 9, 8).half().expand(3, 2, 9, 8), float("nan"), 1),
+    ]
+    q, k, v, scale, causal = cases[case]
+    seen, taken = [], []
+    real_forward, real_fast = lt._b.forward_packed, lt._fast_kernel
+
+    def spy(p, qt, kt, vt, ot, lt_):
+        un = lt._b.TENSOR.unpack
+        seen.append((p, qt, kt, vt, un(ot)[1:], None if lt_ is None else un(lt_)[1:]))
+        return real_forward(p, qt, kt, vt, ot, lt_)
+
+    def fast(*a):
+        r = real_fast(*a)
+        taken.append(r is not None)
+        return r
+
+    monkeypatch.setattr(lt._b, "forward_packed", spy)
+    monkeypatch.setattr(lt, "_fast_kernel", fast)
+    args = (q, k, v, None, None, None, None, None, scale, causal, -1, -1, 0, 0.0)
+    o1, l1 = lt._forward_kernel(*args)
+    monkeypatch.setattr(lt, "_fast_kernel", lambda *a: None)
+    o2, l2 = lt._forward_kernel(*args)
+    assert taken == [True] and seen[0] == seen[1]
+    assert o1.dtype == o2.dtype == q.dtype and torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+def test_direct_call_only_in_plain_eager(monkeypatch):
+    """attention() runs the op's kernel itself only where the op would add nothing (plain
+    eager tensors, no gradient wanted); wanted gradients, FakeTensorMode, vmap and the
+    profiler take the custom op."""
+    q, k, v = rn(2, 4, 3, 8), rn(2, 4, 5, 8), rn(2, 4, 5, 8)
+    ops = []
+    real = lt._attention_op
+
+    def spy(*a):
+        ops.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(lt, "_attention_op", spy)
+    o = lt.scaled_dot_product_attention(q, k, v)
+    assert not ops and o.grad_fn is None
+    with torch.no_grad():
+        lt.scaled_dot_product_attention(q.requires_grad_(), k, v)
+    assert not ops
+    og = lt.scaled_dot_product_attention(q, k, v)   # q wants a gradient
+    assert ops == [1] and og.grad_fn is not None
+    assert torch.equal(o, og)   # without the op (and without LSE): the same bits
+    q.requires_grad_(False)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fq, fk, fv = torch.empty(2, 4, 3, 8), torch.empty(2, 4, 5, 8), torch.empty(2, 4, 5, 6)
+        fo = lt.scaled_dot_product_attention(fq, fk, fv)
+    assert ops == [1, 1] and fo.shape == (2, 4, 3, 6)
+    with torch.autograd.profiler.profile() as prof:
+        lt.scaled_dot_product_attention(q, k, v)
+    assert ops == [1, 1, 1]
+    assert any("libsdpa::attention" in e.name for e in prof.function_events)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # no batching rule for the op: torch's loop
+        ov = torch.vmap(lambda a: lt.scaled_dot_product_attention(a, k[0], v[0]))(q)
+    assert len(ops) >= 4
+    import torch.autograd.forward_ad as fwAD
+    n = len(ops)
+    with fwAD.dual_level(), warnings.catch_warnings():   # forward-mode AD: the op
+        warnings.simplefilter("ignore")   # (torch's own deprecation notes inside)
+        try:   # (the op has no forward-mode formula: torch may refuse it)
+            lt.scaled_dot_product_attention(fwAD.make_dual(q, torch.ones_like(q)), k, v)
+        except (RuntimeError, NotImplementedError):
+            pass
+    assert len(ops) == n + 1
+    torch.testing.assert_close(ov, lt.scaled_dot_product_attention(q, k[:1], v[:1]))
+
+
 def test_patch_routes_and_falls_back():
     m = Block()
     x = torch.randn(2, 10, 32)

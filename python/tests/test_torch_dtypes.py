@@ -82,15 +82,15 @@ def test_zero_copy_data_ptr(monkeypatch):
     qkv = rn(2, 10, 3, 4, 16, dtype=BF16)   # [B, T, 3, H, D]
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     seen = []
-    real = lt._b.forward
+    real = lt._b.forward_packed
 
-    def spy(p, qt, kt, vt, ot, lt_):
-        seen.append((p._obj.q_dtype, p._obj.kv_dtype, p._obj.o_dtype) + tuple(
-            (t._obj.data, t._obj.batch_stride, t._obj.head_stride, t._obj.seq_stride)
-            for t in (qt, kt, vt)))
+    def spy(p, qt, kt, vt, ot, lt_):   # the descriptor and views as packed bytes
+        d = lt._b.Problem.from_buffer_copy(p)
+        seen.append((d.q_dtype, d.kv_dtype, d.o_dtype) + tuple(
+            lt._b.TENSOR.unpack(t) for t in (qt, kt, vt)))
         return real(p, qt, kt, vt, ot, lt_)
 
-    monkeypatch.setattr(lt._b, "forward", spy)
+    monkeypatch.setattr(lt._b, "forward_packed", spy)
     o = lt.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert o.dtype == BF16
     (dq, dkv, do_, tq, tk, tv), = seen
@@ -192,13 +192,13 @@ def test_torch_compile_bf16_inference():
 
 def test_patch_16bit():
     calls = []
-    real = lt._attention_op
+    real = lt._forward_kernel   # the op's kernel, also run without the op (lt._direct)
     q, k, v = rn(1, 2, 6, 8, dtype=BF16), rn(1, 2, 6, 8, dtype=BF16), rn(1, 2, 6, 8, dtype=BF16)
     with pytest.MonkeyPatch.context() as mp:
-        def spy(*a):
+        def spy(*a, **kw):
             calls.append(a[0].dtype)
-            return real(*a)
-        mp.setattr(lt, "_attention_op", spy)
+            return real(*a, **kw)
+        mp.setattr(lt, "_forward_kernel", spy)
         lt._warned.clear()
         with lt.patch(), warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
