@@ -352,8 +352,9 @@ _O_DIMS, _O_UDS, _O_SCALE, _O_CAUSAL, _O_WALIGN, _O_WL, _O_WR = (
 _O_KVL, _O_MASK, _O_BIAS, _O_THREADS, _O_ISA, _O_BQ, _O_BK, _O_SOFTCAP = (
     _OFF[n] for n in ("kv_lengths", "bool_mask", "bias", "num_threads", "isa", "block_q",
                       "block_k", "softcap"))
-_O_ALIBI, _O_SINKS, _O_DSINKS, _O_QDT, _O_KVDT, _O_ODT = (
-    _OFF[n] for n in ("alibi_slopes", "sinks", "dsinks", "q_dtype", "kv_dtype", "o_dtype"))
+_O_ALIBI, _O_SINKS, _O_DSINKS, _O_QDT, _O_KVDT, _O_ODT, _O_SEQS = (
+    _OFF[n] for n in ("alibi_slopes", "sinks", "dsinks", "q_dtype", "kv_dtype", "o_dtype",
+                      "seqs"))
 _DIMS = struct.Struct("@7q")
 _I32 = struct.Struct("@i")
 _I64 = struct.Struct("@q")
@@ -701,10 +702,161 @@ def _fast_forward(q, k, v, scale, causal, threads, return_lse):
     return out
 
 
+# ---------------------------------------------------------------- packed / paged sequences
+
+def _int32_array(x, name, shape):
+    """x (any integer dtype, of this shape) as a C-contiguous int32 array: the values are
+    checked to fit int32 and converted, never reinterpreted."""
+    a = _as_array(x, name)
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name}: dtype {a.dtype} is not an integer type")
+    if a.shape != shape:
+        raise ValueError(f"{name}: shape {a.shape}, expected {shape}")
+    if a.size and (int(a.min()) < -2**31 or int(a.max()) > _INT_MAX):
+        raise ValueError(f"{name}: values must fit int32, got min {int(a.min())}, "
+                         f"max {int(a.max())}")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _seqs_call(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seq_lens_k, page_layout,
+               kv_lengths, mask, bias, rest):
+    """The _Call of a call over packed sequences (sdpa_seqs): q a token list (total_q, Hq, Dk);
+    k, v token lists (total_k, Hkv, D) with cu_seqlens_k, or paged caches with block_table
+    and seq_lens_k ((num_blocks, Hkv, block_size, D) for page_layout 'HND', (num_blocks,
+    block_size, Hkv, D) for 'NHD'). The tensors go to _Call as rank-4 views of batch 1
+    (the token axis as T, so the strides are the library's seq/head strides), then the
+    sizes and the seqs pointer are written over. Returns (c, total_q, total_k)."""
+    if cu_seqlens_q is None:
+        raise ValueError("cu_seqlens_q: needed with cu_seqlens_k, block_table or seq_lens_k "
+                         "(Q is then a token list)")
+    for nm, x in (("kv_lengths", kv_lengths), ("mask", mask), ("bias", bias)):
+        if x is not None:
+            raise ValueError(f"{nm}: not supported with cu_seqlens_q (the library refuses it: "
+                             "SDPA_ERR_UNSUPPORTED); give each sequence its own length instead")
+    q = _as_array(q, "q")
+    k = _as_array(k, "k")
+    v = _as_array(v, "v")
+    if q.ndim != 3:
+        raise ValueError(f"q: rank {q.ndim}; with cu_seqlens_q Q is a token list "
+                         "(total_q, Hq, Dk)")
+    cuq = _as_array(cu_seqlens_q, "cu_seqlens_q")
+    if cuq.ndim != 1 or cuq.shape[0] < 1:
+        raise ValueError(f"cu_seqlens_q: shape {cuq.shape}, expected (B + 1,)")
+    B = cuq.shape[0] - 1
+    cuq = _int32_array(cuq, "cu_seqlens_q", (B + 1,))
+    keep = [cuq]
+    total_q, Hq, Dk = q.shape
+    paged = block_table is not None or seq_lens_k is not None
+    if cu_seqlens_k is not None:
+        if paged:
+            raise ValueError("cu_seqlens_k: packed K/V, or block_table and seq_lens_k (paged "
+                             "K/V), not both")
+        if page_layout != "HND":
+            raise ValueError("page_layout: only with block_table (paged K/V)")
+        cuk = _int32_array(cu_seqlens_k, "cu_seqlens_k", (B + 1,))
+        keep.append(cuk)
+        for nm, x in (("k", k), ("v", v)):
+            if x.ndim != 3:
+                raise ValueError(f"{nm}: rank {x.ndim}; with cu_seqlens_k K and V are token "
+                                 "lists (total_k, Hkv, D)")
+        total_k, Hkv, Dk2 = k.shape
+        if v.shape[:2] != (total_k, Hkv):
+            raise ValueError(f"v: tokens and heads {v.shape[:2]} differ from k's "
+                             f"{(total_k, Hkv)} (shapes k {k.shape}, v {v.shape})")
+        k4 = k.transpose(1, 0, 2)[None]
+        v4 = v.transpose(1, 0, 2)[None]
+        seqs = _b.Seqs(_data_ptr(cuq), _data_ptr(cuk), None, 0, None, 0, 0)
+    elif paged:
+        if block_table is None or seq_lens_k is None:
+            raise ValueError("block_table and seq_lens_k: paged K/V needs both")
+        if page_layout not in ("HND", "NHD"):
+            raise ValueError(f"page_layout: expected 'HND' or 'NHD', got {page_layout!r}")
+        bt = _as_array(block_table, "block_table")
+        if bt.ndim != 2 or bt.shape[0] != B:
+            raise ValueError(f"block_table: shape {bt.shape}, expected ({B}, max_blocks_per_seq)")
+        bt = _int32_array(bt, "block_table", bt.shape)
+        lk = _int32_array(seq_lens_k, "seq_lens_k", (B,))
+        keep += [bt, lk]
+        for nm, x in (("k", k), ("v", v)):
+            if x.ndim != 4:
+                raise ValueError(f"{nm}: rank {x.ndim}; a paged cache is (num_blocks, Hkv, "
+                                 "block_size, D) ('HND') or (num_blocks, block_size, Hkv, D) "
+                                 "('NHD')")
+        if page_layout == "NHD":
+            k4 = k.transpose(0, 2, 1, 3)
+            v4 = v.transpose(0, 2, 1, 3)
+        else:
+            k4, v4 = k, v
+        num_blocks, Hkv, block_size, Dk2 = k4.shape
+        if v4.shape[:3] != k4.shape[:3]:
+            raise ValueError(f"v: pages, heads and page size differ from k's (shapes k "
+                             f"{k.shape}, v {v.shape}, page_layout {page_layout!r})")
+        if num_blocks < 1:
+            raise ValueError(f"k: the paged cache has no pages (shape {k.shape})")
+        total_k = 0
+        seqs = _b.Seqs(_data_ptr(cuq), None, _data_ptr(bt), bt.shape[1], _data_ptr(lk),
+                       block_size, num_blocks)
+    else:
+        raise ValueError("cu_seqlens_q: needs cu_seqlens_k (packed K/V) or block_table and "
+                         "seq_lens_k (paged K/V)")
+    if Dk2 != Dk:
+        raise ValueError(f"k: head_dim {Dk2} differs from q's {Dk} (shapes q {q.shape}, "
+                         f"k {k.shape})")
+    c = _Call(q.transpose(1, 0, 2)[None], k4, v4, *rest)
+    keep.append(seqs)
+    c.keep += keep
+    c.Tq, c.Tk = total_q, total_k
+    _DIMS.pack_into(c.pb, _O_DIMS, B, Hq, Hkv, total_q, total_k, Dk, c.Dv)
+    _PTR.pack_into(c.pb, _O_SEQS, ctypes.addressof(seqs))
+    return c
+
+
+def _token_out(shape, dt):
+    """A new C-order token list (total, H, D) and its packed sdpa_tensor_out."""
+    a = _empty(shape, dt)
+    _, H, D = shape
+    return a, _pack_t(_data_ptr(a), 0, D, H * D)
+
+
+def _token_in(c, arr, name, shape, allowed="float32"):
+    """(array, packed sdpa_tensor, sdpa_dtype) of a token list (total, H[, D]) input."""
+    arr = _as_array(arr, name)
+    if arr.shape != shape:
+        raise ValueError(f"{name}: shape {arr.shape}, expected {shape} (a token list)")
+    ptr, st, code = _view(arr, name, len(shape), allowed=allowed)
+    return arr, _pack_t(ptr, 0, st[1], st[0]), code   # head stride, token stride
+
+
+def _attention_seqs(q, k, v, seq_args, kv_lengths, mask, bias, rest, return_lse, out, out_dtype):
+    c = _seqs_call(q, k, v, *seq_args, kv_lengths, mask, bias, rest)
+    Tq, Hq, Dv = c.Tq, c.Hq, c.Dv
+    oshape = (Tq, Hq, Dv)
+    if out is None:
+        odt = c.qdt if out_dtype is None else _out_dtype(out_dtype)
+        code = _DTYPE_CODE[odt]
+        out, o_t = _token_out(oshape, odt)
+    else:
+        if out_dtype is not None and _out_dtype(out_dtype) != getattr(out, "dtype", None):
+            raise ValueError(f"out_dtype: {out_dtype!r} differs from out's dtype "
+                             f"{getattr(out, 'dtype', None)} (give one of them)")
+        out, ptr, st, code = c.out_view(out, "out", oshape)
+        o_t = _pack_t(ptr, 0, st[1], st[0])
+    c.set_o_dtype(code)
+    lse_t = None
+    if return_lse:
+        lse = _empty((Tq, Hq), _F32)
+        lse_t = _pack_t(_data_ptr(lse), 0, 1, Hq)
+    st = _forward(bytes(c.pb), c.q, c.k, c.v, o_t, lse_t)
+    if st:
+        c.check("sdpa_forward", st)
+    return (out, lse) if return_lse else out
+
+
 def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=None,
               kv_lengths=None, mask=None, bias=None, softcap=None, alibi_slopes=None, sinks=None,
               return_lse=False, threads=0, isa=None, out=None, out_dtype=None, block_q=0,
-              block_k=0):
+              block_k=0, cu_seqlens_q=None, cu_seqlens_k=None, block_table=None,
+              seq_lens_k=None, page_layout="HND"):
     """O = softmax(scale * q k^T + bias, masked) v on NumPy arrays (sdpa_forward).
 
     q [.., Tq, Dk], k [.., Tk, Dk], v [.., Tk, Dv] of rank 4 (B, H, T, D), 3 (H, T, D) or
@@ -727,9 +879,27 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
         types above); on any error it is left untouched.
       out_dtype: O's type when out is not given (np.float32, np.float16, 'bfloat16' or
         ml_dtypes.bfloat16; default q's).
+    Packed variable-length sequences (sdpa_seqs; B sequences):
+      cu_seqlens_q: (B + 1,) token offsets (0, nondecreasing, last = total_q); q is then a
+        token list (total_q, Hq, Dk), O (total_q, Hq, Dv), LSE (total_q, Hq).
+      cu_seqlens_k: (B + 1,) likewise for k, v (total_k, Hkv, D); or instead
+      block_table (B, max_blocks_per_seq) page ids and seq_lens_k (B,) key counts: k, v are
+        paged caches (num_blocks, Hkv, block_size, D) with page_layout='HND' (default) or
+        (num_blocks, block_size, Hkv, D) with 'NHD' (block_size, num_blocks from the shape).
+      Integer arrays of any integer dtype, checked and converted to int32. kv_lengths, mask
+      and bias are refused with them (the library does not take them).
     Returns O, or (O, LSE) with return_lse=True (LSE [.., Tq], natural log).
     Raises ValueError (SdpaError for a status of the library) on bad input.
     """
+    if cu_seqlens_q is not None or cu_seqlens_k is not None or block_table is not None or \
+            seq_lens_k is not None:
+        return _attention_seqs(q, k, v, (cu_seqlens_q, cu_seqlens_k, block_table, seq_lens_k,
+                                         page_layout), kv_lengths, mask, bias,
+                               (scale, causal, window, window_align, None, None, None, softcap,
+                                alibi_slopes, sinks, threads, isa, block_q, block_k),
+                               return_lse, out, out_dtype)
+    if page_layout != "HND":
+        raise ValueError("page_layout: only with block_table and seq_lens_k (paged K/V)")
     if _HDR_OFF and type(q) is _ndarray and type(k) is _ndarray and type(v) is _ndarray and \
             out is None and out_dtype is None and window is None and window_align is None and \
             kv_lengths is None and mask is None and bias is None and softcap is None and \
@@ -778,7 +948,8 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
 
 def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=None, window=None,
                        window_align=None, kv_lengths=None, mask=None, bias=None, softcap=None,
-                       alibi_slopes=None, sinks=None, threads=0, isa=None, block_q=0, block_k=0):
+                       alibi_slopes=None, sinks=None, threads=0, isa=None, block_q=0, block_k=0,
+                       cu_seqlens_q=None, cu_seqlens_k=None):
     """dQ, dK, dV (sdpa_backward) of a loss whose gradient with respect to O is do.
 
     q, k, v and every keyword as given to attention(); o and lse are attention()'s outputs
@@ -788,7 +959,18 @@ def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=None, window=N
     float32. float16 / bfloat16 tensors go to sdpa_backward as they are: a library whose
     backward refuses them raises SdpaError (SDPA_ERR_UNSUPPORTED); nothing is converted to
     float32 behind the caller's back.
+    cu_seqlens_q and cu_seqlens_k: packed sequences as in attention() (both needed; the
+    library has no paged backward): q, o, do, dq token lists (total_q, Hq, D), lse
+    (total_q, Hq), k, v, dk, dv (total_k, Hkv, D).
     """
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        if cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_k: needed with cu_seqlens_q in the backward (packed "
+                             "K/V; the library has no backward over a paged cache)")
+        return _backward_seqs(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, kv_lengths,
+                              mask, bias, (scale, causal, window, window_align, None, None,
+                                           None, softcap, alibi_slopes, sinks, threads, isa,
+                                           block_q, block_k))
     c = _Call(q, k, v, scale, causal, window, window_align, kv_lengths, mask, bias, softcap,
               alibi_slopes, sinks, threads, isa, block_q, block_k)
     rank, B, Hq, Hkv, Tq, Tk, Dk, Dv = c.rank, c.B, c.Hq, c.Hkv, c.Tq, c.Tk, c.Dk, c.Dv
@@ -822,6 +1004,32 @@ def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=None, window=N
         dk = _batch_sum(dk)
     if bv:
         dv = _batch_sum(dv)
+    return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
+
+
+def _backward_seqs(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, kv_lengths, mask, bias,
+                   rest):
+    c = _seqs_call(q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, "HND", kv_lengths, mask,
+                   bias, rest)
+    Tq, Tk, Hq, Hkv, Dk, Dv = c.Tq, c.Tk, c.Hq, c.Hkv, c.Dk, c.Dv
+    o_arr, o_t, oc = _token_in(c, o, "o", (Tq, Hq, Dv), _TYPED)
+    lse_arr, l_t, _ = _token_in(c, lse, "lse", (Tq, Hq))
+    do_arr, do_t, doc = _token_in(c, do, "do", (Tq, Hq, Dv), _TYPED)
+    if doc != oc:
+        raise ValueError(f"o and do: dtypes {_DTYPE_NAME[oc]} and {_DTYPE_NAME[doc]} differ "
+                         "(dO is stored in O's type)")
+    c.set_o_dtype(oc)
+    dq, dq_t = _token_out((Tq, Hq, Dk), c.qdt)
+    dk, dk_t = _token_out((Tk, Hkv, Dk), c.kvdt)
+    dv, dv_t = _token_out((Tk, Hkv, Dv), c.kvdt)
+    dsinks = None
+    if c.sinks is not None:
+        dsinks = _empty(Hq, dtype=_F32)
+        c.set_dsinks(_data_ptr(dsinks))
+    st = _backward(bytes(c.pb), c.q, c.k, c.v, o_t, l_t, do_t, dq_t, dk_t, dv_t)
+    if st:
+        c.check("sdpa_backward", st)
+    del o_arr, lse_arr, do_arr
     return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
 
