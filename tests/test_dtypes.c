@@ -181,22 +181,32 @@ typedef struct run_out {
     float *lse;
 } run_out;
 
-/* One forward of shape s with the given types, on isa with `threads` threads. */
-static sdpa_status run_forward(const shape *s, const sdpa_dtype ty[3], sdpa_isa isa, int threads, const void *q,
-                               const void *k, const void *v, const float *bias, const int32_t *lens,
-                               const run_out *out)
+/* The descriptor of shape s (fp32 types): its mask, key lengths (or NULL) and
+ * bias ([B, Hq, Tq, Tk] contiguous, or NULL). */
+static sdpa_problem shape_problem(const shape *s, const int32_t *lens, const float *bias)
 {
     sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
     p.causal = s->causal;
     p.window_left = s->wl;
     p.kv_lengths = lens;
-    if (bias) {
-        p.bias.data = bias;
-        p.bias.batch_stride = s->Hq * s->Tq * s->Tk;
-        p.bias.head_stride = s->Tq * s->Tk;
-        p.bias.query_stride = s->Tk;
-        p.bias.key_stride = 1;
-    }
+    if (bias)
+        p.bias = (sdpa_bias){bias, s->Hq * s->Tq * s->Tk, s->Tq * s->Tk, s->Tk, 1};
+    return p;
+}
+
+/* x[i] rounded to type t and back, in place. */
+static void round_all(sdpa_dtype t, float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = round_to(t, x[i]);
+}
+
+/* One forward of shape s with the given types, on isa with `threads` threads. */
+static sdpa_status run_forward(const shape *s, const sdpa_dtype ty[3], sdpa_isa isa, int threads, const void *q,
+                               const void *k, const void *v, const float *bias, const int32_t *lens,
+                               const run_out *out)
+{
+    sdpa_problem p = shape_problem(s, lens, bias);
     p.q_dtype = ty[0];
     p.kv_dtype = ty[1];
     p.o_dtype = ty[2];
@@ -232,24 +242,11 @@ static void check_shape(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *
         lens[b] = s->kv_lengths ? (int32_t)(b == 0 ? s->Tk - 3 : s->Tk / 2 + b) : (int32_t)s->Tk;
     /* the inputs as the library holds them, and the same values in fp32 */
     void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nv, 0);
-    for (size_t i = 0; i < nq; i++)
-        q[i] = round_to(ty[0], q[i]);
-    for (size_t i = 0; i < nk; i++)
-        k[i] = round_to(ty[1], k[i]);
-    for (size_t i = 0; i < nv; i++)
-        v[i] = round_to(ty[1], v[i]);
+    round_all(ty[0], q, nq);
+    round_all(ty[1], k, nk);
+    round_all(ty[1], v, nv);
     /* references on the rounded inputs */
-    sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
-    p.causal = s->causal;
-    p.window_left = s->wl;
-    p.kv_lengths = s->kv_lengths ? lens : NULL;
-    if (bias) {
-        p.bias.data = bias;
-        p.bias.batch_stride = s->Hq * s->Tq * s->Tk;
-        p.bias.head_stride = s->Tq * s->Tk;
-        p.bias.query_stride = s->Tk;
-        p.bias.key_stride = 1;
-    }
+    sdpa_problem p = shape_problem(s, s->kv_lengths ? lens : NULL, bias);
     double *ro = malloc(no * 8 + 8), *rl = malloc(nl * 8);
     float *no32 = malloc(no * 4 + 4), *nl32 = malloc(nl * 4), *got = malloc(no * 4 + 4);
     ref_forward(&p, q, k, v, ro, rl);
@@ -345,25 +342,11 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
         lens[b] = s->kv_lengths ? (int32_t)(b == 0 ? s->Tk - 3 : s->Tk / 2 + b) : (int32_t)s->Tk;
     void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nv, 0),
          *dos = store_as(ty[2], dout, no, 0);
-    for (size_t i = 0; i < nq; i++)
-        q[i] = round_to(ty[0], q[i]);
-    for (size_t i = 0; i < nk; i++)
-        k[i] = round_to(ty[1], k[i]);
-    for (size_t i = 0; i < nv; i++)
-        v[i] = round_to(ty[1], v[i]);
-    for (size_t i = 0; i < no; i++)
-        dout[i] = round_to(ty[2], dout[i]);
-    sdpa_problem p = util_problem(s->B, s->Hq, s->Hkv, s->Tq, s->Tk, s->Dk, s->Dv);
-    p.causal = s->causal;
-    p.window_left = s->wl;
-    p.kv_lengths = s->kv_lengths ? lens : NULL;
-    if (bias) {
-        p.bias.data = bias;
-        p.bias.batch_stride = s->Hq * s->Tq * s->Tk;
-        p.bias.head_stride = s->Tq * s->Tk;
-        p.bias.query_stride = s->Tk;
-        p.bias.key_stride = 1;
-    }
+    round_all(ty[0], q, nq);
+    round_all(ty[1], k, nk);
+    round_all(ty[1], v, nv);
+    round_all(ty[2], dout, no);
+    sdpa_problem p = shape_problem(s, s->kv_lengths ? lens : NULL, bias);
     double *rq = malloc(nq * 8 + 8), *rk = malloc(nk * 8 + 8), *rv = malloc(nv * 8 + 8);
     ref_backward(&p, q, k, v, dout, rq, rk, rv);
     float *nq32 = malloc(nq * 4 + 4), *nk32 = malloc(nk * 4 + 4), *nv32 = malloc(nv * 4 + 4);
