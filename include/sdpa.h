@@ -325,9 +325,10 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * stream key tiles, keep the running row max m and row sum l, rescale the
  * accumulator by exp(m_old - m_new), finally O = acc / l, LSE = m + log(l).
  *
- * @param problem sizes, scale and masks (see sdpa_problem).
- * @param q   Q [B, Hq, Tq, Dk].        @param k   K [B, Hkv, Tk, Dk].
- * @param v   V [B, Hkv, Tk, Dv].       @param o   O [B, Hq, Tq, Dv] (written).
+ * @param problem sizes, scale, masks and element types (see sdpa_problem).
+ * @param q   Q [B, Hq, Tq, Dk] of q_dtype.   @param k   K [B, Hkv, Tk, Dk] of kv_dtype.
+ * @param v   V [B, Hkv, Tk, Dv] of kv_dtype.  @param o   O [B, Hq, Tq, Dv] of o_dtype (written;
+ *   a 16-bit O is rounded to nearest even, an fp16 one past 65504 is inf).
  * @param lse LSE [B, Hq, Tq] (written, natural log), or NULL / data NULL if not wanted.
  * A row with no allowed key gets O = 0 and LSE = -inf. NaN/Inf in an allowed
  * input propagates; masked keys, masked bias entries are never read.
@@ -338,9 +339,10 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * block_k + 7) bytes, plus, when the keys are split (fewer than 64 query tiles,
  * e.g. decode), at most 4 * block_q * (Dv + 2) bytes per (tile, split), fewer
  * than 128 of them; failure returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with
- * Tq x Tk.
- * @return SDPA_OK, or SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_BAD_DESCRIPTOR,
- *   SDPA_ERR_NEGATIVE_SIZE, SDPA_ERR_HEAD_GROUPING, SDPA_ERR_BAD_SCALE,
+ * Tq x Tk. With a bf16 / fp16 tensor, per thread also (block_k (Dk + Dv) +
+ * max(Dk, Dv)) floats of conversion buffers.
+ * @return SDPA_OK, or SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_BAD_DESCRIPTOR (also an
+ *   unknown element type), SDPA_ERR_NEGATIVE_SIZE, SDPA_ERR_HEAD_GROUPING, SDPA_ERR_BAD_SCALE,
  *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_BAD_WINDOW, SDPA_ERR_BAD_KV_LENGTH,
  *   SDPA_ERR_ALIASING, SDPA_ERR_BAD_THREADS, SDPA_ERR_ISA_UNAVAILABLE,
  *   SDPA_ERR_BAD_BLOCK_SIZE, SDPA_ERR_BAD_SOFTCAP, SDPA_ERR_BAD_ALIBI, SDPA_ERR_BAD_SINKS,
@@ -363,8 +365,9 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * @param q, k, v  the forward inputs.   @param o O [B, Hq, Tq, Dv] from the forward
  *   (read for D = rowsum(dO * O), except in the rows with |LSE| >= 256).
  * @param lse LSE [B, Hq, Tq] from the forward (required).
- * @param dout dO [B, Hq, Tq, Dv].
- * @param dq dQ [B, Hq, Tq, Dk], @param dk dK [B, Hkv, Tk, Dk], @param dv dV [B, Hkv, Tk, Dv]:
+ * @param dout dO [B, Hq, Tq, Dv] of o_dtype (O too).
+ * @param dq dQ [B, Hq, Tq, Dk] of q_dtype, @param dk dK [B, Hkv, Tk, Dk], @param dv dV [B, Hkv, Tk, Dv]
+ *   of kv_dtype (16-bit gradients rounded to nearest even from the fp32 ones):
  *   overwritten in full (rows of masked keys get exactly 0). None of them may
  *   share an element with any input or each other (SDPA_ERR_ALIASING); dQ, dK,
  *   dV interleaved in one packed [B, T, 3, H, D] buffer are fine.
@@ -386,8 +389,10 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * Thread-safety: as sdpa_forward(); the inputs are only read.
  * Workspace, allocated per call: 4 * B * Hq * Tq floats (D, and the recomputed
  * max, log-sum and D remainder of such rows), plus per thread about
- * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 14) bytes; failure returns
- * SDPA_ERR_OUT_OF_MEMORY before any output is written.
+ * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 14) bytes; with a bf16 / fp16
+ * tensor, per (batch, kv head) group being worked on also 2 (G Tq (Dk + Dv) +
+ * Tk (Dk + Dv)) floats of fp32 copies (one group per thread, or one at a time);
+ * failure returns SDPA_ERR_OUT_OF_MEMORY before any output is written.
  * @return the same codes as sdpa_forward(); on error nothing is written.
  */
 SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tensor *q,
@@ -410,8 +415,8 @@ SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tenso
  * LSE = -inf. NaN propagates.
  *
  * @param batch, heads, len, head_dim_v  B, H, T, Dv of every state.
- * @param o_a, o_b  O [B, H, T, Dv] of the parts (head_dim contiguous, strides in
- *   elements, 0 broadcasts); @param lse_a, lse_b LSE [B, H, T] (natural log).
+ * @param o_a, o_b  O [B, H, T, Dv] of the parts, fp32 (head_dim contiguous, strides in
+ *   elements, 0 broadcasts); @param lse_a, lse_b LSE [B, H, T] (natural log, fp32).
  * @param o, lse  the merged O [B, H, T, Dv] and LSE [B, H, T]: written. Each may
  *   be exactly one of the inputs of its kind (same data pointer and strides: in
  *   place); otherwise an output must not overlap any input or the other output
