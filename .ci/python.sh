@@ -55,6 +55,7 @@ if [[ ${PY_TORCH:-1} != 0 && -f $repo/examples/python/train_tiny_lm.py ]]; then
   stamp "examples/python/train_tiny_lm.py --check"
   "$py" "$repo/examples/python/train_tiny_lm.py" --check | tail -n 3
 fi
+"$py" -c "from libsdpa import _api; assert _api._fast_c is not None, 'libsdpa._fastpath was not built'"
 stamp "pytest python/tests"
 "$py" -m pytest -q -p no:cacheprovider "$repo/python/tests" 2>&1 | tail -n 5
 exit "${PIPESTATUS[0]}"

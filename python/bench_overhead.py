@@ -11,7 +11,8 @@ Columns (microseconds per call): call = the Python call; C alone = the library c
 repeated with the first call's descriptor and views (into the same O); outside C = the
 Python call's time minus the time spent inside the library call during those same calls
 (a wrapper around the library function times it; the wrapper's own ~0.2 us counts as
-outside). outside C is the Python layer's cost as a sequence of calls meets it: after a
+outside; for attention()'s C fast path, libsdpa._fastpath times its own library call when
+asked, by the same clock). outside C is the Python layer's cost as a sequence of calls meets it: after a
 large library call, which streams its operands through the caches, the layer's code and
 data are cold, and it takes several times its warm time (compare the two rows).
 --against DIR: a directory holding another libsdpa package (e.g. an older commit's
@@ -65,8 +66,15 @@ class Inside:
     which the package's NumPy and torch paths call it (the ctypes declarations in
     _binding, and _api's alias where there is one); .ns accumulates."""
 
-    def __init__(self, binding, api, clock):
+    def __init__(self, binding, api, clock, clock_id):
         self.ns = 0
+        # attention()'s C fast path (libsdpa._fastpath) calls the library without ctypes:
+        # it times that call itself when asked
+        self.fast = sys.modules.get(api.__name__.rsplit(".", 1)[0] + "._fastpath")
+        if self.fast is not None and getattr(api, "_fast_c", None) is not None:
+            self.fast.timing(clock_id)
+        else:
+            self.fast = None
         for mod, name in ((binding, "forward"), (binding, "forward_packed"), (api, "_forward")):
             real = getattr(mod, name, None)
             if real is not None:
@@ -84,9 +92,12 @@ class Inside:
 
 def c_call_alone(run):
     """A function that repeats the library call that run() makes (its descriptor and views
-    captured once; the outputs of that first call stay alive for the pointers)."""
+    captured once; the outputs of that first call stay alive for the pointers). The C fast
+    path is set aside for the capture: it hands the library the same bytes as the Python
+    one (python/tests/test_numpy.py checks that)."""
     captured = []
-    saved = _binding.forward_packed, _api._forward
+    saved = _binding.forward_packed, _api._forward, _api._fast_c
+    _api._fast_c = None
 
     def spy(*args):
         captured.append(args)
@@ -97,7 +108,7 @@ def c_call_alone(run):
     try:
         keep = run()
     finally:
-        _binding.forward_packed, _api._forward = saved
+        _binding.forward_packed, _api._forward, _api._fast_c = saved
     args = captured[-1]
 
     def again(_keep=keep):
@@ -114,10 +125,14 @@ def medians(funcs, rounds, calls, clock):
         for name, (f, inside) in funcs.items():
             if inside:
                 inside.ns = 0
+                if inside.fast:
+                    inside.fast.inside_ns()
             t0 = clock()
             for _ in range(calls):
                 f()
             t = clock() - t0
+            if inside and inside.fast:
+                inside.ns += inside.fast.inside_ns()
             res[name][0].append(t / calls / 1000)
             res[name][1].append((t - (inside.ns if inside else 0)) / calls / 1000)
     mid = rounds // 2
@@ -139,9 +154,10 @@ def main():
           + (f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}" if load else ""))
     print(f"Python {platform.python_version()}, NumPy {np.__version__}; threads=1; median of "
           f"{a.rounds} rounds; {'CPU' if a.cpu_time else 'wall'} microseconds per call")
-    inside = Inside(_binding, _api, clock)
+    clock_id = time.CLOCK_THREAD_CPUTIME_ID if a.cpu_time else time.CLOCK_MONOTONIC
+    inside = Inside(_binding, _api, clock, clock_id)
     inside_other = Inside(sys.modules["libsdpa_against._binding"],
-                          sys.modules["libsdpa_against._api"], clock) if other else None
+                          sys.modules["libsdpa_against._api"], clock, clock_id) if other else None
     rng = np.random.default_rng(0)
     shapes = {"tiny 1,1,1,1,1,8": (1, 1, 1, 1, 1, 8, 2000),
               "decode 1,32,8,1,512,128": (1, 32, 8, 1, 512, 128, 100)}

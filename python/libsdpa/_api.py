@@ -702,6 +702,21 @@ def _fast_forward(q, k, v, scale, causal, threads, return_lse):
     return out
 
 
+def _load_fast_c():
+    """libsdpa._fastpath.forward: _fast_forward in C (float32 / float16 ndarrays; the
+    extension is built where Python's and NumPy's headers were found), set up with this
+    package's library; None without it, and attention() runs _fast_forward alone."""
+    try:
+        from . import _fastpath
+    except ImportError:
+        return None
+    _fastpath.init(ctypes.cast(_b.lib.sdpa_forward, ctypes.c_void_p).value, _PROBLEM, _CAUSAL)
+    return _fastpath.forward
+
+
+_fast_c = _load_fast_c()
+
+
 # ---------------------------------------------------------------- packed / paged sequences
 
 def _int32_array(x, name, shape):
@@ -905,6 +920,10 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
             kv_lengths is None and mask is None and bias is None and softcap is None and \
             alibi_slopes is None and sinks is None and isa is None and not block_q and \
             not block_k and type(threads) is int and 0 <= threads <= _INT_MAX:
+        if _fast_c is not None:
+            r = _fast_c(q, k, v, scale, causal, threads, return_lse)
+            if r is not None:
+                return r
         r = _fast_forward(q, k, v, scale, causal, threads, return_lse)
         if r is not None:
             return r

@@ -417,6 +417,7 @@ def test_fast_path_same_call_as_general(case, monkeypatch):
 
     monkeypatch.setattr(_api, "_forward", spy)
     monkeypatch.setattr(_api, "_fast_forward", fast)
+    monkeypatch.setattr(_api, "_fast_c", None)     # the Python fast path (C's: below)
     r1 = libsdpa.attention(q, k, v, **kw)
     monkeypatch.setattr(_api, "_fast_forward", lambda *a: None)
     r2 = libsdpa.attention(q, k, v, **kw)
@@ -425,6 +426,79 @@ def test_fast_path_same_call_as_general(case, monkeypatch):
     for a, b in zip(r1 if isinstance(r1, tuple) else (r1,), r2 if isinstance(r2, tuple) else (r2,)):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def _fast_c_or_skip():
+    from libsdpa import _api
+    if _api._fast_c is None:
+        pytest.skip("libsdpa._fastpath not built (no Python or NumPy headers at build time)")
+    from libsdpa import _fastpath
+    return _api, _fastpath
+
+
+@pytest.mark.parametrize("case", range(len(fast_path_cases())))
+def test_fast_c_same_call_as_python_fast_path(case, monkeypatch):
+    """The C fast path (libsdpa._fastpath) takes every case the Python one takes, hands the
+    library the same descriptor and q, k, v views (describe() gives its bytes), and the
+    results are the bits of the general path's."""
+    _api, fp = _fast_c_or_skip()
+    q, k, v, kw = fast_path_cases()[case]
+    seen = []
+    real_forward = _api._forward
+
+    def spy(p, qt, kt, vt, ot, lt):
+        seen.append((p, qt, kt, vt))
+        return real_forward(p, qt, kt, vt, ot, lt)
+
+    r1 = libsdpa.attention(q, k, v, **kw)             # through C: no ctypes call
+    monkeypatch.setattr(_api, "_forward", spy)
+    monkeypatch.setattr(_api, "_fast_c", None)
+    libsdpa.attention(q, k, v, **kw)                  # the Python fast path
+    monkeypatch.setattr(_api, "_fast_forward", lambda *a: None)
+    r2 = libsdpa.attention(q, k, v, **kw)             # the general path
+    assert len(seen) == 2 and seen[0] == seen[1]
+    d = fp.describe(q, k, v, kw.get("scale"), kw.get("causal"), kw.get("threads", 0))
+    assert d == seen[0]
+    for a, b in zip(r1 if isinstance(r1, tuple) else (r1,), r2 if isinstance(r2, tuple) else (r2,)):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.flags.c_contiguous
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_fast_c_declines_what_python_declines():
+    """Calls outside the common case: describe() says None (attention() then goes on to the
+    Python paths), and a refused call returns None from forward() rather than raising, so
+    the general path words the error."""
+    _api, fp = _fast_c_or_skip()
+    rng = np.random.default_rng(3)
+    q, k, v = qkv(rng)
+    sub = q.view(type("Sub", (np.ndarray,), {}))
+    declined = [
+        (q[0], k[0], v[0], None, None, 0),                      # rank 3
+        (sub, k, v, None, None, 0),                             # a subclass
+        (q.astype(np.float64), k, v, None, None, 0),            # float64
+        (q.astype(q.dtype.newbyteorder()), k, v, None, None, 0),  # swapped bytes
+        (q, k, v.astype(np.float16), None, None, 0),            # k and v of two types
+        (q[..., ::2], k[..., ::2], v[..., ::2], None, None, 0),  # last dim strided
+        (q[:, ::-1], k, v, None, None, 0),                      # negative stride
+        (q[:, :, :0], k, v, None, None, 0),                     # empty
+        (q, k[:, :, :3], v, None, None, 0),                     # Tk of k and v differ
+        (q, k, v, 1, None, 0),                                  # int scale
+        (q, k, v, 1e39, None, 0),                               # beyond float32
+        (q, k, v, None, "sideways", 0),                         # unknown causal
+        (q, k, v, None, [1], 0),                                # unhashable causal
+        (q, k, v, None, None, -1),                              # negative threads
+        (q, k, v, None, None, 2**31),                           # threads beyond int
+        (q, k, v, None, None, True),                            # bool threads
+    ]
+    for i, a in enumerate(declined):
+        assert fp.describe(*a) is None, i
+        assert fp.forward(*a, False) is None, i
+    # taken by describe, refused by the library (GQA grouping): forward() says None
+    qb = rng.standard_normal((2, 3, 4, 16), dtype=np.float32)
+    assert fp.describe(qb, k, v, None, None, 0) is not None
+    assert fp.forward(qb, k, v, None, None, 0, False) is None
+    with pytest.raises(libsdpa.SdpaError):
+        libsdpa.attention(qb, k, v)
 
 
 def test_data_pointer_route():
