@@ -4,7 +4,8 @@
 # Debian 12 machine (as root). Installs Open MPI (libopenmpi-dev, openmpi-bin) and the
 # build tools if missing, builds with -Dmpi=enabled in its own build directory
 # (build-mpi-ci), and runs tests/mpi/test_ring under mpirun for N = 1, 2, 3, 4, then
-# sdpa-ring forward and backward on 4 ranks against `sdpa` on one process.
+# sdpa-ring forward and backward on 4 ranks against `sdpa` on one process (causal with
+# key lengths, and a sliding window).
 # Last line: "P passed, F failed" (one count per mpirun); exit status 1 on a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,13 +60,14 @@ for n, s in [('q', (2, 4, 48, 16)), ('k', (2, 2, 48, 16)), ('v', (2, 2, 48, 8)),
 np.save(f'{d}/kl.npy', np.array([40, 17], dtype=np.int64))
 PY
 S=build-mpi-ci/tools/sdpa; RG=build-mpi-ci/tools/sdpa-ring
-common=(-q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" --causal top-left --kv-len "$tmp/kl.npy")
-if $S forward "${common[@]}" -o "$tmp/o1.npy" --lse "$tmp/l1.npy" &&
-   $S backward "${common[@]}" --do "$tmp/do.npy" --dq "$tmp/dq1.npy" --dk "$tmp/dk1.npy" --dv "$tmp/dv1.npy" &&
-   timeout 120 "${MPIRUN[@]}" -np 4 $RG forward "${common[@]}" -o "$tmp/o4.npy" --lse "$tmp/l4.npy" &&
-   timeout 120 "${MPIRUN[@]}" -np 4 $RG backward "${common[@]}" -o "$tmp/o4.npy" --lse "$tmp/l4.npy" \
-     --do "$tmp/do.npy" --dq "$tmp/dq4.npy" --dk "$tmp/dk4.npy" --dv "$tmp/dv4.npy" &&
-   /usr/bin/python3 - "$tmp" <<'PY'
+ring_vs_sdpa() {  # the options after -q/-k/-v, for sdpa and sdpa-ring alike
+  local common=(-q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" "$@")
+  $S forward "${common[@]}" -o "$tmp/o1.npy" --lse "$tmp/l1.npy" &&
+  $S backward "${common[@]}" --do "$tmp/do.npy" --dq "$tmp/dq1.npy" --dk "$tmp/dk1.npy" --dv "$tmp/dv1.npy" &&
+  timeout 120 "${MPIRUN[@]}" -np 4 $RG forward "${common[@]}" -o "$tmp/o4.npy" --lse "$tmp/l4.npy" &&
+  timeout 120 "${MPIRUN[@]}" -np 4 $RG backward "${common[@]}" -o "$tmp/o4.npy" --lse "$tmp/l4.npy" \
+    --do "$tmp/do.npy" --dq "$tmp/dq4.npy" --dk "$tmp/dk4.npy" --dv "$tmp/dv4.npy" &&
+  /usr/bin/python3 - "$tmp" <<'PY'
 import sys, numpy as np
 d = sys.argv[1]; ok = True
 for a in ['o', 'l', 'dq', 'dk', 'dv']:
@@ -74,7 +76,12 @@ for a in ['o', 'l', 'dq', 'dk', 'dv']:
     print(f'sdpa-ring vs sdpa {a}: shape {y.shape}, max diff {e:.3g}')
 sys.exit(0 if ok else 1)
 PY
-then pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed"; fi
+}
+if ring_vs_sdpa --causal top-left --kv-len "$tmp/kl.npy"; then
+  pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed (causal, kv lengths)"; fi
+stamp "sdpa-ring on 4 ranks vs sdpa (sliding window --window-left 7 --window-right 3)"
+if ring_vs_sdpa --window-left 7 --window-right 3; then
+  pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed (window)"; fi
 rm -rf "$tmp"
 
 stamp "done"

@@ -10,10 +10,11 @@
  * tools/cli_args.c); the other ranks get their slices of Q, K, V (O, LSE, dO) over
  * MPI and send back their slices of the outputs. Outputs are written to a
  * temporary file and renamed into place, so an error leaves none behind.
- * Options: --causal top-left|bottom-right|none, --scale S, --softcap C, --kv-len
- * LENS.npy, --threads N, --isa NAME, --layout zigzag|contiguous (default zigzag).
- * Refused (not computed by the ring): --mask, --bias, --window-left/right,
- * --window-align, --alibi-slopes, --sinks, --dsinks. Self-attention only
+ * Options: --causal top-left|bottom-right|none, --window-left N, --window-right N
+ * (-1: unbounded), --window-align top-left|bottom-right, --scale S, --softcap C,
+ * --kv-len LENS.npy, --threads N, --isa NAME, --layout zigzag|contiguous (default
+ * zigzag). Refused (not computed by the ring): --mask, --bias, --alibi-slopes,
+ * --sinks, --dsinks, packed sequences. Self-attention only
  * (Q and K of the same length T), T a multiple of the rank count (2x for zig-zag).
  * Errors: "sdpa-ring: error: ..." from rank 0, exit status 2 on every rank. */
 #include <errno.h>
@@ -34,6 +35,8 @@ typedef struct opts {
     int have_scale;
     float scale, softcap;
     sdpa_causal causal;
+    int64_t window_left, window_right;
+    sdpa_alignment align;
     sdpa_ring_layout layout;
     int threads;
     sdpa_isa isa;
@@ -58,7 +61,8 @@ static void usage(void)
                 "usage: mpirun -np N sdpa-ring forward -q Q.npy -k K.npy -v V.npy -o O.npy [--lse LSE.npy] [options]\n"
                 "       mpirun -np N sdpa-ring backward -q Q.npy -k K.npy -v V.npy --do dO.npy --dq dQ.npy --dk dK.npy "
                 "--dv dV.npy [-o O.npy --lse LSE.npy] [options]\n"
-                "options: --causal top-left|bottom-right|none, --scale S, --softcap C, --kv-len LENS.npy,\n"
+                "options: --causal top-left|bottom-right|none, --window-left N, --window-right N (-1: unbounded),\n"
+                "         --window-align top-left|bottom-right, --scale S, --softcap C, --kv-len LENS.npy,\n"
                 "         --threads N, --isa NAME, --layout zigzag|contiguous (default zigzag)\n"
                 "Q, K, V: float32 (T, D), (H, T, D) or (B, H, T, D), Q and K of the same T, T a multiple of\n"
                 "N (contiguous) or 2N (zigzag). Rank 0 reads and writes the files.\n");
@@ -70,14 +74,14 @@ static int parse(int bwd, int argc, char **argv, opts *o)
     memset(o, 0, sizeof *o);
     o->layout = SDPA_RING_ZIGZAG;
     o->isa = SDPA_ISA_AUTO;
+    o->window_left = o->window_right = SDPA_WINDOW_UNBOUNDED;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage();
             return -1;
         }
-        static const char *const refused[] = {"--mask", "--bias", "--window-left", "--window-right", "--window-align",
-                                              "--alibi-slopes", "--sinks", "--dsinks", "--cu-seqlens-q",
+        static const char *const refused[] = {"--mask", "--bias", "--alibi-slopes", "--sinks", "--dsinks", "--cu-seqlens-q",
                                               "--cu-seqlens-k", "--block-table", "--seq-lens-k", "--page-layout"};
         for (size_t j = 0; j < sizeof refused / sizeof refused[0]; j++)
             if (!strcmp(a, refused[j])) {
@@ -120,6 +124,21 @@ static int parse(int bwd, int argc, char **argv, opts *o)
             else if (!strcmp(v, "none")) o->causal = SDPA_CAUSAL_NONE;
             else {
                 err0("--causal '%s': expected top-left, bottom-right or none", v);
+                return EXIT_BAD;
+            }
+        } else if (!strcmp(a, "--window-left") || !strcmp(a, "--window-right")) {
+            errno = 0;
+            const long long n = strtoll(v, &end, 10);
+            if (errno || *end || !*v || n < -1) {
+                err0("%s '%s': expected an integer >= 0 (or -1: unbounded)", a, v);
+                return EXIT_BAD;
+            }
+            *(a[9] == 'l' ? &o->window_left : &o->window_right) = (int64_t)n;
+        } else if (!strcmp(a, "--window-align")) {
+            if (!strcmp(v, "top-left")) o->align = SDPA_ALIGN_TOP_LEFT;
+            else if (!strcmp(v, "bottom-right")) o->align = SDPA_ALIGN_BOTTOM_RIGHT;
+            else {
+                err0("--window-align '%s': expected top-left or bottom-right", v);
                 return EXIT_BAD;
             }
         } else if (!strcmp(a, "--layout")) {
@@ -344,6 +363,9 @@ static int run(int bwd, int argc, char **argv)
     p.head_dim_qk = Dk;
     p.head_dim_v = Dv;
     p.causal = o.causal;
+    p.window_left = o.window_left;
+    p.window_right = o.window_right;
+    p.window_alignment = o.align;
     p.kv_lengths = kvlen;
     p.softcap = o.softcap;
     p.num_threads = o.threads;

@@ -24,6 +24,7 @@ enum { TAG_KV = 100, TAG_DKV = 200 };
 typedef struct sub_call {
     int64_t q0, nq, k0, nk; /* local rows of the query slice and of the K/V block */
     int diag;               /* causal top-left on the block (diagonal chunk) */
+    int64_t wl, wr;         /* the call's top-left window (SDPA_WINDOW_UNBOUNDED: none) */
 } sub_call;
 
 typedef struct ring {
@@ -32,6 +33,8 @@ typedef struct ring {
     sdpa_ring_layout layout;
     int64_t B, Hq, Hkv, T, Dk, Dv, C, Tl; /* C: chunk rows, Tl = nc * C */
     int causal;
+    int windowed;         /* a bounded window: one call per (query chunk, key chunk) pair */
+    int64_t wl, wr;       /* the global window (wr = 0 with causal), SDPA_WINDOW_UNBOUNDED */
     const int32_t *kvlen; /* global key lengths, or NULL */
     sdpa_problem base;
     int32_t *kvbuf; /* B local key lengths of one call */
@@ -65,6 +68,32 @@ int64_t sdpa_ring_global_row(int64_t T, int P, int rank, sdpa_ring_layout layout
     return (int64_t)chunk_id(P, rank, nc, (int)(row / C)) * C + row % C;
 }
 
+/* The calls of step `src` with a bounded window: one per (query chunk, key chunk)
+ * pair that has an allowed key. Query row a and key row b of the two chunks (global
+ * starts gq, gk; delta = gq - gk) may meet when a + delta - wl <= b <= a + delta + wr.
+ * Where that band starts right of the chunk's first key (delta > wl) the call takes
+ * the keys from s = delta - wl on; where it ends before the first query's keys
+ * (-delta > wr) the queries from s' = -delta - wr on (the rows before it have no key
+ * in this chunk). On the shifted views the band is a top-left window: its diagonal
+ * moves by e = s' + delta - s, so wl' = wl - e, wr' = wr + e, both >= 0. */
+static int plan_window_calls(const ring *R, int src, sub_call out[4])
+{
+    const int64_t C = R->C, UNB = SDPA_WINDOW_UNBOUNDED;
+    int n = 0;
+    for (int i = 0; i < R->nc; i++)
+        for (int j = 0; j < R->nc; j++) {
+            const int64_t delta = ((int64_t)chunk_id(R->P, R->r, R->nc, i) - chunk_id(R->P, src, R->nc, j)) * C;
+            if ((R->wr != UNB && delta + R->wr + C - 1 < 0) || (R->wl != UNB && delta - R->wl > C - 1))
+                continue; /* no key of this chunk is allowed for any query of that one */
+            const int64_t s = R->wl != UNB && delta > R->wl ? delta - R->wl : 0;
+            const int64_t sq = R->wr != UNB && -delta > R->wr ? -delta - R->wr : 0;
+            const int64_t e = sq + delta - s;
+            out[n++] = (sub_call){i * C + sq, C - sq, j * C + s, C - s, 0, R->wl == UNB ? UNB : R->wl - e,
+                                  R->wr == UNB ? UNB : R->wr + e};
+        }
+    return n;
+}
+
 /* The calls of step `src` (the K/V block of rank src), in a fixed order: the
  * diagonal chunks first, then the unmasked rectangle(s). Returns their number. */
 static int plan_calls(const ring *R, int src, sub_call out[4])
@@ -72,15 +101,18 @@ static int plan_calls(const ring *R, int src, sub_call out[4])
     int m[2][2], n = 0;
     if (R->C == 0)
         return 0;
+    if (R->windowed)
+        return plan_window_calls(R, src, out);
     for (int i = 0; i < R->nc; i++)
         for (int j = 0; j < R->nc; j++) {
             const int cq = chunk_id(R->P, R->r, R->nc, i), ck = chunk_id(R->P, src, R->nc, j);
             m[i][j] = !R->causal ? MASK_FULL : ck > cq ? MASK_SKIP : ck == cq ? MASK_DIAG : MASK_FULL;
         }
+    const int64_t UNB = SDPA_WINDOW_UNBOUNDED;
     for (int i = 0; i < R->nc; i++)
         for (int j = 0; j < R->nc; j++)
             if (m[i][j] == MASK_DIAG)
-                out[n++] = (sub_call){i * R->C, R->C, j * R->C, R->C, 1};
+                out[n++] = (sub_call){i * R->C, R->C, j * R->C, R->C, 1, UNB, UNB};
     /* unmasked key chunks of each query chunk: a run of local chunks [lo, hi) */
     int lo[2] = {0, 0}, hi[2] = {0, 0};
     for (int i = 0; i < R->nc; i++) {
@@ -100,11 +132,11 @@ static int plan_calls(const ring *R, int src, sub_call out[4])
                 abort();
     }
     if (R->nc == 2 && hi[0] > lo[0] && lo[0] == lo[1] && hi[0] == hi[1])
-        out[n++] = (sub_call){0, 2 * R->C, lo[0] * R->C, (hi[0] - lo[0]) * R->C, 0};
+        out[n++] = (sub_call){0, 2 * R->C, lo[0] * R->C, (hi[0] - lo[0]) * R->C, 0, UNB, UNB};
     else
         for (int i = 0; i < R->nc; i++)
             if (hi[i] > lo[i])
-                out[n++] = (sub_call){i * R->C, R->C, lo[i] * R->C, (hi[i] - lo[i]) * R->C, 0};
+                out[n++] = (sub_call){i * R->C, R->C, lo[i] * R->C, (hi[i] - lo[i]) * R->C, 0, UNB, UNB};
     return n;
 }
 
@@ -117,13 +149,18 @@ static sdpa_problem call_problem(ring *R, int src, const sub_call *c)
     p.q_len = c->nq;
     p.kv_len = c->nk;
     p.causal = c->diag ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
+    p.window_alignment = SDPA_ALIGN_TOP_LEFT;
+    p.window_left = c->wl;
+    p.window_right = c->wr;
     if (R->kvlen) {
         for (int64_t b = 0; b < R->B; b++) {
             int64_t len = 0;
-            for (int64_t j0 = c->k0; j0 < c->k0 + c->nk; j0 += R->C) {
-                const int64_t g = (int64_t)chunk_id(R->P, src, R->nc, (int)(j0 / R->C)) * R->C;
+            for (int64_t j0 = c->k0; j0 < c->k0 + c->nk;) {
+                const int64_t off = j0 % R->C, m = R->C - off < c->k0 + c->nk - j0 ? R->C - off : c->k0 + c->nk - j0;
+                const int64_t g = (int64_t)chunk_id(R->P, src, R->nc, (int)(j0 / R->C)) * R->C + off;
                 int64_t x = R->kvlen[b] - g;
-                len += x < 0 ? 0 : x > R->C ? R->C : x;
+                len += x < 0 ? 0 : x > m ? m : x;
+                j0 += m;
             }
             R->kvbuf[b] = (int32_t)len;
         }
@@ -164,11 +201,18 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     if (p->batch < 0 || p->q_heads < 0 || p->kv_heads < 0 || p->q_len < 0 || p->kv_len < 0 ||
         p->head_dim_qk < 0 || p->head_dim_v < 0)
         return SDPA_ERR_NEGATIVE_SIZE;
+    if (p->window_left < SDPA_WINDOW_UNBOUNDED || p->window_right < SDPA_WINDOW_UNBOUNDED)
+        return SDPA_ERR_BAD_WINDOW;
+    if (p->causal == SDPA_CAUSAL_NONE && p->window_alignment != SDPA_ALIGN_TOP_LEFT &&
+        p->window_alignment != SDPA_ALIGN_BOTTOM_RIGHT)
+        return SDPA_ERR_BAD_DESCRIPTOR;
+    /* bottom-right alignment is top-left's when Tq = Tk, unless key lengths move it */
+    const int bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
+                             (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT &&
+                              (p->window_left != SDPA_WINDOW_UNBOUNDED || p->window_right != SDPA_WINDOW_UNBOUNDED));
     if (p->seqs || p->bool_mask.data || p->bias.data || p->alibi_slopes || p->sinks || p->dsinks ||
         p->q_dtype != SDPA_DTYPE_F32 || p->kv_dtype != SDPA_DTYPE_F32 || p->o_dtype != SDPA_DTYPE_F32 ||
-        p->window_left != SDPA_WINDOW_UNBOUNDED || p->window_right != SDPA_WINDOW_UNBOUNDED ||
-        (p->causal == SDPA_CAUSAL_BOTTOM_RIGHT && p->kv_lengths) || p->q_len != p->kv_len ||
-        sdpa_ring_local_len(p->q_len, R->P, layout) < 0)
+        (bottom_right && p->kv_lengths) || p->q_len != p->kv_len || sdpa_ring_local_len(p->q_len, R->P, layout) < 0)
         return SDPA_ERR_UNSUPPORTED;
     if (p->kv_lengths)
         for (int64_t b = 0; b < p->batch; b++)
@@ -187,10 +231,15 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     R->Tl = p->q_len / R->P;
     R->C = R->Tl / R->nc;
     R->causal = p->causal != SDPA_CAUSAL_NONE;
+    R->wl = p->window_left;
+    R->wr = R->causal ? 0 : p->window_right;
+    R->windowed = R->wl != SDPA_WINDOW_UNBOUNDED || (!R->causal && R->wr != SDPA_WINDOW_UNBOUNDED);
     R->kvlen = p->kv_lengths;
     R->base = *p;
     R->base.kv_lengths = NULL;
     R->base.causal = SDPA_CAUSAL_NONE;
+    R->base.window_left = R->base.window_right = SDPA_WINDOW_UNBOUNDED;
+    R->base.window_alignment = SDPA_ALIGN_TOP_LEFT;
     return SDPA_OK;
 }
 
@@ -219,7 +268,7 @@ static sdpa_status probe_status(sdpa_status st)
  * (MIN over the values and their negations). */
 static sdpa_status ring_agree(ring *R, sdpa_status st, const sdpa_problem *p, sdpa_ring_layout layout)
 {
-    enum { NF = 12 };
+    enum { NF = 14 };
     int64_t f[NF] = {0};
     if (p && st == SDPA_OK) {
         uint32_t sc, cap;
@@ -227,7 +276,7 @@ static sdpa_status ring_agree(ring *R, sdpa_status st, const sdpa_problem *p, sd
         memcpy(&cap, &p->softcap, 4);
         const int64_t v[NF] = {p->batch, p->q_heads, p->kv_heads, p->q_len, p->kv_len, p->head_dim_qk,
                                p->head_dim_v, R->causal, (int64_t)layout, p->use_default_scale, (int64_t)sc * 2 + 0,
-                               (int64_t)cap * 2 + (p->kv_lengths != NULL)};
+                               (int64_t)cap * 2 + (p->kv_lengths != NULL), R->wl, R->wr};
         memcpy(f, v, sizeof f);
     }
     int64_t in[1 + 2 * NF], out[1 + 2 * NF];
@@ -323,6 +372,21 @@ static void add_rows(float *acc, const float *part, int64_t B, int64_t H, int64_
         for (int64_t e = 0; e < n * D; e++)
             a[e] += x[e];
     }
+}
+
+/* The state of rows [r0, r0 + n) of every (batch, head) that has seen no key yet:
+ * O = 0, LSE = -inf (what the library writes for a row with no allowed key). */
+static void empty_state(const sdpa_tensor_out *o, const sdpa_tensor_out *lse, int64_t B, int64_t H, int64_t r0,
+                        int64_t n, int64_t D)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = r0; t < r0 + n; t++) {
+                float *orow = (float *)o->data + b * o->batch_stride + h * o->head_stride + t * o->seq_stride;
+                for (int64_t d = 0; d < D; d++)
+                    orow[d] = 0.0f;
+                ((float *)lse->data)[b * lse->batch_stride + h * lse->head_stride + t * lse->seq_stride] = -INFINITY;
+            }
 }
 
 static void *alloc_f(int64_t n)
@@ -446,16 +510,15 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                     any |= inited[cc];
                     all &= inited[cc];
                 }
-                if (!any) { /* the first state of these rows: straight into the accumulator */
+                /* a window's call may cover only the last rows of a chunk */
+                const int whole = c[i].q0 % R.C == 0 && c[i].nq % R.C == 0;
+                if (!any && whole) { /* the first state of these rows: straight into the accumulator */
                     st = sdpa_forward_with_workspace(&p, &qq, &kk, &vv, &oa, &lsa, ws, ws_bytes);
                 } else {
-                    if (!all) /* a chunk without a state yet: an empty state (-inf, never read) */
+                    if (!all) /* a chunk without a state yet: an empty state (O = 0, LSE = -inf) */
                         for (int cc = c0; cc <= c1; cc++)
                             if (!inited[cc])
-                                for (int64_t bh = 0; bh < B * Hq; bh++)
-                                    for (int64_t t = 0; t < R.C; t++)
-                                        ((float *)lacc.data)[(bh / Hq) * lacc.batch_stride + (bh % Hq) * lacc.head_stride +
-                                                  (cc * R.C + t) * lacc.seq_stride] = -INFINITY;
+                                empty_state(o, &lacc, B, Hq, cc * R.C, R.C, Dv);
                     const int64_t nq = c[i].nq;
                     const sdpa_tensor_out op = {ot, Hq * nq * Dv, nq * Dv, Dv}, lp = {lt, Hq * nq, nq, 1};
                     st = sdpa_forward_with_workspace(&p, &qq, &kk, &vv, &op, &lp, ws, ws_bytes);
@@ -473,6 +536,9 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
             wait_all(&m);
             cur = 1 - cur;
         }
+        for (int cc = 0; cc < R.nc && st == SDPA_OK; cc++) /* rows no key reached (none today: */
+            if (!inited[cc])                               /* every chunk meets its own block) */
+                empty_state(o, &lacc, B, Hq, cc * R.C, R.C, Dv);
         st = agree_final(comm, st);
     }
     free(kv[0]);

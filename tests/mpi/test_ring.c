@@ -58,6 +58,9 @@ typedef struct cfg {
     int32_t kvlen[2]; /* used when have_kvlen */
     int have_kvlen;
     float softcap, scale; /* scale 0: default */
+    int have_window;      /* else both sides unbounded */
+    int64_t wl, wr;       /* window_left / window_right (SDPA_WINDOW_UNBOUNDED allowed) */
+    sdpa_alignment align; /* window_alignment */
 } cfg;
 
 /* max |x - ref| over finite references; a non-finite reference must match exactly
@@ -154,6 +157,11 @@ static sdpa_problem problem_of(const cfg *c)
     p.head_dim_v = c->Dv;
     p.causal = c->causal;
     p.kv_lengths = c->have_kvlen ? c->kvlen : NULL;
+    if (c->have_window) {
+        p.window_left = c->wl;
+        p.window_right = c->wr;
+        p.window_alignment = c->align;
+    }
     p.softcap = c->softcap;
     if (c->scale != 0) {
         p.use_default_scale = 0;
@@ -324,6 +332,7 @@ static void bad_case(const char *name, int which)
     sdpa_tensor_out to = {o, H * Tl * D, Tl * D, D}, tl = {l, H * Tl, Tl, 1};
     sdpa_tensor tO = {o, H * Tl * D, Tl * D, D}, tL = {l, H * Tl, Tl, 1}, tg = {g, H * Tl * D, Tl * D, D};
     sdpa_tensor_out tdq = {dq, H * Tl * D, Tl * D, D}, tdk = {dk, H * Tl * D, Tl * D, D}, tdv = {dv, H * Tl * D, Tl * D, D};
+    const int32_t kvl[1] = {20};
     const int me = R == P - 1; /* the last rank gets the bad argument */
     sdpa_tensor tq = t;
     sdpa_status expect = SDPA_OK;
@@ -345,9 +354,11 @@ static void bad_case(const char *name, int which)
         }
         expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
         break;
-    case 3: /* an unsupported mask (a window) on one rank */
-        if (me)
-            p.window_left = 4;
+    case 3: /* an unsupported mask (a bias) on one rank */
+        if (me) {
+            p.bias.data = x;
+            p.bias.key_stride = 1;
+        }
         expect = SDPA_ERR_UNSUPPORTED;
         break;
     case 4: /* T not a multiple of 2P (every rank) */
@@ -365,6 +376,22 @@ static void bad_case(const char *name, int which)
         if (me)
             to.data = x;
         expect = SDPA_ERR_ALIASING;
+        break;
+    case 7: /* a negative window on one rank */
+        if (me)
+            p.window_right = -2;
+        expect = SDPA_ERR_BAD_WINDOW;
+        break;
+    case 8: /* windows that disagree */
+        p.window_left = me ? 4 : 5;
+        expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
+        break;
+    case 9: /* a bottom-right window with key lengths (every rank) */
+        p.causal = SDPA_CAUSAL_NONE;
+        p.window_left = 3;
+        p.window_alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+        p.kv_lengths = kvl;
+        expect = SDPA_ERR_UNSUPPORTED;
         break;
     }
     for (int pass = 0; pass < 2; pass++) {
@@ -406,23 +433,42 @@ int main(int argc, char **argv)
     }
     /* T = 48 splits for P = 1..4 in both layouts (2P divides 48 for P <= 4) */
     const cfg cases[] = {
-        {"full contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0},
-        {"causal contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0},
-        {"causal zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0},
-        {"full zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0},
-        {"causal zigzag GQA B=2 Dv!=Dk", 2, 4, 2, 48, 16, 8, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0},
-        {"causal bottom-right contiguous MQA", 1, 3, 1, 48, 8, 8, SDPA_CAUSAL_BOTTOM_RIGHT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0},
-        {"causal zigzag kv_lengths {37, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {37, 0}, 1, 0, 0},
-        {"full contiguous kv_lengths {5, 48}", 2, 2, 1, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {5, 48}, 1, 0, 0},
-        {"full zigzag kv_lengths {30, 13}", 2, 2, 2, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {30, 13}, 1, 0, 0},
-        {"causal zigzag softcap 5 scale 0.7", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 5.0f, 0.7f},
-        {"causal zigzag T=96 D=64", 1, 2, 1, 96, 64, 64, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0},
+        {"full contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"causal contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"causal zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"full zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"causal zigzag GQA B=2 Dv!=Dk", 2, 4, 2, 48, 16, 8, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"causal bottom-right contiguous MQA", 1, 3, 1, 48, 8, 8, SDPA_CAUSAL_BOTTOM_RIGHT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"causal zigzag kv_lengths {37, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {37, 0}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"full contiguous kv_lengths {5, 48}", 2, 2, 1, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {5, 48}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"full zigzag kv_lengths {30, 13}", 2, 2, 2, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {30, 13}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"causal zigzag softcap 5 scale 0.7", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 5.0f, 0.7f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"causal zigzag T=96 D=64", 1, 2, 1, 96, 64, 64, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        /* sliding windows on global positions: narrower than a chunk (6 rows at P = 4
+         * zig-zag), across chunk edges, one-sided, two-sided, with causal, GQA, key lengths */
+        {"causal window 5 zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0,
+         1, 5, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT},
+        {"causal window 13 contiguous GQA", 1, 4, 2, 48, 16, 8, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0,
+         0, 1, 13, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT},
+        {"window (7, 3) zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 1, 7, 3,
+         SDPA_ALIGN_TOP_LEFT},
+        {"window (0, 9) contiguous bottom-right", 1, 2, 1, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0,
+         0, 1, 0, 9, SDPA_ALIGN_BOTTOM_RIGHT},
+        {"window (unbounded, 2) zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 1,
+         SDPA_WINDOW_UNBOUNDED, 2, SDPA_ALIGN_TOP_LEFT},
+        {"window (20, 0) zigzag kv_lengths {33, 4}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {33, 4},
+         1, 0, 0, 1, 20, 0, SDPA_ALIGN_TOP_LEFT},
+        {"causal window 0 zigzag softcap 3", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0,
+         3.0f, 0, 1, 0, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT},
+        {"window (2, 30) contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 1, 2,
+         30, SDPA_ALIGN_TOP_LEFT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i]);
-    const char *bad[] = {"NULL Q", "negative stride", "descriptor disagrees", "window (unsupported)",
-                         "T not a multiple of 2P", "NaN scale", "O aliases Q"};
-    for (int i = 0; i < 7; i++)
+    const char *bad[] = {"NULL Q", "negative stride", "descriptor disagrees", "bias (unsupported)",
+                         "T not a multiple of 2P", "NaN scale", "O aliases Q", "negative window",
+                         "windows that disagree", "bottom-right window with kv_lengths"};
+    for (int i = 0; i < 10; i++)
         bad_case(bad[i], i);
     if (R == 0) {
         printf("mpi ring (%d ranks): %d passed, %d failed\n", P, passed, failed);
