@@ -50,8 +50,10 @@ static long long g_inside_ns;       /* ns spent in the library call since inside
 
 /* One operand: a 4-d exact ndarray of a supported type, or not (0). */
 typedef struct {
+    PyArrayObject *array;
     void *data;
-    const npy_intp *shape, *strides;
+    npy_intp shape[4], strides[4]; /* copies: the causal= lookup may run Python code that
+                                      reshapes the array and frees numpy's own arrays */
     int code;          /* sdpa_dtype: 0 fp32, 2 fp16 */
     npy_intp item;     /* bytes per element */
 } operand;
@@ -79,17 +81,19 @@ static int take(PyObject *x, operand *op)
         if (sh[i] == 0)
             return 0;
     /* the last dimension contiguous (or of size 1), the leading strides non-negative
-     * multiples of the item size, the data aligned to it: _fast_forward's rules */
+     * multiples of the item size below 2^62, the data aligned to it: _fast_forward's
+     * rules (its _BAD masks) */
     if (sh[3] > 1 && st[3] != op->item)
         return 0;
     for (int i = 0; i < 3; i++)
-        if (st[i] < 0 || st[i] % op->item)
+        if (st[i] < 0 || st[i] >= ((npy_intp)1 << 62) || st[i] % op->item)
             return 0;
     op->data = PyArray_DATA(a);
     if ((uintptr_t)op->data % (uintptr_t)op->item)
         return 0;
-    op->shape = sh;
-    op->strides = st;
+    op->array = a;
+    memcpy(op->shape, sh, sizeof op->shape);
+    memcpy(op->strides, st, sizeof op->strides);
     return 1;
 }
 
@@ -111,23 +115,21 @@ static sdpa_tensor view_of(const operand *op, int b1, int h1, int t1)
 static int prepare(PyObject *const *args, operand ops[3], sdpa_problem *p, sdpa_tensor t[3])
 {
     PyObject *scale = args[3], *causal = args[4], *threads = args[5];
-    for (int i = 0; i < 3; i++)
-        if (!take(args[i], &ops[i]))
-            return 0;
-    const npy_intp *qs = ops[0].shape, *ks = ops[1].shape, *vs = ops[2].shape;
-    int ok = ops[1].code == ops[2].code && ks[0] == qs[0] && vs[0] == qs[0] &&
-             ks[3] == qs[3] && vs[1] == ks[1] && vs[2] == ks[2];
+    /* the keywords first: the causal= lookup may run Python code (__hash__, __eq__),
+     * which must not see the arrays taken */
+    int ok = 1;
     int causal_code = 0;
     long nthreads = 0;
-    if (ok && scale != Py_None && !PyFloat_CheckExact(scale))
+    if (scale != Py_None && !PyFloat_CheckExact(scale))
         ok = 0;
     if (ok && causal != Py_None && causal != Py_False) {
         PyObject *c = PyDict_GetItemWithError(g_causal, causal);
-        if (!c) {
+        long code = c ? PyLong_AsLong(c) : -1;
+        if (!c || code < 0 || code > SDPA_CAUSAL_BOTTOM_RIGHT) {
             PyErr_Clear();          /* unhashable or unknown: the general path says why */
             ok = 0;
         } else {
-            causal_code = (int)PyLong_AsLong(c);
+            causal_code = (int)code;
         }
     }
     if (ok) {
@@ -141,6 +143,13 @@ static int prepare(PyObject *const *args, operand ops[3], sdpa_problem *p, sdpa_
         }
     }
     if (!ok)
+        return 0;
+    for (int i = 0; i < 3; i++)
+        if (!take(args[i], &ops[i]))
+            return 0;
+    const npy_intp *qs = ops[0].shape, *ks = ops[1].shape, *vs = ops[2].shape;
+    if (ops[1].code != ops[2].code || ks[0] != qs[0] || vs[0] != qs[0] || ks[3] != qs[3] || vs[1] != ks[1] ||
+        vs[2] != ks[2])
         return 0;
     *p = g_template;
     p->batch = qs[0];
@@ -182,16 +191,23 @@ static PyObject *fp_forward(PyObject *self, PyObject *const *args, Py_ssize_t na
     operand ops[3];
     sdpa_problem p;
     sdpa_tensor t[3];
+    /* before the arrays are taken (__bool__ may run Python code); an error in it is not
+     * this path's case: the Python paths meet it again where they always did */
+    int want_lse = PyObject_IsTrue(args[6]);
+    if (want_lse < 0) {
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
     if (!prepare(args, ops, &p, t))
         return Py_NewRef(Py_None);
-    int want_lse = PyObject_IsTrue(args[6]);
-    if (want_lse < 0)
-        return NULL;
     PyObject *out = NULL, *lse = NULL, *result = NULL;
     int64_t B = p.batch, H = p.q_heads, T = p.q_len, Dv = p.head_dim_v;
     sdpa_tensor_out o_t, l_t;
     npy_intp shape[4] = {(npy_intp)B, (npy_intp)H, (npy_intp)T, (npy_intp)Dv};
-    out = PyArray_EMPTY(4, shape, ops[0].code ? NPY_HALF : NPY_FLOAT, 0);
+    /* O of q's dtype object itself (its metadata too), as numpy.empty(shape, q.dtype) */
+    PyArray_Descr *odt = PyArray_DESCR(ops[0].array);
+    Py_INCREF(odt);
+    out = PyArray_Empty(4, shape, odt, 0);
     if (!out)
         goto done;
     o_t.data = PyArray_DATA((PyArrayObject *)out);
@@ -262,6 +278,11 @@ static PyObject *fp_timing(PyObject *self, PyObject *arg)
     long c = PyLong_AsLong(arg);
     if (c == -1 && PyErr_Occurred())
         return NULL;
+    struct timespec ts;
+    if (c >= 0 && (c > INT32_MAX || clock_gettime((clockid_t)c, &ts) != 0)) {
+        PyErr_Format(PyExc_ValueError, "timing: clock %ld is not a clock of this system", c);
+        return NULL;
+    }
     g_clock = c < 0 ? -1 : (int)c;
     g_inside_ns = 0;
     return Py_NewRef(Py_None);

@@ -501,6 +501,49 @@ def test_fast_c_declines_what_python_declines():
         libsdpa.attention(qb, k, v)
 
 
+def test_fast_c_causal_that_reshapes_q():
+    """A causal= object whose __eq__ reshapes q (numpy frees the old shape storage) and
+    allocates over it: the call still sees q's shape as it was (the keywords are read
+    before the arrays, whose shapes are copied)."""
+    _fast_c_or_skip()
+    rng = np.random.default_rng(5)
+    q, k, v = rnd(rng, 1, 1, 2, 64), rnd(rng, 1, 1, 1, 64), rnd(rng, 1, 1, 1, 4)
+
+    class Causal:
+        def __hash__(self):
+            return hash(True)
+
+        def __eq__(self, other):
+            q.shape = q.shape
+            np.empty((3, 5, 7, 9), np.uint8)
+            return other is True
+
+    o = libsdpa.attention(q, k, v, causal=Causal())
+    assert o.shape == (1, 1, 2, 4)
+    assert np.array_equal(o, libsdpa.attention(q, k, v, causal=True, out=np.empty_like(o)))
+
+
+def test_fast_c_keeps_dtype_metadata():
+    """O has q's dtype object, metadata included, as numpy.empty(shape, q.dtype) gives."""
+    _fast_c_or_skip()
+    for t in (np.float32, np.float16):
+        dt = np.dtype(t, metadata={"unit": "m"})
+        q = np.ones((1, 1, 4, 8), dt)
+        assert libsdpa.attention(q, q, q).dtype.metadata == {"unit": "m"}
+
+
+def test_fast_c_timing_checks_the_clock():
+    _, fp = _fast_c_or_skip()
+    import time
+    with pytest.raises(ValueError):
+        fp.timing(1000)
+    with pytest.raises((ValueError, OverflowError)):
+        fp.timing(2**32 + 1)
+    fp.timing(time.CLOCK_MONOTONIC)
+    fp.timing(-1)
+    assert fp.inside_ns() == 0
+
+
 def test_data_pointer_route():
     """_api._data_ptr (the address read from the array object where that was verified at
     import) agrees with ndarray.ctypes.data on views of every kind."""
