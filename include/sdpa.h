@@ -92,7 +92,8 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_STRIDE = -6,       /**< a stride is negative, or an output's strides may overlap
                                          itself (checked conservatively: each nontrivial stride must
                                          step over everything the smaller ones cover) */
-    SDPA_ERR_BAD_WINDOW = -7,       /**< a window bound is negative and not SDPA_WINDOW_UNBOUNDED */
+    SDPA_ERR_BAD_WINDOW = -7,       /**< a window bound is negative and not SDPA_WINDOW_UNBOUNDED,
+                                         or |diagonal_offset| > SDPA_MAX_DIAGONAL_OFFSET */
     SDPA_ERR_BAD_KV_LENGTH = -8,    /**< kv_lengths[b] is negative or larger than Tk */
     SDPA_ERR_ALIASING = -9,         /**< an output overlaps an input, another output or a mask operand */
     SDPA_ERR_BAD_THREADS = -10,     /**< num_threads is negative */
@@ -141,6 +142,8 @@ typedef enum sdpa_alignment {
 
 /** A window bound that does not limit anything. */
 #define SDPA_WINDOW_UNBOUNDED (-1)
+/** Largest |diagonal_offset| accepted (2^48). */
+#define SDPA_MAX_DIAGONAL_OFFSET ((int64_t)1 << 48)
 /** Largest block_q / block_k accepted. */
 #define SDPA_MAX_BLOCK 512
 
@@ -227,7 +230,8 @@ typedef struct sdpa_problem {
     sdpa_alignment window_alignment; /**< used only when causal == SDPA_CAUSAL_NONE */
     /* Window around the aligned diagonal key i + d of query i, where d = 0 for
      * top-left alignment and d = Tk_b - Tq for bottom-right (Tk_b = kv_lengths[b],
-     * or Tk without them). Causal masking is window_right = 0 on that diagonal. */
+     * or Tk without them), plus diagonal_offset. Causal masking is window_right = 0
+     * on that diagonal. */
     int64_t window_left;   /**< keys j >= i + d - window_left are allowed; SDPA_WINDOW_UNBOUNDED (default) */
     int64_t window_right;  /**< keys j <= i + d + window_right are allowed; SDPA_WINDOW_UNBOUNDED (default) */
     const int32_t *kv_lengths; /**< NULL, or B key lengths: key j allowed only if j < kv_lengths[b]
@@ -277,7 +281,13 @@ typedef struct sdpa_problem {
     sdpa_dtype kv_dtype;   /**< K and V together (a bf16 or fp16 KV cache; dK, dV) */
     sdpa_dtype o_dtype;    /**< O (and dO) */
     uint32_t reserved2;    /**< must be 0 */
-    uint64_t reserved[1];  /**< must be 0 */
+    int64_t diagonal_offset; /**< default 0: added to the diagonal d of causal masking, the
+                                window and ALiBi: query i's diagonal key is i + d +
+                                diagonal_offset. For a query block that starts
+                                diagonal_offset positions after its key block in a longer
+                                sequence (context parallelism: libsdpa_mpi's ring calls;
+                                a block of a larger problem). |diagonal_offset| <=
+                                SDPA_MAX_DIAGONAL_OFFSET (SDPA_ERR_BAD_WINDOW otherwise) */
 } sdpa_problem;
 
 /** Packed variable-length sequences and paged K/V (serving; FlashAttention's

@@ -31,7 +31,7 @@ const char *sdpa_status_string(sdpa_status s)
     case SDPA_ERR_HEAD_GROUPING: return "q_heads is not a multiple of kv_heads";
     case SDPA_ERR_BAD_SCALE: return "bad scale: .scale was set while use_default_scale is still 1 (set use_default_scale = 0 to use it); or, with use_default_scale = 0, .scale is NaN or infinite; or the default 1/sqrt(head_dim_qk) with head_dim_qk = 0";
     case SDPA_ERR_BAD_STRIDE: return "a tensor or mask stride is negative, or an output's strides make it overlap itself";
-    case SDPA_ERR_BAD_WINDOW: return "a window bound is negative and not SDPA_WINDOW_UNBOUNDED";
+    case SDPA_ERR_BAD_WINDOW: return "a window bound is negative and not SDPA_WINDOW_UNBOUNDED, or |diagonal_offset| is beyond SDPA_MAX_DIAGONAL_OFFSET";
     case SDPA_ERR_BAD_KV_LENGTH: return "a per-batch key length is negative or larger than kv_len";
     case SDPA_ERR_ALIASING: return "an output overlaps an input, another output, or a mask operand (kv_lengths, bool_mask, bias)";
     case SDPA_ERR_BAD_THREADS: return "num_threads is negative";

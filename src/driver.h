@@ -30,6 +30,7 @@ typedef struct plan {
     int64_t B, Hq, Hkv, G, Tq, Tk, Dk, Dv; /* G = Hq / Hkv, query heads per kv head */
     float scale;
     int bottom_right;
+    int64_t diag_offset; /* the descriptor's diagonal_offset, added to d */
     int64_t wl, wr; /* -1 = unbounded; causal folded into wr */
     const int32_t *kv_lengths;
     sdpa_bool_mask bm;
@@ -95,7 +96,7 @@ static inline int64_t keys_of_batch(const plan *pl, int64_t b)
  * window (causal folded in), alignment and key length tkb. */
 static inline void row_range(const plan *pl, int64_t tkb, int64_t i, int64_t *lo, int64_t *hi)
 {
-    const int64_t d = pl->bottom_right ? tkb - pl->Tq : 0;
+    const int64_t d = (pl->bottom_right ? tkb - pl->Tq : 0) + pl->diag_offset;
     int64_t l = 0, h = tkb - 1;
     if (pl->wl >= 0 && i + d - pl->wl > l)
         l = i + d - pl->wl;

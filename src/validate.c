@@ -111,16 +111,17 @@ static sdpa_status check_variants(const sdpa_problem *p)
     return SDPA_OK;
 }
 
-/* The window of the plan's own Tq, Tk from the descriptor's: |i + d| <= Tq + Tk,
- * so a wider window limits nothing and is unbounded (this also keeps i + d +-
- * window from overflowing); causal is window_right = 0 (or tighter). */
+/* The window of the plan's own Tq, Tk from the descriptor's: |i + d| <= Tq + Tk +
+ * |diagonal_offset|, so a wider window limits nothing and is unbounded (this also
+ * keeps i + d +- window from overflowing); causal is window_right = 0 (or tighter). */
 static void plan_windows(plan *pl)
 {
+    const int64_t off = pl->diag_offset < 0 ? -pl->diag_offset : pl->diag_offset;
     pl->wl = pl->wl_raw;
     pl->wr = pl->wr_raw;
-    if (pl->wl > pl->Tq && pl->wl - pl->Tq > pl->Tk)
+    if (pl->wl > pl->Tq && pl->wl - pl->Tq > pl->Tk && pl->wl - pl->Tq - pl->Tk > off)
         pl->wl = SDPA_WINDOW_UNBOUNDED;
-    if (pl->wr > pl->Tq && pl->wr - pl->Tq > pl->Tk)
+    if (pl->wr > pl->Tq && pl->wr - pl->Tq > pl->Tk && pl->wr - pl->Tq - pl->Tk > off)
         pl->wr = SDPA_WINDOW_UNBOUNDED;
     if (pl->causal)
         pl->wr = (pl->wr == SDPA_WINDOW_UNBOUNDED || pl->wr > 0) ? 0 : pl->wr;
@@ -223,9 +224,6 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
         return SDPA_ERR_NULL_ARGUMENT;
     if (p->struct_size != sizeof(sdpa_problem) || p->reserved0 != 0 || p->reserved1 != 0 || p->reserved2 != 0)
         return SDPA_ERR_BAD_DESCRIPTOR;
-    for (size_t i = 0; i < sizeof p->reserved / sizeof p->reserved[0]; i++)
-        if (p->reserved[i])
-            return SDPA_ERR_BAD_DESCRIPTOR;
     if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT ||
         (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT ||
         (p->use_default_scale != 0 && p->use_default_scale != 1) || (int)p->isa < SDPA_ISA_AUTO ||
@@ -250,7 +248,8 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
      * a value set there while use_default_scale is still 1 would be ignored. */
     if (p->use_default_scale ? (p->head_dim_qk == 0 || p->scale != 0.0f) : !isfinite(p->scale))
         return SDPA_ERR_BAD_SCALE;
-    if (p->window_left < SDPA_WINDOW_UNBOUNDED || p->window_right < SDPA_WINDOW_UNBOUNDED)
+    if (p->window_left < SDPA_WINDOW_UNBOUNDED || p->window_right < SDPA_WINDOW_UNBOUNDED ||
+        p->diagonal_offset < -SDPA_MAX_DIAGONAL_OFFSET || p->diagonal_offset > SDPA_MAX_DIAGONAL_OFFSET)
         return SDPA_ERR_BAD_WINDOW;
     if (p->num_threads < 0)
         return SDPA_ERR_BAD_THREADS;
@@ -298,6 +297,7 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
     pl->bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
                        (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT);
     pl->causal = p->causal != SDPA_CAUSAL_NONE;
+    pl->diag_offset = p->diagonal_offset;
     pl->wl_raw = p->window_left;
     pl->wr_raw = p->window_right;
     plan_windows(pl);

@@ -12,10 +12,11 @@
 
 #include "driver.h"
 
-/* The aligned diagonal offset d of batch b (0 top-left, Tk_b - Tq bottom-right). */
+/* The aligned diagonal offset d of batch b (0 top-left, Tk_b - Tq bottom-right, plus
+ * the descriptor's diagonal_offset). */
 static int64_t diagonal(const plan *pl, int64_t b)
 {
-    return pl->bottom_right ? keys_of_batch(pl, b) - pl->Tq : 0;
+    return (pl->bottom_right ? keys_of_batch(pl, b) - pl->Tq : 0) + pl->diag_offset;
 }
 
 /* Per column of a tile (head h0 + g, row i0 + ii): pos = its aligned diagonal

@@ -5,7 +5,8 @@
  * query i of batch b when
  *     j < Tk_b (kv_lengths),  j <= i + d + wr (causal: wr = 0),  j >= i + d - wl,
  *     the boolean mask is nonzero, and the bias is not -inf,
- * with d = 0 (top-left) or Tk_b - Tq (bottom-right). Over random small problems
+ * with d = 0 (top-left) or Tk_b - Tq (bottom-right), plus diagonal_offset. Over random
+ * small problems
  * and every tile of their layout it checks:
  *   - row_range gives exactly the allowed keys of the interval masks;
  *   - classify_tile: SKIP iff no (row, key) of the tile is allowed; FULL only when
@@ -64,7 +65,7 @@ static int allowed(const problem *pr, int64_t b, int64_t i, int64_t j)
         return 0;
     const int br = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
                    (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT);
-    const int64_t d = br ? tkb - p->q_len : 0;
+    const int64_t d = (br ? tkb - p->q_len : 0) + p->diagonal_offset;
     if (p->causal != SDPA_CAUSAL_NONE && j > i + d)
         return 0;
     if (p->window_right != SDPA_WINDOW_UNBOUNDED && j > i + d + p->window_right)
@@ -92,6 +93,7 @@ static void make_problem(problem *pr, int elem)
     p->window_alignment = (sdpa_alignment)rnd(2);
     p->window_left = rnd(3) ? SDPA_WINDOW_UNBOUNDED : rnd(40);
     p->window_right = rnd(3) ? SDPA_WINDOW_UNBOUNDED : rnd(40);
+    p->diagonal_offset = rnd(3) ? 0 : rnd(301) - 150;
     p->block_q = 1 + rnd(64);
     p->block_k = 1 + rnd(64);
     p->isa = SDPA_ISA_SCALAR;

@@ -23,7 +23,7 @@ static int bottom_right(const sdpa_problem *p)
 int64_t ref_diagonal(const sdpa_problem *p, int64_t b, int64_t i)
 {
     const int64_t tk = p->kv_lengths ? p->kv_lengths[b] : p->kv_len;
-    return i + (bottom_right(p) ? tk - p->q_len : 0);
+    return i + (bottom_right(p) ? tk - p->q_len : 0) + p->diagonal_offset;
 }
 
 /* 128-bit arithmetic so that windows near INT64_MAX are exact. */
@@ -34,7 +34,7 @@ int ref_allowed_nobias(const sdpa_problem *p, int64_t b, int64_t h, int64_t i, i
         return 0;
     const int br = bottom_right(p);
     /* the aligned diagonal key of row i */
-    const __int128 diag = (__int128)i + (br ? (__int128)tk - p->q_len : 0);
+    const __int128 diag = (__int128)i + (br ? (__int128)tk - p->q_len : 0) + p->diagonal_offset;
     if (p->causal != SDPA_CAUSAL_NONE && (__int128)j > diag)
         return 0;
     if (p->window_left != SDPA_WINDOW_UNBOUNDED && (__int128)j < diag - p->window_left)

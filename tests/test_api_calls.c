@@ -65,8 +65,7 @@ Test(api, problem_init_defaults)
     cr_assert_null(p.alibi_slopes);
     cr_assert_null(p.sinks);
     cr_assert_null(p.dsinks);
-    for (size_t i = 0; i < sizeof p.reserved / sizeof p.reserved[0]; i++)
-        cr_assert_eq(p.reserved[i], 0);
+    cr_assert_eq(p.diagonal_offset, 0);
     sdpa_problem_init(NULL); /* ignored, no crash */
     /* An all-zero problem is valid (empty). */
     cr_assert_eq(sdpa_forward(&p, &(sdpa_tensor){0}, &(sdpa_tensor){0}, &(sdpa_tensor){0},
@@ -503,7 +502,7 @@ Test(api, invalid_arguments_write_nothing)
     } while (0)
     CASE("struct_size garbage", SDPA_ERR_BAD_DESCRIPTOR, PP->struct_size = 0xdeadbeef);
     CASE("struct_size one less", SDPA_ERR_BAD_DESCRIPTOR, PP->struct_size -= 1);
-    CASE("last reserved[]", SDPA_ERR_BAD_DESCRIPTOR, PP->reserved[sizeof PP->reserved / sizeof PP->reserved[0] - 1] = 1);
+    CASE("diagonal_offset below the limit", SDPA_ERR_BAD_WINDOW, PP->diagonal_offset = -SDPA_MAX_DIAGONAL_OFFSET - 1);
     CASE("reserved2", SDPA_ERR_BAD_DESCRIPTOR, PP->reserved2 = 1);
     CASE("causal 3", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)3);
     CASE("causal -1", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)-1);
@@ -615,7 +614,7 @@ Test(api, garbage_descriptors, .timeout = 120)
         case 6: p.window_left = small_wins[util_rng_int(&r, 0, 9)]; p.window_right = small_wins[util_rng_int(&r, 0, 9)];
                 p.causal = (sdpa_causal)util_rng_int(&r, 0, 2); break;
         case 7: p.reserved0 = g.reserved0; break;
-        case 8: p.reserved[util_rng_int(&r, 0, (int64_t)(sizeof p.reserved / sizeof p.reserved[0]) - 1)] = g.reserved[0]; break;
+        case 8: p.diagonal_offset = g.diagonal_offset; break;
         default: p.use_default_scale = 0; p.scale = g.scale; p.causal = (sdpa_causal)util_rng_int(&r, 0, 2); break;
         }
         util_gfree(o);

@@ -328,6 +328,8 @@ static void fz_make(fz *f, util_rng *r)
             f->bias[x] = util_rng_int(r, 0, 9) == 0 ? -INFINITY : (float)(4.0 * util_rng_double(r) - 2.0);
         p->bias = (sdpa_bias){f->bias, st[0], st[1], st[2], st[3]};
     }
+    if (util_rng_int(r, 0, 9) < 3) /* a moved diagonal, past either end too */
+        p->diagonal_offset = util_rng_int(r, -(Tq + Tk + 2), Tq + Tk + 2);
     const int64_t pad = util_rng_int(r, 0, 1) ? 3 : 0;
     f->q = tb_alloc(B, p->q_heads, Tq, Dk, pad, NAN);
     f->k = tb_alloc(B, Hkv, Tk, Dk, pad, NAN);
@@ -554,7 +556,7 @@ Test(masks, differential_fuzz_nan_in_never_read_places, .timeout = 300)
 }
 
 /* Windows at int64 extremes, every causal / alignment combination, with and
- * without key lengths, Tq != Tk both ways. */
+ * without key lengths, Tq != Tk both ways, diagonal offsets up to the limit. */
 Test(masks, windows_int64_extremes_all_alignments, .timeout = 120)
 {
     static const int64_t extra[] = {-1, 0, 1, 2, INT64_MAX, INT64_MAX - 1, INT64_MAX / 2};
@@ -581,6 +583,8 @@ Test(masks, windows_int64_extremes_all_alignments, .timeout = 120)
                     p.causal = (sdpa_causal)(mode % 3 == 2 ? 0 : mode % 3);
                     p.window_alignment = (sdpa_alignment)((mode / 2) % 2);
                     p.kv_lengths = mode >= 4 ? kvl : NULL;
+                    static const int64_t offs[] = {0, -3, 4, SDPA_MAX_DIAGONAL_OFFSET, -SDPA_MAX_DIAGONAL_OFFSET};
+                    p.diagonal_offset = offs[(wl + wr + mode) % 5];
                     p.isa = SDPA_ISA_SCALAR;
                     p.block_k = mode % 2 ? 2 : 0;
                     tbuf o = tb_alloc(1, 1, Tq, D, 0, util_sentinel()), l = lse_alloc(1, 1, Tq, 0, util_sentinel());

@@ -44,10 +44,13 @@ enum {
     M_KVLEN_CAUSAL_BR,
     M_BOOL, /* [B, 1, Tq, Tk], row 1 of every batch fully masked */
     M_BIAS, /* [1, Hq, Tq, Tk] with -inf, -30 and a fully masked row */
+    M_CAUSAL_OFFSET, /* causal top-left, diagonal_offset = Tk / 3 (queries later in the sequence) */
+    M_WINDOW_OFFSET, /* a window, diagonal_offset = -Tq / 2 (rows before the first key see none) */
     M_COUNT
 };
 static const char *const mask_name[M_COUNT] = {"none",   "causal-tl", "causal-br",           "window-tl", "window-br",
-                                               "kvlen",  "kvlen+causal-br", "bool[B,1,Tq,Tk]", "bias[1,Hq,Tq,Tk]"};
+                                               "kvlen",  "kvlen+causal-br", "bool[B,1,Tq,Tk]", "bias[1,Hq,Tq,Tk]",
+                                               "causal-tl+offset", "window-tl+offset"};
 
 typedef struct vcase {
     int64_t B, Hq, Hkv, Tq, Tk, Dk, Dv;
@@ -86,6 +89,15 @@ static void setup_mask(sdpa_problem *p, int kind, util_rng *r, owned *m)
         p->window_left = 1 + Tk / 5;
         p->window_right = Tk / 7;
         p->window_alignment = kind == M_WINDOW_BR ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+        break;
+    case M_CAUSAL_OFFSET:
+        p->causal = SDPA_CAUSAL_TOP_LEFT;
+        p->diagonal_offset = Tk / 3;
+        break;
+    case M_WINDOW_OFFSET:
+        p->window_left = 3 + Tk / 6;
+        p->window_right = 2;
+        p->diagonal_offset = -(Tq / 2);
         break;
     case M_KVLEN:
     case M_KVLEN_CAUSAL_BR:
@@ -332,6 +344,11 @@ static vcase sweep_cases[] = {
     {2, 4, 2, 17, 31, 8, 15, M_BIAS, V_ALIBI, 0, 5, 7, 0},
     {1, 2, 1, 65, 129, 65, 17, M_BIAS, V_SINK, 0, 0, 0, 0},
     {2, 4, 2, 63, 63, 16, 16, M_BIAS, V_ALL, 0, 0, 0, 0},
+    {1, 4, 2, 33, 65, 16, 16, M_CAUSAL_OFFSET, V_ALIBI, 0, 0, 0, 1},
+    {2, 2, 1, 65, 65, 17, 8, M_CAUSAL_OFFSET, V_ALL, 1, 0, 0, 0},
+    {1, 4, 4, 31, 63, 16, 16, M_WINDOW_OFFSET, V_ALIBI, 0, 7, 9, 1},
+    {2, 2, 2, 65, 33, 8, 15, M_WINDOW_OFFSET, V_ALL, 0, 0, 0, 0},
+    {1, 8, 2, 1, 700, 32, 32, M_CAUSAL_OFFSET, V_ALIBI, 0, 0, 0, 0},
     /* decode: Tq = 1 and 3, long Tk (few columns, keys split over tiles), GQA */
     {2, 8, 2, 1, 1000, 32, 32, M_NONE, V_ALL, 0, 0, 0, 1},
     {2, 8, 2, 1, 777, 17, 15, M_KVLEN, V_CAP, 0, 0, 0, 0},

@@ -317,7 +317,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 13: if (nonempty) { p.q_len = INT64_MAX; must_fail = 1; } break;
     case 14: if (nonempty) { p.batch = (int64_t)1 << 62; must_fail = 1; } break;
     case 15: if (Hkv > 1) { p.q_heads = Hq + 1; must_fail = 1; } break;
-    case 16: p.reserved[sizeof p.reserved / sizeof p.reserved[0] - 1] = 1; must_fail = 1; break;
+    case 16: p.diagonal_offset = SDPA_MAX_DIAGONAL_OFFSET + 1; must_fail = 1; break;
     default: break;
     }
 
