@@ -58,19 +58,23 @@ d = sys.argv[1]; r = np.random.default_rng(7)
 for n, s in [('q', (2, 4, 48, 16)), ('k', (2, 2, 48, 16)), ('v', (2, 2, 48, 8)), ('do', (2, 4, 48, 8))]:
     np.save(f'{d}/{n}.npy', r.standard_normal(s).astype(np.float32))
 np.save(f'{d}/kl.npy', np.array([40, 17], dtype=np.int64))
+np.save(f'{d}/slopes.npy', np.array([0.5, 0.25, 0.125, 0.0625], dtype=np.float32))
+np.save(f'{d}/sinks.npy', np.array([0.3, -1.0, 2.0, -np.inf], dtype=np.float32))
 PY
 S=build-mpi-ci/tools/sdpa; RG=build-mpi-ci/tools/sdpa-ring
 ring_vs_sdpa() {  # the options after -q/-k/-v, for sdpa and sdpa-ring alike
-  local common=(-q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" "$@")
+  local common=(-q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" "$@") ds1=() ds4=()
+  rm -f "$tmp"/ds?.npy
+  if [[ " $* " == *" --sinks "* ]]; then ds1=(--dsinks "$tmp/ds1.npy"); ds4=(--dsinks "$tmp/ds4.npy"); fi
   $S forward "${common[@]}" -o "$tmp/o1.npy" --lse "$tmp/l1.npy" &&
-  $S backward "${common[@]}" --do "$tmp/do.npy" --dq "$tmp/dq1.npy" --dk "$tmp/dk1.npy" --dv "$tmp/dv1.npy" &&
+  $S backward "${common[@]}" --do "$tmp/do.npy" --dq "$tmp/dq1.npy" --dk "$tmp/dk1.npy" --dv "$tmp/dv1.npy" "${ds1[@]}" &&
   timeout 120 "${MPIRUN[@]}" -np 4 $RG forward "${common[@]}" -o "$tmp/o4.npy" --lse "$tmp/l4.npy" &&
   timeout 120 "${MPIRUN[@]}" -np 4 $RG backward "${common[@]}" -o "$tmp/o4.npy" --lse "$tmp/l4.npy" \
-    --do "$tmp/do.npy" --dq "$tmp/dq4.npy" --dk "$tmp/dk4.npy" --dv "$tmp/dv4.npy" &&
+    --do "$tmp/do.npy" --dq "$tmp/dq4.npy" --dk "$tmp/dk4.npy" --dv "$tmp/dv4.npy" "${ds4[@]}" &&
   /usr/bin/python3 - "$tmp" <<'PY'
-import sys, numpy as np
+import os, sys, numpy as np
 d = sys.argv[1]; ok = True
-for a in ['o', 'l', 'dq', 'dk', 'dv']:
+for a in ['o', 'l', 'dq', 'dk', 'dv'] + (['ds'] if os.path.exists(f'{d}/ds1.npy') else []):
     x, y = np.load(f'{d}/{a}1.npy'), np.load(f'{d}/{a}4.npy')
     e = float(np.abs(x - y).max()); ok &= x.shape == y.shape and e < 1e-5
     print(f'sdpa-ring vs sdpa {a}: shape {y.shape}, max diff {e:.3g}')
@@ -82,6 +86,9 @@ if ring_vs_sdpa --causal top-left --kv-len "$tmp/kl.npy"; then
 stamp "sdpa-ring on 4 ranks vs sdpa (sliding window --window-left 7 --window-right 3)"
 if ring_vs_sdpa --window-left 7 --window-right 3; then
   pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed (window)"; fi
+stamp "sdpa-ring on 4 ranks vs sdpa (causal, ALiBi, sinks and their gradient)"
+if ring_vs_sdpa --causal top-left --alibi-slopes "$tmp/slopes.npy" --sinks "$tmp/sinks.npy"; then
+  pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed (ALiBi, sinks)"; fi
 rm -rf "$tmp"
 
 stamp "done"

@@ -29,14 +29,18 @@
  * the same for Tq = Tk without kv_lengths), applied on global positions (a key
  * block entirely after the query block is skipped, the diagonal block is causal,
  * earlier blocks unmasked); sliding windows (window_left / window_right, with or
- * without causal) on global positions: each (query chunk, key chunk) pair is one
- * call with the window moved onto its rows, pairs the window does not reach are
- * skipped (the K/V blocks still go the whole way round the ring); kv_lengths
- * (global key lengths, each in [0, T]); GQA; a custom scale; softcap. Refused with
- * SDPA_ERR_UNSUPPORTED: q_len != kv_len, T not a multiple of P (2P for zig-zag),
- * bool_mask, bias, ALiBi, sinks, bf16/fp16 tensors, packed/paged sequences (seqs),
- * bottom-right causal or a bottom-right window with kv_lengths. A window bound
- * below SDPA_WINDOW_UNBOUNDED: SDPA_ERR_BAD_WINDOW.
+ * without causal) and ALiBi on global positions: each (query chunk, key chunk) pair
+ * is one call whose diagonal_offset is the chunks' distance, pairs the window does
+ * not reach are skipped (the K/V blocks still go the whole way round the ring);
+ * kv_lengths (global key lengths, each in [0, T]); GQA; a custom scale; softcap;
+ * sinks (in the softmax of each row's first call, as one call would have them) and,
+ * in the backward, dsinks (each rank's rows summed in double, then over the ranks
+ * with MPI_Allreduce; every rank gets the total). Refused with SDPA_ERR_UNSUPPORTED:
+ * q_len != kv_len, T not a multiple of P (2P for zig-zag), bool_mask and bias (a
+ * [T, T] mask per rank would undo the ring's memory bound), bf16/fp16 tensors,
+ * packed/paged sequences (seqs), a nonzero diagonal_offset, bottom-right causal, a
+ * bottom-right window or bottom-right ALiBi with kv_lengths. A window bound below
+ * SDPA_WINDOW_UNBOUNDED: SDPA_ERR_BAD_WINDOW.
  *
  * Errors: every rank validates its own arguments and the ranks agree (one
  * MPI_Allreduce of the status and of the global sizes) before any data moves.

@@ -12,9 +12,10 @@
  * temporary file and renamed into place, so an error leaves none behind.
  * Options: --causal top-left|bottom-right|none, --window-left N, --window-right N
  * (-1: unbounded), --window-align top-left|bottom-right, --scale S, --softcap C,
- * --kv-len LENS.npy, --threads N, --isa NAME, --layout zigzag|contiguous (default
- * zigzag). Refused (not computed by the ring): --mask, --bias, --alibi-slopes,
- * --sinks, --dsinks, packed sequences. Self-attention only
+ * --kv-len LENS.npy, --alibi-slopes SLOPES.npy, --sinks SINKS.npy (float32 (Hq,)),
+ * backward --dsinks dSINKS.npy (written), --threads N, --isa NAME, --layout
+ * zigzag|contiguous (default zigzag). Refused (not computed by the ring): --mask,
+ * --bias, packed sequences. Self-attention only
  * (Q and K of the same length T), T a multiple of the rank count (2x for zig-zag).
  * Errors: "sdpa-ring: error: ..." from rank 0, exit status 2 on every rank. */
 #include <errno.h>
@@ -31,7 +32,7 @@ enum { EXIT_BAD = 2 };
 static int P, R;
 
 typedef struct opts {
-    const char *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv, *kvlen;
+    const char *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv, *kvlen, *slopes, *sinks, *dsinks;
     int have_scale;
     float scale, softcap;
     sdpa_causal causal;
@@ -63,6 +64,7 @@ static void usage(void)
                 "--dv dV.npy [-o O.npy --lse LSE.npy] [options]\n"
                 "options: --causal top-left|bottom-right|none, --window-left N, --window-right N (-1: unbounded),\n"
                 "         --window-align top-left|bottom-right, --scale S, --softcap C, --kv-len LENS.npy,\n"
+                "         --alibi-slopes SLOPES.npy, --sinks SINKS.npy, backward: --dsinks dSINKS.npy (written),\n"
                 "         --threads N, --isa NAME, --layout zigzag|contiguous (default zigzag)\n"
                 "Q, K, V: float32 (T, D), (H, T, D) or (B, H, T, D), Q and K of the same T, T a multiple of\n"
                 "N (contiguous) or 2N (zigzag). Rank 0 reads and writes the files.\n");
@@ -81,7 +83,7 @@ static int parse(int bwd, int argc, char **argv, opts *o)
             usage();
             return -1;
         }
-        static const char *const refused[] = {"--mask", "--bias", "--alibi-slopes", "--sinks", "--dsinks", "--cu-seqlens-q",
+        static const char *const refused[] = {"--mask", "--bias", "--cu-seqlens-q",
                                               "--cu-seqlens-k", "--block-table", "--seq-lens-k", "--page-layout"};
         for (size_t j = 0; j < sizeof refused / sizeof refused[0]; j++)
             if (!strcmp(a, refused[j])) {
@@ -105,6 +107,9 @@ static int parse(int bwd, int argc, char **argv, opts *o)
         else if (bwd && !strcmp(a, "--dk")) o->dk = v;
         else if (bwd && !strcmp(a, "--dv")) o->dv = v;
         else if (!strcmp(a, "--kv-len")) o->kvlen = v;
+        else if (!strcmp(a, "--alibi-slopes")) o->slopes = v;
+        else if (!strcmp(a, "--sinks")) o->sinks = v;
+        else if (bwd && !strcmp(a, "--dsinks")) o->dsinks = v;
         else if (!strcmp(a, "--scale") || !strcmp(a, "--softcap")) {
             errno = 0;
             const float x = strtof(v, &end);
@@ -289,9 +294,10 @@ static int run(int bwd, int argc, char **argv)
         return rc < 0 ? 0 : rc;
     /* rank 0 reads; hdr: rc, ndim, B, Hq, Hkv, T, Dk, Dv, have O/LSE */
     arr q = {0}, k = {0}, v = {0}, O = {0}, L = {0}, dO = {0};
-    npy_array kl = {0};
+    npy_array kl = {0}, sl = {0}, sk = {0};
     int64_t hdr[9] = {0};
     int32_t *kvlen = NULL;
+    float *slopes = NULL, *sinks = NULL, *dsinks = NULL;
     if (R == 0) {
         rc = load(o.q, "Q", &q);
         if (!rc) rc = load(o.k, "K", &k);
@@ -335,6 +341,21 @@ static int run(int bwd, int argc, char **argv)
                 rc = EXIT_BAD;
             }
         }
+        for (int w = 0; w < 2 && !rc; w++) { /* slopes, sinks: float32 (Hq,) */
+            const char *path = w ? o.sinks : o.slopes;
+            npy_array *a = w ? &sk : &sl;
+            char e[256];
+            if (path && (npy_read(path, a, e, sizeof e) != 0 || a->dtype != NPY_F4 || a->ndim != 1 ||
+                         a->shape[0] != q.h)) {
+                err0("%s: %s must be float32 of shape (Hq,) = (%lld,)", path, w ? "sinks" : "ALiBi slopes",
+                     (long long)q.h);
+                rc = EXIT_BAD;
+            }
+        }
+        if (!rc && o.dsinks && !o.sinks) {
+            err0("--dsinks needs --sinks (it is the gradient of the sinks)");
+            rc = EXIT_BAD;
+        }
         const int64_t h[9] = {rc, q.a.ndim, q.b, q.h, k.h, q.t, q.d, v.d, bwd && o.o};
         memcpy(hdr, h, sizeof hdr);
     }
@@ -354,6 +375,20 @@ static int run(int bwd, int argc, char **argv)
             }
         MPI_Bcast(kvlen, (int)B, MPI_INT32_T, 0, MPI_COMM_WORLD);
     }
+    if (o.slopes) {
+        slopes = malloc(sizeof(float) * (size_t)(Hq + 1));
+        if (R == 0)
+            memcpy(slopes, sl.data, sizeof(float) * (size_t)Hq);
+        MPI_Bcast(slopes, (int)Hq, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    }
+    if (o.sinks) {
+        sinks = malloc(sizeof(float) * (size_t)(Hq + 1));
+        if (R == 0)
+            memcpy(sinks, sk.data, sizeof(float) * (size_t)Hq);
+        MPI_Bcast(sinks, (int)Hq, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    }
+    if (o.dsinks)
+        dsinks = calloc((size_t)(Hq + 1), sizeof(float));
     sdpa_problem p;
     sdpa_problem_init(&p);
     p.batch = B;
@@ -367,6 +402,8 @@ static int run(int bwd, int argc, char **argv)
     p.window_right = o.window_right;
     p.window_alignment = o.align;
     p.kv_lengths = kvlen;
+    p.alibi_slopes = slopes;
+    p.sinks = sinks;
     p.softcap = o.softcap;
     p.num_threads = o.threads;
     p.isa = o.isa;
@@ -396,6 +433,7 @@ static int run(int bwd, int argc, char **argv)
         const sdpa_tensor tO = view(lo, Hq, Tl, Dv), tL = view(ll, Hq, Tl, 1), tdo = view(ldo, Hq, Tl, Dv);
         const sdpa_tensor_out tdq = view_out(ldq, Hq, Tl, Dk), tdk = view_out(ldk, Hkv, Tl, Dk),
                               tdv = view_out(ldv, Hkv, Tl, Dv);
+        p.dsinks = dsinks;
         st = sdpa_ring_backward(MPI_COMM_WORLD, o.layout, &p, &tq, &tk, &tv, &tO, &tL, &tdo, &tdq, &tdk, &tdv);
     }
     if (st != SDPA_OK) { /* the same status on every rank */
@@ -433,6 +471,8 @@ static int run(int bwd, int argc, char **argv)
                 if (!w) w = write_out(o.dk, gk, ndim, shape);
                 SHAPE(Hkv, Dv, ndim);
                 if (!w) w = write_out(o.dv, gv, ndim, shape);
+                shape[0] = Hq;
+                if (!w && o.dsinks) w = write_out(o.dsinks, dsinks, 1, shape);
             }
             free(gq);
             free(gk);
@@ -446,7 +486,8 @@ static int run(int bwd, int argc, char **argv)
     free(lq), free(lk), free(lv), free(lo), free(ll), free(ldo), free(ldq), free(ldk), free(ldv);
 done:
     npy_free(&q.a), npy_free(&k.a), npy_free(&v.a), npy_free(&O.a), npy_free(&L.a), npy_free(&dO.a), npy_free(&kl);
-    free(kvlen);
+    npy_free(&sl), npy_free(&sk);
+    free(kvlen), free(slopes), free(sinks), free(dsinks);
     return rc;
 }
 

@@ -25,6 +25,7 @@ typedef struct sub_call {
     int64_t q0, nq, k0, nk; /* local rows of the query slice and of the K/V block */
     int diag;               /* causal top-left on the block (diagonal chunk) */
     int64_t wl, wr;         /* the call's top-left window (SDPA_WINDOW_UNBOUNDED: none) */
+    int64_t off;            /* its diagonal_offset */
 } sub_call;
 
 typedef struct ring {
@@ -33,8 +34,10 @@ typedef struct ring {
     sdpa_ring_layout layout;
     int64_t B, Hq, Hkv, T, Dk, Dv, C, Tl; /* C: chunk rows, Tl = nc * C */
     int causal;
-    int windowed;         /* a bounded window: one call per (query chunk, key chunk) pair */
+    int per_pair;         /* a bounded window or ALiBi: one call per (query chunk, key chunk) pair */
     int64_t wl, wr;       /* the global window (wr = 0 with causal), SDPA_WINDOW_UNBOUNDED */
+    const float *sinks;   /* Hq sink logits, merged in after the ring (forward), or NULL */
+    float *dsinks;        /* backward: Hq gradients, summed over every rank's rows, or NULL */
     const int32_t *kvlen; /* global key lengths, or NULL */
     sdpa_problem base;
     int32_t *kvbuf; /* B local key lengths of one call */
@@ -68,15 +71,12 @@ int64_t sdpa_ring_global_row(int64_t T, int P, int rank, sdpa_ring_layout layout
     return (int64_t)chunk_id(P, rank, nc, (int)(row / C)) * C + row % C;
 }
 
-/* The calls of step `src` with a bounded window: one per (query chunk, key chunk)
- * pair that has an allowed key. Query row a and key row b of the two chunks (global
- * starts gq, gk; delta = gq - gk) may meet when a + delta - wl <= b <= a + delta + wr.
- * Where that band starts right of the chunk's first key (delta > wl) the call takes
- * the keys from s = delta - wl on; where it ends before the first query's keys
- * (-delta > wr) the queries from s' = -delta - wr on (the rows before it have no key
- * in this chunk). On the shifted views the band is a top-left window: its diagonal
- * moves by e = s' + delta - s, so wl' = wl - e, wr' = wr + e, both >= 0. */
-static int plan_window_calls(const ring *R, int src, sub_call out[4])
+/* The calls of step `src` with a bounded window or ALiBi: one per (query chunk, key
+ * chunk) pair, whose diagonal_offset is delta = (global start of the query chunk) -
+ * (that of the key chunk): the library then applies causal masking (wr = 0), the
+ * window and ALiBi on global positions. A pair no query of which may see a key of
+ * (a + delta - wl <= b <= a + delta + wr for rows a, b in [0, C)) is skipped. */
+static int plan_pair_calls(const ring *R, int src, sub_call out[4])
 {
     const int64_t C = R->C, UNB = SDPA_WINDOW_UNBOUNDED;
     int n = 0;
@@ -84,12 +84,8 @@ static int plan_window_calls(const ring *R, int src, sub_call out[4])
         for (int j = 0; j < R->nc; j++) {
             const int64_t delta = ((int64_t)chunk_id(R->P, R->r, R->nc, i) - chunk_id(R->P, src, R->nc, j)) * C;
             if ((R->wr != UNB && delta + R->wr + C - 1 < 0) || (R->wl != UNB && delta - R->wl > C - 1))
-                continue; /* no key of this chunk is allowed for any query of that one */
-            const int64_t s = R->wl != UNB && delta > R->wl ? delta - R->wl : 0;
-            const int64_t sq = R->wr != UNB && -delta > R->wr ? -delta - R->wr : 0;
-            const int64_t e = sq + delta - s;
-            out[n++] = (sub_call){i * C + sq, C - sq, j * C + s, C - s, 0, R->wl == UNB ? UNB : R->wl - e,
-                                  R->wr == UNB ? UNB : R->wr + e};
+                continue;
+            out[n++] = (sub_call){i * C, C, j * C, C, 0, R->wl, R->wr, delta};
         }
     return n;
 }
@@ -101,8 +97,8 @@ static int plan_calls(const ring *R, int src, sub_call out[4])
     int m[2][2], n = 0;
     if (R->C == 0)
         return 0;
-    if (R->windowed)
-        return plan_window_calls(R, src, out);
+    if (R->per_pair)
+        return plan_pair_calls(R, src, out);
     for (int i = 0; i < R->nc; i++)
         for (int j = 0; j < R->nc; j++) {
             const int cq = chunk_id(R->P, R->r, R->nc, i), ck = chunk_id(R->P, src, R->nc, j);
@@ -112,7 +108,7 @@ static int plan_calls(const ring *R, int src, sub_call out[4])
     for (int i = 0; i < R->nc; i++)
         for (int j = 0; j < R->nc; j++)
             if (m[i][j] == MASK_DIAG)
-                out[n++] = (sub_call){i * R->C, R->C, j * R->C, R->C, 1, UNB, UNB};
+                out[n++] = (sub_call){i * R->C, R->C, j * R->C, R->C, 1, UNB, UNB, 0};
     /* unmasked key chunks of each query chunk: a run of local chunks [lo, hi) */
     int lo[2] = {0, 0}, hi[2] = {0, 0};
     for (int i = 0; i < R->nc; i++) {
@@ -132,11 +128,11 @@ static int plan_calls(const ring *R, int src, sub_call out[4])
                 abort();
     }
     if (R->nc == 2 && hi[0] > lo[0] && lo[0] == lo[1] && hi[0] == hi[1])
-        out[n++] = (sub_call){0, 2 * R->C, lo[0] * R->C, (hi[0] - lo[0]) * R->C, 0, UNB, UNB};
+        out[n++] = (sub_call){0, 2 * R->C, lo[0] * R->C, (hi[0] - lo[0]) * R->C, 0, UNB, UNB, 0};
     else
         for (int i = 0; i < R->nc; i++)
             if (hi[i] > lo[i])
-                out[n++] = (sub_call){i * R->C, R->C, lo[i] * R->C, (hi[i] - lo[i]) * R->C, 0, UNB, UNB};
+                out[n++] = (sub_call){i * R->C, R->C, lo[i] * R->C, (hi[i] - lo[i]) * R->C, 0, UNB, UNB, 0};
     return n;
 }
 
@@ -152,6 +148,7 @@ static sdpa_problem call_problem(ring *R, int src, const sub_call *c)
     p.window_alignment = SDPA_ALIGN_TOP_LEFT;
     p.window_left = c->wl;
     p.window_right = c->wr;
+    p.diagonal_offset = c->off;
     if (R->kvlen) {
         for (int64_t b = 0; b < R->B; b++) {
             int64_t len = 0;
@@ -209,8 +206,9 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     /* bottom-right alignment is top-left's when Tq = Tk, unless key lengths move it */
     const int bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
                              (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT &&
-                              (p->window_left != SDPA_WINDOW_UNBOUNDED || p->window_right != SDPA_WINDOW_UNBOUNDED));
-    if (p->seqs || p->bool_mask.data || p->bias.data || p->alibi_slopes || p->sinks || p->dsinks ||
+                              (p->window_left != SDPA_WINDOW_UNBOUNDED || p->window_right != SDPA_WINDOW_UNBOUNDED ||
+                               p->alibi_slopes));
+    if (p->diagonal_offset != 0 || p->seqs || p->bool_mask.data || p->bias.data ||
         p->q_dtype != SDPA_DTYPE_F32 || p->kv_dtype != SDPA_DTYPE_F32 || p->o_dtype != SDPA_DTYPE_F32 ||
         (bottom_right && p->kv_lengths) || p->q_len != p->kv_len || sdpa_ring_local_len(p->q_len, R->P, layout) < 0)
         return SDPA_ERR_UNSUPPORTED;
@@ -233,10 +231,15 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     R->causal = p->causal != SDPA_CAUSAL_NONE;
     R->wl = p->window_left;
     R->wr = R->causal ? 0 : p->window_right;
-    R->windowed = R->wl != SDPA_WINDOW_UNBOUNDED || (!R->causal && R->wr != SDPA_WINDOW_UNBOUNDED);
+    R->per_pair = R->wl != SDPA_WINDOW_UNBOUNDED || (!R->causal && R->wr != SDPA_WINDOW_UNBOUNDED) ||
+                  p->alibi_slopes != NULL;
     R->kvlen = p->kv_lengths;
+    R->sinks = p->sinks;
+    R->dsinks = p->dsinks;
     R->base = *p;
     R->base.kv_lengths = NULL;
+    R->base.sinks = NULL; /* the ring merges the sinks in itself */
+    R->base.dsinks = NULL;
     R->base.causal = SDPA_CAUSAL_NONE;
     R->base.window_left = R->base.window_right = SDPA_WINDOW_UNBOUNDED;
     R->base.window_alignment = SDPA_ALIGN_TOP_LEFT;
@@ -255,6 +258,8 @@ static sdpa_problem slice_problem(ring *R)
             R->kvbuf[b] = (int32_t)(R->kvlen[b] < R->Tl ? R->kvlen[b] : R->Tl);
         p.kv_lengths = R->kvbuf;
     }
+    p.sinks = R->sinks; /* validated with the slice's tensors (dsinks: aliasing) */
+    p.dsinks = R->dsinks;
     return p;
 }
 
@@ -291,15 +296,25 @@ static sdpa_status ring_agree(ring *R, sdpa_status st, const sdpa_problem *p, sd
     for (int i = 0; i < NF; i++)
         if (out[1 + i] != -out[1 + NF + i])
             return SDPA_ERR_BAD_DESCRIPTOR;
-    if (R->kvlen) { /* the key lengths too */
-        int64_t s = 0;
-        for (int64_t b = 0; b < R->B; b++)
-            s = s * 1000003 + R->kvlen[b];
-        int64_t mm[2] = {s, -s}, rr[2];
-        MPI_Allreduce(mm, rr, 2, MPI_INT64_T, MPI_MIN, R->comm);
-        if (rr[0] != -rr[1])
-            return SDPA_ERR_BAD_DESCRIPTOR;
+    /* the key lengths, ALiBi slopes and sinks too (their presence and a hash of their
+     * values; every rank has B and Hq by now) */
+    uint64_t s = (uint64_t)(R->kvlen != NULL) | (uint64_t)(p->alibi_slopes != NULL) << 1 |
+                 (uint64_t)(R->sinks != NULL) << 2 | (uint64_t)(R->dsinks != NULL) << 3;
+    for (int64_t b = 0; R->kvlen && b < R->B; b++)
+        s = s * 1000003u + (uint32_t)R->kvlen[b];
+    for (int a = 0; a < 2; a++) {
+        const float *x = a == 0 ? p->alibi_slopes : R->sinks;
+        for (int64_t h = 0; x && h < R->Hq; h++) {
+            uint32_t u;
+            memcpy(&u, &x[h], 4);
+            s = s * 1000003u + u;
+        }
     }
+    const int64_t hs = (int64_t)(s & (uint64_t)INT64_MAX);
+    int64_t mm[2] = {hs, -hs}, rr[2];
+    MPI_Allreduce(mm, rr, 2, MPI_INT64_T, MPI_MIN, R->comm);
+    if (rr[0] != -rr[1])
+        return SDPA_ERR_BAD_DESCRIPTOR;
     return SDPA_OK;
 }
 
@@ -387,6 +402,55 @@ static void empty_state(const sdpa_tensor_out *o, const sdpa_tensor_out *lse, in
                     orow[d] = 0.0f;
                 ((float *)lse->data)[b * lse->batch_stride + h * lse->head_stride + t * lse->seq_stride] = -INFINITY;
             }
+}
+
+/* The sinks joined to the rows' states (gpt-oss; vLLM s_aux): the sink of head h is one
+ * more logit s_h in every row's softmax, carrying no value, so the merged state is
+ * LSE' = log(exp(LSE) + exp(s_h)), O' = O exp(LSE - LSE') (computed in double). A row
+ * with no allowed key (LSE = -inf) gets O = 0, LSE = s_h; s_h = -inf changes nothing. */
+static void merge_sinks(const float *sinks, const sdpa_tensor_out *o, const sdpa_tensor_out *lse, int64_t B,
+                        int64_t H, int64_t Tl, int64_t D)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const double s = sinks[h];
+            if (s == -INFINITY)
+                continue;
+            for (int64_t t = 0; t < Tl; t++) {
+                float *l = (float *)lse->data + b * lse->batch_stride + h * lse->head_stride + t * lse->seq_stride;
+                float *orow = (float *)o->data + b * o->batch_stride + h * o->head_stride + t * o->seq_stride;
+                const double L = *l, m = L > s ? L : s;
+                const double nl = m + log(exp(L - m) + exp(s - m)), w = exp(L - nl);
+                for (int64_t d = 0; d < D; d++)
+                    orow[d] = (float)((double)orow[d] * w);
+                *l = (float)nl;
+            }
+        }
+}
+
+/* This rank's part of d loss / d sinks[h] = -sum over batch and rows of
+ * exp(s_h - LSE) * rowsum(dO * O) (sdpa_backward's dsinks), in double, into part[H]. */
+static void dsinks_part(const float *sinks, const sdpa_tensor *o, const sdpa_tensor *lse, const sdpa_tensor *dout,
+                        int64_t B, int64_t H, int64_t Tl, int64_t D, double *part)
+{
+    for (int64_t h = 0; h < H; h++) {
+        double acc = 0;
+        const double s = sinks[h];
+        for (int64_t b = 0; b < B && s != -INFINITY; b++)
+            for (int64_t t = 0; t < Tl; t++) {
+                const double L = ((const float *)lse->data)[b * lse->batch_stride + h * lse->head_stride + t * lse->seq_stride];
+                if (L == -INFINITY)
+                    continue;
+                const float *orow = (const float *)o->data + b * o->batch_stride + h * o->head_stride + t * o->seq_stride;
+                const float *grow = (const float *)dout->data + b * dout->batch_stride + h * dout->head_stride +
+                                    t * dout->seq_stride;
+                double dsum = 0;
+                for (int64_t d = 0; d < D; d++)
+                    dsum += (double)grow[d] * (double)orow[d];
+                acc -= exp(s - L) * dsum;
+            }
+        part[h] = acc;
+    }
 }
 
 static void *alloc_f(int64_t n)
@@ -487,7 +551,7 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
         pack(kv[0], k, B, Hkv, Tl, Dk);
         pack(kv[0] + B * Hkv * Tl * Dk, v, B, Hkv, Tl, Dv);
         const sdpa_tensor_out lacc = own_lse ? (sdpa_tensor_out){la, Hq * Tl, Tl, 1} : *lse;
-        int inited[2] = {0, 0}, cur = 0;
+        int inited[2] = {0, 0}, sunk[2] = {0, 0}, cur = 0;
         for (int s = 0; s < R.P; s++) {
             const int src = (R.r - s + R.P) % R.P;
             msgs m = {.n = 0};
@@ -512,8 +576,13 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                 }
                 /* a window's call may cover only the last rows of a chunk */
                 const int whole = c[i].q0 % R.C == 0 && c[i].nq % R.C == 0;
-                if (!any && whole) { /* the first state of these rows: straight into the accumulator */
-                    st = sdpa_forward_with_workspace(&p, &qq, &kk, &vv, &oa, &lsa, ws, ws_bytes);
+                if (!any && whole) { /* the first state of these rows: straight into the accumulator,
+                                        with the sinks in the softmax as one call would */
+                    sdpa_problem ps = p;
+                    ps.sinks = R.sinks;
+                    st = sdpa_forward_with_workspace(&ps, &qq, &kk, &vv, &oa, &lsa, ws, ws_bytes);
+                    for (int cc = c0; cc <= c1; cc++)
+                        sunk[cc] = 1;
                 } else {
                     if (!all) /* a chunk without a state yet: an empty state (O = 0, LSE = -inf) */
                         for (int cc = c0; cc <= c1; cc++)
@@ -539,6 +608,11 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
         for (int cc = 0; cc < R.nc && st == SDPA_OK; cc++) /* rows no key reached (none today: */
             if (!inited[cc])                               /* every chunk meets its own block) */
                 empty_state(o, &lacc, B, Hq, cc * R.C, R.C, Dv);
+        for (int cc = 0; cc < R.nc && st == SDPA_OK && R.sinks; cc++) /* rows whose first state was */
+            if (!sunk[cc]) {                                            /* a merge: the sinks now */
+                const sdpa_tensor_out oc = rows_out(o, cc * R.C), lc = rows_out(&lacc, cc * R.C);
+                merge_sinks(R.sinks, &oc, &lc, B, Hq, R.C, Dv);
+            }
         st = agree_final(comm, st);
     }
     free(kv[0]);
@@ -577,7 +651,9 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
     float *kv[2] = {alloc_f(kvn), alloc_f(kvn)}, *dkv[2] = {alloc_f(kvn), alloc_f(kvn)};
     float *dkv_t = alloc_f(kvn), *dkv_c = alloc_f(kvn), *dq_acc = alloc_f(qn), *dq_t = alloc_f(qn);
     void *ws = malloc(ws_bytes ? ws_bytes : 1);
-    st = agree_alloc(comm, kv[0] && kv[1] && dkv[0] && dkv[1] && dkv_t && dkv_c && dq_acc && dq_t && ws);
+    double *ds = R.dsinks ? malloc(sizeof(double) * 2 * (size_t)(Hq > 0 ? Hq : 1)) : NULL;
+    st = agree_alloc(comm, kv[0] && kv[1] && dkv[0] && dkv[1] && dkv_t && dkv_c && dq_acc && dq_t && ws &&
+                               (!R.dsinks || ds));
     if (st == SDPA_OK) {
         pack(kv[0], k, B, Hkv, Tl, Dk);
         pack(kv[0] + kn, v, B, Hkv, Tl, Dv);
@@ -634,11 +710,17 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
         /* block r's sum, home after P steps */
         wait_all(&drecv);
         wait_all(&dsend);
+        if (R.dsinks) { /* every rank's rows: summed over the ranks (every rank takes part) */
+            dsinks_part(R.sinks, o, lse, dout, B, Hq, Tl, Dv, ds);
+            MPI_Allreduce(ds, ds + Hq, (int)Hq, MPI_DOUBLE, MPI_SUM, comm);
+        }
         st = agree_final(comm, st);
         if (st == SDPA_OK) {
             unpack(dq, dq_acc, B, Hq, Tl, Dk);
             unpack(dk, dkv[a], B, Hkv, Tl, Dk);
             unpack(dv, dkv[a] + kn, B, Hkv, Tl, Dv);
+            for (int64_t h = 0; R.dsinks && h < Hq; h++)
+                R.dsinks[h] = (float)ds[Hq + h];
         }
     }
     free(kv[0]);
@@ -650,6 +732,7 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
     free(dq_acc);
     free(dq_t);
     free(ws);
+    free(ds);
     free(R.kvbuf);
     return st;
 }

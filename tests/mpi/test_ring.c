@@ -61,7 +61,11 @@ typedef struct cfg {
     int have_window;      /* else both sides unbounded */
     int64_t wl, wr;       /* window_left / window_right (SDPA_WINDOW_UNBOUNDED allowed) */
     sdpa_alignment align; /* window_alignment */
+    int var;              /* 1: ALiBi slopes, 2: sinks (and dsinks), 3: both */
 } cfg;
+
+static const float test_slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+static const float test_sinks[4] = {0.3f, -1.0f, 2.0f, -INFINITY};
 
 /* max |x - ref| over finite references; a non-finite reference must match exactly
  * (both -inf); sets *bad on mismatch. */
@@ -163,6 +167,10 @@ static sdpa_problem problem_of(const cfg *c)
         p.window_alignment = c->align;
     }
     p.softcap = c->softcap;
+    if (c->var & 1)
+        p.alibi_slopes = test_slopes;
+    if (c->var & 2)
+        p.sinks = test_sinks;
     if (c->scale != 0) {
         p.use_default_scale = 0;
         p.scale = c->scale;
@@ -213,7 +221,11 @@ static void run_case(const cfg *c)
     for (size_t i = 0; i < nk; i++) k[i] = (float)(rng_unit() * 4 - 2);
     for (size_t i = 0; i < nv; i++) v[i] = (float)(rng_unit() * 2 - 1);
     for (size_t i = 0; i < no; i++) dout[i] = (float)(rng_unit() * 2 - 1);
-    const sdpa_problem p = problem_of(c);
+    sdpa_problem p = problem_of(c);
+    float ds1[4] = {0}, dsr[2][4] = {{0}};
+    double dsref[4] = {0};
+    if (c->var & 2)
+        p.dsinks = ds1;
 
     /* single process, float64 and naive fp32 over the whole problem */
     float *o1 = malloc(sizeof(float) * no), *l1 = malloc(sizeof(float) * nl), *dq1 = malloc(sizeof(float) * nq),
@@ -235,7 +247,7 @@ static void run_case(const cfg *c)
           *n32k = malloc(sizeof(float) * nk), *n32v = malloc(sizeof(float) * nv);
     ref_forward(&p, q, k, v, ro, rl);
     naive32_forward(&p, q, k, v, n32o, n32l);
-    ref_backward(&p, q, k, v, dout, rq, rk, rv);
+    ref_backward_dsinks(&p, q, k, v, dout, rq, rk, rv, dsref);
     naive32_backward(&p, q, k, v, dout, n32q, n32k, n32v);
 
     /* this rank's slices */
@@ -267,6 +279,8 @@ static void run_case(const cfg *c)
         slice sdv = make_slice(c, gv_, Hkv, Dv, 0);
         const sdpa_tensor tO = {so.view.data, so.view.batch_stride, so.view.head_stride, so.view.seq_stride};
         const sdpa_tensor tL = {lse_loc, sl.batch_stride, sl.head_stride, sl.seq_stride};
+        if (c->var & 2)
+            p.dsinks = dsr[run];
         st = sdpa_ring_backward(MPI_COMM_WORLD, c->layout, &p, &tq, &tk, &tv, &tO, &tL, &tdo, &sdq.view, &sdk.view,
                                 &sdv.view);
         check(st == SDPA_OK, c->name, "ring backward status", st, 0);
@@ -290,8 +304,22 @@ static void run_case(const cfg *c)
     fa_check(c, "dV", got_v[0], rv, n32v, dv1, Hkv, Dv, 3.0, 1e-5);
     const int same = !memcmp(got_o[0], got_o[1], sizeof(float) * lo) && !memcmp(got_l[0], got_l[1], sizeof(float) * ll) &&
                      !memcmp(got_q[0], got_q[1], sizeof(float) * lq) && !memcmp(got_k[0], got_k[1], sizeof(float) * lk) &&
-                     !memcmp(got_v[0], got_v[1], sizeof(float) * lv);
+                     !memcmp(got_v[0], got_v[1], sizeof(float) * lv) && !memcmp(dsr[0], dsr[1], sizeof dsr[0]);
     char msg[160];
+    if (c->var & 2) { /* dsinks: the same on every rank, against float64 and the single process */
+        double e = 0, e1 = 0;
+        for (int64_t h = 0; h < Hq; h++) {
+            const double d = fabs((double)dsr[0][h] - dsref[h]), d1 = fabs((double)ds1[h] - dsref[h]);
+            e = d > e ? d : e;
+            e1 = d1 > e1 ? d1 : e1;
+        }
+        float mine[4], lo4[4];
+        memcpy(mine, dsr[0], sizeof mine);
+        MPI_Allreduce(mine, lo4, 4, MPI_FLOAT, MPI_MIN, MPI_COMM_WORLD);
+        const int agree = !memcmp(mine, lo4, sizeof mine);
+        snprintf(msg, sizeof msg, "%s dsinks vs float64 (single process: %.2g), same on every rank", c->name, e1);
+        check(agree && e <= 2.0 * e1 + 1e-5, msg, "err vs bound", e, 2.0 * e1 + 1e-5);
+    }
     snprintf(msg, sizeof msg, "%s two runs bitwise identical", c->name);
     check(same, msg, "O, LSE, dQ, dK, dV", same, 1);
     for (int run = 0; run < 2; run++) {
@@ -433,35 +461,49 @@ int main(int argc, char **argv)
     }
     /* T = 48 splits for P = 1..4 in both layouts (2P divides 48 for P <= 4) */
     const cfg cases[] = {
-        {"full contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
-        {"causal contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
-        {"causal zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
-        {"full zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
-        {"causal zigzag GQA B=2 Dv!=Dk", 2, 4, 2, 48, 16, 8, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
-        {"causal bottom-right contiguous MQA", 1, 3, 1, 48, 8, 8, SDPA_CAUSAL_BOTTOM_RIGHT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
-        {"causal zigzag kv_lengths {37, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {37, 0}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
-        {"full contiguous kv_lengths {5, 48}", 2, 2, 1, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {5, 48}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
-        {"full zigzag kv_lengths {30, 13}", 2, 2, 2, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {30, 13}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
-        {"causal zigzag softcap 5 scale 0.7", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 5.0f, 0.7f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
-        {"causal zigzag T=96 D=64", 1, 2, 1, 96, 64, 64, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT},
+        {"full contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"causal contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"causal zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"full zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"causal zigzag GQA B=2 Dv!=Dk", 2, 4, 2, 48, 16, 8, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"causal bottom-right contiguous MQA", 1, 3, 1, 48, 8, 8, SDPA_CAUSAL_BOTTOM_RIGHT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"causal zigzag kv_lengths {37, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {37, 0}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"full contiguous kv_lengths {5, 48}", 2, 2, 1, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {5, 48}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"full zigzag kv_lengths {30, 13}", 2, 2, 2, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {30, 13}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"causal zigzag softcap 5 scale 0.7", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 5.0f, 0.7f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"causal zigzag T=96 D=64", 1, 2, 1, 96, 64, 64, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
         /* sliding windows on global positions: narrower than a chunk (6 rows at P = 4
          * zig-zag), across chunk edges, one-sided, two-sided, with causal, GQA, key lengths */
         {"causal window 5 zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0,
-         1, 5, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT},
+         1, 5, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT, 0},
         {"causal window 13 contiguous GQA", 1, 4, 2, 48, 16, 8, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0,
-         0, 1, 13, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT},
+         0, 1, 13, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT, 0},
         {"window (7, 3) zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 1, 7, 3,
-         SDPA_ALIGN_TOP_LEFT},
+         SDPA_ALIGN_TOP_LEFT, 0},
         {"window (0, 9) contiguous bottom-right", 1, 2, 1, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0,
-         0, 1, 0, 9, SDPA_ALIGN_BOTTOM_RIGHT},
+         0, 1, 0, 9, SDPA_ALIGN_BOTTOM_RIGHT, 0},
         {"window (unbounded, 2) zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 1,
-         SDPA_WINDOW_UNBOUNDED, 2, SDPA_ALIGN_TOP_LEFT},
+         SDPA_WINDOW_UNBOUNDED, 2, SDPA_ALIGN_TOP_LEFT, 0},
         {"window (20, 0) zigzag kv_lengths {33, 4}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {33, 4},
-         1, 0, 0, 1, 20, 0, SDPA_ALIGN_TOP_LEFT},
+         1, 0, 0, 1, 20, 0, SDPA_ALIGN_TOP_LEFT, 0},
         {"causal window 0 zigzag softcap 3", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0,
-         3.0f, 0, 1, 0, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT},
+         3.0f, 0, 1, 0, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT, 0},
         {"window (2, 30) contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 1, 2,
-         30, SDPA_ALIGN_TOP_LEFT},
+         30, SDPA_ALIGN_TOP_LEFT, 0},
+        /* ALiBi on global positions (every pair one call, its diagonal_offset the chunks'
+         * distance) and sinks merged after the ring */
+        {"ALiBi causal zigzag GQA", 1, 4, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0,
+         SDPA_ALIGN_TOP_LEFT, 1},
+        {"ALiBi full contiguous", 2, 2, 1, 48, 16, 8, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0,
+         SDPA_ALIGN_TOP_LEFT, 1},
+        {"ALiBi window (9, 4) zigzag kv_lengths {41, 6}", 2, 2, 2, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {41, 6},
+         1, 0, 0, 1, 9, 4, SDPA_ALIGN_TOP_LEFT, 1},
+        {"sinks causal zigzag", 1, 4, 4, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0,
+         SDPA_ALIGN_TOP_LEFT, 2},
+        {"sinks full zigzag kv_lengths {37, 0}", 2, 4, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {37, 0}, 1, 0,
+         0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 2},
+        {"ALiBi + sinks causal contiguous softcap 4", 1, 4, 1, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS,
+         {0, 0}, 0, 4.0f, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i]);
