@@ -281,6 +281,7 @@ typedef struct refp {
     int causal;     /* 0 none, 1 top-left, 2 bottom-right */
     int align_br;   /* window alignment without causal */
     long wl, wr;    /* -1 unbounded */
+    long off;       /* diagonal_offset */
     const int32_t *kvlen;
     const uint8_t *mask;
     long ms[4];
@@ -307,6 +308,7 @@ static sdpa_problem ref_problem(const refp *p)
     d.window_alignment = p->align_br ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
     d.window_left = p->wl >= 0 ? p->wl : SDPA_WINDOW_UNBOUNDED;
     d.window_right = p->wr >= 0 ? p->wr : SDPA_WINDOW_UNBOUNDED;
+    d.diagonal_offset = p->off;
     d.kv_lengths = p->kvlen;
     d.bool_mask = (sdpa_bool_mask){p->mask, p->ms[0], p->ms[1], p->ms[2], p->ms[3]};
     d.bias = (sdpa_bias){p->bias, p->bs[0], p->bs[1], p->bs[2], p->bs[3]};
@@ -398,7 +400,7 @@ static void fixture_make(fixture *f, int rank, int B, int Hq, int Hkv, int Tq, i
 {
     int64_t s[4];
     memset(f, 0, sizeof *f);
-    f->p = (refp){B, Hq, Hkv, Tq, Tk, Dk, Dv, 0, 0, 0, -1, -1, NULL, NULL, {0}, NULL, {0}};
+    f->p = (refp){B, Hq, Hkv, Tq, Tk, Dk, Dv, 0, 0, 0, -1, -1, 0, NULL, NULL, {0}, NULL, {0}};
     f->rank = rank;
     f->q = rand_floats((size_t)B * Hq * Tq * Dk);
     f->k = rand_floats((size_t)B * Hkv * Tk * Dk);
@@ -570,7 +572,7 @@ Test(cli, worked_example_forward)
     const char *args[] = {"forward", "-q", qp, "-k", kp, "-v", vp, "-o", P("O.npy"), NULL};
     run_result *r = run(args);
     cr_assert_eq(r->status, 0, "%s", r->err);
-    refp p = {1, 1, 1, 3, 3, 2, 2, 0, 0, 0, -1, -1, NULL, NULL, {0}, NULL, {0}};
+    refp p = {1, 1, 1, 3, 3, 2, 2, 0, 0, 0, -1, -1, 0, NULL, NULL, {0}, NULL, {0}};
     double o[6], lse[3];
     refp_forward(&p, Q, K, V, o, lse);
     /* float64: O = [[6.1546, 3.8454], [3.8454, 6.1546], [5, 5]] */
@@ -644,6 +646,29 @@ ParameterizedTest(size_t *index, cli, forward_with_options)
     f.p.align_br = c->align_br;
     check_forward(&f, c->extra);
     fixture_free(&f);
+}
+
+/* --diagonal-offset: causal and a window on a moved diagonal (queries later, then
+ * earlier than the keys), against the float64 reference with the same offset. */
+Test(cli, forward_diagonal_offset)
+{
+    static const long offs[] = {6, -3};
+    for (int t = 0; t < 2; t++) {
+        fixture f;
+        fixture_make(&f, 4, 1, 2, 1, 7, 11, 8, 8);
+        char off[16];
+        snprintf(off, sizeof off, "%ld", offs[t]);
+        f.p.off = offs[t];
+        f.p.causal = t == 0;
+        if (t == 1) {
+            f.p.wl = 2;
+            f.p.wr = 4;
+        }
+        const char *causal[] = {"--causal", "top-left", "--diagonal-offset", off, NULL};
+        const char *window[] = {"--window-left", "2", "--window-right", "4", "--diagonal-offset", off, NULL};
+        check_forward(&f, t == 0 ? causal : window);
+        fixture_free(&f);
+    }
 }
 
 /* check_forward with the boolean mask m (dtype descr, the given .npy shape) as

@@ -48,6 +48,7 @@ typedef struct cli_opts {
     int have_align;
     sdpa_alignment align;
     int64_t window_left, window_right;
+    int64_t diagonal_offset;
     int threads;
     sdpa_isa isa;
     /* --dtype (Q, O, dO, dQ) and --kv-dtype (K, V, dK, dV; default --dtype): the

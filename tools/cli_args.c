@@ -67,7 +67,7 @@ int library_error(sdpa_status st)
 /* ------------------------------------------------------------ the option table */
 
 typedef enum opt_kind {
-    K_PATH, K_SCALE, K_SOFTCAP, K_CAUSAL, K_ALIGN, K_WINDOW, K_THREADS, K_ISA, K_LAYOUT, K_PAGE_LAYOUT, K_DTYPE
+    K_PATH, K_SCALE, K_SOFTCAP, K_CAUSAL, K_ALIGN, K_WINDOW, K_OFFSET, K_THREADS, K_ISA, K_LAYOUT, K_PAGE_LAYOUT, K_DTYPE
 } opt_kind;
 
 typedef struct opt_def {
@@ -101,6 +101,8 @@ static const opt_def opt_defs[] = {
      "N: keys at most N after the diagonal (-1: unbounded)"},
     {"--window-align", NULL, K_ALIGN, OFF(align), FB,
      "top-left|bottom-right: diagonal of a window without --causal (default top-left)"},
+    {"--diagonal-offset", NULL, K_OFFSET, OFF(diagonal_offset), FB,
+     "N: moves the diagonal of causal, the window and ALiBi by N keys (default 0)"},
     {"--kv-len", NULL, K_PATH, OFF(kvlen), FB, "per-batch key lengths, int32 or int64 of shape (B,)"},
     {"--mask", NULL, K_PATH, OFF(mask), FB,
      "bool or uint8 mask (nonzero = may attend) broadcastable to (B, Hq, Tq, Tk)"},
@@ -313,6 +315,11 @@ static int parse_value(int cmd, const opt_def *d, const char *name, const char *
     case K_WINDOW:
         if (parse_int64(val, &n) != 0 || n < -1)
             return usage_error(cmd, "%s '%s': expected an integer >= 0 (or -1: unbounded)", name, val);
+        *(int64_t *)field = n;
+        return 0;
+    case K_OFFSET:
+        if (parse_int64(val, &n) != 0 || n < -SDPA_MAX_DIAGONAL_OFFSET || n > SDPA_MAX_DIAGONAL_OFFSET)
+            return usage_error(cmd, "%s '%s': expected an integer in [-2^48, 2^48]", name, val);
         *(int64_t *)field = n;
         return 0;
     case K_THREADS:

@@ -338,6 +338,7 @@ static void fill_problem(job *j)
     p->window_alignment = o->align;
     p->window_left = o->window_left;
     p->window_right = o->window_right;
+    p->diagonal_offset = o->diagonal_offset;
     p->num_threads = o->threads;
     p->isa = o->isa;
     p->softcap = o->softcap;

@@ -346,9 +346,10 @@ def _int_arg(x, name, lo, hi):
 # _binding.Problem, checked against the library's struct_size at import), and their
 # struct formats; the 7 sizes are consecutive int64.
 _OFF = _b.PROBLEM_OFFSETS
-_O_DIMS, _O_UDS, _O_SCALE, _O_CAUSAL, _O_WALIGN, _O_WL, _O_WR = (
+_O_DIMS, _O_UDS, _O_SCALE, _O_CAUSAL, _O_WALIGN, _O_WL, _O_WR, _O_DOFF = (
     _OFF[n] for n in ("batch", "use_default_scale", "scale", "causal", "window_alignment",
-                      "window_left", "window_right"))
+                      "window_left", "window_right", "diagonal_offset"))
+_MAX_DIAGONAL_OFFSET = 2**48   # SDPA_MAX_DIAGONAL_OFFSET
 _O_KVL, _O_MASK, _O_BIAS, _O_THREADS, _O_ISA, _O_BQ, _O_BK, _O_SOFTCAP = (
     _OFF[n] for n in ("kv_lengths", "bool_mask", "bias", "num_threads", "isa", "block_q",
                       "block_k", "softcap"))
@@ -387,7 +388,8 @@ class _Call:
                  "bcast_b", "sinks", "qdt", "kvdt", "qc", "kvc")
 
     def __init__(self, q, k, v, scale, causal, window, window_align, kv_lengths, mask, bias,
-                 softcap, alibi_slopes, sinks, threads, isa, block_q=0, block_k=0):
+                 softcap, alibi_slopes, sinks, threads, isa, block_q=0, block_k=0,
+                 diagonal_offset=0):
         if type(q) is not _Raw:
             if type(q) is not _ndarray:
                 q = _as_array(q, "q")
@@ -457,6 +459,9 @@ class _Call:
             _I64.pack_into(pb, _O_WL, -1 if left is None else _int_arg(left, "window left", -lim, lim))
             _I64.pack_into(pb, _O_WR,
                            -1 if right is None else _int_arg(right, "window right", -lim, lim))
+        if diagonal_offset is not None and (type(diagonal_offset) is not int or diagonal_offset):
+            _I64.pack_into(pb, _O_DOFF, _int_arg(diagonal_offset, "diagonal_offset",
+                                                 -_MAX_DIAGONAL_OFFSET, _MAX_DIAGONAL_OFFSET))
         if kv_lengths is not None:
             kl = _as_array(kv_lengths, "kv_lengths")
             if kl.dtype.kind not in "iu":
@@ -867,7 +872,7 @@ def _attention_seqs(q, k, v, seq_args, kv_lengths, mask, bias, rest, return_lse,
     return (out, lse) if return_lse else out
 
 
-def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=None,
+def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=None, diagonal_offset=0,
               kv_lengths=None, mask=None, bias=None, softcap=None, alibi_slopes=None, sinks=None,
               return_lse=False, threads=0, isa=None, out=None, out_dtype=None, block_q=0,
               block_k=0, cu_seqlens_q=None, cu_seqlens_k=None, block_table=None,
@@ -882,6 +887,8 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
     float32; O is rounded once to its type, which is q's unless out= or out_dtype= says
     otherwise. LSE is float32. Keywords:
       scale: float (default 1/sqrt(Dk)).  causal: None/False, True or 'top-left', 'bottom-right'.
+      diagonal_offset: moves the diagonal of causal, the window and ALiBi by that many keys
+        (an int in [-2^48, 2^48]; a query block later in the sequence than its key block).
       window: (left, right), None for an unbounded side; window_align: 'top-left' (default)
         or 'bottom-right' (the diagonal of a window without causal).
       kv_lengths: B key lengths, any integer dtype, each in [0, Tk].
@@ -911,7 +918,8 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
         return _attention_seqs(q, k, v, (cu_seqlens_q, cu_seqlens_k, block_table, seq_lens_k,
                                          page_layout), kv_lengths, mask, bias,
                                (scale, causal, window, window_align, None, None, None, softcap,
-                                alibi_slopes, sinks, threads, isa, block_q, block_k),
+                                alibi_slopes, sinks, threads, isa, block_q, block_k,
+                                diagonal_offset),
                                return_lse, out, out_dtype)
     if page_layout != "HND":
         raise ValueError("page_layout: only with block_table and seq_lens_k (paged K/V)")
@@ -919,7 +927,8 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
             out is None and out_dtype is None and window is None and window_align is None and \
             kv_lengths is None and mask is None and bias is None and softcap is None and \
             alibi_slopes is None and sinks is None and isa is None and not block_q and \
-            not block_k and type(threads) is int and 0 <= threads <= _INT_MAX:
+            not block_k and type(threads) is int and 0 <= threads <= _INT_MAX and \
+            type(diagonal_offset) is int and not diagonal_offset:
         if _fast_c is not None:
             r = _fast_c(q, k, v, scale, causal, threads, return_lse)
             if r is not None:
@@ -928,7 +937,7 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
         if r is not None:
             return r
     c = _Call(q, k, v, scale, causal, window, window_align, kv_lengths, mask, bias, softcap,
-              alibi_slopes, sinks, threads, isa, block_q, block_k)
+              alibi_slopes, sinks, threads, isa, block_q, block_k, diagonal_offset)
     rank, Hq, Tq, Dv = c.rank, c.Hq, c.Tq, c.Dv
     oshape = (c.B, Hq, Tq, Dv) if rank == 4 else (Hq, Tq, Dv) if rank == 3 else (Tq, Dv)
     if out is None:
@@ -966,7 +975,7 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
 
 
 def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=None, window=None,
-                       window_align=None, kv_lengths=None, mask=None, bias=None, softcap=None,
+                       window_align=None, diagonal_offset=0, kv_lengths=None, mask=None, bias=None, softcap=None,
                        alibi_slopes=None, sinks=None, threads=0, isa=None, block_q=0, block_k=0,
                        cu_seqlens_q=None, cu_seqlens_k=None):
     """dQ, dK, dV (sdpa_backward) of a loss whose gradient with respect to O is do.
@@ -989,9 +998,9 @@ def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=None, window=N
         return _backward_seqs(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, kv_lengths,
                               mask, bias, (scale, causal, window, window_align, None, None,
                                            None, softcap, alibi_slopes, sinks, threads, isa,
-                                           block_q, block_k))
+                                           block_q, block_k, diagonal_offset))
     c = _Call(q, k, v, scale, causal, window, window_align, kv_lengths, mask, bias, softcap,
-              alibi_slopes, sinks, threads, isa, block_q, block_k)
+              alibi_slopes, sinks, threads, isa, block_q, block_k, diagonal_offset)
     rank, B, Hq, Hkv, Tq, Tk, Dk, Dv = c.rank, c.B, c.Hq, c.Hkv, c.Tq, c.Tk, c.Dk, c.Dv
     oshape = _tshape(rank, B, Hq, Tq, Dv)
     o_arr, op, os_, oc = c.tensor_in(o, "o", oshape, _TYPED)

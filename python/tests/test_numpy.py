@@ -644,3 +644,34 @@ def test_gil_released():
         t.join()
     # with the GIL held through the call the spinner could not run inside that window
     assert hits[0] > 0, (one, batch, hits[0])
+
+
+# ---------------------------------------------------------------- diagonal_offset
+
+@pytest.mark.parametrize("off", [-5, 0, 3, 40])
+def test_diagonal_offset_against_reference(off):
+    """diagonal_offset reaches the library: causal masking on the moved diagonal (query i
+    sees keys j <= i + off) gives what the same mask given as a boolean mask gives, forward
+    and backward (the library's float64-reference tests cover the offset itself)."""
+    rng = np.random.default_rng(11)
+    q, k, v = qkv(rng, B=1, Hq=2, Hkv=1, Tq=9, Tk=13)
+    o, lse = libsdpa.attention(q, k, v, causal=True, diagonal_offset=off, return_lse=True)
+    i = np.arange(9)[:, None]
+    j = np.arange(13)[None, :]
+    m = j <= i + off
+    o2, lse2 = libsdpa.attention(q, k, v, mask=m, return_lse=True)
+    close(o, o2)
+    close(lse, lse2)
+    do = rnd(rng, 1, 2, 9, 12)
+    g1 = libsdpa.attention_backward(q, k, v, o, lse, do, causal=True, diagonal_offset=off)
+    g2 = libsdpa.attention_backward(q, k, v, o2, lse2, do, mask=m)
+    for a, b in zip(g1, g2):
+        close(a, b)
+
+
+def test_diagonal_offset_refusals():
+    rng = np.random.default_rng(2)
+    q, k, v = qkv(rng)
+    for bad in (True, 1.5, "3", 2**48 + 1, -(2**48) - 1):
+        with pytest.raises(ValueError):
+            libsdpa.attention(q, k, v, causal=True, diagonal_offset=bad)
