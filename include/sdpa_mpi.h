@@ -56,9 +56,12 @@
  * within the FlashAttention rule against float64. With P = 1 and the contiguous
  * layout the call is one sdpa_forward/sdpa_backward on the whole problem.
  *
- * Limit: the backward recomputes P from the global LSE; rows whose |LSE| >= 256
- * (where sdpa_backward recomputes the row's max and sum from the keys) see only
- * the keys of the block in hand: avoid logits in the hundreds.
+ * Large logits: the backward recomputes P from the global LSE. Where a rank has a
+ * row with |LSE| >= 256 (for which sdpa_backward would recompute the row's max and
+ * sum from the keys of the call, one block's), its calls get each row's -LSE as a
+ * bias (key stride 0) and LSE 0, the same P; those rows then have the library's
+ * ordinary fp32 precision (D = rowsum(dO * O) in float) rather than the float64
+ * statistics pass a single sdpa_backward gives them.
  *
  * Memory per rank beyond its slice: two K/V buffers (the block in hand and the
  * one arriving), one O-sized partial state, and in the backward two traveling

@@ -37,6 +37,8 @@ typedef struct ring {
     int per_pair;         /* a bounded window or ALiBi: one call per (query chunk, key chunk) pair */
     int64_t wl, wr;       /* the global window (wr = 0 with causal), SDPA_WINDOW_UNBOUNDED */
     const float *sinks;   /* Hq sink logits, merged in after the ring (forward), or NULL */
+    float *frame_bias;    /* backward, rows with |LSE| >= 256 present: -LSE per row [B, Hq, Tl] */
+    float *frame_lse;     /* and the LSE the calls get: 0 (-inf for a row with no key) */
     float *dsinks;        /* backward: Hq gradients, summed over every rank's rows, or NULL */
     const int32_t *kvlen; /* global key lengths, or NULL */
     sdpa_problem base;
@@ -149,6 +151,8 @@ static sdpa_problem call_problem(ring *R, int src, const sub_call *c)
     p.window_left = c->wl;
     p.window_right = c->wr;
     p.diagonal_offset = c->off;
+    if (R->frame_bias) /* every row's logits less its global LSE: see frame_rows */
+        p.bias = (sdpa_bias){R->frame_bias + c->q0, R->Hq * R->Tl, R->Tl, 1, 0};
     if (R->kvlen) {
         for (int64_t b = 0; b < R->B; b++) {
             int64_t len = 0;
@@ -627,6 +631,46 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
 
 /* ----------------------------------------------------------- backward */
 
+/* The backward recomputes P = exp(S - LSE) from the global LSE. For a row with
+ * |LSE| >= 256 sdpa_backward would not trust the LSE it is given and recompute the
+ * row's max and sum from the keys of the call, which here are one block's: wrong. If
+ * this rank has such a row, every call gets the bias -LSE of its row (key stride 0,
+ * added to the scaled logits) and LSE 0 instead, so that P = exp((S - LSE) - 0), the
+ * same values, and no call takes that path; a row with no allowed key (LSE = -inf)
+ * keeps bias 0 and LSE -inf. (Those rows then get the library's ordinary precision,
+ * D = rowsum(dO * O) in float, not its float64 statistics pass.) Returns 0 when no row
+ * needs it or one call covers every key, 1 when the buffers are set, -1 when they could
+ * not be allocated. */
+static int frame_rows(ring *R, const sdpa_tensor *lse)
+{
+    if (R->P == 1 && R->nc == 1) /* one call per row sees every key: the library's own path */
+        return 0;
+    const float *l = (const float *)lse->data;
+    int need = 0;
+    for (int64_t b = 0; b < R->B && !need; b++)
+        for (int64_t h = 0; h < R->Hq && !need; h++)
+            for (int64_t t = 0; t < R->Tl && !need; t++) {
+                const float x = l[b * lse->batch_stride + h * lse->head_stride + t * lse->seq_stride];
+                need = isfinite(x) && fabsf(x) >= 256.0f;
+            }
+    if (!need)
+        return 0;
+    const size_t n = (size_t)(R->B * R->Hq * R->Tl);
+    R->frame_bias = malloc((n ? n : 1) * sizeof(float));
+    R->frame_lse = malloc((n ? n : 1) * sizeof(float));
+    if (!R->frame_bias || !R->frame_lse)
+        return -1;
+    for (int64_t b = 0; b < R->B; b++)
+        for (int64_t h = 0; h < R->Hq; h++)
+            for (int64_t t = 0; t < R->Tl; t++) {
+                const float x = l[b * lse->batch_stride + h * lse->head_stride + t * lse->seq_stride];
+                const size_t e = (size_t)((b * R->Hq + h) * R->Tl + t);
+                R->frame_bias[e] = isfinite(x) ? -x : 0.0f;
+                R->frame_lse[e] = isfinite(x) ? 0.0f : x;
+            }
+    return 1;
+}
+
 sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa_problem *problem,
                                const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
                                const sdpa_tensor *o, const sdpa_tensor *lse, const sdpa_tensor *dout,
@@ -641,11 +685,16 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
             sdpa_problem sp = slice_problem(&R);
             char dummy[1];
             st = probe_status(sdpa_backward_with_workspace(&sp, q, k, v, o, lse, dout, dq, dk, dv, dummy, 1));
+            if (st == SDPA_OK && frame_rows(&R, lse) < 0)
+                st = SDPA_ERR_OUT_OF_MEMORY;
         }
     }
     size_t ws_bytes;
-    if ((st = ring_checked(&R, st, 1, problem, layout, &ws_bytes)) != SDPA_OK)
+    if ((st = ring_checked(&R, st, 1, problem, layout, &ws_bytes)) != SDPA_OK) {
+        free(R.frame_bias);
+        free(R.frame_lse);
         return st;
+    }
     const int64_t B = R.B, Hq = R.Hq, Hkv = R.Hkv, Tl = R.Tl, Dk = R.Dk, Dv = R.Dv;
     const int64_t kn = B * Hkv * Tl * Dk, kvn = B * Hkv * Tl * (Dk + Dv), qn = B * Hq * Tl * Dk;
     float *kv[2] = {alloc_f(kvn), alloc_f(kvn)}, *dkv[2] = {alloc_f(kvn), alloc_f(kvn)};
@@ -678,8 +727,9 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
                 const float *kb = kv[cur], *vb = kv[cur] + kn;
                 const sdpa_tensor kk = tv(kb + c[i].k0 * Dk, Hkv * Tl * Dk, Tl * Dk, Dk);
                 const sdpa_tensor vv = tv(vb + c[i].k0 * Dv, Hkv * Tl * Dv, Tl * Dv, Dv);
-                const sdpa_tensor qq = rows_in(q, c[i].q0), oo = rows_in(o, c[i].q0), ll = rows_in(lse, c[i].q0),
-                                  gg = rows_in(dout, c[i].q0);
+                const sdpa_tensor lf = {R.frame_lse, Hq * Tl, Tl, 1};
+                const sdpa_tensor qq = rows_in(q, c[i].q0), oo = rows_in(o, c[i].q0),
+                                  ll = rows_in(R.frame_lse ? &lf : lse, c[i].q0), gg = rows_in(dout, c[i].q0);
                 const sdpa_tensor_out dqo = {dq_t, Hq * nq * Dk, nq * Dk, Dk};
                 const sdpa_tensor_out dko = {dkv_t, Hkv * nk * Dk, nk * Dk, Dk};
                 const sdpa_tensor_out dvo = {dkv_t + B * Hkv * nk * Dk, Hkv * nk * Dv, nk * Dv, Dv};
@@ -733,6 +783,8 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
     free(dq_t);
     free(ws);
     free(ds);
+    free(R.frame_bias);
+    free(R.frame_lse);
     free(R.kvbuf);
     return st;
 }

@@ -504,6 +504,12 @@ int main(int argc, char **argv)
          0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 2},
         {"ALiBi + sinks causal contiguous softcap 4", 1, 4, 1, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS,
          {0, 0}, 0, 4.0f, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 3},
+        /* logits in the hundreds (scale 20: |LSE| >= 256 in most rows), where a call would
+         * recompute a row's max and sum from its block alone */
+        {"large logits causal zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 20.0f,
+         0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"large logits full contiguous kv_lengths {30, 48}", 2, 2, 1, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS,
+         {30, 48}, 1, 0, -20.0f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i]);
