@@ -74,7 +74,7 @@ def _np(t):
 
 
 def _call(q, k, v, mask, bias, kv_lengths, alibi, sinks, scale, causal, wl, wr, walign,
-          softcap):
+          softcap, doff):
     """The _api._Call (descriptor and tensor views) of the op's arguments."""
     return _api._Call(
         _raw(q, "q"), _raw(k, "k"), _raw(v, "v"),
@@ -83,7 +83,7 @@ def _call(q, k, v, mask, bias, kv_lengths, alibi, sinks, scale, causal, wl, wr, 
                                                     None if wr == -1 else wr),
         window_align="bottom-right" if walign else None, kv_lengths=_np(kv_lengths),
         mask=_np(mask), bias=_np(bias), softcap=softcap or None, alibi_slopes=_np(alibi),
-        sinks=_np(sinks), threads=torch.get_num_threads(), isa=None)
+        sinks=_np(sinks), threads=torch.get_num_threads(), isa=None, diagonal_offset=doff)
 
 
 def _fast_kernel(q, k, v, scale, causal, want_lse):
@@ -131,17 +131,18 @@ def _fast_kernel(q, k, v, scale, causal, want_lse):
 
 
 def _forward_kernel(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal,
-                    window_left, window_right, window_align, softcap, want_lse=True):
+                    window_left, window_right, window_align, softcap, diagonal_offset,
+                    want_lse=True):
     """The op's kernel: (O, LSE), or (O, None) with want_lse=False (attention() when no
     gradient is wanted)."""
     if mask is None and bias is None and kv_lengths is None and alibi_slopes is None and \
             sinks is None and window_left == -1 and window_right == -1 and not window_align \
-            and not softcap:
+            and not softcap and not diagonal_offset:
         r = _fast_kernel(q, k, v, scale, causal, want_lse)
         if r is not None:
             return r
     c = _call(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, window_left,
-              window_right, window_align, softcap)
+              window_right, window_align, softcap, diagonal_offset)
     if c.rank != 4:
         raise ValueError(f"libsdpa::attention: q of rank {c.rank}, expected 4")
     o, o_t = _out((c.B, c.Hq, c.Tq, c.Dv), q.dtype)   # O in q's type, as torch SDPA
@@ -160,15 +161,15 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   mask: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                   kv_lengths: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
                   sinks: Optional[torch.Tensor], scale: float, causal: int, window_left: int,
-                  window_right: int, window_align: int, softcap: float
+                  window_right: int, window_align: int, softcap: float, diagonal_offset: int
                   ) -> Tuple[torch.Tensor, torch.Tensor]:
     return _forward_kernel(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal,
-                           window_left, window_right, window_align, softcap)
+                           window_left, window_right, window_align, softcap, diagonal_offset)
 
 
 @_attention_op.register_fake
 def _(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, window_left,
-      window_right, window_align, softcap):
+      window_right, window_align, softcap, diagonal_offset):
     B = max(q.shape[0], k.shape[0])
     shape = (B,) + tuple(q.shape[1:-1])
     return q.new_empty(shape + (v.shape[-1],)), q.new_empty(shape, dtype=torch.float32)
@@ -180,10 +181,10 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
                            bias: Optional[torch.Tensor], kv_lengths: Optional[torch.Tensor],
                            alibi_slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
                            scale: float, causal: int, window_left: int, window_right: int,
-                           window_align: int, softcap: float
+                           window_align: int, softcap: float, diagonal_offset: int
                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     c = _call(q, k, v, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal, window_left,
-              window_right, window_align, softcap)
+              window_right, window_align, softcap, diagonal_offset)
     if c.rank != 4:
         raise ValueError(f"libsdpa::attention_backward: q of rank {c.rank}, expected 4")
     B, Hq, Hkv, Tq, Tk, Dk, Dv = c.B, c.Hq, c.Hkv, c.Tq, c.Tk, c.Dk, c.Dv
@@ -223,7 +224,7 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o:
 
 @_attention_backward_op.register_fake
 def _(q, k, v, o, lse, do, mask, bias, kv_lengths, alibi_slopes, sinks, scale, causal,
-      window_left, window_right, window_align, softcap):
+      window_left, window_right, window_align, softcap, diagonal_offset):
     ds = q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ds
 
@@ -240,7 +241,7 @@ def _backward(ctx, do, dlse):
     dq, dk, dv, dsinks = _attention_backward_op(q, k, v, o, lse, do, mask, bias, kvl, alibi,
                                                 sinks, *ctx.scalars)
     return (dq, dk, dv, None, None, None, None, dsinks if sinks is not None else None,
-            None, None, None, None, None, None)
+            None, None, None, None, None, None, None)
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -323,24 +324,25 @@ def _direct(tensors):
 
 
 def attention(query, key, value, *, scale=None, causal=None, window=None, window_align=None,
-              kv_lengths=None, mask=None, bias=None, softcap=None, alibi_slopes=None, sinks=None):
+              diagonal_offset=0, kv_lengths=None, mask=None, bias=None, softcap=None,
+              alibi_slopes=None, sinks=None):
     """libsdpa's attention on CPU tensors [.., H, T, D] with autograd (query, key, value, and
     sinks when given; mask and bias get no gradient). float32, bfloat16 or float16, read in
     place; key and value share one dtype, query's may differ (a float32 query over a
     bfloat16 cache); O has the query's dtype. The gradients have the types of query, key,
     value (a library whose backward refuses 16-bit tensors raises SdpaError). Keywords as
     libsdpa.attention (the NumPy API): causal None/True/'top-left'/'bottom-right', window
-    (left, right), kv_lengths (an integer tensor of B lengths), mask (bool, True = may attend)
+    (left, right), diagonal_offset, kv_lengths (an integer tensor of B lengths), mask (bool, True = may attend)
     and bias (float32) broadcastable to [B, Hq, Tq, Tk], softcap, alibi_slopes, sinks.
     GQA: query heads a multiple of key heads. Returns O [.., Hq, Tq, Dv]."""
     for t, n in ((query, "query"), (key, "key"), (value, "value")):
         _check_tensor(t, n)
     return _attention(query, key, value, scale, causal, window, window_align, kv_lengths, mask,
-                      bias, softcap, alibi_slopes, sinks)
+                      bias, softcap, alibi_slopes, sinks, diagonal_offset)
 
 
 def _attention(query, key, value, scale, causal, window, window_align, kv_lengths, mask, bias,
-               softcap, alibi_slopes, sinks):
+               softcap, alibi_slopes, sinks, diagonal_offset=0):
     """attention() after _check_tensor of query, key and value."""
     if key.dtype != value.dtype:
         raise ValueError(f"key and value: dtypes {key.dtype} and {value.dtype} differ (libsdpa "
@@ -381,7 +383,9 @@ def _attention(query, key, value, scale, causal, window, window_align, kv_length
     args = (q, k, v, None if mask is None else m4(mask, "mask", torch.bool),
             None if bias is None else m4(bias, "bias", torch.float32), kvl, al, sk,
             _NAN if scale is None else float(scale), cz, wl, wr,
-            1 if window_align in ("bottom-right", "bottom_right") else 0, float(softcap or 0.0))
+            1 if window_align in ("bottom-right", "bottom_right") else 0, float(softcap or 0.0),
+            _api._int_arg(diagonal_offset, "diagonal_offset", -_api._MAX_DIAGONAL_OFFSET,
+                          _api._MAX_DIAGONAL_OFFSET) if diagonal_offset is not None else 0)
     if _direct(args[:8]):
         o, _ = _forward_kernel(*args, want_lse=False)
     else:

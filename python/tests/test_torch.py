@@ -139,11 +139,11 @@ def test_opcheck():
     q, k, v = rn(2, 4, 5, 8), rn(2, 2, 7, 8), rn(2, 2, 7, 6)
     for t in (q, k, v):
         t.requires_grad_()
-    args = (q, k, v, None, None, None, None, None, float("nan"), 1, -1, -1, 0, 0.0)
+    args = (q, k, v, None, None, None, None, None, float("nan"), 1, -1, -1, 0, 0.0, 0)
     torch.library.opcheck(torch.ops.libsdpa.attention.default, args)
     sinks = torch.zeros(4, requires_grad=True)
     args = (q, k, v, torch.rand(5, 7) < 0.9, torch.randn(1, 4, 1, 7), torch.tensor([7, 3]),
-            torch.ones(4), sinks, 0.5, 2, 3, -1, 0, 2.0)
+            torch.ones(4), sinks, 0.5, 2, 3, -1, 0, 2.0, -2)
     torch.library.opcheck(torch.ops.libsdpa.attention.default, args)
 
 
@@ -205,7 +205,7 @@ def test_fast_kernel_same_call_as_general(case, monkeypatch):
 
     monkeypatch.setattr(lt._b, "forward_packed", spy)
     monkeypatch.setattr(lt, "_fast_kernel", fast)
-    args = (q, k, v, None, None, None, None, None, scale, causal, -1, -1, 0, 0.0)
+    args = (q, k, v, None, None, None, None, None, scale, causal, -1, -1, 0, 0.0, 0)
     o1, l1 = lt._forward_kernel(*args)
     monkeypatch.setattr(lt, "_fast_kernel", lambda *a: None)
     o2, l2 = lt._forward_kernel(*args)
@@ -285,3 +285,22 @@ def test_patch_routes_and_falls_back():
         F.scaled_dot_product_attention(q, q, q)
     msgs = [str(x.message) for x in w if "libsdpa" in str(x.message)]
     assert len(msgs) == 1 and "float64" in msgs[0]
+
+
+def test_diagonal_offset_with_autograd():
+    """libsdpa.torch.attention(diagonal_offset=) through the custom op: O and the
+    gradients equal those of the same mask given as a bool mask."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 7, 8, generator=g, requires_grad=True)
+    k = torch.randn(1, 2, 11, 8, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, 11, 8, generator=g, requires_grad=True)
+    m = torch.arange(11)[None, :] <= torch.arange(7)[:, None] + 3
+    o1 = lt.attention(q, k, v, causal=True, diagonal_offset=3)
+    g1 = torch.autograd.grad(o1.sum(), (q, k, v))
+    o2 = lt.attention(q, k, v, mask=m)
+    g2 = torch.autograd.grad(o2.sum(), (q, k, v))
+    torch.testing.assert_close(o1, o2, rtol=1e-6, atol=1e-6)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        lt.attention(q, k, v, causal=True, diagonal_offset=2**49)

@@ -175,7 +175,7 @@ def test_no_grad_16bit_needs_no_backward():
 def test_opcheck_16bit():
     for qt, kvt in ((BF16, BF16), (F16, F16), (F32, BF16)):
         q, k, v = rn(2, 4, 5, 8, dtype=qt), rn(2, 2, 7, 8, dtype=kvt), rn(2, 2, 7, 6, dtype=kvt)
-        args = (q, k, v, None, None, None, None, None, float("nan"), 1, -1, -1, 0, 0.0)
+        args = (q, k, v, None, None, None, None, None, float("nan"), 1, -1, -1, 0, 0.0, 0)
         torch.library.opcheck(torch.ops.libsdpa.attention.default, args)
         o, lse = torch.ops.libsdpa.attention(*args)
         assert o.dtype == qt and lse.dtype == F32
