@@ -89,6 +89,17 @@ if ring_vs_sdpa --window-left 7 --window-right 3; then
 stamp "sdpa-ring on 4 ranks vs sdpa (causal, ALiBi, sinks and their gradient)"
 if ring_vs_sdpa --causal top-left --alibi-slopes "$tmp/slopes.npy" --sinks "$tmp/sinks.npy"; then
   pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed (ALiBi, sinks)"; fi
+stamp "sdpa-ring refusals: a later output that cannot be written leaves no earlier one; an LSE of the wrong shape"
+/usr/bin/python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.zeros((48, 4, 2), np.float32))" "$tmp/lse_bad.npy"
+rm -f "$tmp"/r_*.npy
+refusals_ok=1
+timeout 120 "${MPIRUN[@]}" -np 2 $RG backward -q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" --do "$tmp/do.npy" \
+  --dq "$tmp/r_dq.npy" --dk "$tmp/r_dk.npy" --dv "$tmp/no-such-dir/r_dv.npy" >/dev/null 2>&1
+[ $? -eq 2 ] && ! ls "$tmp"/r_* >/dev/null 2>&1 || { refusals_ok=0; echo "sdpa-ring: partial outputs left behind"; }
+timeout 120 "${MPIRUN[@]}" -np 2 $RG backward -q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" -o "$tmp/o4.npy" \
+  --lse "$tmp/lse_bad.npy" --do "$tmp/do.npy" --dq "$tmp/r_dq.npy" --dk "$tmp/r_dk.npy" --dv "$tmp/r_dv.npy" >/dev/null 2>&1
+[ $? -eq 2 ] && ! ls "$tmp"/r_* >/dev/null 2>&1 || { refusals_ok=0; echo "sdpa-ring: an LSE of shape (48, 4, 2) was accepted"; }
+if [ $refusals_ok = 1 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
 rm -rf "$tmp"
 
 stamp "done"

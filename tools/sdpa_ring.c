@@ -227,15 +227,57 @@ static int same_shape(const arr *x, const char *path, const char *role, int ndim
     return 0;
 }
 
-static int write_out(const char *path, const float *data, int ndim, const int64_t *shape)
+/* The outputs of one command: each written to PATH.sdpa-ring-tmp, and renamed into
+ * place only when every one was written (outputs_commit), else all removed
+ * (outputs_discard): an error leaves no output behind. */
+enum { MAX_OUTPUTS = 6 };
+typedef struct outputs {
+    const char *path[MAX_OUTPUTS];
+    int n;
+} outputs;
+
+static void tmp_name(char *tmp, size_t len, const char *path)
 {
-    char tmp[4096], e[256];
-    snprintf(tmp, sizeof tmp, "%s.sdpa-ring-tmp", path);
-    if (npy_write_f32(tmp, data, ndim, shape, e, sizeof e) != 0 || rename(tmp, path) != 0) {
+    snprintf(tmp, len, "%s.sdpa-ring-tmp", path);
+}
+
+static int write_out(outputs *out, const char *path, const float *data, int ndim, const int64_t *shape)
+{
+    char tmp[4096], e[256] = "";
+    tmp_name(tmp, sizeof tmp, path);
+    if (npy_write_f32(tmp, data, ndim, shape, e, sizeof e) != 0) {
         err0("%s: %s", path, e[0] ? e : strerror(errno));
         remove(tmp);
         return EXIT_BAD;
     }
+    out->path[out->n++] = path;
+    return 0;
+}
+
+static void outputs_discard(outputs *out)
+{
+    char tmp[4096];
+    for (int i = 0; i < out->n; i++) {
+        tmp_name(tmp, sizeof tmp, out->path[i]);
+        remove(tmp);
+    }
+    out->n = 0;
+}
+
+static int outputs_commit(outputs *out)
+{
+    char tmp[4096];
+    for (int i = 0; i < out->n; i++) {
+        tmp_name(tmp, sizeof tmp, out->path[i]);
+        if (rename(tmp, out->path[i]) != 0) {
+            err0("%s: %s", out->path[i], strerror(errno));
+            for (int j = 0; j < i; j++) /* the ones already in place go too */
+                remove(out->path[j]);
+            outputs_discard(out);
+            return EXIT_BAD;
+        }
+    }
+    out->n = 0;
     return 0;
 }
 
@@ -322,9 +364,12 @@ static int run(int bwd, int argc, char **argv)
             rc = load(o.o, "O", &O);
             if (!rc) rc = same_shape(&O, o.o, "O", q.a.ndim, q.b, q.h, q.t, v.d);
             if (!rc) {
-                char e[256];
-                if (npy_read(o.lse, &L.a, e, sizeof e) != 0 || L.a.dtype != NPY_F4 || L.a.count != (size_t)(q.b * q.h * q.t)) {
-                    err0("%s: the LSE must be float32 of shape Q.shape[:-1]", o.lse);
+                char e[256] = "";
+                int ok = npy_read(o.lse, &L.a, e, sizeof e) == 0 && L.a.dtype == NPY_F4 && L.a.ndim == q.a.ndim - 1;
+                for (int d = 0; ok && d < L.a.ndim; d++) /* Q.shape[:-1] exactly */
+                    ok = L.a.shape[d] == q.a.shape[d];
+                if (!ok) {
+                    err0("%s: %s", o.lse, e[0] ? e : "the LSE must be float32 of shape Q.shape[:-1]");
                     rc = EXIT_BAD;
                 }
             }
@@ -344,9 +389,11 @@ static int run(int bwd, int argc, char **argv)
         for (int w = 0; w < 2 && !rc; w++) { /* slopes, sinks: float32 (Hq,) */
             const char *path = w ? o.sinks : o.slopes;
             npy_array *a = w ? &sk : &sl;
-            char e[256];
-            if (path && (npy_read(path, a, e, sizeof e) != 0 || a->dtype != NPY_F4 || a->ndim != 1 ||
-                         a->shape[0] != q.h)) {
+            char e[256] = "";
+            if (path && npy_read(path, a, e, sizeof e) != 0) {
+                err0("%s: %s", path, e);
+                rc = EXIT_BAD;
+            } else if (path && (a->dtype != NPY_F4 || a->ndim != 1 || a->shape[0] != q.h)) {
                 err0("%s: %s must be float32 of shape (Hq,) = (%lld,)", path, w ? "sinks" : "ALiBi slopes",
                      (long long)q.h);
                 rc = EXIT_BAD;
@@ -442,6 +489,7 @@ static int run(int bwd, int argc, char **argv)
     } else {
         int64_t shape[4];
         int w = 0;
+        outputs outs = {.n = 0};
         /* shape in the inputs' rank: [B, H, T, D] without the leading 1s the inputs lacked */
 #define SHAPE(h_, d_, nd_)                                                                                             \
     do {                                                                                                               \
@@ -453,10 +501,10 @@ static int run(int bwd, int argc, char **argv)
             float *go = gather(lo, B, Hq, T, Dv, o.layout), *gl = gather(ll, B, Hq, T, 1, o.layout);
             if (R == 0) {
                 SHAPE(Hq, Dv, ndim);
-                w = write_out(o.o, go, ndim, shape);
+                w = write_out(&outs, o.o, go, ndim, shape);
                 if (!w && o.lse) {
                     SHAPE(Hq, 1, ndim - 1);
-                    w = write_out(o.lse, gl, ndim - 1, shape);
+                    w = write_out(&outs, o.lse, gl, ndim - 1, shape);
                 }
             }
             free(go);
@@ -466,19 +514,25 @@ static int run(int bwd, int argc, char **argv)
                   *gv = gather(ldv, B, Hkv, T, Dv, o.layout);
             if (R == 0) {
                 SHAPE(Hq, Dk, ndim);
-                w = write_out(o.dq, gq, ndim, shape);
+                w = write_out(&outs, o.dq, gq, ndim, shape);
                 SHAPE(Hkv, Dk, ndim);
-                if (!w) w = write_out(o.dk, gk, ndim, shape);
+                if (!w) w = write_out(&outs, o.dk, gk, ndim, shape);
                 SHAPE(Hkv, Dv, ndim);
-                if (!w) w = write_out(o.dv, gv, ndim, shape);
+                if (!w) w = write_out(&outs, o.dv, gv, ndim, shape);
                 shape[0] = Hq;
-                if (!w && o.dsinks) w = write_out(o.dsinks, dsinks, 1, shape);
+                if (!w && o.dsinks) w = write_out(&outs, o.dsinks, dsinks, 1, shape);
             }
             free(gq);
             free(gk);
             free(gv);
         }
 #undef SHAPE
+        if (R == 0) {
+            if (w)
+                outputs_discard(&outs);
+            else
+                w = outputs_commit(&outs);
+        }
         int64_t ww = w;
         MPI_Bcast(&ww, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
         rc = (int)ww;

@@ -204,8 +204,8 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
         return SDPA_ERR_NEGATIVE_SIZE;
     if (p->window_left < SDPA_WINDOW_UNBOUNDED || p->window_right < SDPA_WINDOW_UNBOUNDED)
         return SDPA_ERR_BAD_WINDOW;
-    if (p->causal == SDPA_CAUSAL_NONE && p->window_alignment != SDPA_ALIGN_TOP_LEFT &&
-        p->window_alignment != SDPA_ALIGN_BOTTOM_RIGHT)
+    /* the enums as the library checks them (the ring rewrites both fields of its calls) */
+    if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT || (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT)
         return SDPA_ERR_BAD_DESCRIPTOR;
     /* bottom-right alignment is top-left's when Tq = Tk, unless key lengths move it */
     const int bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
@@ -233,8 +233,12 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     R->Tl = p->q_len / R->P;
     R->C = R->Tl / R->nc;
     R->causal = p->causal != SDPA_CAUSAL_NONE;
-    R->wl = p->window_left;
-    R->wr = R->causal ? 0 : p->window_right;
+    /* a bound wider than the sequence limits nothing: unbounded (this also keeps
+     * delta +- bound + C in plan_pair_calls from overflowing, |delta| <= T) */
+    R->wl = p->window_left > R->T && p->window_left - R->T > R->T ? SDPA_WINDOW_UNBOUNDED : p->window_left;
+    R->wr = R->causal                                                   ? 0
+            : p->window_right > R->T && p->window_right - R->T > R->T ? SDPA_WINDOW_UNBOUNDED
+                                                                        : p->window_right;
     R->per_pair = R->wl != SDPA_WINDOW_UNBOUNDED || (!R->causal && R->wr != SDPA_WINDOW_UNBOUNDED) ||
                   p->alibi_slopes != NULL;
     R->kvlen = p->kv_lengths;
@@ -265,6 +269,19 @@ static sdpa_problem slice_problem(ring *R)
     p.sinks = R->sinks; /* validated with the slice's tensors (dsinks: aliasing) */
     p.dsinks = R->dsinks;
     return p;
+}
+
+/* Whether bytes [p, p + n) overlap the memory of a valid output view [B, H, T, D]
+ * (non-negative strides: the library's probe has checked them). The probe sees the
+ * ring's own copy of the key lengths, so the caller's array is checked here. */
+static int overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, int64_t H, int64_t T, int64_t D)
+{
+    if (!p || !n || !t || !t->data || B <= 0 || H <= 0 || T <= 0 || D <= 0)
+        return 0;
+    const uintptr_t a = (uintptr_t)p, lo = (uintptr_t)t->data;
+    const uintptr_t hi = lo + (uintptr_t)((B - 1) * t->batch_stride + (H - 1) * t->head_stride +
+                                          (T - 1) * t->seq_stride + D) * sizeof(float);
+    return a < hi && lo < a + n;
 }
 
 /* A library call with a workspace too small to run validates everything and writes nothing. */
@@ -539,6 +556,10 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
             sdpa_problem sp = slice_problem(&R);
             char dummy[1];
             st = probe_status(sdpa_forward_with_workspace(&sp, q, k, v, o, lse, dummy, 1));
+            const size_t kb = R.kvlen ? (size_t)R.B * sizeof(int32_t) : 0;
+            if (st == SDPA_OK && (overlaps(R.kvlen, kb, o, R.B, R.Hq, R.Tl, R.Dv) ||
+                                  overlaps(R.kvlen, kb, lse, R.B, R.Hq, R.Tl, 1)))
+                st = SDPA_ERR_ALIASING;
         }
     }
     size_t ws_bytes;
@@ -685,6 +706,15 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
             sdpa_problem sp = slice_problem(&R);
             char dummy[1];
             st = probe_status(sdpa_backward_with_workspace(&sp, q, k, v, o, lse, dout, dq, dk, dv, dummy, 1));
+            const size_t kb = R.kvlen ? (size_t)R.B * sizeof(int32_t) : 0;
+            const sdpa_tensor_out ds = {R.dsinks, 0, 0, 1};
+            if (st == SDPA_OK && (overlaps(R.kvlen, kb, dq, R.B, R.Hq, R.Tl, R.Dk) ||
+                                  overlaps(R.kvlen, kb, dk, R.B, R.Hkv, R.Tl, R.Dk) ||
+                                  overlaps(R.kvlen, kb, dv, R.B, R.Hkv, R.Tl, R.Dv) ||
+                                  overlaps(R.kvlen, kb, &ds, 1, 1, 1, R.Hq)))
+                st = SDPA_ERR_ALIASING;
+            if (R.P == 1 && R.nc == 1) /* one call sees every key: the sinks go into it, so that */
+                R.base.sinks = R.sinks; /* a row with |LSE| >= 256 has them in its recomputed sum */
             if (st == SDPA_OK && frame_rows(&R, lse) < 0)
                 st = SDPA_ERR_OUT_OF_MEMORY;
         }

@@ -61,11 +61,12 @@ typedef struct cfg {
     int have_window;      /* else both sides unbounded */
     int64_t wl, wr;       /* window_left / window_right (SDPA_WINDOW_UNBOUNDED allowed) */
     sdpa_alignment align; /* window_alignment */
-    int var;              /* 1: ALiBi slopes, 2: sinks (and dsinks), 3: both */
+    int var;              /* 1: ALiBi slopes, 2: sinks (and dsinks), 3: both; 4: large sinks (with 2) */
 } cfg;
 
 static const float test_slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
 static const float test_sinks[4] = {0.3f, -1.0f, 2.0f, -INFINITY};
+static const float test_sinks_large[4] = {300.0f, 280.0f, -1.0f, -INFINITY}; /* |LSE| >= 256 */
 
 /* max |x - ref| over finite references; a non-finite reference must match exactly
  * (both -inf); sets *bad on mismatch. */
@@ -170,7 +171,7 @@ static sdpa_problem problem_of(const cfg *c)
     if (c->var & 1)
         p.alibi_slopes = test_slopes;
     if (c->var & 2)
-        p.sinks = test_sinks;
+        p.sinks = c->var & 4 ? test_sinks_large : test_sinks;
     if (c->scale != 0) {
         p.use_default_scale = 0;
         p.scale = c->scale;
@@ -421,6 +422,16 @@ static void bad_case(const char *name, int which)
         p.kv_lengths = kvl;
         expect = SDPA_ERR_UNSUPPORTED;
         break;
+    case 10: /* causal out of its enum on one rank */
+        if (me)
+            p.causal = (sdpa_causal)7;
+        expect = SDPA_ERR_BAD_DESCRIPTOR;
+        break;
+    case 11: /* window_alignment out of its enum, with causal, on one rank */
+        if (me)
+            p.window_alignment = (sdpa_alignment)9;
+        expect = SDPA_ERR_BAD_DESCRIPTOR;
+        break;
     }
     for (int pass = 0; pass < 2; pass++) {
         sdpa_status st = pass == 0 ? sdpa_ring_forward(MPI_COMM_WORLD, layout, &p, &tq, &t, &t, &to, &tl)
@@ -442,6 +453,64 @@ static void bad_case(const char *name, int which)
         snprintf(msg, sizeof msg, "bad argument on rank %d: %s (%s): same status on every rank, nothing written",
                  P - 1, name, pass ? "backward" : "forward");
         check(agree && st == expect && untouched, msg, "status vs expected", st, expect);
+    }
+    free(x); free(o); free(l); free(g); free(dq); free(dk); free(dv);
+}
+
+/* The caller's key lengths inside an output's memory (the padding column of O's
+ * rows, or dsinks): SDPA_ERR_ALIASING on every rank, nothing written, as
+ * sdpa_forward / sdpa_backward do. */
+static void kvlen_alias_case(void)
+{
+    const int64_t B = 1, H = 2, T = 24, D = 8, Tl = T / P, W = D + 1; /* O rows padded by one */
+    const size_t n = (size_t)(B * H * Tl * D), nw = (size_t)(B * H * Tl * W);
+    float *x = malloc(sizeof(float) * n), *o = malloc(sizeof(float) * nw), *l = malloc(sizeof(float) * (size_t)(H * Tl));
+    float *g = malloc(sizeof(float) * n), *dq = malloc(sizeof(float) * n), *dk = malloc(sizeof(float) * n),
+          *dv = malloc(sizeof(float) * n), sinks[2] = {0.5f, -1.0f}, ds[2] = {7.0f, 7.0f};
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)(i % 5) * 0.2f;
+        g[i] = 0.25f;
+        dq[i] = dk[i] = dv[i] = 12345.0f;
+    }
+    for (size_t i = 0; i < nw; i++)
+        o[i] = 12345.0f;
+    for (int64_t i = 0; i < H * Tl; i++)
+        l[i] = 0.5f;
+    const cfg shape = {.name = "kv_lengths alias", .B = 1, .Hq = (int)H, .Hkv = (int)H, .T = (int)T, .Dk = (int)D,
+                       .Dv = (int)D, .causal = SDPA_CAUSAL_TOP_LEFT};
+    sdpa_problem p = problem_of(&shape);
+    const int32_t kvl_ok = 20;
+    int32_t kvl_in_ds[1] = {20};
+    const sdpa_tensor t = {x, H * Tl * D, Tl * D, D}, tg = {g, H * Tl * D, Tl * D, D}, tl = {l, H * Tl, Tl, 1};
+    const sdpa_tensor_out to = {o, H * Tl * W, Tl * W, W}, tlo = {l, H * Tl, Tl, 1};
+    const sdpa_tensor tO = {o, H * Tl * W, Tl * W, W};
+    const sdpa_tensor_out tdq = {dq, H * Tl * D, Tl * D, D}, tdk = {dk, H * Tl * D, Tl * D, D}, tdv = {dv, H * Tl * D, Tl * D, D};
+    const int me = R == P - 1;
+    for (int pass = 0; pass < 2; pass++) {
+        sdpa_status st;
+        if (pass == 0) { /* forward: the lengths in the padding slot of O's first row on the last rank */
+            memcpy(&o[D], &kvl_ok, sizeof kvl_ok);
+            p.kv_lengths = me ? (const int32_t *)(const void *)&o[D] : &kvl_ok;
+            st = sdpa_ring_forward(MPI_COMM_WORLD, SDPA_RING_ZIGZAG, &p, &t, &t, &t, &to, &tlo);
+        } else { /* backward: dsinks over the lengths on the last rank */
+            p.sinks = sinks;
+            p.kv_lengths = me ? kvl_in_ds : &kvl_ok;
+            p.dsinks = me ? (float *)(void *)kvl_in_ds : ds;
+            st = sdpa_ring_backward(MPI_COMM_WORLD, SDPA_RING_ZIGZAG, &p, &t, &t, &t, &tO, &tl, &tg, &tdq, &tdk, &tdv);
+        }
+        int sts[2] = {st, -st}, r[2];
+        MPI_Allreduce(sts, r, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        int untouched = kvl_in_ds[0] == 20 && ds[0] == 7.0f && ds[1] == 7.0f;
+        for (size_t i = 0; i < nw; i++)
+            if (i % (size_t)W != (size_t)D && o[i] != 12345.0f)
+                untouched = 0;
+        for (size_t i = 0; i < n; i++)
+            if (dq[i] != 12345.0f || dk[i] != 12345.0f || dv[i] != 12345.0f)
+                untouched = 0;
+        char msg[160];
+        snprintf(msg, sizeof msg, "kv_lengths inside an output on rank %d (%s): ALIASING on every rank, nothing written",
+                 P - 1, pass ? "backward: dsinks" : "forward: O's row padding");
+        check(r[0] == -r[1] && st == SDPA_ERR_ALIASING && untouched, msg, "status", st, SDPA_ERR_ALIASING);
     }
     free(x); free(o); free(l); free(g); free(dq); free(dk); free(dv);
 }
@@ -508,6 +577,17 @@ int main(int argc, char **argv)
          * recompute a row's max and sum from its block alone */
         {"large logits causal zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 20.0f,
          0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"large logits + sinks causal contiguous kv_lengths {5, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT,
+         SDPA_RING_CONTIGUOUS, {5, 0}, 1, 0, 20.0f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 2},
+        {"large sinks causal contiguous kv_lengths {9, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT,
+         SDPA_RING_CONTIGUOUS, {9, 0}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 6},
+        {"large sinks full zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0,
+         SDPA_ALIGN_TOP_LEFT, 6},
+        /* window bounds at INT64_MAX: unbounded, nothing overflows */
+        {"window (3, INT64_MAX) zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 1, 3,
+         INT64_MAX, SDPA_ALIGN_TOP_LEFT, 0},
+        {"window (INT64_MAX - 1, 2) contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0,
+         0, 0, 1, INT64_MAX - 1, 2, SDPA_ALIGN_TOP_LEFT, 0},
         {"large logits full contiguous kv_lengths {30, 48}", 2, 2, 1, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS,
          {30, 48}, 1, 0, -20.0f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
     };
@@ -515,9 +595,11 @@ int main(int argc, char **argv)
         run_case(&cases[i]);
     const char *bad[] = {"NULL Q", "negative stride", "descriptor disagrees", "bias (unsupported)",
                          "T not a multiple of 2P", "NaN scale", "O aliases Q", "negative window",
-                         "windows that disagree", "bottom-right window with kv_lengths"};
-    for (int i = 0; i < 10; i++)
+                         "windows that disagree", "bottom-right window with kv_lengths", "causal = 7",
+                         "window_alignment = 9"};
+    for (int i = 0; i < 12; i++)
         bad_case(bad[i], i);
+    kvlen_alias_case();
     if (R == 0) {
         printf("mpi ring (%d ranks): %d passed, %d failed\n", P, passed, failed);
         fflush(stdout);
