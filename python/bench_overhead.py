@@ -96,7 +96,7 @@ def c_call_alone(run):
     path is set aside for the capture: it hands the library the same bytes as the Python
     one (python/tests/test_numpy.py checks that)."""
     captured = []
-    saved = _binding.forward_packed, _api._forward, _api._fast_c
+    saved = _binding.forward_packed, _api._forward, getattr(_api, "_fast_c", None)
     _api._fast_c = None
 
     def spy(*args):
