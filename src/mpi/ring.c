@@ -599,10 +599,8 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                     any |= inited[cc];
                     all &= inited[cc];
                 }
-                /* a window's call may cover only the last rows of a chunk */
-                const int whole = c[i].q0 % R.C == 0 && c[i].nq % R.C == 0;
-                if (!any && whole) { /* the first state of these rows: straight into the accumulator,
-                                        with the sinks in the softmax as one call would */
+                if (!any) { /* the first state of these rows: straight into the accumulator,
+                               with the sinks in the softmax as one call would have them */
                     sdpa_problem ps = p;
                     ps.sinks = R.sinks;
                     st = sdpa_forward_with_workspace(&ps, &qq, &kk, &vv, &oa, &lsa, ws, ws_bytes);
@@ -630,11 +628,10 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
             wait_all(&m);
             cur = 1 - cur;
         }
-        for (int cc = 0; cc < R.nc && st == SDPA_OK; cc++) /* rows no key reached (none today: */
-            if (!inited[cc])                               /* every chunk meets its own block) */
-                empty_state(o, &lacc, B, Hq, cc * R.C, R.C, Dv);
-        for (int cc = 0; cc < R.nc && st == SDPA_OK && R.sinks; cc++) /* rows whose first state was */
-            if (!sunk[cc]) {                                            /* a merge: the sinks now */
+        /* chunks whose first state was a merge into an empty state (the branch above;
+         * today's plans start every chunk with a call of its own): the sinks now */
+        for (int cc = 0; cc < R.nc && st == SDPA_OK && R.sinks; cc++)
+            if (!sunk[cc]) {
                 const sdpa_tensor_out oc = rows_out(o, cc * R.C), lc = rows_out(&lacc, cc * R.C);
                 merge_sinks(R.sinks, &oc, &lc, B, Hq, R.C, Dv);
             }
