@@ -62,8 +62,8 @@ np.save(f'{d}/slopes.npy', np.array([0.5, 0.25, 0.125, 0.0625], dtype=np.float32
 np.save(f'{d}/sinks.npy', np.array([0.3, -1.0, 2.0, -np.inf], dtype=np.float32))
 PY
 S=build-mpi-ci/tools/sdpa; RG=build-mpi-ci/tools/sdpa-ring
-ring_vs_sdpa() {  # the options after -q/-k/-v, for sdpa and sdpa-ring alike
-  local common=(-q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" "$@") ds1=() ds4=()
+ring_vs_sdpa() {  # the options after -q/-k/-v, for sdpa and sdpa-ring alike; KV=suffix: other K, V files
+  local common=(-q "$tmp/q.npy" -k "$tmp/k${KV:-}.npy" -v "$tmp/v${KV:-}.npy" "$@") ds1=() ds4=()
   rm -f "$tmp"/ds?.npy
   if [[ " $* " == *" --sinks "* ]]; then ds1=(--dsinks "$tmp/ds1.npy"); ds4=(--dsinks "$tmp/ds4.npy"); fi
   $S forward "${common[@]}" -o "$tmp/o1.npy" --lse "$tmp/l1.npy" &&
@@ -89,6 +89,15 @@ if ring_vs_sdpa --window-left 7 --window-right 3; then
 stamp "sdpa-ring on 4 ranks vs sdpa (causal, ALiBi, sinks and their gradient)"
 if ring_vs_sdpa --causal top-left --alibi-slopes "$tmp/slopes.npy" --sinks "$tmp/sinks.npy"; then
   pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed (ALiBi, sinks)"; fi
+stamp "sdpa-ring on 4 ranks vs sdpa (48 queries against 96 keys, causal bottom-right)"
+/usr/bin/python3 - "$tmp" <<'PY'
+import sys, numpy as np
+d = sys.argv[1]; r = np.random.default_rng(9)
+for n, s in [('k96', (2, 2, 96, 16)), ('v96', (2, 2, 96, 8))]:
+    np.save(f'{d}/{n}.npy', r.standard_normal(s).astype(np.float32))
+PY
+if KV=96 ring_vs_sdpa --causal bottom-right; then
+  pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed (Tq != Tk)"; fi
 stamp "sdpa-ring refusals: a later output that cannot be written leaves no earlier one; an LSE of the wrong shape"
 /usr/bin/python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.zeros((48, 4, 2), np.float32))" "$tmp/lse_bad.npy"
 rm -f "$tmp"/r_*.npy

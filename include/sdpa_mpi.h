@@ -12,12 +12,14 @@
  * block they belong to, accumulate in fp32 at every rank they visit and arrive
  * home after P steps (ring-flash-attn's scheme).
  *
- * The problem descriptor describes the GLOBAL problem: q_len = kv_len = T (the
- * whole sequence; self-attention), the same on every rank. The tensor views are
- * the rank's LOCAL slice, with the core API's strides: T / P rows, the rows
- * below, in increasing global position.
+ * The problem descriptor describes the GLOBAL problem: q_len = Tq and kv_len = Tk
+ * (the whole sequence: Tq = Tk for self-attention; Tq < Tk for a chunk of queries
+ * against a longer cache, or Tq > Tk), the same on every rank. The tensor views are
+ * the rank's LOCAL slices, with the core API's strides: Tq / P query rows (Q, O,
+ * LSE, dO, dQ) and Tk / P key rows (K, V, dK, dV), split as below (each length by
+ * itself), in increasing global position.
  *
- * Layouts (the split of the sequence into the ranks' slices):
+ * Layouts (the split of a sequence of length T, Tq or Tk, into the ranks' slices):
  *   SDPA_RING_CONTIGUOUS  rank r holds rows [r T/P, (r+1) T/P). T % P == 0.
  *   SDPA_RING_ZIGZAG      the sequence is cut into 2P chunks of C = T / (2P)
  *                         rows; rank r holds chunk r then chunk 2P-1-r (local
@@ -25,19 +27,21 @@
  *                         causal mask every rank then does the same work.
  * sdpa_ring_global_row() maps a local row to its global position.
  *
- * Masks whose meaning survives sharding: none; causal (top-left; bottom-right is
- * the same for Tq = Tk without kv_lengths), applied on global positions (a key
- * block entirely after the query block is skipped, the diagonal block is causal,
- * earlier blocks unmasked); sliding windows (window_left / window_right, with or
- * without causal) and ALiBi on global positions: each (query chunk, key chunk) pair
- * is one call whose diagonal_offset is the chunks' distance, pairs the window does
- * not reach are skipped (the K/V blocks still go the whole way round the ring);
- * kv_lengths (global key lengths, each in [0, T]); GQA; a custom scale; softcap;
+ * Masks whose meaning survives sharding: none; causal (top-left, or bottom-right:
+ * diagonal Tk - Tq), applied on global positions (with Tq = Tk and no window or
+ * ALiBi: a key block entirely after the query block is skipped, the diagonal block
+ * is causal, earlier blocks unmasked); sliding windows (window_left / window_right,
+ * with or without causal), ALiBi, and any causal mask when Tq != Tk: each (query
+ * chunk, key chunk) pair is one call whose diagonal_offset is the global diagonal
+ * plus the chunks' distance, pairs no query of which sees a key are skipped (the K/V
+ * blocks still go the whole way round the ring; rows that see no key get O = 0,
+ * LSE = -inf, or the sink);
+ * kv_lengths (global key lengths, each in [0, Tk]); GQA; a custom scale; softcap;
  * sinks (in the softmax of each row's first call, as one call would have them) and,
  * in the backward, dsinks (each rank's rows summed in double, then over the ranks
  * with MPI_Allreduce; every rank gets the total). Refused with SDPA_ERR_UNSUPPORTED:
- * q_len != kv_len, T not a multiple of P (2P for zig-zag), bool_mask and bias (a
- * [T, T] mask per rank would undo the ring's memory bound), bf16/fp16 tensors,
+ * Tq or Tk not a multiple of P (2P for zig-zag), bool_mask and bias (a dense mask
+ * per rank would be Tq/P x Tk and undo the ring's memory bound), bf16/fp16 tensors,
  * packed/paged sequences (seqs), a nonzero diagonal_offset, bottom-right causal, a
  * bottom-right window or bottom-right ALiBi with kv_lengths. A window bound below
  * SDPA_WINDOW_UNBOUNDED: SDPA_ERR_BAD_WINDOW.

@@ -15,8 +15,8 @@
  * --kv-len LENS.npy, --alibi-slopes SLOPES.npy, --sinks SINKS.npy (float32 (Hq,)),
  * backward --dsinks dSINKS.npy (written), --threads N, --isa NAME, --layout
  * zigzag|contiguous (default zigzag). Refused (not computed by the ring): --mask,
- * --bias, packed sequences. Self-attention only
- * (Q and K of the same length T), T a multiple of the rank count (2x for zig-zag).
+ * --bias, packed sequences. Q's length and K's (they may differ: a chunk of queries
+ * against a longer cache) each a multiple of the rank count (2x for zig-zag).
  * Errors: "sdpa-ring: error: ..." from rank 0, exit status 2 on every rank. */
 #include <errno.h>
 #include <math.h>
@@ -66,7 +66,7 @@ static void usage(void)
                 "         --window-align top-left|bottom-right, --scale S, --softcap C, --kv-len LENS.npy,\n"
                 "         --alibi-slopes SLOPES.npy, --sinks SINKS.npy, backward: --dsinks dSINKS.npy (written),\n"
                 "         --threads N, --isa NAME, --layout zigzag|contiguous (default zigzag)\n"
-                "Q, K, V: float32 (T, D), (H, T, D) or (B, H, T, D), Q and K of the same T, T a multiple of\n"
+                "Q, K, V: float32 (T, D), (H, T, D) or (B, H, T, D); Q's T and K's each a multiple of\n"
                 "N (contiguous) or 2N (zigzag). Rank 0 reads and writes the files.\n");
 }
 
@@ -334,10 +334,10 @@ static int run(int bwd, int argc, char **argv)
     int rc = parse(bwd, argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
-    /* rank 0 reads; hdr: rc, ndim, B, Hq, Hkv, T, Dk, Dv, have O/LSE */
+    /* rank 0 reads; hdr: rc, ndim, B, Hq, Hkv, Tq, Dk, Dv, have O/LSE, Tk */
     arr q = {0}, k = {0}, v = {0}, O = {0}, L = {0}, dO = {0};
     npy_array kl = {0}, sl = {0}, sk = {0};
-    int64_t hdr[9] = {0};
+    int64_t hdr[10] = {0};
     int32_t *kvlen = NULL;
     float *slopes = NULL, *sinks = NULL, *dsinks = NULL;
     if (R == 0) {
@@ -350,15 +350,14 @@ static int run(int bwd, int argc, char **argv)
                  "a multiple of K's, Q and K the same head_dim)", o.q, o.k, o.v);
             rc = EXIT_BAD;
         }
-        if (!rc && q.t != k.t) {
-            err0("%s: Q has %lld rows, K %lld: sdpa-ring computes self-attention (the same T)", o.k, (long long)q.t,
-                 (long long)k.t);
-            rc = EXIT_BAD;
-        }
-        if (!rc && sdpa_ring_local_len(q.t, P, o.layout) < 0) {
-            err0("T = %lld is not a multiple of %d (%s layout on %d ranks)", (long long)q.t,
-                 o.layout == SDPA_RING_ZIGZAG ? 2 * P : P, o.layout == SDPA_RING_ZIGZAG ? "zigzag" : "contiguous", P);
-            rc = EXIT_BAD;
+        for (int w = 0; w < 2 && !rc; w++) { /* Q's length, K's: each split over the ranks */
+            const int64_t t = w ? k.t : q.t;
+            if (sdpa_ring_local_len(t, P, o.layout) < 0) {
+                err0("%s: T = %lld is not a multiple of %d (%s layout on %d ranks)", w ? o.k : o.q, (long long)t,
+                     o.layout == SDPA_RING_ZIGZAG ? 2 * P : P, o.layout == SDPA_RING_ZIGZAG ? "zigzag" : "contiguous",
+                     P);
+                rc = EXIT_BAD;
+            }
         }
         if (!rc && bwd && o.o) {
             rc = load(o.o, "O", &O);
@@ -403,16 +402,17 @@ static int run(int bwd, int argc, char **argv)
             err0("--dsinks needs --sinks (it is the gradient of the sinks)");
             rc = EXIT_BAD;
         }
-        const int64_t h[9] = {rc, q.a.ndim, q.b, q.h, k.h, q.t, q.d, v.d, bwd && o.o};
+        const int64_t h[10] = {rc, q.a.ndim, q.b, q.h, k.h, q.t, q.d, v.d, bwd && o.o, k.t};
         memcpy(hdr, h, sizeof hdr);
     }
-    MPI_Bcast(hdr, 9, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    MPI_Bcast(hdr, 10, MPI_INT64_T, 0, MPI_COMM_WORLD);
     if (hdr[0]) {
         rc = (int)hdr[0];
         goto done;
     }
     const int ndim = (int)hdr[1];
-    const int64_t B = hdr[2], Hq = hdr[3], Hkv = hdr[4], T = hdr[5], Dk = hdr[6], Dv = hdr[7], Tl = T / P;
+    const int64_t B = hdr[2], Hq = hdr[3], Hkv = hdr[4], T = hdr[5], Dk = hdr[6], Dv = hdr[7], Tl = T / P,
+                  Tk = hdr[9], Tkl = Tk / P;
     if (o.kvlen) {
         kvlen = malloc(sizeof(int32_t) * (size_t)(B + 1));
         if (R == 0)
@@ -441,7 +441,8 @@ static int run(int bwd, int argc, char **argv)
     p.batch = B;
     p.q_heads = Hq;
     p.kv_heads = Hkv;
-    p.q_len = p.kv_len = T;
+    p.q_len = T;
+    p.kv_len = Tk;
     p.head_dim_qk = Dk;
     p.head_dim_v = Dv;
     p.causal = o.causal;
@@ -458,10 +459,10 @@ static int run(int bwd, int argc, char **argv)
         p.use_default_scale = 0;
         p.scale = o.scale;
     }
-    float *lq = scatter(q.a.data, B, Hq, T, Dk, o.layout), *lk = scatter(k.a.data, B, Hkv, T, Dk, o.layout),
-          *lv = scatter(v.a.data, B, Hkv, T, Dv, o.layout);
+    float *lq = scatter(q.a.data, B, Hq, T, Dk, o.layout), *lk = scatter(k.a.data, B, Hkv, Tk, Dk, o.layout),
+          *lv = scatter(v.a.data, B, Hkv, Tk, Dv, o.layout);
     float *lo = NULL, *ll = NULL, *ldo = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
-    const sdpa_tensor tq = view(lq, Hq, Tl, Dk), tk = view(lk, Hkv, Tl, Dk), tv = view(lv, Hkv, Tl, Dv);
+    const sdpa_tensor tq = view(lq, Hq, Tl, Dk), tk = view(lk, Hkv, Tkl, Dk), tv = view(lv, Hkv, Tkl, Dv);
     sdpa_status st = SDPA_OK;
     if (hdr[8]) { /* backward with the given O and LSE */
         lo = scatter(O.a.data, B, Hq, T, Dv, o.layout);
@@ -475,11 +476,11 @@ static int run(int bwd, int argc, char **argv)
     if (st == SDPA_OK && bwd) {
         ldo = scatter(dO.a.data, B, Hq, T, Dv, o.layout);
         ldq = malloc(sizeof(float) * (size_t)(B * Hq * Tl * Dk + 1));
-        ldk = malloc(sizeof(float) * (size_t)(B * Hkv * Tl * Dk + 1));
-        ldv = malloc(sizeof(float) * (size_t)(B * Hkv * Tl * Dv + 1));
+        ldk = malloc(sizeof(float) * (size_t)(B * Hkv * Tkl * Dk + 1));
+        ldv = malloc(sizeof(float) * (size_t)(B * Hkv * Tkl * Dv + 1));
         const sdpa_tensor tO = view(lo, Hq, Tl, Dv), tL = view(ll, Hq, Tl, 1), tdo = view(ldo, Hq, Tl, Dv);
-        const sdpa_tensor_out tdq = view_out(ldq, Hq, Tl, Dk), tdk = view_out(ldk, Hkv, Tl, Dk),
-                              tdv = view_out(ldv, Hkv, Tl, Dv);
+        const sdpa_tensor_out tdq = view_out(ldq, Hq, Tl, Dk), tdk = view_out(ldk, Hkv, Tkl, Dk),
+                              tdv = view_out(ldv, Hkv, Tkl, Dv);
         p.dsinks = dsinks;
         st = sdpa_ring_backward(MPI_COMM_WORLD, o.layout, &p, &tq, &tk, &tv, &tO, &tL, &tdo, &tdq, &tdk, &tdv);
     }
@@ -491,33 +492,33 @@ static int run(int bwd, int argc, char **argv)
         int w = 0;
         outputs outs = {.n = 0};
         /* shape in the inputs' rank: [B, H, T, D] without the leading 1s the inputs lacked */
-#define SHAPE(h_, d_, nd_)                                                                                             \
+#define SHAPE(h_, t_, d_, nd_)                                                                                         \
     do {                                                                                                               \
-        const int64_t full[4] = {B, h_, T, d_};                                                                        \
+        const int64_t full[4] = {B, h_, t_, d_};                                                                       \
         for (int i_ = 0; i_ < (nd_); i_++)                                                                             \
             shape[i_] = full[4 - ndim + i_];                                                                           \
     } while (0)
         if (!bwd) {
             float *go = gather(lo, B, Hq, T, Dv, o.layout), *gl = gather(ll, B, Hq, T, 1, o.layout);
             if (R == 0) {
-                SHAPE(Hq, Dv, ndim);
+                SHAPE(Hq, T, Dv, ndim);
                 w = write_out(&outs, o.o, go, ndim, shape);
                 if (!w && o.lse) {
-                    SHAPE(Hq, 1, ndim - 1);
+                    SHAPE(Hq, T, 1, ndim - 1);
                     w = write_out(&outs, o.lse, gl, ndim - 1, shape);
                 }
             }
             free(go);
             free(gl);
         } else {
-            float *gq = gather(ldq, B, Hq, T, Dk, o.layout), *gk = gather(ldk, B, Hkv, T, Dk, o.layout),
-                  *gv = gather(ldv, B, Hkv, T, Dv, o.layout);
+            float *gq = gather(ldq, B, Hq, T, Dk, o.layout), *gk = gather(ldk, B, Hkv, Tk, Dk, o.layout),
+                  *gv = gather(ldv, B, Hkv, Tk, Dv, o.layout);
             if (R == 0) {
-                SHAPE(Hq, Dk, ndim);
+                SHAPE(Hq, T, Dk, ndim);
                 w = write_out(&outs, o.dq, gq, ndim, shape);
-                SHAPE(Hkv, Dk, ndim);
+                SHAPE(Hkv, Tk, Dk, ndim);
                 if (!w) w = write_out(&outs, o.dk, gk, ndim, shape);
-                SHAPE(Hkv, Dv, ndim);
+                SHAPE(Hkv, Tk, Dv, ndim);
                 if (!w) w = write_out(&outs, o.dv, gv, ndim, shape);
                 shape[0] = Hq;
                 if (!w && o.dsinks) w = write_out(&outs, o.dsinks, dsinks, 1, shape);

@@ -5,7 +5,7 @@
  * sdpa_backward_with_workspace, sdpa_merge_states).
  *
  * Step s of P: rank r holds the K/V block of rank src = r - s (mod P), packed
- * contiguously [B, Hkv, Tl, Dk] then [B, Hkv, Tl, Dv]. It posts the send of that
+ * contiguously [B, Hkv, Tkl, Dk] then [B, Hkv, Tkl, Dv]. It posts the send of that
  * block to r + 1 and the receive of the next one from r - 1, runs the local calls
  * of its query chunks against the key chunks of src (plan_calls: skipped,
  * causal on the diagonal, unmasked), merges or accumulates, then waits. */
@@ -32,12 +32,16 @@ typedef struct ring {
     MPI_Comm comm;
     int P, r, nc; /* ranks, this rank, chunks per rank (1 contiguous, 2 zig-zag) */
     sdpa_ring_layout layout;
-    int64_t B, Hq, Hkv, T, Dk, Dv, C, Tl; /* C: chunk rows, Tl = nc * C */
+    int64_t B, Hq, Hkv, Dk, Dv;
+    int64_t Tq, Tk;       /* the whole sequence's query and key lengths */
+    int64_t Cq, Ck;       /* rows of a query / key chunk */
+    int64_t Tql, Tkl;     /* this rank's query / key rows: nc * Cq, nc * Ck */
+    int64_t dglob;        /* the global diagonal: Tk - Tq bottom-right, else 0 */
     int causal;
     int per_pair;         /* a bounded window or ALiBi: one call per (query chunk, key chunk) pair */
     int64_t wl, wr;       /* the global window (wr = 0 with causal), SDPA_WINDOW_UNBOUNDED */
     const float *sinks;   /* Hq sink logits, merged in after the ring (forward), or NULL */
-    float *frame_bias;    /* backward, rows with |LSE| >= 256 present: -LSE per row [B, Hq, Tl] */
+    float *frame_bias;    /* backward, rows with |LSE| >= 256 present: -LSE per row [B, Hq, Tql] */
     float *frame_lse;     /* and the LSE the calls get: 0 (-inf for a row with no key) */
     float *dsinks;        /* backward: Hq gradients, summed over every rank's rows, or NULL */
     const int32_t *kvlen; /* global key lengths, or NULL */
@@ -73,21 +77,23 @@ int64_t sdpa_ring_global_row(int64_t T, int P, int rank, sdpa_ring_layout layout
     return (int64_t)chunk_id(P, rank, nc, (int)(row / C)) * C + row % C;
 }
 
-/* The calls of step `src` with a bounded window or ALiBi: one per (query chunk, key
- * chunk) pair, whose diagonal_offset is delta = (global start of the query chunk) -
- * (that of the key chunk): the library then applies causal masking (wr = 0), the
- * window and ALiBi on global positions. A pair no query of which may see a key of
- * (a + delta - wl <= b <= a + delta + wr for rows a, b in [0, C)) is skipped. */
+/* The calls of step `src` with a bounded window, ALiBi, or query and key lengths that
+ * differ: one per (query chunk, key chunk) pair, whose diagonal_offset is delta = the
+ * global diagonal + (global start of the query chunk) - (that of the key chunk): the
+ * library then applies causal masking (wr = 0), the window and ALiBi on global
+ * positions. A pair no query of which may see a key of (a + delta - wl <= b <= a +
+ * delta + wr for rows a in [0, Cq), b in [0, Ck)) is skipped. */
 static int plan_pair_calls(const ring *R, int src, sub_call out[4])
 {
-    const int64_t C = R->C, UNB = SDPA_WINDOW_UNBOUNDED;
+    const int64_t Cq = R->Cq, Ck = R->Ck, UNB = SDPA_WINDOW_UNBOUNDED;
     int n = 0;
     for (int i = 0; i < R->nc; i++)
         for (int j = 0; j < R->nc; j++) {
-            const int64_t delta = ((int64_t)chunk_id(R->P, R->r, R->nc, i) - chunk_id(R->P, src, R->nc, j)) * C;
-            if ((R->wr != UNB && delta + R->wr + C - 1 < 0) || (R->wl != UNB && delta - R->wl > C - 1))
+            const int64_t delta = R->dglob + (int64_t)chunk_id(R->P, R->r, R->nc, i) * Cq -
+                                  (int64_t)chunk_id(R->P, src, R->nc, j) * Ck;
+            if ((R->wr != UNB && delta + R->wr + Cq - 1 < 0) || (R->wl != UNB && delta - R->wl > Ck - 1))
                 continue;
-            out[n++] = (sub_call){i * C, C, j * C, C, 0, R->wl, R->wr, delta};
+            out[n++] = (sub_call){i * Cq, Cq, j * Ck, Ck, 0, R->wl, R->wr, delta};
         }
     return n;
 }
@@ -97,10 +103,11 @@ static int plan_pair_calls(const ring *R, int src, sub_call out[4])
 static int plan_calls(const ring *R, int src, sub_call out[4])
 {
     int m[2][2], n = 0;
-    if (R->C == 0)
+    if (R->Cq == 0 || R->Ck == 0)
         return 0;
     if (R->per_pair)
         return plan_pair_calls(R, src, out);
+    const int64_t C = R->Cq; /* = Ck here (per_pair otherwise) */
     for (int i = 0; i < R->nc; i++)
         for (int j = 0; j < R->nc; j++) {
             const int cq = chunk_id(R->P, R->r, R->nc, i), ck = chunk_id(R->P, src, R->nc, j);
@@ -110,7 +117,7 @@ static int plan_calls(const ring *R, int src, sub_call out[4])
     for (int i = 0; i < R->nc; i++)
         for (int j = 0; j < R->nc; j++)
             if (m[i][j] == MASK_DIAG)
-                out[n++] = (sub_call){i * R->C, R->C, j * R->C, R->C, 1, UNB, UNB, 0};
+                out[n++] = (sub_call){i * C, C, j * C, C, 1, UNB, UNB, 0};
     /* unmasked key chunks of each query chunk: a run of local chunks [lo, hi) */
     int lo[2] = {0, 0}, hi[2] = {0, 0};
     for (int i = 0; i < R->nc; i++) {
@@ -125,16 +132,16 @@ static int plan_calls(const ring *R, int src, sub_call out[4])
             lo[i] = a;
             hi[i] = b;
         }
-        for (int j = lo[i]; j < hi[i]; j++) /* the run must be all unmasked (it is: see the split) */
-            if (m[i][j] != MASK_FULL)
-                abort();
+        for (int j = lo[i]; j < hi[i]; j++) /* the run is all unmasked (by the split); */
+            if (m[i][j] != MASK_FULL)       /* were it not, the pair calls are right anyway */
+                return plan_pair_calls(R, src, out);
     }
     if (R->nc == 2 && hi[0] > lo[0] && lo[0] == lo[1] && hi[0] == hi[1])
-        out[n++] = (sub_call){0, 2 * R->C, lo[0] * R->C, (hi[0] - lo[0]) * R->C, 0, UNB, UNB, 0};
+        out[n++] = (sub_call){0, 2 * C, lo[0] * C, (hi[0] - lo[0]) * C, 0, UNB, UNB, 0};
     else
         for (int i = 0; i < R->nc; i++)
             if (hi[i] > lo[i])
-                out[n++] = (sub_call){i * R->C, R->C, lo[i] * R->C, (hi[i] - lo[i]) * R->C, 0, UNB, UNB, 0};
+                out[n++] = (sub_call){i * C, C, lo[i] * C, (hi[i] - lo[i]) * C, 0, UNB, UNB, 0};
     return n;
 }
 
@@ -152,13 +159,13 @@ static sdpa_problem call_problem(ring *R, int src, const sub_call *c)
     p.window_right = c->wr;
     p.diagonal_offset = c->off;
     if (R->frame_bias) /* every row's logits less its global LSE: see frame_rows */
-        p.bias = (sdpa_bias){R->frame_bias + c->q0, R->Hq * R->Tl, R->Tl, 1, 0};
+        p.bias = (sdpa_bias){R->frame_bias + c->q0, R->Hq * R->Tql, R->Tql, 1, 0};
     if (R->kvlen) {
         for (int64_t b = 0; b < R->B; b++) {
             int64_t len = 0;
             for (int64_t j0 = c->k0; j0 < c->k0 + c->nk;) {
-                const int64_t off = j0 % R->C, m = R->C - off < c->k0 + c->nk - j0 ? R->C - off : c->k0 + c->nk - j0;
-                const int64_t g = (int64_t)chunk_id(R->P, src, R->nc, (int)(j0 / R->C)) * R->C + off;
+                const int64_t Ck = R->Ck, off = j0 % Ck, m = Ck - off < c->k0 + c->nk - j0 ? Ck - off : c->k0 + c->nk - j0;
+                const int64_t g = (int64_t)chunk_id(R->P, src, R->nc, (int)(j0 / Ck)) * Ck + off;
                 int64_t x = R->kvlen[b] - g;
                 len += x < 0 ? 0 : x > m ? m : x;
                 j0 += m;
@@ -207,14 +214,16 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     /* the enums as the library checks them (the ring rewrites both fields of its calls) */
     if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT || (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT)
         return SDPA_ERR_BAD_DESCRIPTOR;
-    /* bottom-right alignment is top-left's when Tq = Tk, unless key lengths move it */
+    /* the global diagonal: bottom-right is Tk - Tq (one value for every batch: key
+     * lengths would move it per batch, refused with a diagonal that matters) */
     const int bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
-                             (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT &&
-                              (p->window_left != SDPA_WINDOW_UNBOUNDED || p->window_right != SDPA_WINDOW_UNBOUNDED ||
-                               p->alibi_slopes));
+                             (p->causal == SDPA_CAUSAL_NONE && p->window_alignment == SDPA_ALIGN_BOTTOM_RIGHT);
+    const int diagonal_used = p->causal != SDPA_CAUSAL_NONE || p->window_left != SDPA_WINDOW_UNBOUNDED ||
+                              p->window_right != SDPA_WINDOW_UNBOUNDED || p->alibi_slopes;
     if (p->diagonal_offset != 0 || p->seqs || p->bool_mask.data || p->bias.data ||
         p->q_dtype != SDPA_DTYPE_F32 || p->kv_dtype != SDPA_DTYPE_F32 || p->o_dtype != SDPA_DTYPE_F32 ||
-        (bottom_right && p->kv_lengths) || p->q_len != p->kv_len || sdpa_ring_local_len(p->q_len, R->P, layout) < 0)
+        (bottom_right && diagonal_used && p->kv_lengths) || sdpa_ring_local_len(p->q_len, R->P, layout) < 0 ||
+        sdpa_ring_local_len(p->kv_len, R->P, layout) < 0)
         return SDPA_ERR_UNSUPPORTED;
     if (p->kv_lengths)
         for (int64_t b = 0; b < p->batch; b++)
@@ -227,20 +236,23 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     R->B = p->batch;
     R->Hq = p->q_heads;
     R->Hkv = p->kv_heads;
-    R->T = p->q_len;
+    R->Tq = p->q_len;
+    R->Tk = p->kv_len;
     R->Dk = p->head_dim_qk;
     R->Dv = p->head_dim_v;
-    R->Tl = p->q_len / R->P;
-    R->C = R->Tl / R->nc;
+    R->Tql = p->q_len / R->P;
+    R->Tkl = p->kv_len / R->P;
+    R->Cq = R->Tql / R->nc;
+    R->Ck = R->Tkl / R->nc;
+    R->dglob = bottom_right ? R->Tk - R->Tq : 0;
     R->causal = p->causal != SDPA_CAUSAL_NONE;
-    /* a bound wider than the sequence limits nothing: unbounded (this also keeps
-     * delta +- bound + C in plan_pair_calls from overflowing, |delta| <= T) */
-    R->wl = p->window_left > R->T && p->window_left - R->T > R->T ? SDPA_WINDOW_UNBOUNDED : p->window_left;
-    R->wr = R->causal                                                   ? 0
-            : p->window_right > R->T && p->window_right - R->T > R->T ? SDPA_WINDOW_UNBOUNDED
-                                                                        : p->window_right;
+    /* a bound wider than both sequences limits nothing: unbounded (this also keeps
+     * delta +- bound + C in plan_pair_calls from overflowing, |delta| <= Tq + Tk) */
+    const int64_t wl = p->window_left, wr = p->window_right;
+    R->wl = wl > R->Tq && wl - R->Tq > R->Tk ? SDPA_WINDOW_UNBOUNDED : wl;
+    R->wr = R->causal ? 0 : wr > R->Tq && wr - R->Tq > R->Tk ? SDPA_WINDOW_UNBOUNDED : wr;
     R->per_pair = R->wl != SDPA_WINDOW_UNBOUNDED || (!R->causal && R->wr != SDPA_WINDOW_UNBOUNDED) ||
-                  p->alibi_slopes != NULL;
+                  p->alibi_slopes != NULL || R->Tq != R->Tk;
     R->kvlen = p->kv_lengths;
     R->sinks = p->sinks;
     R->dsinks = p->dsinks;
@@ -259,11 +271,12 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
 static sdpa_problem slice_problem(ring *R)
 {
     sdpa_problem p = R->base;
-    p.q_len = p.kv_len = R->Tl;
-    p.causal = R->causal ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
+    p.q_len = R->Tql;
+    p.kv_len = R->Tkl;
+    p.causal = R->causal && R->Tql == R->Tkl ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
     if (R->kvlen) {
         for (int64_t b = 0; b < R->B; b++)
-            R->kvbuf[b] = (int32_t)(R->kvlen[b] < R->Tl ? R->kvlen[b] : R->Tl);
+            R->kvbuf[b] = (int32_t)(R->kvlen[b] < R->Tkl ? R->kvlen[b] : R->Tkl);
         p.kv_lengths = R->kvbuf;
     }
     p.sinks = R->sinks; /* validated with the slice's tensors (dsinks: aliasing) */
@@ -557,25 +570,25 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
             char dummy[1];
             st = probe_status(sdpa_forward_with_workspace(&sp, q, k, v, o, lse, dummy, 1));
             const size_t kb = R.kvlen ? (size_t)R.B * sizeof(int32_t) : 0;
-            if (st == SDPA_OK && (overlaps(R.kvlen, kb, o, R.B, R.Hq, R.Tl, R.Dv) ||
-                                  overlaps(R.kvlen, kb, lse, R.B, R.Hq, R.Tl, 1)))
+            if (st == SDPA_OK && (overlaps(R.kvlen, kb, o, R.B, R.Hq, R.Tql, R.Dv) ||
+                                  overlaps(R.kvlen, kb, lse, R.B, R.Hq, R.Tql, 1)))
                 st = SDPA_ERR_ALIASING;
         }
     }
     size_t ws_bytes;
     if ((st = ring_checked(&R, st, 0, problem, layout, &ws_bytes)) != SDPA_OK)
         return st;
-    const int64_t B = R.B, Hq = R.Hq, Hkv = R.Hkv, Tl = R.Tl, Dk = R.Dk, Dv = R.Dv;
-    const int64_t kvn = B * Hkv * Tl * (Dk + Dv);
+    const int64_t B = R.B, Hq = R.Hq, Hkv = R.Hkv, Tql = R.Tql, Tkl = R.Tkl, Dk = R.Dk, Dv = R.Dv;
+    const int64_t kvn = B * Hkv * Tkl * (Dk + Dv);
     const int own_lse = !(lse && lse->data);
     float *kv[2] = {alloc_f(kvn), alloc_f(kvn)};
-    float *ot = alloc_f(B * Hq * Tl * Dv), *lt = alloc_f(B * Hq * Tl), *la = own_lse ? alloc_f(B * Hq * Tl) : NULL;
+    float *ot = alloc_f(B * Hq * Tql * Dv), *lt = alloc_f(B * Hq * Tql), *la = own_lse ? alloc_f(B * Hq * Tql) : NULL;
     void *ws = malloc(ws_bytes ? ws_bytes : 1);
     st = agree_alloc(comm, kv[0] && kv[1] && ot && lt && (!own_lse || la) && ws);
     if (st == SDPA_OK) {
-        pack(kv[0], k, B, Hkv, Tl, Dk);
-        pack(kv[0] + B * Hkv * Tl * Dk, v, B, Hkv, Tl, Dv);
-        const sdpa_tensor_out lacc = own_lse ? (sdpa_tensor_out){la, Hq * Tl, Tl, 1} : *lse;
+        pack(kv[0], k, B, Hkv, Tkl, Dk);
+        pack(kv[0] + B * Hkv * Tkl * Dk, v, B, Hkv, Tkl, Dv);
+        const sdpa_tensor_out lacc = own_lse ? (sdpa_tensor_out){la, Hq * Tql, Tql, 1} : *lse;
         int inited[2] = {0, 0}, sunk[2] = {0, 0}, cur = 0;
         for (int s = 0; s < R.P; s++) {
             const int src = (R.r - s + R.P) % R.P;
@@ -588,12 +601,12 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
             const int n = plan_calls(&R, src, c);
             for (int i = 0; i < n && st == SDPA_OK; i++) {
                 const sdpa_problem p = call_problem(&R, src, &c[i]);
-                const float *kb = kv[cur], *vb = kv[cur] + B * Hkv * Tl * Dk;
-                const sdpa_tensor kk = tv(kb + c[i].k0 * Dk, Hkv * Tl * Dk, Tl * Dk, Dk);
-                const sdpa_tensor vv = tv(vb + c[i].k0 * Dv, Hkv * Tl * Dv, Tl * Dv, Dv);
+                const float *kb = kv[cur], *vb = kv[cur] + B * Hkv * Tkl * Dk;
+                const sdpa_tensor kk = tv(kb + c[i].k0 * Dk, Hkv * Tkl * Dk, Tkl * Dk, Dk);
+                const sdpa_tensor vv = tv(vb + c[i].k0 * Dv, Hkv * Tkl * Dv, Tkl * Dv, Dv);
                 const sdpa_tensor qq = rows_in(q, c[i].q0);
                 const sdpa_tensor_out oa = rows_out(o, c[i].q0), lsa = rows_out(&lacc, c[i].q0);
-                const int c0 = (int)(c[i].q0 / R.C), c1 = (int)((c[i].q0 + c[i].nq - 1) / R.C);
+                const int c0 = (int)(c[i].q0 / R.Cq), c1 = (int)((c[i].q0 + c[i].nq - 1) / R.Cq);
                 int any = 0, all = 1;
                 for (int cc = c0; cc <= c1; cc++) {
                     any |= inited[cc];
@@ -610,7 +623,7 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                     if (!all) /* a chunk without a state yet: an empty state (O = 0, LSE = -inf) */
                         for (int cc = c0; cc <= c1; cc++)
                             if (!inited[cc])
-                                empty_state(o, &lacc, B, Hq, cc * R.C, R.C, Dv);
+                                empty_state(o, &lacc, B, Hq, cc * R.Cq, R.Cq, Dv);
                     const int64_t nq = c[i].nq;
                     const sdpa_tensor_out op = {ot, Hq * nq * Dv, nq * Dv, Dv}, lp = {lt, Hq * nq, nq, 1};
                     st = sdpa_forward_with_workspace(&p, &qq, &kk, &vv, &op, &lp, ws, ws_bytes);
@@ -628,12 +641,16 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
             wait_all(&m);
             cur = 1 - cur;
         }
-        /* chunks whose first state was a merge into an empty state (the branch above;
-         * today's plans start every chunk with a call of its own): the sinks now */
+        /* chunks that met no key (queries before every key: Tq > Tk bottom-right) */
+        for (int cc = 0; cc < R.nc && st == SDPA_OK; cc++)
+            if (!inited[cc])
+                empty_state(o, &lacc, B, Hq, cc * R.Cq, R.Cq, Dv);
+        /* chunks whose first state was a merge into an empty state, or that met no key:
+         * the sinks now (a row with no key gets O = 0, LSE = s_h) */
         for (int cc = 0; cc < R.nc && st == SDPA_OK && R.sinks; cc++)
             if (!sunk[cc]) {
-                const sdpa_tensor_out oc = rows_out(o, cc * R.C), lc = rows_out(&lacc, cc * R.C);
-                merge_sinks(R.sinks, &oc, &lc, B, Hq, R.C, Dv);
+                const sdpa_tensor_out oc = rows_out(o, cc * R.Cq), lc = rows_out(&lacc, cc * R.Cq);
+                merge_sinks(R.sinks, &oc, &lc, B, Hq, R.Cq, Dv);
             }
         st = agree_final(comm, st);
     }
@@ -667,22 +684,22 @@ static int frame_rows(ring *R, const sdpa_tensor *lse)
     int need = 0;
     for (int64_t b = 0; b < R->B && !need; b++)
         for (int64_t h = 0; h < R->Hq && !need; h++)
-            for (int64_t t = 0; t < R->Tl && !need; t++) {
+            for (int64_t t = 0; t < R->Tql && !need; t++) {
                 const float x = l[b * lse->batch_stride + h * lse->head_stride + t * lse->seq_stride];
                 need = isfinite(x) && fabsf(x) >= 256.0f;
             }
     if (!need)
         return 0;
-    const size_t n = (size_t)(R->B * R->Hq * R->Tl);
+    const size_t n = (size_t)(R->B * R->Hq * R->Tql);
     R->frame_bias = malloc((n ? n : 1) * sizeof(float));
     R->frame_lse = malloc((n ? n : 1) * sizeof(float));
     if (!R->frame_bias || !R->frame_lse)
         return -1;
     for (int64_t b = 0; b < R->B; b++)
         for (int64_t h = 0; h < R->Hq; h++)
-            for (int64_t t = 0; t < R->Tl; t++) {
+            for (int64_t t = 0; t < R->Tql; t++) {
                 const float x = l[b * lse->batch_stride + h * lse->head_stride + t * lse->seq_stride];
-                const size_t e = (size_t)((b * R->Hq + h) * R->Tl + t);
+                const size_t e = (size_t)((b * R->Hq + h) * R->Tql + t);
                 R->frame_bias[e] = isfinite(x) ? -x : 0.0f;
                 R->frame_lse[e] = isfinite(x) ? 0.0f : x;
             }
@@ -705,9 +722,9 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
             st = probe_status(sdpa_backward_with_workspace(&sp, q, k, v, o, lse, dout, dq, dk, dv, dummy, 1));
             const size_t kb = R.kvlen ? (size_t)R.B * sizeof(int32_t) : 0;
             const sdpa_tensor_out ds = {R.dsinks, 0, 0, 1};
-            if (st == SDPA_OK && (overlaps(R.kvlen, kb, dq, R.B, R.Hq, R.Tl, R.Dk) ||
-                                  overlaps(R.kvlen, kb, dk, R.B, R.Hkv, R.Tl, R.Dk) ||
-                                  overlaps(R.kvlen, kb, dv, R.B, R.Hkv, R.Tl, R.Dv) ||
+            if (st == SDPA_OK && (overlaps(R.kvlen, kb, dq, R.B, R.Hq, R.Tql, R.Dk) ||
+                                  overlaps(R.kvlen, kb, dk, R.B, R.Hkv, R.Tkl, R.Dk) ||
+                                  overlaps(R.kvlen, kb, dv, R.B, R.Hkv, R.Tkl, R.Dv) ||
                                   overlaps(R.kvlen, kb, &ds, 1, 1, 1, R.Hq)))
                 st = SDPA_ERR_ALIASING;
             if (R.P == 1 && R.nc == 1) /* one call sees every key: the sinks go into it, so that */
@@ -722,8 +739,8 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
         free(R.frame_lse);
         return st;
     }
-    const int64_t B = R.B, Hq = R.Hq, Hkv = R.Hkv, Tl = R.Tl, Dk = R.Dk, Dv = R.Dv;
-    const int64_t kn = B * Hkv * Tl * Dk, kvn = B * Hkv * Tl * (Dk + Dv), qn = B * Hq * Tl * Dk;
+    const int64_t B = R.B, Hq = R.Hq, Hkv = R.Hkv, Tql = R.Tql, Tkl = R.Tkl, Dk = R.Dk, Dv = R.Dv;
+    const int64_t kn = B * Hkv * Tkl * Dk, kvn = B * Hkv * Tkl * (Dk + Dv), qn = B * Hq * Tql * Dk;
     float *kv[2] = {alloc_f(kvn), alloc_f(kvn)}, *dkv[2] = {alloc_f(kvn), alloc_f(kvn)};
     float *dkv_t = alloc_f(kvn), *dkv_c = alloc_f(kvn), *dq_acc = alloc_f(qn), *dq_t = alloc_f(qn);
     void *ws = malloc(ws_bytes ? ws_bytes : 1);
@@ -731,8 +748,8 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
     st = agree_alloc(comm, kv[0] && kv[1] && dkv[0] && dkv[1] && dkv_t && dkv_c && dq_acc && dq_t && ws &&
                                (!R.dsinks || ds));
     if (st == SDPA_OK) {
-        pack(kv[0], k, B, Hkv, Tl, Dk);
-        pack(kv[0] + kn, v, B, Hkv, Tl, Dv);
+        pack(kv[0], k, B, Hkv, Tkl, Dk);
+        pack(kv[0] + kn, v, B, Hkv, Tkl, Dv);
         memset(dq_acc, 0, (size_t)qn * sizeof(float));
         const int prev = (R.r - 1 + R.P) % R.P, next = (R.r + 1) % R.P;
         int cur = 0, a = 0;
@@ -752,9 +769,9 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
                 const sdpa_problem p = call_problem(&R, src, &c[i]);
                 const int64_t nq = c[i].nq, nk = c[i].nk;
                 const float *kb = kv[cur], *vb = kv[cur] + kn;
-                const sdpa_tensor kk = tv(kb + c[i].k0 * Dk, Hkv * Tl * Dk, Tl * Dk, Dk);
-                const sdpa_tensor vv = tv(vb + c[i].k0 * Dv, Hkv * Tl * Dv, Tl * Dv, Dv);
-                const sdpa_tensor lf = {R.frame_lse, Hq * Tl, Tl, 1};
+                const sdpa_tensor kk = tv(kb + c[i].k0 * Dk, Hkv * Tkl * Dk, Tkl * Dk, Dk);
+                const sdpa_tensor vv = tv(vb + c[i].k0 * Dv, Hkv * Tkl * Dv, Tkl * Dv, Dv);
+                const sdpa_tensor lf = {R.frame_lse, Hq * Tql, Tql, 1};
                 const sdpa_tensor qq = rows_in(q, c[i].q0), oo = rows_in(o, c[i].q0),
                                   ll = rows_in(R.frame_lse ? &lf : lse, c[i].q0), gg = rows_in(dout, c[i].q0);
                 const sdpa_tensor_out dqo = {dq_t, Hq * nq * Dk, nq * Dk, Dk};
@@ -762,9 +779,9 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
                 const sdpa_tensor_out dvo = {dkv_t + B * Hkv * nk * Dk, Hkv * nk * Dv, nk * Dv, Dv};
                 st = sdpa_backward_with_workspace(&p, &qq, &kk, &vv, &oo, &ll, &gg, &dqo, &dko, &dvo, ws, ws_bytes);
                 if (st == SDPA_OK) {
-                    add_rows(dq_acc, dq_t, B, Hq, Tl, c[i].q0, nq, Dk);
-                    add_rows(dkv_c, dkv_t, B, Hkv, Tl, c[i].k0, nk, Dk);
-                    add_rows(dkv_c + kn, dkv_t + B * Hkv * nk * Dk, B, Hkv, Tl, c[i].k0, nk, Dv);
+                    add_rows(dq_acc, dq_t, B, Hq, Tql, c[i].q0, nq, Dk);
+                    add_rows(dkv_c, dkv_t, B, Hkv, Tkl, c[i].k0, nk, Dk);
+                    add_rows(dkv_c + kn, dkv_t + B * Hkv * nk * Dk, B, Hkv, Tkl, c[i].k0, nk, Dv);
                 }
             }
             /* the traveling sum of block src: from rank r - 1 (or start it) */
@@ -788,14 +805,14 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
         wait_all(&drecv);
         wait_all(&dsend);
         if (R.dsinks) { /* every rank's rows: summed over the ranks (every rank takes part) */
-            dsinks_part(R.sinks, o, lse, dout, B, Hq, Tl, Dv, ds);
+            dsinks_part(R.sinks, o, lse, dout, B, Hq, Tql, Dv, ds);
             MPI_Allreduce(ds, ds + Hq, (int)Hq, MPI_DOUBLE, MPI_SUM, comm);
         }
         st = agree_final(comm, st);
         if (st == SDPA_OK) {
-            unpack(dq, dq_acc, B, Hq, Tl, Dk);
-            unpack(dk, dkv[a], B, Hkv, Tl, Dk);
-            unpack(dv, dkv[a] + kn, B, Hkv, Tl, Dv);
+            unpack(dq, dq_acc, B, Hq, Tql, Dk);
+            unpack(dk, dkv[a], B, Hkv, Tkl, Dk);
+            unpack(dv, dkv[a] + kn, B, Hkv, Tkl, Dv);
             for (int64_t h = 0; R.dsinks && h < Hq; h++)
                 R.dsinks[h] = (float)ds[Hq + h];
         }

@@ -62,7 +62,13 @@ typedef struct cfg {
     int64_t wl, wr;       /* window_left / window_right (SDPA_WINDOW_UNBOUNDED allowed) */
     sdpa_alignment align; /* window_alignment */
     int var;              /* 1: ALiBi slopes, 2: sinks (and dsinks), 3: both; 4: large sinks (with 2) */
+    int Tk;               /* the key length when it differs from T (the query length); 0: T */
 } cfg;
+
+static int64_t tk_of(const cfg *c)
+{
+    return c->Tk ? c->Tk : c->T;
+}
 
 static const float test_slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
 static const float test_sinks[4] = {0.3f, -1.0f, 2.0f, -INFINITY};
@@ -103,10 +109,10 @@ typedef struct slice {
 } slice;
 
 /* A view of this rank's slice of the global [B, H, T, D] array g (copied for zig-zag). */
-static slice make_slice(const cfg *c, float *g, int64_t H, int64_t D, int copy_in)
+static slice make_slice(const cfg *c, float *g, int64_t H, int64_t T, int64_t D, int copy_in)
 {
     slice s = {0};
-    const int64_t T = c->T, Tl = T / P;
+    const int64_t Tl = T / P;
     if (c->layout == SDPA_RING_CONTIGUOUS) {
         s.view = (sdpa_tensor_out){g + (int64_t)R * Tl * D, H * T * D, T * D, D};
         return s;
@@ -128,9 +134,9 @@ static slice make_slice(const cfg *c, float *g, int64_t H, int64_t D, int copy_i
 }
 
 /* Gathers the slice's rows into out[B, H, Tl, D] (contiguous, local order). */
-static void slice_rows(const cfg *c, const slice *s, int64_t H, int64_t D, float *out)
+static void slice_rows(const cfg *c, const slice *s, int64_t H, int64_t T, int64_t D, float *out)
 {
-    const int64_t Tl = c->T / P;
+    const int64_t Tl = T / P;
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < Tl; i++)
@@ -140,9 +146,9 @@ static void slice_rows(const cfg *c, const slice *s, int64_t H, int64_t D, float
 }
 
 /* The global rows of this rank's slice of a global [B, H, T, D] array (any type via element size). */
-static void global_rows(const cfg *c, const void *g, size_t es, int64_t H, int64_t D, void *out)
+static void global_rows(const cfg *c, const void *g, size_t es, int64_t H, int64_t T, int64_t D, void *out)
 {
-    const int64_t T = c->T, Tl = T / P;
+    const int64_t Tl = T / P;
     for (int64_t bh = 0; bh < c->B * H; bh++)
         for (int64_t i = 0; i < Tl; i++)
             memcpy((char *)out + (size_t)((bh * Tl + i) * D) * es,
@@ -157,7 +163,8 @@ static sdpa_problem problem_of(const cfg *c)
     p.batch = c->B;
     p.q_heads = c->Hq;
     p.kv_heads = c->Hkv;
-    p.q_len = p.kv_len = c->T;
+    p.q_len = c->T;
+    p.kv_len = tk_of(c);
     p.head_dim_qk = c->Dk;
     p.head_dim_v = c->Dv;
     p.causal = c->causal;
@@ -182,13 +189,13 @@ static sdpa_problem problem_of(const cfg *c)
 
 /* Compares the slice's rows of `got` (local order) with the global reference. */
 static void fa_check(const cfg *c, const char *what, const float *got, const double *ref_g, const float *naive_g,
-                     const float *single_g, int64_t H, int64_t D, double factor, double rel)
+                     const float *single_g, int64_t H, int64_t T, int64_t D, double factor, double rel)
 {
-    const int64_t Tl = c->T / P, n = c->B * H * Tl * D, ng = c->B * H * c->T * D;
+    const int64_t Tl = T / P, n = c->B * H * Tl * D, ng = c->B * H * T * D;
     double *ref = malloc(sizeof(double) * (size_t)(n + 1));
     float *single = malloc(sizeof(float) * (size_t)(n + 1));
-    global_rows(c, ref_g, sizeof(double), H, D, ref);
-    global_rows(c, single_g, sizeof(float), H, D, single);
+    global_rows(c, ref_g, sizeof(double), H, T, D, ref);
+    global_rows(c, single_g, sizeof(float), H, T, D, single);
     int bad = 0, bad2 = 0;
     const double naive_err = max_err(naive_g, ref_g, (size_t)ng, &bad2);
     const double bound = factor * naive_err + rel * (1.0 + max_abs(ref_g, (size_t)ng));
@@ -212,8 +219,9 @@ static void fa_check(const cfg *c, const char *what, const float *got, const dou
 
 static void run_case(const cfg *c)
 {
-    const int64_t B = c->B, Hq = c->Hq, Hkv = c->Hkv, T = c->T, Dk = c->Dk, Dv = c->Dv, Tl = T / P;
-    const size_t nq = (size_t)(B * Hq * T * Dk), nk = (size_t)(B * Hkv * T * Dk), nv = (size_t)(B * Hkv * T * Dv),
+    const int64_t B = c->B, Hq = c->Hq, Hkv = c->Hkv, T = c->T, Tk = tk_of(c), Dk = c->Dk, Dv = c->Dv, Tl = T / P,
+                  Tkl = Tk / P;
+    const size_t nq = (size_t)(B * Hq * T * Dk), nk = (size_t)(B * Hkv * Tk * Dk), nv = (size_t)(B * Hkv * Tk * Dv),
                  no = (size_t)(B * Hq * T * Dv), nl = (size_t)(B * Hq * T);
     float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nv),
           *dout = malloc(sizeof(float) * no);
@@ -231,8 +239,8 @@ static void run_case(const cfg *c)
     /* single process, float64 and naive fp32 over the whole problem */
     float *o1 = malloc(sizeof(float) * no), *l1 = malloc(sizeof(float) * nl), *dq1 = malloc(sizeof(float) * nq),
           *dk1 = malloc(sizeof(float) * nk), *dv1 = malloc(sizeof(float) * nv);
-    const sdpa_tensor gq = {q, Hq * T * Dk, T * Dk, Dk}, gk = {k, Hkv * T * Dk, T * Dk, Dk},
-                      gv = {v, Hkv * T * Dv, T * Dv, Dv}, gdo = {dout, Hq * T * Dv, T * Dv, Dv};
+    const sdpa_tensor gq = {q, Hq * T * Dk, T * Dk, Dk}, gk = {k, Hkv * Tk * Dk, Tk * Dk, Dk},
+                      gv = {v, Hkv * Tk * Dv, Tk * Dv, Dv}, gdo = {dout, Hq * T * Dv, T * Dv, Dv};
     const sdpa_tensor_out go = {o1, Hq * T * Dv, T * Dv, Dv}, gl = {l1, Hq * T, T, 1};
     sdpa_status st = sdpa_forward(&p, &gq, &gk, &gv, &go, &gl);
     const sdpa_tensor gO = {o1, go.batch_stride, go.head_stride, go.seq_stride}, gL = {l1, Hq * T, T, 1};
@@ -252,10 +260,10 @@ static void run_case(const cfg *c)
     naive32_backward(&p, q, k, v, dout, n32q, n32k, n32v);
 
     /* this rank's slices */
-    slice sq = make_slice(c, q, Hq, Dk, 1), sk = make_slice(c, k, Hkv, Dk, 1), sv = make_slice(c, v, Hkv, Dv, 1),
-          sdo = make_slice(c, dout, Hq, Dv, 1);
+    slice sq = make_slice(c, q, Hq, T, Dk, 1), sk = make_slice(c, k, Hkv, Tk, Dk, 1),
+          sv = make_slice(c, v, Hkv, Tk, Dv, 1), sdo = make_slice(c, dout, Hq, T, Dv, 1);
     float *ob = malloc(sizeof(float) * no), *lb = malloc(sizeof(float) * nl); /* contiguous: global-shaped */
-    slice so = make_slice(c, ob, Hq, Dv, 0);
+    slice so = make_slice(c, ob, Hq, T, Dv, 0);
     float *lse_loc = malloc(sizeof(float) * (size_t)(B * Hq * Tl + 1));
     const sdpa_tensor_out sl = {lse_loc, Hq * Tl, Tl, 1};
     const sdpa_tensor tq = {sq.view.data, sq.view.batch_stride, sq.view.head_stride, sq.view.seq_stride};
@@ -264,20 +272,20 @@ static void run_case(const cfg *c)
     const sdpa_tensor tdo = {sdo.view.data, sdo.view.batch_stride, sdo.view.head_stride, sdo.view.seq_stride};
 
     const size_t lo = (size_t)(B * Hq * Tl * Dv), ll = (size_t)(B * Hq * Tl), lq = (size_t)(B * Hq * Tl * Dk),
-                 lk = (size_t)(B * Hkv * Tl * Dk), lv = (size_t)(B * Hkv * Tl * Dv);
+                 lk = (size_t)(B * Hkv * Tkl * Dk), lv = (size_t)(B * Hkv * Tkl * Dv);
     float *got_o[2], *got_l[2], *got_q[2], *got_k[2], *got_v[2];
     for (int run = 0; run < 2; run++) {
         st = sdpa_ring_forward(MPI_COMM_WORLD, c->layout, &p, &tq, &tk, &tv, &so.view, &sl);
         check(st == SDPA_OK, c->name, "ring forward status", st, 0);
         got_o[run] = malloc(sizeof(float) * (lo + 1));
         got_l[run] = malloc(sizeof(float) * (ll + 1));
-        slice_rows(c, &so, Hq, Dv, got_o[run]);
+        slice_rows(c, &so, Hq, T, Dv, got_o[run]);
         memcpy(got_l[run], lse_loc, sizeof(float) * ll);
         /* backward with the ring's O and LSE */
         float *gq_ = malloc(sizeof(float) * nq), *gk_ = malloc(sizeof(float) * nk), *gv_ = malloc(sizeof(float) * nv);
-        slice sdq = make_slice(c, gq_, Hq, Dk, 0);
-        slice sdk = make_slice(c, gk_, Hkv, Dk, 0);
-        slice sdv = make_slice(c, gv_, Hkv, Dv, 0);
+        slice sdq = make_slice(c, gq_, Hq, T, Dk, 0);
+        slice sdk = make_slice(c, gk_, Hkv, Tk, Dk, 0);
+        slice sdv = make_slice(c, gv_, Hkv, Tk, Dv, 0);
         const sdpa_tensor tO = {so.view.data, so.view.batch_stride, so.view.head_stride, so.view.seq_stride};
         const sdpa_tensor tL = {lse_loc, sl.batch_stride, sl.head_stride, sl.seq_stride};
         if (c->var & 2)
@@ -288,9 +296,9 @@ static void run_case(const cfg *c)
         got_q[run] = malloc(sizeof(float) * (lq + 1));
         got_k[run] = malloc(sizeof(float) * (lk + 1));
         got_v[run] = malloc(sizeof(float) * (lv + 1));
-        slice_rows(c, &sdq, Hq, Dk, got_q[run]);
-        slice_rows(c, &sdk, Hkv, Dk, got_k[run]);
-        slice_rows(c, &sdv, Hkv, Dv, got_v[run]);
+        slice_rows(c, &sdq, Hq, T, Dk, got_q[run]);
+        slice_rows(c, &sdk, Hkv, Tk, Dk, got_k[run]);
+        slice_rows(c, &sdv, Hkv, Tk, Dv, got_v[run]);
         free(gq_);
         free(gk_);
         free(gv_);
@@ -298,11 +306,11 @@ static void run_case(const cfg *c)
         free(sdk.buf);
         free(sdv.buf);
     }
-    fa_check(c, "O", got_o[0], ro, n32o, o1, Hq, Dv, 2.0, 1e-6);
-    fa_check(c, "LSE", got_l[0], rl, n32l, l1, Hq, 1, 2.0, 1e-6);
-    fa_check(c, "dQ", got_q[0], rq, n32q, dq1, Hq, Dk, 3.0, 1e-5);
-    fa_check(c, "dK", got_k[0], rk, n32k, dk1, Hkv, Dk, 3.0, 1e-5);
-    fa_check(c, "dV", got_v[0], rv, n32v, dv1, Hkv, Dv, 3.0, 1e-5);
+    fa_check(c, "O", got_o[0], ro, n32o, o1, Hq, T, Dv, 2.0, 1e-6);
+    fa_check(c, "LSE", got_l[0], rl, n32l, l1, Hq, T, 1, 2.0, 1e-6);
+    fa_check(c, "dQ", got_q[0], rq, n32q, dq1, Hq, T, Dk, 3.0, 1e-5);
+    fa_check(c, "dK", got_k[0], rk, n32k, dk1, Hkv, Tk, Dk, 3.0, 1e-5);
+    fa_check(c, "dV", got_v[0], rv, n32v, dv1, Hkv, Tk, Dv, 3.0, 1e-5);
     const int same = !memcmp(got_o[0], got_o[1], sizeof(float) * lo) && !memcmp(got_l[0], got_l[1], sizeof(float) * ll) &&
                      !memcmp(got_q[0], got_q[1], sizeof(float) * lq) && !memcmp(got_k[0], got_k[1], sizeof(float) * lk) &&
                      !memcmp(got_v[0], got_v[1], sizeof(float) * lv) && !memcmp(dsr[0], dsr[1], sizeof dsr[0]);
@@ -530,66 +538,80 @@ int main(int argc, char **argv)
     }
     /* T = 48 splits for P = 1..4 in both layouts (2P divides 48 for P <= 4) */
     const cfg cases[] = {
-        {"full contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
-        {"causal contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
-        {"causal zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
-        {"full zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
-        {"causal zigzag GQA B=2 Dv!=Dk", 2, 4, 2, 48, 16, 8, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
-        {"causal bottom-right contiguous MQA", 1, 3, 1, 48, 8, 8, SDPA_CAUSAL_BOTTOM_RIGHT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
-        {"causal zigzag kv_lengths {37, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {37, 0}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
-        {"full contiguous kv_lengths {5, 48}", 2, 2, 1, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {5, 48}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
-        {"full zigzag kv_lengths {30, 13}", 2, 2, 2, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {30, 13}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
-        {"causal zigzag softcap 5 scale 0.7", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 5.0f, 0.7f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
-        {"causal zigzag T=96 D=64", 1, 2, 1, 96, 64, 64, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+        {"full contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
+        {"causal contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
+        {"causal zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
+        {"full zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
+        {"causal zigzag GQA B=2 Dv!=Dk", 2, 4, 2, 48, 16, 8, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
+        {"causal bottom-right contiguous MQA", 1, 3, 1, 48, 8, 8, SDPA_CAUSAL_BOTTOM_RIGHT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
+        {"causal zigzag kv_lengths {37, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {37, 0}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
+        {"full contiguous kv_lengths {5, 48}", 2, 2, 1, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {5, 48}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
+        {"full zigzag kv_lengths {30, 13}", 2, 2, 2, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {30, 13}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
+        {"causal zigzag softcap 5 scale 0.7", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 5.0f, 0.7f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
+        {"causal zigzag T=96 D=64", 1, 2, 1, 96, 64, 64, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
         /* sliding windows on global positions: narrower than a chunk (6 rows at P = 4
          * zig-zag), across chunk edges, one-sided, two-sided, with causal, GQA, key lengths */
         {"causal window 5 zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0,
-         1, 5, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT, 0},
+         1, 5, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT, 0, 0},
         {"causal window 13 contiguous GQA", 1, 4, 2, 48, 16, 8, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0,
-         0, 1, 13, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT, 0},
+         0, 1, 13, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT, 0, 0},
         {"window (7, 3) zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 1, 7, 3,
-         SDPA_ALIGN_TOP_LEFT, 0},
+         SDPA_ALIGN_TOP_LEFT, 0, 0},
         {"window (0, 9) contiguous bottom-right", 1, 2, 1, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0,
-         0, 1, 0, 9, SDPA_ALIGN_BOTTOM_RIGHT, 0},
+         0, 1, 0, 9, SDPA_ALIGN_BOTTOM_RIGHT, 0, 0},
         {"window (unbounded, 2) zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 1,
-         SDPA_WINDOW_UNBOUNDED, 2, SDPA_ALIGN_TOP_LEFT, 0},
+         SDPA_WINDOW_UNBOUNDED, 2, SDPA_ALIGN_TOP_LEFT, 0, 0},
         {"window (20, 0) zigzag kv_lengths {33, 4}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {33, 4},
-         1, 0, 0, 1, 20, 0, SDPA_ALIGN_TOP_LEFT, 0},
+         1, 0, 0, 1, 20, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
         {"causal window 0 zigzag softcap 3", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0,
-         3.0f, 0, 1, 0, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT, 0},
+         3.0f, 0, 1, 0, SDPA_WINDOW_UNBOUNDED, SDPA_ALIGN_TOP_LEFT, 0, 0},
         {"window (2, 30) contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 1, 2,
-         30, SDPA_ALIGN_TOP_LEFT, 0},
+         30, SDPA_ALIGN_TOP_LEFT, 0, 0},
         /* ALiBi on global positions (every pair one call, its diagonal_offset the chunks'
          * distance) and sinks merged after the ring */
         {"ALiBi causal zigzag GQA", 1, 4, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0,
-         SDPA_ALIGN_TOP_LEFT, 1},
+         SDPA_ALIGN_TOP_LEFT, 1, 0},
         {"ALiBi full contiguous", 2, 2, 1, 48, 16, 8, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0,
-         SDPA_ALIGN_TOP_LEFT, 1},
+         SDPA_ALIGN_TOP_LEFT, 1, 0},
         {"ALiBi window (9, 4) zigzag kv_lengths {41, 6}", 2, 2, 2, 48, 8, 8, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {41, 6},
-         1, 0, 0, 1, 9, 4, SDPA_ALIGN_TOP_LEFT, 1},
+         1, 0, 0, 1, 9, 4, SDPA_ALIGN_TOP_LEFT, 1, 0},
         {"sinks causal zigzag", 1, 4, 4, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0,
-         SDPA_ALIGN_TOP_LEFT, 2},
+         SDPA_ALIGN_TOP_LEFT, 2, 0},
         {"sinks full zigzag kv_lengths {37, 0}", 2, 4, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {37, 0}, 1, 0,
-         0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 2},
+         0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 2, 0},
         {"ALiBi + sinks causal contiguous softcap 4", 1, 4, 1, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_CONTIGUOUS,
-         {0, 0}, 0, 4.0f, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 3},
+         {0, 0}, 0, 4.0f, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 3, 0},
         /* logits in the hundreds (scale 20: |LSE| >= 256 in most rows), where a call would
          * recompute a row's max and sum from its block alone */
         {"large logits causal zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 20.0f,
-         0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+         0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
         {"large logits + sinks causal contiguous kv_lengths {5, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT,
-         SDPA_RING_CONTIGUOUS, {5, 0}, 1, 0, 20.0f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 2},
+         SDPA_RING_CONTIGUOUS, {5, 0}, 1, 0, 20.0f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 2, 0},
         {"large sinks causal contiguous kv_lengths {9, 0}", 2, 2, 2, 48, 16, 16, SDPA_CAUSAL_TOP_LEFT,
-         SDPA_RING_CONTIGUOUS, {9, 0}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 6},
+         SDPA_RING_CONTIGUOUS, {9, 0}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 6, 0},
         {"large sinks full zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 0, 0, 0,
-         SDPA_ALIGN_TOP_LEFT, 6},
+         SDPA_ALIGN_TOP_LEFT, 6, 0},
+        /* query and key lengths that differ (a chunk of queries against a longer cache,
+         * or more queries than keys): every pair one call on the global diagonal */
+        {"Tq 48 Tk 96 causal bottom-right zigzag", 1, 2, 1, 48, 16, 16, SDPA_CAUSAL_BOTTOM_RIGHT, SDPA_RING_ZIGZAG,
+         {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 96},
+        {"Tq 96 Tk 48 full contiguous GQA Dv != Dk", 2, 4, 2, 96, 16, 8, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0},
+         0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 48},
+        {"Tq 48 Tk 144 window (10, 0) bottom-right ALiBi + sinks zigzag", 1, 4, 2, 48, 16, 16, SDPA_CAUSAL_NONE,
+         SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 1, 10, 0, SDPA_ALIGN_BOTTOM_RIGHT, 3, 144},
+        {"Tq 48 Tk 96 causal top-left kv_lengths {70, 3} contiguous", 2, 2, 2, 48, 8, 8, SDPA_CAUSAL_TOP_LEFT,
+         SDPA_RING_CONTIGUOUS, {70, 3}, 1, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 96},
+        {"Tq 144 Tk 48 causal bottom-right zigzag large logits", 1, 2, 2, 144, 16, 16, SDPA_CAUSAL_BOTTOM_RIGHT,
+         SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 20.0f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 48},
+        {"Tq 96 Tk 48 causal bottom-right sinks contiguous (rows with no key)", 1, 4, 4, 96, 16, 16,
+         SDPA_CAUSAL_BOTTOM_RIGHT, SDPA_RING_CONTIGUOUS, {0, 0}, 0, 0, 0, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 2, 48},
         /* window bounds at INT64_MAX: unbounded, nothing overflows */
         {"window (3, INT64_MAX) zigzag", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_ZIGZAG, {0, 0}, 0, 0, 0, 1, 3,
-         INT64_MAX, SDPA_ALIGN_TOP_LEFT, 0},
+         INT64_MAX, SDPA_ALIGN_TOP_LEFT, 0, 0},
         {"window (INT64_MAX - 1, 2) contiguous", 1, 2, 2, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS, {0, 0}, 0,
-         0, 0, 1, INT64_MAX - 1, 2, SDPA_ALIGN_TOP_LEFT, 0},
+         0, 0, 1, INT64_MAX - 1, 2, SDPA_ALIGN_TOP_LEFT, 0, 0},
         {"large logits full contiguous kv_lengths {30, 48}", 2, 2, 1, 48, 16, 16, SDPA_CAUSAL_NONE, SDPA_RING_CONTIGUOUS,
-         {30, 48}, 1, 0, -20.0f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0},
+         {30, 48}, 1, 0, -20.0f, 0, 0, 0, SDPA_ALIGN_TOP_LEFT, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i]);
