@@ -578,7 +578,9 @@ def _lse_t(ptr, st, rank):
 
 
 def _tp(ptr, st, rank):
-    """_t packed (bytes)."""
+    """_t packed (bytes). The leading strides (batch, head, sequence) come first in st
+    for a [.., T, D] view and for an LSE view [.., T] alike, so _lse_t packed is the
+    same function (_lse_tp)."""
     if rank == 4:
         return _pack_t(ptr, st[0], st[1], st[2])
     if rank == 3:
@@ -586,13 +588,7 @@ def _tp(ptr, st, rank):
     return _pack_t(ptr, 0, 0, st[0])
 
 
-def _lse_tp(ptr, st, rank):
-    """_lse_t packed (bytes)."""
-    if rank == 4:
-        return _pack_t(ptr, st[0], st[1], st[2])
-    if rank == 3:
-        return _pack_t(ptr, 0, st[0], st[1])
-    return _pack_t(ptr, 0, 0, st[0])
+_lse_tp = _tp
 
 
 def _new_out(shape, dt, item, rank, H, T, D):
