@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+# bench/table.py - the README's comparison table from the JSON lines of one bench run.
+"""Prints a Markdown table of libsdpa against every peer from the JSON lines of
+`sdpa bench --json` and the peer scripts (bench/torch_sdpa.py, bench/ort_sdpa.py,
+bench/openvino_sdpa.py) run on the same shapes and thread counts:
+
+    python3 bench/table.py sdpa.jsonl torch.jsonl ort.jsonl ov.jsonl > table.md
+
+One line per (shape, mask, op, threads) of the fp32 libsdpa rows (plain problems:
+no attention variant, no mask form other than none / causal / causal-bottom-right /
+padding). Cells are GFLOP/s (useful FLOPs, as every script counts them); the
+avx512 (or neon) cell adds its % of the FMA peak measured in the same run, and a
+decode row its GB/s of K and V and % of the read bandwidth. Peer columns are fp32
+rows only (OpenVINO: the f32 hint; its default precision has its own column,
+labelled with the precision it resolved to). "best peer" is the fastest fp32 peer
+of the line (naive-blas excluded), and "sdpa / best peer" the ratio of its time
+to libsdpa's best ISA (above 1: libsdpa is faster). Rows a peer cannot run (a
+backward for ONNX Runtime and OpenVINO, masks an op cannot express) are "-".
+Lines that are not JSON objects are ignored; '-' reads stdin.
+"""
+import argparse
+import json
+import sys
+
+ISAS = ["avx512", "avx2", "neon", "scalar"]
+PEERS = [  # (impl, label): fp32 rows
+    ("naive-blas", "naive-blas"),
+    ("torch-sdpa", "torch-sdpa"),
+    ("ort-attention", "ort-attention"),
+    ("ort-mha", "ort-mha"),
+    ("ort-gqa", "ort-gqa"),
+    ("openvino-sdpa", "openvino f32"),
+]
+PLAIN_MASKS = ("none", "causal", "causal-bottom-right", "padding")
+
+
+def read_rows(paths):
+    rows = []
+    for path in paths:
+        f = sys.stdin if path == "-" else open(path)
+        with f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if all(k in r for k in ("impl", "op", "threads", "Tk", "gflops", "mask", "ms")):
+                    rows.append(r)
+    return rows
+
+
+def key(r):
+    return (tuple(r[k] for k in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"], r["op"], r["threads"])
+
+
+def fmt(x):
+    return "-" if x is None else (f"{x:.1f}" if x < 1000 else f"{x:.0f}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("inputs", nargs="+", help="JSON-lines files ('-' for stdin)")
+    args = p.parse_args()
+    rows = read_rows(args.inputs)
+    sdpa, peer, ov_default = {}, {}, {}
+    order = []
+    for r in rows:
+        if r.get("variant", "plain") != "plain" or r["mask"] not in PLAIN_MASKS:
+            continue
+        k = key(r)
+        dtype = r.get("dtype", "fp32")
+        if r["impl"] == "sdpa":
+            if dtype != "fp32":
+                continue
+            if k not in order:
+                order.append(k)
+            sdpa[(k, r.get("isa"))] = r
+        elif r["impl"] == "openvino-sdpa" and r.get("ov_hint") == "default":
+            ov_default[k] = r
+        elif dtype == "fp32":
+            prev = peer.get((k, r["impl"]))
+            if prev is None or r["ms"] < prev["ms"]:
+                peer[(k, r["impl"])] = r
+    if not order:
+        print("table.py: no fp32 libsdpa rows in the input", file=sys.stderr)
+        return 1
+    isas = [i for i in ISAS if any((k, i) in sdpa for k in order)]
+    peers = [(impl, lab) for impl, lab in PEERS if any((k, impl) in peer for k in order)]
+    ovd = any(k in ov_default for k in order)
+    precs = sorted({r.get("ov_precision", "?") for r in ov_default.values()})
+    head = ["shape B,Hq,Hkv,Tq,Tk,Dk,Dv", "mask", "op", "thr"] + isas + [lab for _, lab in peers]
+    if ovd:
+        head.append("openvino default (" + ",".join(precs) + ")")
+    head += ["best peer", "sdpa / best peer"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for k in order:
+        shape, mask, op, thr = k
+        cells = [",".join(str(x) for x in shape), mask, op, str(thr)]
+        best_ms = None
+        for i, isa in enumerate(isas):
+            r = sdpa.get((k, isa))
+            if r is None:
+                cells.append("-")
+                continue
+            best_ms = r["ms"] if best_ms is None else min(best_ms, r["ms"])
+            c = fmt(r["gflops"])
+            if i == 0:
+                if r.get("peak_gflops"):
+                    c += f" ({100 * r['gflops'] / r['peak_gflops']:.0f}%)"
+                if r.get("gbps") is not None and r.get("peak_gbps"):
+                    c += f"; {r['gbps']:.1f} GB/s ({100 * r['gbps'] / r['peak_gbps']:.0f}% of read bw)"
+            cells.append(c)
+        best = None
+        for impl, _ in peers:
+            r = peer.get((k, impl))
+            cells.append(fmt(r["gflops"]) if r else "-")
+            if r and impl != "naive-blas" and (best is None or r["ms"] < best["ms"]):
+                best = r
+        if ovd:
+            r = ov_default.get(k)
+            cells.append(fmt(r["gflops"]) if r else "-")
+        if best is not None and best_ms:
+            lab = dict(PEERS)[best["impl"]]
+            cells += [lab, f"{best['ms'] / best_ms:.2f}x"]
+        else:
+            cells += ["-", "-"]
+        print("| " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
