@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+# bench/compare.py - libsdpa and every peer, interleaved call by call in one process.
+"""Times libsdpa (its Python package) against PyTorch's CPU SDPA, ONNX Runtime
+(opset 23 Attention, contrib MultiHeadAttention / GroupQueryAttention) and
+OpenVINO's ScaledDotProductAttention (f32 hint and its default precision) on the
+shapes of `sdpa bench`, with the implementations interleaved: each round calls
+every implementation once, in an order that rotates from round to round, and a
+row's time is the median of its rounds. On a shared machine whose speed moves by
+tens of per cent from one minute to the next (docs/perf-notes.md), separate runs
+of the bench and the peer scripts cannot rank implementations that are within
+that spread of each other; rounds interleaved this way see the same machine.
+
+    python3 -m pip install .                       # the libsdpa package
+    python3 -m pip install -r bench/requirements.txt
+    OMP_WAIT_POLICY=passive python3 bench/compare.py --from-sdpa sdpa.jsonl > compare.jsonl
+    python3 bench/table.py compare.jsonl
+
+Prints the JSON rows of the scripts it borrows from (bench/torch_sdpa.py,
+bench/ort_sdpa.py, bench/openvino_sdpa.py: the same impl names and fields) plus
+"interleaved": true and "rounds"; libsdpa's rows are "impl": "sdpa" with the ISA
+the library chose. --from-sdpa takes the JSON of `sdpa bench --json` for the
+FMA peaks and read bandwidths of the same machine (peak_gflops / peak_gbps),
+and the shapes and thread counts when no --shape / --mask is given. Peers that
+are not installed are left out with a note on stderr. Every implementation gets
+the same inputs' shapes and masks as in its own script; decode rows (Tq <= 16)
+read a --flush-mib buffer before every call of every implementation, so that
+each reads K and V from memory as the bench's flushed decode rows do. Between
+two calls the script sleeps --pause-ms so that no implementation's idle worker
+threads still spin while the next one runs (ONNX Runtime's spinning is also
+turned off); OMP_WAIT_POLICY=passive does the same for libsdpa's and torch's
+OpenMP pools. ONNX Runtime and OpenVINO have no backward: backward rows are
+libsdpa and torch only.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_sdpa as common  # noqa: E402  (shapes, masks, counts; no torch import at this level)
+
+PROG = "compare.py"
+IMPLS = ("sdpa", "torch", "ort-attention", "ort-mha", "ort-gqa", "openvino", "openvino-default")
+
+
+def sdpa_impl(s, mask, op, t):
+    """libsdpa through its Python package (the C extension's fast path where it applies)."""
+    import numpy as np
+    import libsdpa
+    B, Hq, Hkv, Tq, Tk, Dk, Dv = s
+    rng = np.random.default_rng(1234)
+    q = rng.uniform(-1.0, 1.0, (B, Hq, Tq, Dk)).astype(np.float32)
+    k = rng.uniform(-1.0, 1.0, (B, Hkv, Tk, Dk)).astype(np.float32)
+    v = rng.uniform(-1.0, 1.0, (B, Hkv, Tk, Dv)).astype(np.float32)
+    kw = {"threads": t}
+    if mask == "causal":
+        kw["causal"] = "top-left"
+    elif mask == "causal-bottom-right":
+        kw["causal"] = "bottom-right"
+    elif mask == "padding":
+        kw["kv_lengths"] = np.array([common.padding_length(s, b) for b in range(B)], dtype=np.int32)
+    if op == "forward":
+        return lambda: libsdpa.attention(q, k, v, **kw), {"isa": libsdpa.info()["active_isa"]}
+    o, lse = libsdpa.attention(q, k, v, return_lse=True, **kw)
+    do = rng.uniform(-1.0, 1.0, o.shape).astype(np.float32)
+    return lambda: libsdpa.attention_backward(q, k, v, o, lse, do, **kw), {"isa": libsdpa.info()["active_isa"]}
+
+
+def torch_impl(s, mask, op, t):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch
+        import torch.nn.functional as F
+    q, k, v, kw, gqa = common.make_problem(torch, F, s, mask, op == "backward")
+
+    def run_fwd():
+        torch.set_num_threads(t)
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, **kw)
+    if op == "forward":
+        return run_fwd, {"isa": "torch", "gqa": gqa, "torch_version": torch.__version__}
+    out = F.scaled_dot_product_attention(q, k, v, **kw)
+    dout = torch.rand(out.shape, generator=torch.Generator().manual_seed(4)) * 2 - 1
+
+    def run_bwd():
+        torch.set_num_threads(t)
+        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    return run_bwd, {"isa": "torch", "gqa": gqa, "torch_version": torch.__version__}
+
+
+class OrtState:
+    mod = None
+    tmp = None
+
+
+def ort_impl(which):
+    def make(s, mask, op, t):
+        if op != "forward":
+            return None, "no backward"
+        import ort_sdpa as o
+        np, onnx, ort, helper, TP = o.import_ort()
+        if OrtState.tmp is None:
+            OrtState.tmp = tempfile.TemporaryDirectory(prefix="compare.")
+        q, k, v = o.base_inputs(np, s)
+        prep = o.PREP[which](np, onnx, helper, TP, s, mask, q, k, v, np.float32, TP.FLOAT)
+        if isinstance(prep, str):
+            return None, prep
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = t
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 4
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        path = os.path.join(OrtState.tmp.name, "opt.onnx")
+        so.optimized_model_filepath = path
+        sess = ort.InferenceSession(prep.model, so, providers=["CPUExecutionProvider"])
+        nodes = o.graph_nodes(onnx, path)
+        if nodes != o.ORT_OP[which]:
+            return None, f"the optimised graph is {nodes}"
+        binding, vals = o.bind(ort, sess, prep)
+        extra = {"isa": "ort", "ort_op": o.ORT_OP[which], **prep.fields, "ort_nodes": nodes,
+                 "onnxruntime_version": ort.__version__}
+        if prep.note:
+            extra["note"] = prep.note
+
+        def run():
+            sess.run_with_iobinding(binding)
+        run.keep = (vals, prep)
+        return run, extra
+    return make
+
+
+def openvino_impl(hint):
+    def make(s, mask, op, t):
+        if op != "forward":
+            return None, "no backward"
+        import openvino_sdpa as o
+        np, ov, opset = o.import_openvino()
+        q, k, v, m, causal, gqa = o.make_inputs(np, s, mask)
+        model = o.make_model(ov, opset, q, k, v, m, causal)
+        compiled = o.compile_model(ov.Core(), model, hint, t)
+        req = o.bind(ov, compiled, q, k, v, m)
+        prec = o.precision_name(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        extra = {"isa": "openvino", "dtype": o.OV_TO_BENCH.get(prec, prec), "ov_hint": o.HINTS[hint] or "default",
+                 "ov_precision": prec, "gqa": gqa, "openvino_version": ov.get_version()}
+        if gqa == "repeat":
+            extra["note"] = o.GQA_NOTE
+
+        def run():
+            req.infer(share_outputs=True)
+        run.keep = (q, k, v, m)
+        return run, extra
+    return make
+
+
+FACTORIES = {"sdpa": sdpa_impl, "torch": torch_impl, "ort-attention": ort_impl("attention"),
+             "ort-mha": ort_impl("mha"), "ort-gqa": ort_impl("gqa"), "openvino": openvino_impl("fp32"),
+             "openvino-default": openvino_impl("default")}
+ROW_IMPL = {"sdpa": "sdpa", "torch": "torch-sdpa", "ort-attention": "ort-attention", "ort-mha": "ort-mha",
+            "ort-gqa": "ort-gqa", "openvino": "openvino-sdpa", "openvino-default": "openvino-sdpa"}
+
+
+def available(names, err):
+    """The implementations whose packages import here."""
+    probes = {"sdpa": ("libsdpa",), "torch": ("torch",), "ort-attention": ("onnxruntime", "onnx"),
+              "ort-mha": ("onnxruntime", "onnx"), "ort-gqa": ("onnxruntime", "onnx"),
+              "openvino": ("openvino",), "openvino-default": ("openvino",)}
+    out = []
+    for n in names:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for mod in probes[n]:
+                    __import__(mod)
+            out.append(n)
+        except ImportError as e:
+            print(f"# {PROG}: {n} left out: {e}", file=err)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=lambda x: common.parse_list(x, "--threads"), default=None,
+                   help="thread counts (default: those of --from-sdpa, else 1 and the CPUs)")
+    p.add_argument("--shape", action="append", help="B,Hq,Hkv,Tq,Tk,Dk,Dv (repeatable)")
+    p.add_argument("--mask", action="append", help="none|causal|causal-bottom-right|padding[,..]")
+    p.add_argument("--op", choices=("forward", "backward", "both"), default="both")
+    p.add_argument("--impl", default=",".join(IMPLS), help=f"implementations (default {','.join(IMPLS)})")
+    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds per row (default 15)")
+    p.add_argument("--max-time", type=float, default=20.0,
+                   help="seconds per (shape, op, threads) group, about: fewer rounds (at least 3) "
+                        "when one round takes longer than this / --rounds (default 20)")
+    p.add_argument("--pause-ms", type=float, default=0.0, help="sleep between two calls (default 0)")
+    p.add_argument("--flush-mib", type=int, default=256, help="buffer read before decode calls (default 256)")
+    p.add_argument("--quick", action="store_true", help="the small shapes of `sdpa bench --quick`")
+    p.add_argument("--from-sdpa", metavar="FILE", action="append",
+                   help="JSON lines of `sdpa bench --json`: peaks, bandwidths, shapes and threads")
+    args = p.parse_args()
+    if args.rounds < 1 or args.max_time <= 0 or args.pause_ms < 0 or args.flush_mib < 1:
+        p.error("--rounds >= 1, --max-time > 0, --pause-ms >= 0, --flush-mib >= 1")
+    names = []
+    for x in args.impl.split(","):
+        if x not in IMPLS:
+            p.error(f"--impl '{x}': expected some of {', '.join(IMPLS)}")
+        if x not in names:
+            names.append(x)
+    err = sys.stderr
+    names = available(names, err)
+    if "sdpa" not in names:
+        print(f"# {PROG}: the libsdpa package is needed (python3 -m pip install .)", file=err)
+        return 3
+    import numpy as np
+
+    peaks, bw, _, file_cases, file_threads = common.load_sdpa_rows(args.from_sdpa or [])
+    from_file = bool(file_cases) and not (args.shape or args.mask or args.quick)
+    try:
+        ncpu = len(os.sched_getaffinity(0))
+    except AttributeError:
+        ncpu = os.cpu_count() or 1
+    threads = args.threads or (sorted(file_threads) if from_file else sorted({1, ncpu}))
+    if min(threads) < 1:
+        p.error("--threads: every count must be >= 1")
+    cases = sorted(file_cases, key=lambda c: common.footprint(c[0])) if from_file else common.build_cases(args, PROG)
+    ops = ["forward", "backward"] if args.op == "both" else [args.op]
+    flush = np.ones(args.flush_mib * (1 << 20) // 8, dtype=np.float64)
+    print(f"# {PROG}: {', '.join(names)}; threads {','.join(map(str, threads))}; up to {args.rounds} "
+          f"interleaved rounds per row (order rotating), {args.pause_ms:g} ms pause between calls; "
+          f"decode rows: a {args.flush_mib} MiB buffer read before every call", file=err)
+    print(f"{'impl':<16} {'thr':>3}  {'B,Hq,Hkv,Tq,Tk,Dk,Dv':<28} {'mask':<8} {'op':<8} {'ms':>10} "
+          f"{'GFLOP/s':>9} {'/sdpa':>7}", file=err)
+    for s, mask in cases:
+        decode = s[3] <= common.DECODE_MAX_TQ
+        for op in ops:
+            for t in threads:
+                runs = []
+                for n in names:
+                    try:
+                        fn, extra = FACTORIES[n](s, mask, op, t)
+                    except Exception as e:  # a peer that cannot build this case
+                        fn, extra = None, " ".join(str(e).split())[:200]
+                    if fn is None:
+                        if extra != "no backward":
+                            print(f"# {PROG}: {n} {','.join(map(str, s))} {mask} {op}: {extra}: skipped", file=err)
+                        continue
+                    fn()  # warm-up (one-time set-up, kernel choice)
+                    runs.append((n, fn, extra))
+                t0 = time.perf_counter()
+                for n, fn, _ in runs:
+                    fn()
+                one_round = time.perf_counter() - t0
+                rounds = args.rounds
+                if one_round * rounds > args.max_time:
+                    rounds = max(3, int(args.max_time / max(one_round, 1e-9)))
+                times = {n: [] for n, _, _ in runs}
+                for r in range(rounds):
+                    for i in range(len(runs)):
+                        n, fn, _ = runs[(i + r) % len(runs)]
+                        if decode:
+                            flush.sum()
+                        time.sleep(args.pause_ms * 1e-3)
+                        c0 = time.perf_counter()
+                        fn()
+                        times[n].append(time.perf_counter() - c0)
+                ref = statistics.median(times["sdpa"]) if "sdpa" in times else None
+                for n, _, extra in runs:
+                    sec = statistics.median(times[n])
+                    B, Hq, Hkv, Tq, Tk, Dk, Dv = s
+                    gflops = common.op_flops(s, mask, op == "backward") / sec * 1e-9
+                    row = {"impl": ROW_IMPL[n], "op": op, "isa": extra.pop("isa"), "threads": t, "B": B, "Hq": Hq,
+                           "Hkv": Hkv, "Tq": Tq, "Tk": Tk, "Dk": Dk, "Dv": Dv, "mask": mask, "dtype": "fp32",
+                           "ms": sec * 1e3, "gflops": gflops, "peak_gflops": peaks.get(t)}
+                    if decode:
+                        row["gbps"] = common.kv_bytes_read(s, mask) / sec * 1e-9
+                        row["peak_gbps"] = bw.get(t)
+                    row["pairs"] = common.allowed_pairs(s, mask)
+                    row.update(extra)
+                    row["interleaved"] = True
+                    row["rounds"] = rounds
+                    if ref:
+                        row["ratio_vs_sdpa"] = sec / ref
+                    print(json.dumps(row), flush=True)
+                    label = ROW_IMPL[n] + (" " + row.get("ov_hint", "") if n.startswith("openvino") else "")
+                    ratio = f"{sec / ref:.3f}" if ref else "-"
+                    print(f"{label:<16} {t:>3}  {','.join(map(str, s)):<28} {mask:<8} {op:<8} {sec * 1e3:>10.3f} "
+                          f"{gflops:>9.2f} {ratio:>7}", file=err, flush=True)
+                del runs
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
