@@ -35,9 +35,10 @@ static const char *const uarch_names[SDPA_UARCH_COUNT] = {
 };
 
 /* The ISA defaults are Zen 4's (and the generic choice); entries here only where
- * a microarchitecture measured better with other values. */
+ * a microarchitecture measured better with other values (docs/perf-notes.md,
+ * "Block sizes on Emerald Rapids"). */
 static const uarch_entry entries[] = {
-    {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 0, 0, 0},
+    {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 64, 64, 0},
 };
 
 static char description[640];
