@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: MIT */
+/* bench/ab.c - sdpa-ab: two builds (or two block configurations) of libsdpa timed
+ * call by call in one process.
+ *
+ * On a shared machine whose speed drifts by tens of per cent between runs a minute
+ * apart, two separate benchmark processes cannot tell a 5% change from the drift.
+ * sdpa-ab loads the two shared libraries with dlopen (RTLD_LOCAL: each keeps its
+ * own symbols and dispatch table) and alternates their calls round by round,
+ * swapping which goes first every round, so that both see the same machine; it
+ * reports each side's median time and the median and quartiles of the per-round
+ * ratios time_A / time_B (above 1: B is faster). The same library may be given
+ * twice with different --blocks-a / --blocks-b, and a library against itself
+ * measures the harness's own spread.
+ *
+ *   sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward]
+ *           [--threads N] [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]
+ *
+ * Inputs are uniform in [-0.5, 0.5), [B, H, T, D] contiguous, Dk = Dv = D; the
+ * backward takes dO = Q's values and the forward's O and LSE. Exit status 0, 1 on a
+ * library error or a library that does not load, 2 on bad arguments. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sdpa.h"
+
+typedef void (*init_fn)(sdpa_problem *);
+typedef sdpa_status (*fwd_fn)(const sdpa_problem *, const sdpa_tensor *, const sdpa_tensor *,
+                              const sdpa_tensor *, const sdpa_tensor_out *, const sdpa_tensor_out *);
+typedef sdpa_status (*bwd_fn)(const sdpa_problem *, const sdpa_tensor *, const sdpa_tensor *,
+                              const sdpa_tensor *, const sdpa_tensor *, const sdpa_tensor *,
+                              const sdpa_tensor *, const sdpa_tensor_out *, const sdpa_tensor_out *,
+                              const sdpa_tensor_out *);
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward] [--threads N]\n"
+                    "               [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]\n");
+    return 2;
+}
+
+static float *uniform(size_t n, unsigned *seed)
+{
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; p && i < n; i++) {
+        *seed = *seed * 1664525u + 1013904223u;
+        p[i] = (float)(*seed >> 8) * 0x1p-24f - 0.5f;
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3)
+        return usage();
+    long long s[6] = {0};
+    int causal = 0, backward = 0, threads = 1, rounds = 31, inner = 1, blocks[2][2] = {{0, 0}, {0, 0}};
+    for (int i = 3; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--causal")) {
+            causal = 1;
+        } else if (!strcmp(a, "--backward")) {
+            backward = 1;
+        } else if (v && !strcmp(a, "--shape")) {
+            if (sscanf(v, "%lld,%lld,%lld,%lld,%lld,%lld", &s[0], &s[1], &s[2], &s[3], &s[4], &s[5]) != 6)
+                return usage();
+            i++;
+        } else if (v && !strcmp(a, "--threads")) {
+            threads = atoi(v), i++;
+        } else if (v && !strcmp(a, "--rounds")) {
+            rounds = atoi(v), i++;
+        } else if (v && !strcmp(a, "--inner")) {
+            inner = atoi(v), i++;
+        } else if (v && (!strcmp(a, "--blocks-a") || !strcmp(a, "--blocks-b"))) {
+            if (sscanf(v, "%d,%d", &blocks[a[9] == 'b'][0], &blocks[a[9] == 'b'][1]) != 2)
+                return usage();
+            i++;
+        } else {
+            return usage();
+        }
+    }
+    for (int i = 0; i < 6; i++)
+        if (s[i] < 1 || s[i] > (1 << 20))
+            return usage();
+    if (s[1] % s[2] || threads < 0 || rounds < 1 || rounds > 100000 || inner < 1)
+        return usage();
+
+    init_fn init[2];
+    fwd_fn fwd[2];
+    bwd_fn bwd[2];
+    for (int i = 0; i < 2; i++) {
+        void *h = dlopen(argv[1 + i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            fprintf(stderr, "sdpa-ab: %s\n", dlerror());
+            return 1;
+        }
+        init[i] = (init_fn)dlsym(h, "sdpa_problem_init");
+        fwd[i] = (fwd_fn)dlsym(h, "sdpa_forward");
+        bwd[i] = (bwd_fn)dlsym(h, "sdpa_backward");
+        if (!init[i] || !fwd[i] || !bwd[i]) {
+            fprintf(stderr, "sdpa-ab: %s is not libsdpa\n", argv[1 + i]);
+            return 1;
+        }
+    }
+    const long long B = s[0], Hq = s[1], Hkv = s[2], Tq = s[3], Tk = s[4], D = s[5];
+    const size_t nq = (size_t)(B * Hq * Tq * D), nk = (size_t)(B * Hkv * Tk * D);
+    unsigned seed = 1;
+    float *q = uniform(nq, &seed), *k = uniform(nk, &seed), *v = uniform(nk, &seed), *o = uniform(nq, &seed),
+          *dq = uniform(nq, &seed), *dk = uniform(nk, &seed), *dv = uniform(nk, &seed),
+          *lse = uniform((size_t)(B * Hq * Tq), &seed);
+    double *t[2] = {malloc(sizeof(double) * (size_t)rounds), malloc(sizeof(double) * (size_t)rounds)},
+           *ratio = malloc(sizeof(double) * (size_t)rounds);
+    if (!q || !k || !v || !o || !dq || !dk || !dv || !lse || !t[0] || !t[1] || !ratio) {
+        fprintf(stderr, "sdpa-ab: out of memory\n");
+        return 1;
+    }
+    const sdpa_tensor tq = {q, Hq * Tq * D, Tq * D, D}, tk = {k, Hkv * Tk * D, Tk * D, D},
+                      tv = {v, Hkv * Tk * D, Tk * D, D}, co = {o, Hq * Tq * D, Tq * D, D},
+                      cl = {lse, Hq * Tq, Tq, 1};
+    const sdpa_tensor_out to = {o, Hq * Tq * D, Tq * D, D}, tl = {lse, Hq * Tq, Tq, 1},
+                          tdq = {dq, Hq * Tq * D, Tq * D, D}, tdk = {dk, Hkv * Tk * D, Tk * D, D},
+                          tdv = {dv, Hkv * Tk * D, Tk * D, D};
+    sdpa_problem p[2];
+    for (int i = 0; i < 2; i++) {
+        init[i](&p[i]);
+        p[i].batch = B, p[i].q_heads = Hq, p[i].kv_heads = Hkv, p[i].q_len = Tq, p[i].kv_len = Tk;
+        p[i].head_dim_qk = p[i].head_dim_v = D;
+        p[i].num_threads = threads;
+        p[i].causal = causal ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
+        p[i].block_q = blocks[i][0], p[i].block_k = blocks[i][1];
+        sdpa_status st = fwd[i](&p[i], &tq, &tk, &tv, &to, &tl); /* warm-up; O and LSE for the backward */
+        if (st == SDPA_OK && backward)
+            st = bwd[i](&p[i], &tq, &tk, &tv, &co, &cl, &tq, &tdq, &tdk, &tdv);
+        if (st != SDPA_OK) {
+            fprintf(stderr, "sdpa-ab: %s: %s\n", argv[1 + i], "the library refused the problem");
+            return 1;
+        }
+    }
+    for (int r = 0; r < rounds; r++)
+        for (int j = 0; j < 2; j++) {
+            const int i = (r & 1) ? 1 - j : j;
+            const double t0 = now();
+            for (int n = 0; n < inner; n++)
+                if (backward)
+                    bwd[i](&p[i], &tq, &tk, &tv, &co, &cl, &tq, &tdq, &tdk, &tdv);
+                else
+                    fwd[i](&p[i], &tq, &tk, &tv, &to, NULL);
+            t[i][r] = (now() - t0) / inner;
+        }
+    for (int r = 0; r < rounds; r++)
+        ratio[r] = t[0][r] / t[1][r];
+    qsort(ratio, (size_t)rounds, sizeof(double), cmp_double);
+    qsort(t[0], (size_t)rounds, sizeof(double), cmp_double);
+    qsort(t[1], (size_t)rounds, sizeof(double), cmp_double);
+    double pairs = 0.0; /* allowed (query, key) pairs, as sdpa bench counts them */
+    for (long long i = 0; i < Tq; i++)
+        pairs += (double)(causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk);
+    pairs *= (double)(B * Hq);
+    const double flops = 2.0 * pairs * (double)D * (backward ? 5.0 : 2.0);
+    printf("A %.3f ms (%.1f GFLOP/s)  B %.3f ms (%.1f GFLOP/s)  A/B per round: median %.3f [q1 %.3f, q3 %.3f], "
+           "%d rounds\n",
+           t[0][rounds / 2] * 1e3, flops / t[0][rounds / 2] * 1e-9, t[1][rounds / 2] * 1e3,
+           flops / t[1][rounds / 2] * 1e-9, ratio[rounds / 2], ratio[rounds / 4], ratio[3 * rounds / 4], rounds);
+    return 0;
+}
