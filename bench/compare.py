@@ -110,16 +110,8 @@ def ort_impl(which):
         prep = o.PREP[which](np, onnx, helper, TP, s, mask, q, k, v, np.float32, TP.FLOAT)
         if isinstance(prep, str):
             return None, prep
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = t
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 4
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         path = os.path.join(OrtState.tmp.name, "opt.onnx")
-        so.optimized_model_filepath = path
-        sess = ort.InferenceSession(prep.model, so, providers=["CPUExecutionProvider"])
+        sess = o.make_session(ort, prep.model, t, path, spinning=False)
         nodes = o.graph_nodes(onnx, path)
         if nodes != o.ORT_OP[which]:
             return None, f"the optimised graph is {nodes}"

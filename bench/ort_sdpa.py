@@ -312,13 +312,17 @@ PREP = {"attention": prep_attention, "mha": prep_mha, "gqa": prep_gqa}
 
 # ---------------------------------------------------------------- sessions
 
-def make_session(ort, model, threads, optimized_path=None):
+def make_session(ort, model, threads, optimized_path=None, spinning=True):
+    """spinning=False: idle intra-op threads sleep instead of spinning (bench/compare.py,
+    where another implementation runs right after each call)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 4  # fatal only: the optimised-model dump warns, refusals are reported as notes
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if optimized_path:
         so.optimized_model_filepath = optimized_path
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
