@@ -22,7 +22,10 @@ bench/ort_sdpa.py, bench/openvino_sdpa.py: the same impl names and fields) plus
 the library chose. --from-sdpa takes the JSON of `sdpa bench --json` for the
 FMA peaks and read bandwidths of the same machine (peak_gflops / peak_gbps),
 and the shapes and thread counts when no --shape / --mask is given. Peers that
-are not installed are left out with a note on stderr. Every implementation gets
+are not installed are left out with a note on stderr, and so is, for one row, a
+peer that fails on it or whose output is not finite (OpenVINO's bf16 precision
+returns NaN on a causal Tq = 1 < Tk problem, see bench/openvino_sdpa.py); --impl
+must include sdpa. Every implementation gets
 the same inputs' shapes and masks as in its own script; decode rows (Tq <= 16)
 read a --flush-mib buffer before every call of every implementation, so that
 each reads K and V from memory as the bench's flushed decode rows do. Between
@@ -81,7 +84,7 @@ def torch_impl(s, mask, op, t):
     def run_fwd():
         torch.set_num_threads(t)
         with torch.no_grad():
-            F.scaled_dot_product_attention(q, k, v, **kw)
+            return F.scaled_dot_product_attention(q, k, v, **kw)
     if op == "forward":
         return run_fwd, {"isa": "torch", "gqa": gqa, "torch_version": torch.__version__}
     out = F.scaled_dot_product_attention(q, k, v, **kw)
@@ -89,7 +92,7 @@ def torch_impl(s, mask, op, t):
 
     def run_bwd():
         torch.set_num_threads(t)
-        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     return run_bwd, {"isa": "torch", "gqa": gqa, "torch_version": torch.__version__}
 
 
@@ -123,6 +126,7 @@ def ort_impl(which):
 
         def run():
             sess.run_with_iobinding(binding)
+            return prep.outputs[prep.result]
         run.keep = (vals, prep)
         return run, extra
     return make
@@ -146,9 +150,20 @@ def openvino_impl(hint):
 
         def run():
             req.infer(share_outputs=True)
+            return req.get_output_tensor(0).data
         run.keep = (q, k, v, m)
         return run, extra
     return make
+
+
+def finite(x):
+    """Every value of an output (an array, a tensor, or a tuple of them) is finite."""
+    import numpy as np
+    if isinstance(x, (tuple, list)):
+        return all(finite(y) for y in x)
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().float().numpy()
+    return bool(np.isfinite(np.asarray(x, dtype=np.float64)).all())
 
 
 FACTORIES = {"sdpa": sdpa_impl, "torch": torch_impl, "ort-attention": ort_impl("attention"),
@@ -171,8 +186,8 @@ def available(names, err):
                 for mod in probes[n]:
                     __import__(mod)
             out.append(n)
-        except ImportError as e:
-            print(f"# {PROG}: {n} left out: {e}", file=err)
+        except Exception as e:  # ImportError, or a broken install that fails while loading
+            print(f"# {PROG}: {n} left out: {type(e).__name__}: {' '.join(str(e).split())[:200]}", file=err)
     return out
 
 
@@ -203,14 +218,21 @@ def main():
             p.error(f"--impl '{x}': expected some of {', '.join(IMPLS)}")
         if x not in names:
             names.append(x)
+    if "sdpa" not in names:
+        p.error("--impl must include sdpa: every row's ratio is to libsdpa's time")
+    if len(set(args.threads or [])) != len(args.threads or []):
+        p.error("--threads: a count is repeated")
     err = sys.stderr
     names = available(names, err)
     if "sdpa" not in names:
-        print(f"# {PROG}: the libsdpa package is needed (python3 -m pip install .)", file=err)
+        print(f"# {PROG}: the libsdpa package does not load in this python (python3 -m pip install .)", file=err)
         return 3
     import numpy as np
 
-    peaks, bw, _, file_cases, file_threads = common.load_sdpa_rows(args.from_sdpa or [])
+    try:
+        peaks, bw, _, file_cases, file_threads = common.load_sdpa_rows(args.from_sdpa or [])
+    except (OSError, UnicodeDecodeError) as e:
+        p.error(f"--from-sdpa: {e}")
     from_file = bool(file_cases) and not (args.shape or args.mask or args.quick)
     try:
         ncpu = len(os.sched_getaffinity(0))
@@ -219,47 +241,71 @@ def main():
     threads = args.threads or (sorted(file_threads) if from_file else sorted({1, ncpu}))
     if min(threads) < 1:
         p.error("--threads: every count must be >= 1")
-    cases = sorted(file_cases, key=lambda c: common.footprint(c[0])) if from_file else common.build_cases(args, PROG)
+    try:
+        cases = sorted(file_cases, key=lambda c: common.footprint(c[0])) if from_file else common.build_cases(args, PROG)
+    except argparse.ArgumentTypeError as e:
+        p.error(str(e))
     ops = ["forward", "backward"] if args.op == "both" else [args.op]
     flush = np.ones(args.flush_mib * (1 << 20) // 8, dtype=np.float64)
     print(f"# {PROG}: {', '.join(names)}; threads {','.join(map(str, threads))}; up to {args.rounds} "
           f"interleaved rounds per row (order rotating), {args.pause_ms:g} ms pause between calls; "
           f"decode rows: a {args.flush_mib} MiB buffer read before every call", file=err)
-    print(f"{'impl':<16} {'thr':>3}  {'B,Hq,Hkv,Tq,Tk,Dk,Dv':<28} {'mask':<8} {'op':<8} {'ms':>10} "
+    print(f"{'impl':<22} {'thr':>3}  {'B,Hq,Hkv,Tq,Tk,Dk,Dv':<28} {'mask':<19} {'op':<8} {'ms':>10} "
           f"{'GFLOP/s':>9} {'/sdpa':>7}", file=err)
+    noted = set()
+
+    def note(key, text):  # each skip said once, not once per thread count
+        if key not in noted:
+            noted.add(key)
+            print(f"# {PROG}: {text}: skipped", file=err)
     for s, mask in cases:
         decode = s[3] <= common.DECODE_MAX_TQ
         for op in ops:
             for t in threads:
                 runs = []
+                where = f"{','.join(map(str, s))} {mask} {op}"
                 for n in names:
                     try:
                         fn, extra = FACTORIES[n](s, mask, op, t)
-                    except Exception as e:  # a peer that cannot build this case
-                        fn, extra = None, " ".join(str(e).split())[:200]
+                        if fn is not None and not finite(fn()):  # warm-up (set-up, kernel choice), checked
+                            fn, extra = None, "its output is not finite (NaN or inf)"
+                    except Exception as e:  # a peer that cannot build or run this case
+                        fn, extra = None, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
                     if fn is None:
                         if extra != "no backward":
-                            print(f"# {PROG}: {n} {','.join(map(str, s))} {mask} {op}: {extra}: skipped", file=err)
+                            note((n, where, extra), f"{n} {where}: {extra}")
                         continue
-                    fn()  # warm-up (one-time set-up, kernel choice)
                     runs.append((n, fn, extra))
+                if not runs or runs[0][0] != "sdpa":
+                    note(("sdpa", where), f"{where}: libsdpa did not run it")
+                    continue
                 t0 = time.perf_counter()
                 for n, fn, _ in runs:
                     fn()
                 one_round = time.perf_counter() - t0
                 rounds = args.rounds
                 if one_round * rounds > args.max_time:
-                    rounds = max(3, int(args.max_time / max(one_round, 1e-9)))
+                    rounds = min(rounds, max(3, int(args.max_time / max(one_round, 1e-9))))
                 times = {n: [] for n, _, _ in runs}
+                failed = set()
                 for r in range(rounds):
                     for i in range(len(runs)):
                         n, fn, _ = runs[(i + r) % len(runs)]
+                        if n in failed:
+                            continue
                         if decode:
                             flush.sum()
                         time.sleep(args.pause_ms * 1e-3)
-                        c0 = time.perf_counter()
-                        fn()
-                        times[n].append(time.perf_counter() - c0)
+                        try:
+                            c0 = time.perf_counter()
+                            fn()
+                            times[n].append(time.perf_counter() - c0)
+                        except Exception as e:  # a peer failing mid-row: drop it from the row
+                            failed.add(n)
+                            note((n, where, "run"), f"{n} {where}: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+                if "sdpa" in failed:
+                    continue
+                runs = [x for x in runs if x[0] not in failed]
                 ref = statistics.median(times["sdpa"]) if "sdpa" in times else None
                 for n, _, extra in runs:
                     sec = statistics.median(times[n])
@@ -279,8 +325,9 @@ def main():
                         row["ratio_vs_sdpa"] = sec / ref
                     print(json.dumps(row), flush=True)
                     label = ROW_IMPL[n] + (" " + row.get("ov_hint", "") if n.startswith("openvino") else "")
+                    label = label[:22]
                     ratio = f"{sec / ref:.3f}" if ref else "-"
-                    print(f"{label:<16} {t:>3}  {','.join(map(str, s)):<28} {mask:<8} {op:<8} {sec * 1e3:>10.3f} "
+                    print(f"{label:<22} {t:>3}  {','.join(map(str, s)):<28} {mask:<19} {op:<8} {sec * 1e3:>10.3f} "
                           f"{gflops:>9.2f} {ratio:>7}", file=err, flush=True)
                 del runs
     return 0

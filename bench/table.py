@@ -15,7 +15,8 @@ decode row its GB/s of K and V and % of the read bandwidth. Peer columns are fp3
 rows only (OpenVINO: the f32 hint; its default precision has its own column,
 labelled with the precision it resolved to). "best peer" is the fastest fp32 peer
 of the line (naive-blas excluded), and "sdpa / best peer" the ratio of its time
-to libsdpa's best ISA (above 1: libsdpa is faster). Rows a peer cannot run (a
+to libsdpa's best ISA (above 1: libsdpa is faster); both are left out when the
+input has no peer rows. Rows a peer cannot run (a
 backward for ONNX Runtime and OpenVINO, masks an op cannot express) are "-".
 Lines that are not JSON objects are ignored; '-' reads stdin.
 """
@@ -35,10 +36,24 @@ PEERS = [  # (impl, label): fp32 rows
 PLAIN_MASKS = ("none", "causal", "causal-bottom-right", "padding")
 
 
+SHAPE = ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")
+
+
+def number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
+def usable(r):
+    """A row with every field the table reads, of the right kind (others are skipped)."""
+    return (isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("impl", "op", "mask"))
+            and all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool) for k in SHAPE + ("threads",))
+            and number(r.get("ms")) and r["ms"] > 0 and number(r.get("gflops")))
+
+
 def read_rows(paths):
     rows = []
     for path in paths:
-        f = sys.stdin if path == "-" else open(path)
+        f = sys.stdin if path == "-" else open(path, errors="replace")
         with f:
             for line in f:
                 line = line.strip()
@@ -48,13 +63,13 @@ def read_rows(paths):
                     r = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                if all(k in r for k in ("impl", "op", "threads", "Tk", "gflops", "mask", "ms")):
+                if usable(r):
                     rows.append(r)
     return rows
 
 
 def key(r):
-    return (tuple(r[k] for k in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"], r["op"], r["threads"])
+    return (tuple(r[k] for k in SHAPE), r["mask"], r["op"], r["threads"])
 
 
 def fmt(x):
@@ -65,7 +80,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="JSON-lines files ('-' for stdin)")
     args = p.parse_args()
-    rows = read_rows(args.inputs)
+    try:
+        rows = read_rows(args.inputs)
+    except OSError as e:
+        p.error(str(e))
     sdpa, peer, ov_default = {}, {}, {}
     order = []
     for r in rows:
@@ -95,7 +113,9 @@ def main():
     head = ["shape B,Hq,Hkv,Tq,Tk,Dk,Dv", "mask", "op", "thr"] + isas + [lab for _, lab in peers]
     if ovd:
         head.append("openvino default (" + ",".join(precs) + ")")
-    head += ["best peer", "sdpa / best peer"]
+    compared = any(impl != "naive-blas" for impl, _ in peers)
+    if compared:
+        head += ["best peer", "sdpa / best peer"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for k in order:
@@ -110,9 +130,9 @@ def main():
             best_ms = r["ms"] if best_ms is None else min(best_ms, r["ms"])
             c = fmt(r["gflops"])
             if i == 0:
-                if r.get("peak_gflops"):
+                if number(r.get("peak_gflops")) and r["peak_gflops"] > 0:
                     c += f" ({100 * r['gflops'] / r['peak_gflops']:.0f}%)"
-                if r.get("gbps") is not None and r.get("peak_gbps"):
+                if number(r.get("gbps")) and number(r.get("peak_gbps")) and r["peak_gbps"] > 0:
                     c += f"; {r['gbps']:.1f} GB/s ({100 * r['gbps'] / r['peak_gbps']:.0f}% of read bw)"
             cells.append(c)
         best = None
@@ -124,7 +144,9 @@ def main():
         if ovd:
             r = ov_default.get(k)
             cells.append(fmt(r["gflops"]) if r else "-")
-        if best is not None and best_ms:
+        if not compared:
+            pass
+        elif best is not None and best_ms:
             lab = dict(PEERS)[best["impl"]]
             cells += [lab, f"{best['ms'] / best_ms:.2f}x"]
         else:

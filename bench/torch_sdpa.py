@@ -265,7 +265,13 @@ def load_sdpa_rows(paths):
             line = line.strip()
             if not line.startswith("{"):
                 continue
-            r = json.loads(line)
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a truncated or foreign line: not a bench row
+            if not isinstance(r, dict) or any(x not in r for x in ("threads", "B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv",
+                                                                    "mask", "op", "ms")):
+                continue
             if r.get("impl") != "sdpa" or r.get("variant", "plain") != "plain":
                 continue  # torch runs plain attention: skip `sdpa bench --softcap/--alibi/--sinks` rows
             if "ratio_vs_kv_lengths" in r:
