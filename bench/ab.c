@@ -16,17 +16,23 @@
  *           [--threads N] [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]
  *
  * Inputs are uniform in [-0.5, 0.5), [B, H, T, D] contiguous, Dk = Dv = D; the
- * backward takes dO = Q's values and the forward's O and LSE. Exit status 0, 1 on a
- * library error or a library that does not load, 2 on bad arguments. */
+ * backward takes dO = Q's values and the forward's O and LSE. Both builds must take
+ * this tree's sdpa_problem (a build with another layout refuses it: the error says
+ * so). Buffers of more than half the machine's memory are refused. Exit status 0;
+ * 1 on a library error, a library that does not load, or a shape too large; 2 on
+ * bad arguments (with the reason and the usage text). */
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sdpa.h"
 
 typedef void (*init_fn)(sdpa_problem *);
+typedef const char *(*status_fn)(sdpa_status);
 typedef sdpa_status (*fwd_fn)(const sdpa_problem *, const sdpa_tensor *, const sdpa_tensor *,
                               const sdpa_tensor *, const sdpa_tensor_out *, const sdpa_tensor_out *);
 typedef sdpa_status (*bwd_fn)(const sdpa_problem *, const sdpa_tensor *, const sdpa_tensor *,
@@ -47,11 +53,44 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int usage(void)
+static int usage(const char *why)
 {
+    if (why)
+        fprintf(stderr, "sdpa-ab: %s\n", why);
     fprintf(stderr, "usage: sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward] [--threads N]\n"
-                    "               [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]\n");
+                    "               [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]\n"
+                    "  --threads N  OpenMP threads per call, 0 = OpenMP's default (default 1)\n"
+                    "  --rounds N   rounds, each timing A and B once, in alternating order (default 31, at most 100000)\n"
+                    "  --inner N    calls per timing (default 1, at most 100000)\n"
+                    "  --blocks-a / --blocks-b BQ,BK  block_q, block_k of A's / B's calls (default 0,0: the library's)\n");
     return 2;
+}
+
+/* A whole decimal integer in [lo, hi]; 0 when it is not. */
+static int parse_int(const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    const long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+/* "a,b,..." with exactly n whole integers in [lo, hi]; 0 when it is not. */
+static int parse_list(const char *s, int n, long long lo, long long hi, long long *out)
+{
+    char buf[256];
+    if (strlen(s) >= sizeof buf)
+        return 0;
+    strcpy(buf, s);
+    char *save = NULL, *tok = strtok_r(buf, ",", &save);
+    int k = 0;
+    for (; tok; tok = strtok_r(NULL, ",", &save), k++)
+        if (k >= n || !parse_int(tok, lo, hi, &out[k]))
+            return 0;
+    return k == n;
 }
 
 static float *uniform(size_t n, unsigned *seed)
@@ -67,42 +106,60 @@ static float *uniform(size_t n, unsigned *seed)
 int main(int argc, char **argv)
 {
     if (argc < 3)
-        return usage();
-    long long s[6] = {0};
-    int causal = 0, backward = 0, threads = 1, rounds = 31, inner = 1, blocks[2][2] = {{0, 0}, {0, 0}};
+        return usage(NULL);
+    long long s[6] = {0}, num, blocks[2][2] = {{0, 0}, {0, 0}};
+    int causal = 0, backward = 0, threads = 1, rounds = 31, inner = 1, have_shape = 0;
     for (int i = 3; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--causal")) {
             causal = 1;
         } else if (!strcmp(a, "--backward")) {
             backward = 1;
-        } else if (v && !strcmp(a, "--shape")) {
-            if (sscanf(v, "%lld,%lld,%lld,%lld,%lld,%lld", &s[0], &s[1], &s[2], &s[3], &s[4], &s[5]) != 6)
-                return usage();
-            i++;
-        } else if (v && !strcmp(a, "--threads")) {
-            threads = atoi(v), i++;
-        } else if (v && !strcmp(a, "--rounds")) {
-            rounds = atoi(v), i++;
-        } else if (v && !strcmp(a, "--inner")) {
-            inner = atoi(v), i++;
-        } else if (v && (!strcmp(a, "--blocks-a") || !strcmp(a, "--blocks-b"))) {
-            if (sscanf(v, "%d,%d", &blocks[a[9] == 'b'][0], &blocks[a[9] == 'b'][1]) != 2)
-                return usage();
+        } else if (val && !strcmp(a, "--shape")) {
+            if (!parse_list(val, 6, 1, 1 << 20, s))
+                return usage("--shape: six whole numbers B,Hq,Hkv,Tq,Tk,D, each in 1..2^20 (Dk = Dv = D)");
+            have_shape = 1, i++;
+        } else if (val && !strcmp(a, "--threads")) {
+            if (!parse_int(val, 0, 4096, &num))
+                return usage("--threads: a whole number in 0..4096");
+            threads = (int)num, i++;
+        } else if (val && !strcmp(a, "--rounds")) {
+            if (!parse_int(val, 1, 100000, &num))
+                return usage("--rounds: a whole number in 1..100000");
+            rounds = (int)num, i++;
+        } else if (val && !strcmp(a, "--inner")) {
+            if (!parse_int(val, 1, 100000, &num))
+                return usage("--inner: a whole number in 1..100000");
+            inner = (int)num, i++;
+        } else if (val && (!strcmp(a, "--blocks-a") || !strcmp(a, "--blocks-b"))) {
+            if (!parse_list(val, 2, 0, 1 << 20, blocks[a[9] == 'b']))
+                return usage("--blocks-a / --blocks-b: BQ,BK, two whole numbers (0: the library's)");
             i++;
         } else {
-            return usage();
+            fprintf(stderr, "sdpa-ab: unknown or incomplete option '%s'\n", a);
+            return usage(NULL);
         }
     }
-    for (int i = 0; i < 6; i++)
-        if (s[i] < 1 || s[i] > (1 << 20))
-            return usage();
-    if (s[1] % s[2] || threads < 0 || rounds < 1 || rounds > 100000 || inner < 1)
-        return usage();
+    if (!have_shape)
+        return usage("--shape is required");
+    if (s[1] % s[2])
+        return usage("--shape: Hq must be a multiple of Hkv");
+    /* the buffers: Q, O, dQ (B Hq Tq D each), K, V, dK, dV (B Hkv Tk D each), LSE (B Hq Tq) */
+    const double floats = 3.0 * (double)s[0] * (double)s[1] * (double)s[3] * (double)s[5] +
+                          4.0 * (double)s[0] * (double)s[2] * (double)s[4] * (double)s[5] +
+                          (double)s[0] * (double)s[1] * (double)s[3];
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const double mem = pages > 0 && page > 0 ? (double)pages * (double)page : 0.0;
+    if (floats * sizeof(float) > 0x1p46 || (mem > 0.0 && floats * sizeof(float) > 0.5 * mem)) {
+        fprintf(stderr, "sdpa-ab: the shape needs %.3g GiB of buffers (more than half of this machine's memory)\n",
+                floats * sizeof(float) / 0x1p30);
+        return 1;
+    }
 
     init_fn init[2];
     fwd_fn fwd[2];
     bwd_fn bwd[2];
+    status_fn why[2];
     for (int i = 0; i < 2; i++) {
         void *h = dlopen(argv[1 + i], RTLD_NOW | RTLD_LOCAL);
         if (!h) {
@@ -112,7 +169,8 @@ int main(int argc, char **argv)
         init[i] = (init_fn)dlsym(h, "sdpa_problem_init");
         fwd[i] = (fwd_fn)dlsym(h, "sdpa_forward");
         bwd[i] = (bwd_fn)dlsym(h, "sdpa_backward");
-        if (!init[i] || !fwd[i] || !bwd[i]) {
+        why[i] = (status_fn)dlsym(h, "sdpa_status_string");
+        if (!init[i] || !fwd[i] || !bwd[i] || !why[i]) {
             fprintf(stderr, "sdpa-ab: %s is not libsdpa\n", argv[1 + i]);
             return 1;
         }
@@ -147,7 +205,8 @@ int main(int argc, char **argv)
         if (st == SDPA_OK && backward)
             st = bwd[i](&p[i], &tq, &tk, &tv, &co, &cl, &tq, &tdq, &tdk, &tdv);
         if (st != SDPA_OK) {
-            fprintf(stderr, "sdpa-ab: %s: %s\n", argv[1 + i], "the library refused the problem");
+            fprintf(stderr, "sdpa-ab: %s refused the problem: %s%s\n", argv[1 + i], why[i](st),
+                    st == SDPA_ERR_BAD_DESCRIPTOR ? " (a build whose sdpa_problem differs from this tool's header?)" : "");
             return 1;
         }
     }
@@ -172,7 +231,7 @@ int main(int argc, char **argv)
         pairs += (double)(causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk);
     pairs *= (double)(B * Hq);
     const double flops = 2.0 * pairs * (double)D * (backward ? 5.0 : 2.0);
-    printf("A %.3f ms (%.1f GFLOP/s)  B %.3f ms (%.1f GFLOP/s)  A/B per round: median %.3f [q1 %.3f, q3 %.3f], "
+    printf("A %.4g ms (%.4g GFLOP/s)  B %.4g ms (%.4g GFLOP/s)  A/B per round: median %.3f [q1 %.3f, q3 %.3f], "
            "%d rounds\n",
            t[0][rounds / 2] * 1e3, flops / t[0][rounds / 2] * 1e-9, t[1][rounds / 2] * 1e3,
            flops / t[1][rounds / 2] * 1e-9, ratio[rounds / 2], ratio[rounds / 4], ratio[3 * rounds / 4], rounds);
