@@ -20,8 +20,11 @@ Needs matplotlib (python3 -m pip install -r bench/requirements.txt). Lines
 that are not JSON objects (comments, tables) are ignored; '-' reads stdin.
 """
 import argparse
-import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_sdpa as common  # noqa: E402  (the JSON-lines reader; no torch import at this level)
 
 DECODE_MAX_TQ = 16
 MASK_MARKERS = {"none": "o", "causal": "^", "causal-bottom-right": "v", "padding": "s"}
@@ -29,21 +32,8 @@ ISA_ORDER = ["scalar", "avx2", "avx512", "neon"]
 
 
 def read_rows(paths):
-    rows = []
-    for path in paths:
-        f = sys.stdin if path == "-" else open(path)
-        with f:
-            for line in f:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if all(k in r for k in ("impl", "op", "threads", "Tk", "gflops", "mask")):
-                    rows.append(r)
-    return rows
+    return [r for r in common.json_rows(paths)
+            if all(k in r for k in ("impl", "op", "threads", "Tk", "gflops", "mask"))]
 
 
 def series_name(r):

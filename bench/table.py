@@ -21,8 +21,11 @@ backward for ONNX Runtime and OpenVINO, masks an op cannot express) are "-".
 Lines that are not JSON objects are ignored; '-' reads stdin.
 """
 import argparse
-import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_sdpa as common  # noqa: E402  (the JSON-lines reader; no torch import at this level)
 
 ISAS = ["avx512", "avx2", "neon", "scalar"]
 PEERS = [  # (impl, label): fp32 rows
@@ -51,21 +54,7 @@ def usable(r):
 
 
 def read_rows(paths):
-    rows = []
-    for path in paths:
-        f = sys.stdin if path == "-" else open(path, errors="replace")
-        with f:
-            for line in f:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if usable(r):
-                    rows.append(r)
-    return rows
+    return [r for r in common.json_rows(paths) if usable(r)]
 
 
 def key(r):

@@ -253,43 +253,51 @@ def supports_gqa(F):
     return _GQA
 
 
+def json_rows(paths):
+    """The JSON objects of the lines of these files ('-': stdin), in order; lines that
+    are not a JSON object (comments, tables, a truncated line) are skipped. Shared by
+    every script of bench/ that reads the rows of `sdpa bench --json` and its peers."""
+    for path in paths:
+        f = sys.stdin if path == "-" else open(path, errors="replace")
+        with f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(r, dict):
+                    yield r
+
+
 def load_sdpa_rows(paths):
     """Peaks, read bandwidths and scalar times by thread count / row (scalar
     times keyed by (shape, mask, op, threads, dtype)), and the (shape, mask)
     cases and thread counts of the rows, in order."""
     peaks, bw, scalar, cases, threads = {}, {}, {}, [], []
-    for path in paths:
-        with open(path) as f:
-            lines = f.readlines()
-        for line in lines:
-            line = line.strip()
-            if not line.startswith("{"):
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a truncated or foreign line: not a bench row
-            if not isinstance(r, dict) or any(x not in r for x in ("threads", "B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv",
-                                                                    "mask", "op", "ms")):
-                continue
-            if r.get("impl") != "sdpa" or r.get("variant", "plain") != "plain":
-                continue  # torch runs plain attention: skip `sdpa bench --softcap/--alibi/--sinks` rows
-            if "ratio_vs_kv_lengths" in r:
-                continue  # padding given as a mask or bias (padding-bool, ...): the `padding` row's problem
-            t = r["threads"]
-            case = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"])
-            if case not in cases:
-                cases.append(case)
-            if t not in threads:
-                threads.append(t)
-            if r.get("peak_gflops"):
-                peaks[t] = max(peaks.get(t, 0.0), r["peak_gflops"])
-            if r.get("peak_gbps"):
-                bw[t] = max(bw.get(t, 0.0), r["peak_gbps"])
-            if r.get("isa") == "scalar":  # compared per type: fp32 rows with fp32, bf16 with bf16
-                key = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"], r["op"], t,
-                       r.get("dtype", "fp32"))
-                scalar[key] = r["ms"]
+    for r in json_rows(paths):
+        if any(x not in r for x in ("threads", "B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv", "mask", "op", "ms")):
+            continue
+        if r.get("impl") != "sdpa" or r.get("variant", "plain") != "plain":
+            continue  # torch runs plain attention: skip `sdpa bench --softcap/--alibi/--sinks` rows
+        if "ratio_vs_kv_lengths" in r:
+            continue  # padding given as a mask or bias (padding-bool, ...): the `padding` row's problem
+        t = r["threads"]
+        case = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"])
+        if case not in cases:
+            cases.append(case)
+        if t not in threads:
+            threads.append(t)
+        if r.get("peak_gflops"):
+            peaks[t] = max(peaks.get(t, 0.0), r["peak_gflops"])
+        if r.get("peak_gbps"):
+            bw[t] = max(bw.get(t, 0.0), r["peak_gbps"])
+        if r.get("isa") == "scalar":  # compared per type: fp32 rows with fp32, bf16 with bf16
+            key = (tuple(r[x] for x in ("B", "Hq", "Hkv", "Tq", "Tk", "Dk", "Dv")), r["mask"], r["op"], t,
+                   r.get("dtype", "fp32"))
+            scalar[key] = r["ms"]
     return peaks, bw, scalar, cases, threads
 
 
