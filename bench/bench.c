@@ -85,6 +85,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -289,6 +290,7 @@ typedef struct options {
     variant variants[MAX_VARIANTS];
     int n_variants;    /* 0: no variant option given */
     int serve;         /* --serve: the continuous-batching step instead of the shapes */
+    int huge_pages;    /* --huge-pages: --serve's K/V and the bandwidth buffer madvise(MADV_HUGEPAGE) */
     sdpa_dtype dtypes[N_DTYPES]; /* --dtype: the types timed, in the order given (default fp32) */
     int n_dtypes;
     int show_dtype;    /* a type other than fp32 is timed: the table gets a dtype column */
@@ -343,6 +345,13 @@ static void print_help(void)
         "                            2048 cached keys, Hq 32, Hkv 8, D 128, 16-key pages, shuffled):\n"
         "                            paged, the same on contiguous packed K/V, and gather-pages-then-\n"
         "                            dense per sequence; tokens/s, GB/s of K/V, %% of read bandwidth\n"
+        "                            (the header's, measured before; the decode rows also time the\n"
+        "                            bandwidth test's read interleaved with them: pct_bw_interleaved)\n"
+        "  --huge-pages              with --serve: allocate the K/V caches, their packed copy and the\n"
+        "                            bandwidth buffer 2 MiB-aligned with madvise(MADV_HUGEPAGE), as a\n"
+        "                            server that follows the README's advice does (Linux transparent\n"
+        "                            huge pages in madvise or always mode); the header says how much\n"
+        "                            was mapped in huge pages; --serve JSON rows have \"huge_pages\"\n"
         "                            Each variant given is timed alone (all together too when\n"
         "                            several are given), interleaved with the plain kernel on\n"
         "                            the same shape, ISA and threads: its row has ratio_vs_plain\n"
@@ -590,7 +599,8 @@ static int parse_options(int argc, char **argv, options *o)
             strcpy(name, arg);
         }
         static const char *const flags[] = {"--help", "--json", "--naive", "--no-naive", "--quick",
-                                            "--no-limits", "--limits-only", "--alibi", "--sinks", "--serve"};
+                                            "--no-limits", "--limits-only", "--alibi", "--sinks", "--serve",
+                                            "--huge-pages"};
         static const char *const valued[] = {"--isa", "--threads", "--shape", "--mask", "--op",
                                              "--reps", "--warmup", "--bw-mib", "--max-time", "--softcap",
                                              "--dtype"};
@@ -629,6 +639,8 @@ static int parse_options(int argc, char **argv, options *o)
             o->sinks = 1;
         } else if (strcmp(name, "--serve") == 0) {
             o->serve = 1;
+        } else if (strcmp(name, "--huge-pages") == 0) {
+            o->huge_pages = 1;
         } else if (strcmp(name, "--softcap") == 0) {
             char *end;
             errno = 0;
@@ -716,6 +728,8 @@ static int parse_options(int argc, char **argv, options *o)
     if (o->serve && (o->n_shapes || o->n_masks || o->softcap != 0.0f || o->alibi || o->sinks || !o->fwd))
         return usage("--serve times its own step (forward, no variants): %s", "drop --shape, --mask, "
                                                                             "--op backward, --softcap, --alibi and --sinks");
+    if (o->huge_pages && !o->serve)
+        return usage("--huge-pages applies to %s only", "--serve");
     if (o->n_dtypes == 0)
         o->dtypes[o->n_dtypes++] = SDPA_DTYPE_F32;
     o->show_dtype = o->n_dtypes > 1 || o->dtypes[0] != SDPA_DTYPE_F32;
@@ -803,6 +817,47 @@ static void *alloc_elems(int64_t n, size_t elem)
 static float *alloc_floats(int64_t n)
 {
     return alloc_elems(n, sizeof(float));
+}
+
+/* bytes, 64-byte aligned; with huge (--huge-pages) 2 MiB-aligned and rounded up,
+ * marked madvise(MADV_HUGEPAGE) before anything touches it. A refused madvise
+ * (transparent huge pages "never", not Linux) leaves ordinary pages: the caller
+ * reports anon_huge_mib(), what the kernel really mapped. */
+static void *alloc_big(size_t bytes, int huge)
+{
+#ifdef MADV_HUGEPAGE
+    if (huge) {
+        const size_t align = (size_t)2 << 20;
+        if (bytes > SIZE_MAX - align)
+            return NULL;
+        bytes = (bytes + align - 1) & ~(align - 1);
+        void *p = aligned_alloc(align, bytes);
+        if (p)
+            (void)madvise(p, bytes, MADV_HUGEPAGE);
+        return p;
+    }
+#else
+    (void)huge;
+#endif
+    if (bytes > SIZE_MAX - 64)
+        return NULL;
+    return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+}
+
+/* MiB of this process's anonymous memory mapped in transparent huge pages
+ * (/proc/self/smaps_rollup AnonHugePages); -1 where the file is not there. */
+static double anon_huge_mib(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f)
+        return -1.0;
+    char line[256];
+    double kb = -1.0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %lf kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb < 0.0 ? -1.0 : kb / 1024.0;
 }
 
 /* Deterministic uniform values in [-1, 1), stored as dt (rounded to nearest
@@ -972,6 +1027,7 @@ typedef struct limits {
     double peak[SDPA_ISA_COUNT][MAX_LIST]; /* GFLOP/s per ISA and thread-count index */
     double bw[MAX_LIST];                   /* GB/s per thread-count index */
     double bw_mib;
+    double bw_huge_mib;                    /* --huge-pages: of the buffer, MiB in huge pages */
 } limits;
 
 typedef double (*peak_fn)(int64_t iters, float seed, float *sink);
@@ -1036,16 +1092,26 @@ static double measure_peak(peak_fn fn, int nt, double target_s, int tries)
 }
 
 /* Best GB/s of reading the buffer on nt threads. */
+/* One read of the n words of buf on nt threads (the bandwidth test's loop). */
+static uint64_t read_all(const uint64_t *buf, int64_t n, int nt)
+{
+    uint64_t s = 0;
+    OMP(omp parallel for num_threads(nt) schedule(static) reduction(+ : s))
+    for (int64_t i = 0; i < n; i++)
+        s += buf[i];
+#if !HAVE_OPENMP
+    (void)nt;
+#endif
+    return s;
+}
+
 static double measure_bw(const uint64_t *buf, int64_t n, int nt, int tries)
 {
     double best = 0.0;
     uint64_t total = 0;
     for (int r = 0; r < tries + 1; r++) { /* the first pass only warms up */
-        uint64_t s = 0;
         const double t0 = now_s();
-        OMP(omp parallel for num_threads(nt) schedule(static) reduction(+ : s))
-        for (int64_t i = 0; i < n; i++)
-            s += buf[i];
+        const uint64_t s = read_all(buf, n, nt);
         const double dt = now_s() - t0;
         total += s;
         const double g = (double)n * sizeof(uint64_t) / dt * 1e-9;
@@ -1091,7 +1157,7 @@ static void measure_limits_here(const options *o, limits *L)
         }
     }
     const int64_t n = (int64_t)o->bw_mib * 1024 * 1024 / (int64_t)sizeof(uint64_t);
-    uint64_t *buf = aligned_alloc(64, (size_t)n * sizeof(uint64_t));
+    uint64_t *buf = alloc_big((size_t)n * sizeof(uint64_t), o->huge_pages);
     if (buf) {
 #if HAVE_OPENMP
         const int nt_max = max_threads();
@@ -1099,6 +1165,7 @@ static void measure_limits_here(const options *o, limits *L)
         OMP(omp parallel for num_threads(nt_max) schedule(static))
         for (int64_t i = 0; i < n; i++)
             buf[i] = (uint64_t)i; /* first touch, spread over the threads */
+        L->bw_huge_mib = o->huge_pages ? anon_huge_mib() : 0.0;
         for (int ti = 0; ti < o->n_threads; ti++)
             L->bw[ti] = measure_bw(buf, n, o->threads[ti], o->quick ? 5 : 10);
         free(buf);
@@ -2046,7 +2113,7 @@ static void serve_free(serve_data *d)
     memset(d, 0, sizeof *d);
 }
 
-static int serve_alloc(serve_data *d)
+static int serve_alloc(serve_data *d, int huge)
 {
     const int64_t H = SERVE_HKV, D = SERVE_D, bs = SERVE_BS;
     int64_t maxk = 0;
@@ -2067,8 +2134,10 @@ static int serve_alloc(serve_data *d)
     const int64_t tq = d->cuq[SERVE_SEQS], tk = d->cuk[SERVE_SEQS];
     d->bt = malloc((size_t)(SERVE_SEQS * d->M) * sizeof(int32_t));
     d->q = alloc_floats(tq * SERVE_HQ * D);
-    d->kc = alloc_floats(d->nb * H * bs * D), d->vc = alloc_floats(d->nb * H * bs * D);
-    d->kp = alloc_floats(tk * H * D), d->vp = alloc_floats(tk * H * D);
+    const size_t cache_bytes = (size_t)(d->nb * H * bs * D) * sizeof(float);
+    const size_t packed_bytes = (size_t)(tk * H * D) * sizeof(float);
+    d->kc = alloc_big(cache_bytes, huge), d->vc = alloc_big(cache_bytes, huge);
+    d->kp = alloc_big(packed_bytes, huge), d->vp = alloc_big(packed_bytes, huge);
     for (int i = 0; i < SERVE_WAYS; i++)
         d->o[i] = alloc_floats(tq * SERVE_HQ * D);
     d->gk = alloc_floats(H * maxk * D), d->gv = alloc_floats(H * maxk * D);
@@ -2206,6 +2275,8 @@ static int run_serve(void *p)
 typedef struct serve_row {
     const char *impl, *isa, *part;
     int threads, reps, nseq;
+    int huge_pages;     /* --huge-pages given */
+    double bw_il_gbps;  /* decode rows: the read bandwidth timed interleaved with them (0: none) */
     double ms, tokens, keys, pairs, tokens_per_s, gbps, peak_gbps, gflops, ratio, max_abs_diff, rss_mb;
 } serve_row;
 
@@ -2247,9 +2318,29 @@ static void emit_serve_row(out_state *st, const serve_row *r)
         json_num("ratio_vs_paged", r->ratio);
     if (r->max_abs_diff >= 0.0)
         json_num("max_abs_diff_vs_paged", r->max_abs_diff);
+    if (r->bw_il_gbps > 0.0) {
+        json_num("bw_interleaved_gbps", r->bw_il_gbps);
+        json_num("pct_bw_interleaved", 100.0 * r->gbps / r->bw_il_gbps);
+    }
     json_num("rss_mb", r->rss_mb);
+    printf(",\"huge_pages\":%s", r->huge_pages ? "true" : "false");
     printf(",\"reps\":%d,\"version\":\"%s\"}\n", r->reps, sdpa_version());
     fflush(stdout);
+}
+
+/* The bandwidth test's read, timed as one more way beside the decode rows. */
+typedef struct read_ctx {
+    const uint64_t *buf;
+    int64_t n;
+    int threads;
+    uint64_t sum;
+} read_ctx;
+
+static int run_read(void *p)
+{
+    read_ctx *x = p;
+    x->sum += read_all(x->buf, x->n, x->threads);
+    return 0;
 }
 
 static double serve_max_diff(const float *a, const float *b, int64_t n)
@@ -2266,26 +2357,54 @@ static double serve_max_diff(const float *a, const float *b, int64_t n)
 static int serve_pass(const options *o, const limits *L, out_state *st)
 {
     serve_data d;
-    if (serve_alloc(&d) != 0) {
+    if (serve_alloc(&d, o->huge_pages) != 0) {
         fputs("sdpa bench: error: --serve: out of memory (the step needs about 2.5 GB)\n", stderr);
         return 1;
     }
     const sdpa_isa isa = o->isas[o->n_isas - 1]; /* the best ISA asked for */
     int failed = 0;
+    /* The decode rows also time the bandwidth test's read of a --bw-mib buffer,
+     * interleaved with them run by run: the header's bandwidth is measured once,
+     * before, and on this kind of shared machine the bandwidth a process gets
+     * moves from minute to minute. */
+    const int64_t n_read = (int64_t)o->bw_mib * 1024 * 1024 / (int64_t)sizeof(uint64_t);
+    uint64_t *read_buf = alloc_big((size_t)n_read * sizeof(uint64_t), o->huge_pages);
+    if (read_buf) {
+#if HAVE_OPENMP
+        const int nt_max = max_threads();
+#endif
+        OMP(omp parallel for num_threads(nt_max) schedule(static))
+        for (int64_t i = 0; i < n_read; i++)
+            read_buf[i] = (uint64_t)i;
+    }
+    if (o->huge_pages) {
+        const double kv_mib = (double)(2 * d.nb * SERVE_HKV * SERVE_BS * SERVE_D + 2 * (int64_t)d.cuk[SERVE_SEQS] *
+                                                                                   SERVE_HKV * SERVE_D) *
+                              sizeof(float) / (1024.0 * 1024.0);
+        fprintf(st->table, "# --huge-pages: this process has %.0f MiB in transparent huge pages (AnonHugePages; "
+                           "K/V caches and packed copy %.0f MiB)",
+                anon_huge_mib(), kv_mib);
+        if (L->measured)
+            fprintf(st->table, "; bandwidth buffer %.0f of %.0f MiB", L->bw_huge_mib, L->bw_mib);
+        fputc('\n', st->table);
+    }
     for (int ti = 0; ti < o->n_threads; ti++)
         for (int part = 0; part < 2; part++) { /* the whole step, then its decode rows alone */
             const int nseq = part == 0 ? SERVE_SEQS : SERVE_DECODE;
             serve_ctx x[SERVE_WAYS];
-            run_fn fns[SERVE_WAYS];
-            void *ctxs[SERVE_WAYS];
-            timing t[SERVE_WAYS];
+            run_fn fns[SERVE_WAYS + 1];
+            void *ctxs[SERVE_WAYS + 1];
+            timing t[SERVE_WAYS + 1];
             int bad = 0, bad_k = 0;
             for (int w = 0; w < SERVE_WAYS; w++) {
                 bad |= serve_setup(&x[w], &d, w, nseq, o->threads[ti], isa) != 0;
                 fns[w] = run_serve;
                 ctxs[w] = &x[w];
             }
-            if (bad || time_interleaved(SERVE_WAYS, fns, ctxs, o, NULL, t, &bad_k) != 0) {
+            read_ctx rd = {read_buf, n_read, o->threads[ti], 0};
+            const int with_read = part == 1 && read_buf;
+            fns[SERVE_WAYS] = run_read, ctxs[SERVE_WAYS] = &rd;
+            if (bad || time_interleaved(SERVE_WAYS + with_read, fns, ctxs, o, NULL, t, &bad_k) != 0) {
                 for (int w = 0; w < SERVE_WAYS; w++)
                     if (x[w].st != SDPA_OK)
                         fprintf(stderr, "sdpa bench: error: --serve %s: %s\n", serve_impl[w],
@@ -2309,12 +2428,25 @@ static int serve_pass(const options *o, const limits *L, out_state *st)
                     r.ratio = w == 0 ? -1.0 : t[w].median_s / t[0].median_s;
                     r.max_abs_diff = w == 0 ? -1.0 : serve_max_diff(d.o[w], d.o[0], n_out);
                     r.rss_mb = peak_rss_mb();
+                    r.huge_pages = o->huge_pages;
+                    r.bw_il_gbps = with_read ? (double)n_read * sizeof(uint64_t) / t[SERVE_WAYS].median_s * 1e-9 : 0.0;
                     emit_serve_row(st, &r);
                 }
+                if (with_read) {
+                    const double il = (double)n_read * sizeof(uint64_t) / t[SERVE_WAYS].median_s * 1e-9;
+                    const double paged = keys * SERVE_HKV * 2.0 * SERVE_D * sizeof(float) / t[0].median_s * 1e-9;
+                    fprintf(st->table, "# read bandwidth timed interleaved with these decode rows (median of %d "
+                                       "reads of %d MiB, %d thread%s): %.1f GB/s; sdpa-paged decode %.1f%% of it\n",
+                            t[SERVE_WAYS].reps, o->bw_mib, o->threads[ti], o->threads[ti] > 1 ? "s" : "", il,
+                            100.0 * paged / il);
+                }
             }
+            if (rd.sum == 42)
+                peak_sink = 1.0f;
             for (int w = 0; w < SERVE_WAYS; w++)
                 free(x[w].ws);
         }
+    free(read_buf);
     serve_free(&d);
     return failed;
 }
@@ -2345,7 +2477,8 @@ static void print_header(FILE *f, const options *o, const limits *L)
             for (int i = 0; i < SDPA_ISA_COUNT; i++)
                 if (L->peak[i][ti] > 0.0)
                     fprintf(f, " %s %.1f", sdpa_isa_name((sdpa_isa)i), L->peak[i][ti]);
-            fprintf(f, " GFLOP/s; memory read %.1f GB/s (%.0f MiB buffer)\n", L->bw[ti], L->bw_mib);
+            fprintf(f, " GFLOP/s; memory read %.1f GB/s (%.0f MiB buffer%s)\n", L->bw[ti], L->bw_mib,
+                    o->huge_pages ? ", MADV_HUGEPAGE" : "");
         }
         fprintf(f, "# (peaks: best of many 2 ms register-resident FMA loops; the scalar one chains "
                    "non-vectorised a*b+c, as the scalar kernels do)\n");

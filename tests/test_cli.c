@@ -1401,6 +1401,21 @@ Test(cli, bench_json_padding_forms)
     cr_expect_not_null(strstr(r->err, "padding-bias-4d"), "stderr: %s", r->err);
 }
 
+/* --huge-pages only changes how --serve allocates its cache: alone it is a usage
+ * error (exit 2, nothing timed), and it is a flag, not an option with a value. */
+Test(cli, bench_huge_pages_needs_serve)
+{
+    const char *alone[] = {"bench", "--no-limits", "--huge-pages", NULL};
+    run_result *r = run(alone);
+    cr_expect_eq(r->status, 2, "exit %d; stderr: %s", r->status, r->err);
+    cr_expect_not_null(strstr(r->err, "--huge-pages applies to --serve only"), "stderr: %s", r->err);
+    cr_expect_eq(r->out[0], '\0', "stdout: %s", r->out);
+    const char *valued[] = {"bench", "--serve", "--huge-pages=1", NULL};
+    r = run(valued);
+    cr_expect_eq(r->status, 2, "exit %d; stderr: %s", r->status, r->err);
+    cr_expect_not_null(strstr(r->err, "--huge-pages"), "stderr: %s", r->err);
+}
+
 /* An output that names an input file (directly or through another path to the
  * same file) is a usage error: the input is left as it was. */
 Test(cli, output_names_an_input)
