@@ -23,8 +23,12 @@
  * (naive-blas: the best ISA's). Decode-like shapes (Tq <= 16) also report
  * GB/s = bytes of K and V that some query may read (each once) / time, against
  * the measured bandwidth; their timed runs each start with the caches evicted
- * (64 MiB written, untimed), so that a K/V that would fit in the L3 between
- * repetitions is still read from memory, as in a real decode step.
+ * (every line of the row's buffers flushed, untimed), so that a K/V that would
+ * fit in the L3 between repetitions is still read from memory, as in a real
+ * decode step. With --bw-interleaved the decode rows also time the bandwidth
+ * test's read of a --bw-mib buffer (flushed the same way) interleaved with
+ * them, run by run: on a shared machine the bandwidth a process gets moves from
+ * minute to minute, and the header's figure is measured once, before.
  *
  * "naive-blas" is the same problem done the way a NumPy user would: S = scale
  * Q K^T materialised with OpenBLAS cblas_sgemm per head, row softmax with the
@@ -149,6 +153,7 @@ static const char *const mask_names[MASK_COUNT] = {"none",         "causal",    
 #define N_FORMS (MASK_COUNT - FIRST_FORM)
 /* problems timed together (interleaved): the plain one, the variants, the padding forms */
 #define MAX_PROBLEMS (1 + MAX_VARIANTS + N_FORMS)
+#define MAX_TIMED (MAX_PROBLEMS + 1) /* the problems of a row and the interleaved bandwidth read */
 
 static int is_padding_form(int m)
 {
@@ -291,6 +296,7 @@ typedef struct options {
     int n_variants;    /* 0: no variant option given */
     int serve;         /* --serve: the continuous-batching step instead of the shapes */
     int huge_pages;    /* --huge-pages: --serve's K/V and the bandwidth buffer madvise(MADV_HUGEPAGE) */
+    int bw_il;         /* --bw-interleaved: decode rows also time the bandwidth read beside them */
     sdpa_dtype dtypes[N_DTYPES]; /* --dtype: the types timed, in the order given (default fp32) */
     int n_dtypes;
     int show_dtype;    /* a type other than fp32 is timed: the table gets a dtype column */
@@ -347,6 +353,11 @@ static void print_help(void)
         "                            dense per sequence; tokens/s, GB/s of K/V, %% of read bandwidth\n"
         "                            (the header's, measured before; the decode rows also time the\n"
         "                            bandwidth test's read interleaved with them: pct_bw_interleaved)\n"
+        "  --bw-interleaved          decode rows (Tq <= 16) also time the bandwidth test's read of a\n"
+        "                            --bw-mib buffer, flushed from the caches as the rows' K/V are,\n"
+        "                            interleaved with them run by run: JSON bw_interleaved_gbps and\n"
+        "                            pct_bw_interleaved, a '# read bandwidth ...' line in the table;\n"
+        "                            the buffer then counts in the rows' rss_mb\n"
         "  --huge-pages              with --serve: allocate the K/V caches, their packed copy and the\n"
         "                            bandwidth buffer 2 MiB-aligned with madvise(MADV_HUGEPAGE), as a\n"
         "                            server that follows the README's advice does (Linux transparent\n"
@@ -600,7 +611,7 @@ static int parse_options(int argc, char **argv, options *o)
         }
         static const char *const flags[] = {"--help", "--json", "--naive", "--no-naive", "--quick",
                                             "--no-limits", "--limits-only", "--alibi", "--sinks", "--serve",
-                                            "--huge-pages"};
+                                            "--huge-pages", "--bw-interleaved"};
         static const char *const valued[] = {"--isa", "--threads", "--shape", "--mask", "--op",
                                              "--reps", "--warmup", "--bw-mib", "--max-time", "--softcap",
                                              "--dtype"};
@@ -641,6 +652,8 @@ static int parse_options(int argc, char **argv, options *o)
             o->serve = 1;
         } else if (strcmp(name, "--huge-pages") == 0) {
             o->huge_pages = 1;
+        } else if (strcmp(name, "--bw-interleaved") == 0) {
+            o->bw_il = 1;
         } else if (strcmp(name, "--softcap") == 0) {
             char *end;
             errno = 0;
@@ -962,13 +975,13 @@ static void flush_caches(const evict_list *e)
  * n problems (fns[i], ctxs[i]) are timed together, their runs interleaved
  * (0, 1, ..., n-1, 0, 1, ...: the plain kernel, its variants and the padding
  * forms of a kv_lengths problem see the same load), each its own row with its
- * own budget; n = 1 is one row on its own (n <= MAX_PROBLEMS).
+ * own budget; n = 1 is one row on its own (n <= MAX_TIMED).
  * evicts[i]: buffers to evict from the caches before each timed run of problem
  * i (decode-like rows), or NULL. */
 static int time_interleaved(int n, const run_fn *fns, void *const *ctxs, const options *o,
                             const evict_list *const *evicts, timing *t, int *failed_index)
 {
-    double last[MAX_PROBLEMS] = {0}, longest = 0.0;
+    double last[MAX_TIMED] = {0}, longest = 0.0;
     for (int w = 0; w < o->warmup; w++)
         for (int k = 0; k < n; k++) {
             const double t0 = now_s();
@@ -993,7 +1006,7 @@ static int time_interleaved(int n, const run_fn *fns, void *const *ctxs, const o
         reps = longest > 0.0 ? (int)(o->max_time / longest) : reps;
     if (reps < 1)
         reps = 1;
-    static double times[MAX_PROBLEMS][MAX_REPS];
+    static double times[MAX_TIMED][MAX_REPS];
     for (int r = 0; r < reps; r++)
         for (int k = 0; k < n; k++) {
             if (evicts && evicts[k])
@@ -1103,6 +1116,39 @@ static uint64_t read_all(const uint64_t *buf, int64_t n, int nt)
     (void)nt;
 #endif
     return s;
+}
+
+/* The bandwidth test's read, timed as one more problem beside decode rows
+ * (--bw-interleaved, and always beside --serve's decode rows). */
+typedef struct read_ctx {
+    const uint64_t *buf;
+    int64_t n;
+    int threads;
+    uint64_t sum;
+} read_ctx;
+
+static int run_read(void *p)
+{
+    read_ctx *x = p;
+    x->sum += read_all(x->buf, x->n, x->threads);
+    return 0;
+}
+
+/* The --bw-mib buffer of the interleaved read (huge pages with --huge-pages),
+ * its words first touched on all threads; NULL without memory. */
+static uint64_t *alloc_read_buf(const options *o, int64_t *n)
+{
+    *n = (int64_t)o->bw_mib * 1024 * 1024 / (int64_t)sizeof(uint64_t);
+    uint64_t *buf = alloc_big((size_t)*n * sizeof(uint64_t), o->huge_pages);
+    if (buf) {
+#if HAVE_OPENMP
+        const int nt_max = max_threads();
+#endif
+        OMP(omp parallel for num_threads(nt_max) schedule(static))
+        for (int64_t i = 0; i < *n; i++)
+            buf[i] = (uint64_t)i;
+    }
+    return buf;
 }
 
 static double measure_bw(const uint64_t *buf, int64_t n, int nt, int tries)
@@ -1232,6 +1278,7 @@ typedef struct row {
     const variant *var; /* the attention variant (plain when NULL); shown only with variant options */
     double ratio;       /* variant ms / plain ms of the same run, or < 0 (plain rows) */
     double ratio_kv;    /* padding form rows: ms / the kv_lengths ms of the same run; else < 0 */
+    double bw_il_gbps;  /* decode rows with --bw-interleaved: the read timed beside them; else 0 */
 } row;
 
 typedef struct out_state {
@@ -1323,6 +1370,10 @@ static void emit_row(out_state *st, const row *r)
     if (is_decode(r->c)) {
         json_num("gbps", r->gbps);
         json_num("peak_gbps", r->peak_gbps > 0.0 ? r->peak_gbps : NAN);
+        if (r->bw_il_gbps > 0.0) {
+            json_num("bw_interleaved_gbps", r->bw_il_gbps);
+            json_num("pct_bw_interleaved", 100.0 * r->gbps / r->bw_il_gbps);
+        }
     }
     json_num("rss_mb", r->rss_mb);
     json_num("rss_increase_mb", r->rss_increase_mb);
@@ -1729,6 +1780,18 @@ static void problem_evict(evict_list *e, const problem_set *ps, int k)
 static int sdpa_pass(const options *o, const limits *L, out_state *st, double *scalar_ms)
 {
     int failed = 0;
+    int64_t n_read = 0;
+    uint64_t *read_buf = NULL;
+    evict_list read_ev = {0};
+    if (o->bw_il) {
+        int any_decode = 0;
+        for (int i = 0; i < o->n_cases; i++)
+            any_decode |= is_decode(&o->cases[i]);
+        if (any_decode && !(read_buf = alloc_read_buf(o, &n_read)))
+            fputs("sdpa bench: --bw-interleaved: no memory for the read buffer; decode rows without it\n",
+                  stderr);
+        evict_add(&read_ev, read_buf, n_read, sizeof(uint64_t));
+    }
     for (int cd = 0; cd < o->n_cases * o->n_dtypes; cd++) { /* each case in each type */
         const int ci = cd / o->n_dtypes;
         const bcase *c = &o->cases[ci];
@@ -1791,11 +1854,11 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                 for (int ii = 0; ii < o->n_isas; ii++) {
                     const sdpa_isa isa = o->isas[ii];
                     sdpa_ctx x[MAX_PROBLEMS];
-                    run_fn fns[MAX_PROBLEMS];
-                    void *ctxs[MAX_PROBLEMS];
+                    run_fn fns[MAX_TIMED];
+                    void *ctxs[MAX_TIMED];
                     evict_list ev[MAX_PROBLEMS];
-                    const evict_list *evp[MAX_PROBLEMS];
-                    timing t[MAX_PROBLEMS];
+                    const evict_list *evp[MAX_TIMED];
+                    timing t[MAX_TIMED];
                     for (int k = 0; k < n; k++) {
                         setup_problem(&x[k], &ps, k, isa, o->threads[ti]);
                         fns[k] = op ? run_sdpa_backward : run_sdpa_forward;
@@ -1803,8 +1866,11 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                         problem_evict(&ev[k], &ps, k);
                         evp[k] = is_decode(c) ? &ev[k] : NULL;
                     }
+                    read_ctx rd = {read_buf, n_read, o->threads[ti], 0};
+                    const int with_read = read_buf && is_decode(c);
+                    fns[n] = run_read, ctxs[n] = &rd, evp[n] = &read_ev;
                     int bad_k = 0;
-                    if (time_interleaved(n, fns, ctxs, o, evp, t, &bad_k) != 0) {
+                    if (time_interleaved(n + with_read, fns, ctxs, o, evp, t, &bad_k) != 0) {
                         char pn[64];
                         problem_name(pn, sizeof pn, &ps, bad_k);
                         fprintf(stderr, "sdpa bench: error: %s %s %s%s: %s\n", sdpa_isa_name(isa),
@@ -1834,14 +1900,24 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                         } else {
                             r.ratio_kv = plain_ms > 0.0 ? r.ms / plain_ms : -1.0; /* problem 0: kv_lengths */
                         }
+                        if (with_read)
+                            r.bw_il_gbps = (double)n_read * sizeof(uint64_t) / t[n].median_s * 1e-9;
                         emit_row(st, &r);
                     }
+                    if (with_read)
+                        fprintf(st->table, "# read bandwidth timed interleaved with these rows (median of %d flushed "
+                                           "reads of %d MiB, %d thread%s): %.1f GB/s\n",
+                                t[n].reps, o->bw_mib, o->threads[ti], o->threads[ti] > 1 ? "s" : "",
+                                (double)n_read * sizeof(uint64_t) / t[n].median_s * 1e-9);
+                    if (rd.sum == 42)
+                        peak_sink = 1.0f;
                 }
         }
         free_form_bufs(&fb);
         free_variant_bufs(&vb);
         free_bufs(&b);
     }
+    free(read_buf);
     return failed;
 }
 
@@ -2328,21 +2404,6 @@ static void emit_serve_row(out_state *st, const serve_row *r)
     fflush(stdout);
 }
 
-/* The bandwidth test's read, timed as one more way beside the decode rows. */
-typedef struct read_ctx {
-    const uint64_t *buf;
-    int64_t n;
-    int threads;
-    uint64_t sum;
-} read_ctx;
-
-static int run_read(void *p)
-{
-    read_ctx *x = p;
-    x->sum += read_all(x->buf, x->n, x->threads);
-    return 0;
-}
-
 static double serve_max_diff(const float *a, const float *b, int64_t n)
 {
     double m = 0.0;
@@ -2367,16 +2428,11 @@ static int serve_pass(const options *o, const limits *L, out_state *st)
      * interleaved with them run by run: the header's bandwidth is measured once,
      * before, and on this kind of shared machine the bandwidth a process gets
      * moves from minute to minute. */
-    const int64_t n_read = (int64_t)o->bw_mib * 1024 * 1024 / (int64_t)sizeof(uint64_t);
-    uint64_t *read_buf = alloc_big((size_t)n_read * sizeof(uint64_t), o->huge_pages);
-    if (read_buf) {
-#if HAVE_OPENMP
-        const int nt_max = max_threads();
-#endif
-        OMP(omp parallel for num_threads(nt_max) schedule(static))
-        for (int64_t i = 0; i < n_read; i++)
-            read_buf[i] = (uint64_t)i;
-    }
+    int64_t n_read = 0;
+    uint64_t *read_buf = alloc_read_buf(o, &n_read);
+    evict_list read_ev = {0};
+    evict_add(&read_ev, read_buf, n_read, sizeof(uint64_t));
+    const evict_list *evp[SERVE_WAYS + 1] = {NULL, NULL, NULL, &read_ev};
     if (o->huge_pages) {
         const double kv_mib = (double)(2 * d.nb * SERVE_HKV * SERVE_BS * SERVE_D + 2 * (int64_t)d.cuk[SERVE_SEQS] *
                                                                                    SERVE_HKV * SERVE_D) *
@@ -2404,7 +2460,7 @@ static int serve_pass(const options *o, const limits *L, out_state *st)
             read_ctx rd = {read_buf, n_read, o->threads[ti], 0};
             const int with_read = part == 1 && read_buf;
             fns[SERVE_WAYS] = run_read, ctxs[SERVE_WAYS] = &rd;
-            if (bad || time_interleaved(SERVE_WAYS + with_read, fns, ctxs, o, NULL, t, &bad_k) != 0) {
+            if (bad || time_interleaved(SERVE_WAYS + with_read, fns, ctxs, o, evp, t, &bad_k) != 0) {
                 for (int w = 0; w < SERVE_WAYS; w++)
                     if (x[w].st != SDPA_OK)
                         fprintf(stderr, "sdpa bench: error: --serve %s: %s\n", serve_impl[w],
@@ -2436,7 +2492,8 @@ static int serve_pass(const options *o, const limits *L, out_state *st)
                     const double il = (double)n_read * sizeof(uint64_t) / t[SERVE_WAYS].median_s * 1e-9;
                     const double paged = keys * SERVE_HKV * 2.0 * SERVE_D * sizeof(float) / t[0].median_s * 1e-9;
                     fprintf(st->table, "# read bandwidth timed interleaved with these decode rows (median of %d "
-                                       "reads of %d MiB, %d thread%s): %.1f GB/s; sdpa-paged decode %.1f%% of it\n",
+                                       "flushed reads of %d MiB, %d thread%s): %.1f GB/s; sdpa-paged decode %.1f%% "
+                                       "of it\n",
                             t[SERVE_WAYS].reps, o->bw_mib, o->threads[ti], o->threads[ti] > 1 ? "s" : "", il,
                             100.0 * paged / il);
                 }

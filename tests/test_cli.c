@@ -1315,6 +1315,51 @@ Test(cli, bench_json_fields)
     cr_expect_eq(bwd, 1);
 }
 
+/* --bw-interleaved: a decode row (Tq <= 16) gets bw_interleaved_gbps > 0 and
+ * pct_bw_interleaved = 100 gbps / bw_interleaved_gbps, plus a '# read bandwidth'
+ * line in the table; a prefill row of the same run gets neither, and without the
+ * flag no row has them. */
+static double json_field(const char *line, const char *name)
+{
+    char key[64];
+    snprintf(key, sizeof key, "\"%s\":", name);
+    const char *p = strstr(line, key);
+    return p ? strtod(p + strlen(key), NULL) : -1.0;
+}
+
+Test(cli, bench_bw_interleaved)
+{
+    const char *args[] = {"bench", "--no-limits", "--no-naive", "--isa", "scalar", "--threads", "1",
+                          "--shape", "1,2,1,1,64,16,16", "--shape", "1,2,1,32,64,16,16", "--op", "forward",
+                          "--reps", "3", "--bw-mib", "8", "--bw-interleaved", "--json", NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "bench failed: %s", r->err);
+    const char *dec = strstr(r->out, "\"Tq\":1,"), *pre = strstr(r->out, "\"Tq\":32,");
+    cr_assert(dec && pre, "rows missing:\n%s", r->out);
+    const char *dec_end = strchr(dec, '\n'), *pre_end = strchr(pre, '\n');
+    cr_assert(dec_end && pre_end);
+    char line[2048];
+    cr_assert_lt((size_t)(dec_end - dec), sizeof line);
+    memcpy(line, dec, (size_t)(dec_end - dec));
+    line[dec_end - dec] = '\0';
+    const double bw = json_field(line, "bw_interleaved_gbps"), pct = json_field(line, "pct_bw_interleaved"),
+                 gbps = json_field(line, "gbps");
+    cr_expect_gt(bw, 0.0, "%s", line);
+    cr_expect_gt(gbps, 0.0, "%s", line);
+    cr_expect_float_eq(pct, 100.0 * gbps / bw, 1e-3 * pct, "%s", line);
+    cr_assert_lt((size_t)(pre_end - pre), sizeof line);
+    memcpy(line, pre, (size_t)(pre_end - pre));
+    line[pre_end - pre] = '\0';
+    cr_expect_null(strstr(line, "interleaved"), "a prefill row with the interleaved read: %s", line);
+    cr_expect_not_null(strstr(r->err, "# read bandwidth timed interleaved with these rows"), "%s", r->err);
+
+    const char *plain[] = {"bench", "--no-limits", "--no-naive", "--isa", "scalar", "--threads", "1",
+                           "--shape", "1,2,1,1,64,16,16", "--op", "forward", "--reps", "1", "--json", NULL};
+    r = run(plain);
+    cr_assert_eq(r->status, 0, "bench failed: %s", r->err);
+    cr_expect_null(strstr(r->out, "interleaved"), "%s", r->out);
+}
+
 /* Key padding as a mask (issue 20 item 4): the rows of `sdpa bench --json` by
  * mask and op, each row checked: a padding form's row has ratio_vs_kv_lengths,
  * any other row has none; every row of one shape counts the same allowed pairs
