@@ -350,7 +350,11 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * e.g. decode), at most 4 * block_q * (Dv + 2) bytes per (tile, split), fewer
  * than 128 of them; failure returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with
  * Tq x Tk. With a bf16 / fp16 tensor, per thread also (block_k (Dk + Dv) +
- * max(Dk, Dv)) floats of conversion buffers.
+ * max(Dk, Dv)) floats of conversion buffers. With a boolean mask or bias whose
+ * head stride is 0 (the same for every head, as (B, 1, Tq, Tk) masks are) and
+ * Hq > 1, per thread also about 17 * ceil(Tk / block_k) bytes: each key tile's
+ * classification (skipped, full, partial) for the rows being worked on, kept
+ * for the other heads, which then run one after another.
  * @return SDPA_OK, or SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_BAD_DESCRIPTOR (also an
  *   unknown element type), SDPA_ERR_NEGATIVE_SIZE, SDPA_ERR_HEAD_GROUPING, SDPA_ERR_BAD_SCALE,
  *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_BAD_WINDOW, SDPA_ERR_BAD_KV_LENGTH,

@@ -37,7 +37,6 @@ static size_t fwd_s_floats(const plan *pl)
     return transposed > natural ? transposed : natural;
 }
 
-
 /* Rows of the output accumulator: a tile's columns. */
 static size_t fwd_o_rows(const plan *pl)
 {
@@ -53,13 +52,33 @@ static size_t fwd_cvt_floats(const plan *pl)
     return round_floats(bk * (size_t)pl->Dk) + round_floats(bk * (size_t)pl->Dv) + round_floats(row);
 }
 
+int sdpa_fwd_reuses_tiles(const plan *pl)
+{
+    return pl->elem_mask && !pl->seqs && (!pl->bm.data || pl->bm.head_stride == 0) &&
+           (!pl->bias.data || pl->bias.head_stride == 0) && pl->Hq > 1;
+}
+
+/* Key tiles of the problem (the classification cache's entries). */
+static size_t fwd_key_tiles_of(const plan *pl)
+{
+    return pl->bk > 0 ? (size_t)(pl->Tk / pl->bk + (pl->Tk % pl->bk != 0)) : 0;
+}
+
+/* The classification cache: a kind (int8) and ks, ke (int64) per key tile. */
+static size_t fwd_cls_floats(const plan *pl)
+{
+    const size_t nkt = sdpa_fwd_reuses_tiles(pl) ? fwd_key_tiles_of(pl) : 0;
+    return nkt ? round_floats((nkt + sizeof(float) - 1) / sizeof(float)) + 2 * round_floats(2 * nkt) : 0;
+}
+
 size_t sdpa_fwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
-    /* qt, s, m, l, alpha, and lo/hi as int64 (2 floats each), vs, on, the conversion buffers */
+    /* qt, s, m, l, alpha, and lo/hi as int64 (2 floats each), vs, on, the conversion buffers,
+       the classification cache */
     return round_floats(pl->Dk * ld) + round_floats(fwd_s_floats(pl)) + 3 * round_floats(ld) +
            4 * round_floats(ld) + round_floats(2 * ld) + round_floats(fwd_o_rows(pl) * pl->Dv) +
-           fwd_cvt_floats(pl);
+           fwd_cvt_floats(pl) + fwd_cls_floats(pl);
 }
 
 fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
@@ -75,6 +94,17 @@ fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
     w.hi = carve_i64(&base, ld);
     w.vs = carve(&base, 2 * ld);
     w.on = carve(&base, fwd_o_rows(pl) * pl->Dv);
+    w.cls_kind = NULL;
+    w.cls_ks = w.cls_ke = NULL;
+    w.cls_pl = NULL;
+    w.cls_b = w.cls_i0 = -1;
+    w.cls_nr = 0;
+    if (fwd_cls_floats(pl)) {
+        const size_t nkt = fwd_key_tiles_of(pl);
+        w.cls_kind = (int8_t *)(void *)carve(&base, (nkt + sizeof(float) - 1) / sizeof(float));
+        w.cls_ks = carve_i64(&base, nkt);
+        w.cls_ke = carve_i64(&base, nkt);
+    }
     w.kc = w.vc = w.rowc = NULL;
     if (pl->reduced) {
         w.kc = carve(&base, (size_t)pl->bk * pl->Dk);
@@ -91,7 +121,6 @@ size_t sdpa_fwd_partial_floats(const plan *pl, const tile_layout *L)
     const size_t cols = (size_t)tile_cols(L);
     return 2 * round_floats(cols) + round_floats((size_t)pl->Dv * cols);
 }
-
 
 /* Writes O = on / l (on: the tile's accumulator [ncol][Dv]) and LSE of a tile;
  * inv_l[c] = 1 / l[c] (0 where l is 0). A bf16 / fp16 O goes row by row through
@@ -321,18 +350,41 @@ static void fwd_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_t
     }
 }
 
+/* sdpa_classify_tile for key tile ktile ([j0, j1)) of the tile ft, from the
+ * thread's cache where the problem reuses tiles (the mask and bias are the same
+ * for every head, so is the result; lo and hi depend on the batch and rows only). */
+static int fwd_classify(const plan *pl, fwd_ws *w, const fwd_tile *ft, int64_t ktile, int64_t j0, int64_t j1,
+                        int64_t *ks, int64_t *ke)
+{
+    if (!w->cls_kind || !sdpa_fwd_reuses_tiles(pl))
+        return sdpa_classify_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, j0, j1, ks, ke);
+    if (w->cls_pl != pl || w->cls_b != ft->b || w->cls_i0 != ft->i0 || w->cls_nr != ft->nr) {
+        memset(w->cls_kind, -1, fwd_key_tiles_of(pl));
+        w->cls_pl = pl;
+        w->cls_b = ft->b;
+        w->cls_i0 = ft->i0;
+        w->cls_nr = ft->nr;
+    }
+    if (w->cls_kind[ktile] < 0) {
+        w->cls_kind[ktile] = (int8_t)sdpa_classify_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, j0,
+                                                        j1, &w->cls_ks[ktile], &w->cls_ke[ktile]);
+    }
+    *ks = w->cls_ks[ktile];
+    *ke = w->cls_ke[ktile];
+    return w->cls_kind[ktile];
+}
+
 /* First key past the run of full key tiles that starts with the full tile
  * ktile (keys up to ke): consecutive full tiles form one decode run. *ktile
  * moves to the run's last tile. */
-static int64_t fwd_full_run_end(const plan *pl, const fwd_ws *w, const fwd_tile *ft, int64_t *ktile,
+static int64_t fwd_full_run_end(const plan *pl, fwd_ws *w, const fwd_tile *ft, int64_t *ktile,
                                 int64_t kt_end, int64_t ke)
 {
     int64_t run_end = ke + 1;
     while (*ktile + 1 < kt_end) {
         const int64_t n0 = (*ktile + 1) * pl->bk, n1 = pl->Tk - n0 > pl->bk ? n0 + pl->bk : pl->Tk;
         int64_t ks2, ke2;
-        if (sdpa_classify_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, n0, n1, &ks2, &ke2) !=
-                TILE_FULL ||
+        if (fwd_classify(pl, w, ft, *ktile + 1, n0, n1, &ks2, &ke2) != TILE_FULL ||
             ks2 != run_end)
             break;
         run_end = ke2 + 1;
@@ -425,7 +477,7 @@ void sdpa_fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int6
         const int64_t j0 = ktile * pl->bk;
         const int64_t j1 = pl->Tk - j0 > pl->bk ? j0 + pl->bk : pl->Tk;
         int64_t ks, ke;
-        const int kind = sdpa_classify_tile(pl, ft.b, ft.h0, ft.nh, ft.i0, ft.nr, w->lo, w->hi, j0, j1, &ks, &ke);
+        const int kind = fwd_classify(pl, w, &ft, ktile, j0, j1, &ks, &ke);
         if (kind == TILE_SKIP)
             continue;
         if (!packed)

@@ -16,6 +16,15 @@ typedef struct fwd_ws {
                               widened to fp32 ([block_k][Dk], [block_k][Dv]), and one row of Q
                               or O ([max(Dk, Dv)]) on its way in or out */
     int64_t *lo, *hi;
+    /* A boolean mask or bias broadcast over heads (sdpa_fwd_reuses_tiles): each key
+     * tile's classification for the query tile (cls_b, cls_i0, cls_nr) of cls_pl,
+     * kept for the other heads, whose items come next (fwd_item_of). cls_kind[kt]
+     * < 0: not classified yet. NULL otherwise. */
+    int8_t *cls_kind;
+    int64_t *cls_ks, *cls_ke;
+    const plan *cls_pl;
+    int64_t cls_b, cls_i0;
+    int cls_nr;
 } fwd_ws;
 
 /* The tensors and tile layout of one problem (a dense call, or one sequence of a
@@ -27,6 +36,11 @@ typedef struct fwd_args {
     float *partials; /* nsplit > 1: tiles * nsplit partial states */
 } fwd_args;
 
+/* Whether the problem's boolean mask and bias (at least one present) are the
+ * same for every head: then a tile's classification is the same for all of its
+ * heads, the items of one query tile run head after head, and each thread keeps
+ * the classifications for the next head. */
+int sdpa_fwd_reuses_tiles(const plan *pl);
 /* Floats of one thread's workspace, and its carving. */
 size_t sdpa_fwd_ws_floats(const plan *pl);
 fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base);

@@ -62,7 +62,16 @@ static void fwd_item_of(void *arg, int64_t it)
     const tile_layout *L = &u->a.L;
     /* Within a head, last row tiles first: under causal masks they are the longest. */
     const int64_t split = it % L->nsplit, tile = it / L->nsplit;
-    const int64_t t = (tile / L->nrt) * L->nrt + (L->nrt - 1 - tile % L->nrt);
+    int64_t t = (tile / L->nrt) * L->nrt + (L->nrt - 1 - tile % L->nrt);
+    if (sdpa_fwd_reuses_tiles(&u->pl)) {
+        /* a mask the same for every head: per batch, each row tile (last first)
+         * for every head in turn, so that a thread's next item is most often the
+         * same rows of another head, whose key tiles it has classified already
+         * (fwd_ws.cls_kind); t numbers tiles as sdpa_tile_coords reads them */
+        const int64_t heads = u->pl.Hkv * L->ngt, per_b = L->nrt * heads;
+        const int64_t b = tile / per_b, rt = L->nrt - 1 - (tile % per_b) / heads, hg = tile % heads;
+        t = (b * heads + hg) * L->nrt + rt;
+    }
     sdpa_fwd_item(&u->pl, &th->w, &u->a, t, split);
 }
 

@@ -101,6 +101,41 @@ static int same_row(const plan *pl, const row_summary *r, const uint8_t *m, cons
     return 0;
 }
 
+/* Whether rows i0 + 1 .. i0 + nr - 1 of a contiguous boolean mask or bias (one
+ * of them, key stride 1, the same rows for every head of the tile) hold the
+ * bytes of row i0 over keys [a, z]: one branch-free pass the compiler
+ * vectorises, where same_row would call memcmp once per row. A mask
+ * materialised over queries, (B, 1, Tq, Tk), repeats its rows in every tile of
+ * key padding; a tile whose rows all match is classified from its first row. */
+static int rows_repeat(const plan *pl, int64_t b, int64_t h0, int64_t i0, int nr, int64_t a, int64_t z)
+{
+    const size_t n = (size_t)(z - a + 1);
+    if (pl->bm.data) {
+        const uint8_t *r0 = &pl->bm.data[b * pl->bm.batch_stride + h0 * pl->bm.head_stride +
+                                         i0 * pl->bm.query_stride + a];
+        unsigned diff = 0;
+        for (int ii = 1; ii < nr; ii++) {
+            const uint8_t *r = r0 + ii * pl->bm.query_stride;
+            for (size_t j = 0; j < n; j++)
+                diff |= (unsigned)(r[j] ^ r0[j]);
+        }
+        return diff == 0;
+    }
+    const float *f0 = &pl->bias.data[b * pl->bias.batch_stride + h0 * pl->bias.head_stride +
+                                     i0 * pl->bias.query_stride + a];
+    uint32_t diff = 0;
+    for (int ii = 1; ii < nr; ii++) {
+        const float *f = f0 + ii * pl->bias.query_stride;
+        for (size_t j = 0; j < n; j++) {
+            uint32_t x, y;
+            memcpy(&x, &f[j], sizeof x);
+            memcpy(&y, &f0[j], sizeof y);
+            diff |= x ^ y;
+        }
+    }
+    return diff == 0;
+}
+
 int sdpa_classify_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0, int nr, const int64_t *lo,
                        const int64_t *hi, int64_t j0, int64_t j1, int64_t *ks, int64_t *ke)
 {
@@ -125,9 +160,17 @@ int sdpa_classify_tile(const plan *pl, int64_t b, int64_t h0, int nh, int64_t i0
     row_summary prev = {NULL, NULL, 0, -1, 0, -1, 0, 0};
     /* every row the same: the operands broadcast over queries (and heads, or one
      * head), and one interval for all rows */
-    const int uniform = (!pl->bm.data || (pl->bm.query_stride == 0 && (pl->bm.head_stride == 0 || nh == 1))) &&
-                        (!pl->bias.data || (pl->bias.query_stride == 0 && (pl->bias.head_stride == 0 || nh == 1))) &&
-                        lo[0] == lo[nr - 1] && hi[0] == hi[nr - 1];
+    int uniform = (!pl->bm.data || (pl->bm.query_stride == 0 && (pl->bm.head_stride == 0 || nh == 1))) &&
+                  (!pl->bias.data || (pl->bias.query_stride == 0 && (pl->bias.head_stride == 0 || nh == 1))) &&
+                  lo[0] == lo[nr - 1] && hi[0] == hi[nr - 1];
+    /* or every row holds the same bytes (one operand, contiguous keys, the same
+     * rows for every head): then too the first row decides */
+    if (!uniform && nr > 1 && lo[0] == lo[nr - 1] && hi[0] == hi[nr - 1] && !(pl->bm.data && pl->bias.data)) {
+        const int64_t a = lo[0] > s ? lo[0] : s, z = hi[0] < e ? hi[0] : e;
+        const int heads_same = nh == 1 || (pl->bm.data ? pl->bm.head_stride : pl->bias.head_stride) == 0;
+        const int contiguous = pl->bm.data ? pl->bm.key_stride == 1 : pl->bias.key_stride == 1;
+        uniform = heads_same && contiguous && a <= z && rows_repeat(pl, b, h0, i0, nr, a, z);
+    }
     for (int g = 0; g < (uniform ? 1 : nh); g++)
         for (int ii = 0; ii < (uniform ? 1 : nr); ii++) {
             const int64_t i = i0 + ii, h = h0 + g;

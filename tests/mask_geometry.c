@@ -151,6 +151,16 @@ static void make_problem(problem *pr, int elem)
             }
         p->bool_mask.query_stride = 0;
         p->bias.query_stride = 0;
+    } else if (padding && (!pr->mask != !pr->bias) && p->q_len > 1 && p->kv_len > 0 && rnd(2)) {
+        /* key padding materialised over queries, (B, 1, Tq, Tk), with one entry of
+         * one row changed: the tile holding it must not be classified from its
+         * first row alone (rows_repeat in mask.c) */
+        const int64_t b = rnd(p->batch), i = 1 + rnd(p->q_len - 1), j = rnd(p->kv_len);
+        const size_t e = (size_t)((b * p->q_len + i) * p->kv_len + j);
+        if (pr->mask)
+            pr->mask[e] = !pr->mask[e];
+        else
+            pr->bias[e] = pr->bias[e] == -INFINITY ? (rnd(2) ? 0.0f : 1.5f) : (rnd(2) ? -INFINITY : 0.25f);
     }
 }
 

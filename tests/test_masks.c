@@ -967,3 +967,115 @@ Test(masks, key_padding_as_mask_or_bias_equals_kv_lengths, .timeout = 120)
             for (int form = 0; form < 4; form++)
                 padding_case(&shapes[s], isas[ii], form);
 }
+
+/* ------------------------------ a mask the same for every head (reused tiles) -- */
+
+/* A boolean mask or bias broadcast over heads (head stride 0) lets each thread
+ * keep a key tile's classification for the other heads of the same rows, and
+ * runs those heads one after another (forward.c, fwd_classify; forward_call.c,
+ * fwd_item_of). The result must not change: O and LSE bit for bit those of the
+ * same mask copied into every head (head stride Tq * Tk: nothing reused), on every
+ * ISA, 1 and 2 threads, prefill and decode (several heads per tile); and a
+ * caller's workspace reused for a second call with another mask must not carry
+ * the first call's classifications over. */
+static void reuse_case(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D, int use_bias,
+                       sdpa_isa isa, int threads)
+{
+    const size_t nq = (size_t)(B * Hq * Tq * D), nk = (size_t)(B * Hkv * Tk * D), nl = (size_t)(B * Hq * Tq);
+    const size_t nm = (size_t)(B * Tq * Tk), nmh = nm * (size_t)Hq;
+    util_rng r;
+    util_rng_init(&r, 4242 + (uint64_t)use_bias);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    util_fill_normal(&r, q, nq, 1.0f);
+    util_fill_normal(&r, k, nk, 1.0f);
+    util_fill_normal(&r, v, nk, 1.0f);
+    /* two masks: blocks of disallowed keys, a few disallowed rows, scattered holes;
+       the second differs from the first in whole key tiles */
+    uint8_t *m[2], *mh[2];
+    float *bias[2], *biash[2];
+    for (int x = 0; x < 2; x++) {
+        m[x] = malloc(nm), bias[x] = malloc(nm * 4), mh[x] = malloc(nmh), biash[x] = malloc(nmh * 4);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < Tq; i++)
+                for (int64_t j = 0; j < Tk; j++) {
+                    const size_t e = (size_t)((b * Tq + i) * Tk + j);
+                    int ok = util_rng_u64(&r) % 5 != 0;
+                    if ((j / 48 + b + x) % 3 == 0) /* whole runs of keys disallowed, moved by x */
+                        ok = 0;
+                    if (i % 37 == 5)
+                        ok = 0;
+                    if ((j / 64 + x) % 4 == 1) /* runs allowed in every row */
+                        ok = 1;
+                    m[x][e] = (uint8_t)ok;
+                    bias[x][e] = ok ? (j % 7 == 0 ? 0.5f : 0.0f) : -INFINITY;
+                }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < Hq; h++) {
+                memcpy(mh[x] + (size_t)((b * Hq + h) * Tq * Tk), m[x] + (size_t)(b * Tq * Tk), (size_t)(Tq * Tk));
+                memcpy(biash[x] + (size_t)((b * Hq + h) * Tq * Tk), bias[x] + (size_t)(b * Tq * Tk),
+                       (size_t)(Tq * Tk) * 4);
+            }
+    }
+    const sdpa_tensor tq = {q, Hq * Tq * D, Tq * D, D}, tk = {k, Hkv * Tk * D, Tk * D, D}, tv = {v, Hkv * Tk * D, Tk * D, D};
+    float *out[3][2];
+    for (int c = 0; c < 3; c++) { /* 0: per head, 1: broadcast, 2: broadcast in a reused workspace */
+        sdpa_problem p = util_problem(B, Hq, Hkv, Tq, Tk, D, D);
+        p.isa = isa;
+        p.num_threads = threads;
+        out[c][0] = malloc(nq * 4), out[c][1] = malloc(nl * 4);
+        const sdpa_tensor_out to = {out[c][0], Hq * Tq * D, Tq * D, D}, tl = {out[c][1], Hq * Tq, Tq, 1};
+        if (c == 0 && use_bias)
+            p.bias = (sdpa_bias){biash[1], Hq * Tq * Tk, Tq * Tk, Tk, 1};
+        else if (c == 0)
+            p.bool_mask = (sdpa_bool_mask){mh[1], Hq * Tq * Tk, Tq * Tk, Tk, 1};
+        else if (use_bias)
+            p.bias = (sdpa_bias){bias[1], Tq * Tk, 0, Tk, 1};
+        else
+            p.bool_mask = (sdpa_bool_mask){m[1], Tq * Tk, 0, Tk, 1};
+        if (c < 2) {
+            cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+            continue;
+        }
+        /* the same workspace, first with mask 0 (outputs discarded), then mask 1 */
+        sdpa_problem p0 = p;
+        if (use_bias)
+            p0.bias.data = bias[0];
+        else
+            p0.bool_mask.data = m[0];
+        size_t bytes = 0, bytes0 = 0;
+        cr_assert_eq(sdpa_forward_workspace_size(&p, &bytes), SDPA_OK);
+        cr_assert_eq(sdpa_forward_workspace_size(&p0, &bytes0), SDPA_OK);
+        cr_assert_eq(bytes, bytes0);
+        void *ws = malloc(bytes);
+        cr_assert_eq(sdpa_forward_with_workspace(&p0, &tq, &tk, &tv, &to, &tl, ws, bytes), SDPA_OK);
+        cr_assert_eq(sdpa_forward_with_workspace(&p, &tq, &tk, &tv, &to, &tl, ws, bytes), SDPA_OK);
+        free(ws);
+    }
+    static const char *names[] = {"O", "LSE"};
+    for (int c = 1; c < 3; c++)
+        for (int x = 0; x < 2; x++)
+            cr_expect(memcmp(out[0][x], out[c][x], (x ? nl : nq) * 4) == 0,
+                      "[%s, %d thread(s)] %lld,%lld,%lld,%lld,%lld,%lld %s broadcast over heads%s: %s differs "
+                      "from the per-head copy's",
+                      sdpa_isa_name(isa), threads, (long long)B, (long long)Hq, (long long)Hkv, (long long)Tq,
+                      (long long)Tk, (long long)D, use_bias ? "bias" : "bool mask",
+                      c == 2 ? " (workspace reused after another mask)" : "", names[x]);
+    for (int c = 0; c < 3; c++)
+        free(out[c][0]), free(out[c][1]);
+    for (int x = 0; x < 2; x++)
+        free(m[x]), free(bias[x]), free(mh[x]), free(biash[x]);
+    free(q), free(k), free(v);
+}
+
+Test(masks, mask_broadcast_over_heads_equals_per_head_copy, .timeout = 120)
+{
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas(isas);
+    for (int ii = 0; ii < nisa; ii++)
+        for (int threads = 1; threads <= 2; threads++)
+            for (int use_bias = 0; use_bias < 2; use_bias++) {
+                reuse_case(2, 6, 3, 150, 200, 32, use_bias, isas[ii], threads); /* prefill, GQA */
+                reuse_case(3, 8, 2, 1, 300, 64, use_bias, isas[ii], threads);   /* decode: heads share tiles */
+                reuse_case(1, 4, 4, 70, 129, 16, use_bias, isas[ii], threads);
+            }
+}
