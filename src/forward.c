@@ -366,6 +366,7 @@ static int fwd_classify(const plan *pl, fwd_ws *w, const fwd_tile *ft, int64_t k
         w->cls_nr = ft->nr;
     }
     if (w->cls_kind[ktile] < 0) {
+        w->cls_ks[ktile] = w->cls_ke[ktile] = 0; /* (a skipped tile leaves them alone) */
         w->cls_kind[ktile] = (int8_t)sdpa_classify_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, j0,
                                                         j1, &w->cls_ks[ktile], &w->cls_ke[ktile]);
     }
