@@ -398,7 +398,7 @@ typedef struct fixture {
 
 static void fixture_make(fixture *f, int rank, int B, int Hq, int Hkv, int Tq, int Tk, int Dk, int Dv)
 {
-    int64_t s[4];
+    int64_t s[4] = {0, 0, 0, 0};
     memset(f, 0, sizeof *f);
     f->p = (refp){B, Hq, Hkv, Tq, Tk, Dk, Dv, 0, 0, 0, -1, -1, 0, NULL, NULL, {0}, NULL, {0}};
     f->rank = rank;
