@@ -510,7 +510,7 @@ SDPA_API const char *sdpa_cpu_features(void);
 /** The microarchitecture detected at load (vendor, family, model) and the block
  *  sizes each runnable ISA's table uses for it (a descriptor's block_q / block_k
  *  override them per call; the SDPA_TUNE environment variable, e.g.
- *  "block_q=64,block_k=256,nt_max_cols=8", for the process, and whether it was
+ *  "block_q=64,block_k=256,nt_max_cols=8,wide_prefetch=2", for the process, and whether it was
  *  applied or rejected), e.g. "uarch zen4 (AuthenticAMD family 25 model 97);
  *  scalar block_q 64 ...". Static string, valid for the life of the process;
  *  thread-safe. */

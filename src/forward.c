@@ -466,6 +466,20 @@ static void fwd_tile_end(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd
     fwd_store(pl, a, w->on, w->m, w->l, w->alpha, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->rowc);
 }
 
+/* Whether the wide path prefetches the next key tile's K and V rows while one
+ * computes (kt->wide_prefetch). "Streaming": only where little of K and V is
+ * reused from the caches, a head's K and V of at least 1 MiB read by at most two
+ * row tiles; elsewhere the next tile is usually in the caches already and the
+ * prefetch instructions only cost (docs/perf-notes.md has the measurements behind
+ * the tuning table's choice per microarchitecture). */
+static int fwd_prefetches(const plan *pl, const tile_layout *L)
+{
+    if (pl->kt->wide_prefetch != SDPA_PREFETCH_STREAMING)
+        return pl->kt->wide_prefetch == SDPA_PREFETCH_ALWAYS;
+    const double kv_bytes = (double)pl->Tk * (double)(pl->Dk + pl->Dv) * (double)dtype_bytes(pl->kv_dtype);
+    return L->nrt <= 2 && kv_bytes >= 1048576.0;
+}
+
 /* One (tile, split) of the forward: Alg. 1 over the tile's key tiles in the split. */
 void sdpa_fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int64_t split)
 {
@@ -474,6 +488,7 @@ void sdpa_fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int6
     int64_t kt_first, kt_end;
     fwd_key_tiles(pl, &a->L, w, ft.nr, split, &kt_first, &kt_end);
     int packed = 0;
+    const int prefetch = fwd_prefetches(pl, &a->L);
     for (int64_t ktile = kt_first; ktile < kt_end; ktile++) {
         const int64_t j0 = ktile * pl->bk;
         const int64_t j1 = pl->Tk - j0 > pl->bk ? j0 + pl->bk : pl->Tk;
@@ -490,7 +505,7 @@ void sdpa_fwd_item(const plan *pl, fwd_ws *w, const fwd_args *a, int64_t t, int6
             fwd_nt_run(pl, w, a, &ft, ks, run_end, kind == TILE_PARTIAL);
             continue;
         }
-        if (ktile + 1 < kt_end) { /* the next key tile, while this one computes */
+        if (prefetch && ktile + 1 < kt_end) { /* the next key tile, while this one computes */
             const int64_t n1 = pl->Tk - j1 > pl->bk ? j1 + pl->bk : pl->Tk;
             if (ft.kb) /* a tile lies in one page */
                 prefetch_rows(pl, kv_row(pl, a->k, ft.kb, j1), a->k->seq_stride, 0, n1 - j1, pl->Dk);

@@ -191,6 +191,9 @@ typedef void (*sdpa_widen_rows_fn)(int rows, int cols, const uint16_t *src, ptrd
 typedef void (*sdpa_narrow_rows_fn)(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst,
                                     ptrdiff_t ldd);
 
+/* sdpa_kernels.wide_prefetch */
+enum { SDPA_PREFETCH_NEVER = 0, SDPA_PREFETCH_ALWAYS = 1, SDPA_PREFETCH_STREAMING = 2 };
+
 /* One ISA's kernels and the shapes that go with them (BLIS keeps its block sizes
  * beside its micro-kernel pointers). The driver learns every vector width, step,
  * alignment and block size from here; no other file outside the ISA's own layer
@@ -214,6 +217,9 @@ typedef struct sdpa_kernels {
     int band_keys; /* keys per band in the masked runs of a banded tile (driver's products) */
     int nt_max_cols; /* tiles of at most this many query columns use gemm_nt for S (natural
                         layout) and gemm_stream for P V (0: never) */
+    int wide_prefetch; /* the wide (prefill) path's software prefetch of the next key tile's K
+                          and V rows: SDPA_PREFETCH_NEVER, _ALWAYS, or _STREAMING (only where
+                          little of K and V is reused: see forward.c) */
     sdpa_gemm_fn gemm;
     sdpa_online_softmax_fn online_softmax;
     sdpa_scale_rows_fn scale_rows;

@@ -252,6 +252,7 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->block_q = 32;
     t->block_k = 32;
     t->band_keys = 16;
+    t->wide_prefetch = SDPA_PREFETCH_ALWAYS;
     t->gemm = gemm_scalar;
     t->online_softmax = online_softmax_scalar;
     t->scale_rows = scale_rows_scalar;

@@ -7,9 +7,11 @@
  * one context per microarchitecture beside its micro-kernels; docs/perf-notes.md
  * has the measurements behind each entry). Then the SDPA_TUNE environment
  * variable may override them for every ISA, e.g.
- *     SDPA_TUNE=block_q=64,block_k=256,nt_max_cols=8
+ *     SDPA_TUNE=block_q=64,block_k=256,nt_max_cols=8,wide_prefetch=2
  * (keys block_q and block_k in 1..SDPA_MAX_BLOCK, nt_max_cols in 0..64: tiles of
- * at most that many query columns take the decode path); a value that does not parse is recorded and ignored, like
+ * at most that many query columns take the decode path; wide_prefetch 0 never,
+ * 1 always, 2 streaming: the prefill path's prefetch of the next key tile, see
+ * forward.c); a value that does not parse is recorded and ignored, like
  * SDPA_ISA's, never printed. A descriptor's own block_q / block_k still win for
  * its call. sdpa_tuning() says what was chosen. */
 #include <stdio.h>
@@ -25,6 +27,7 @@ typedef struct uarch_entry {
     sdpa_uarch uarch;
     sdpa_isa isa;
     int block_q, block_k, nt_max_cols; /* 0: keep the ISA's */
+    int wide_prefetch;                  /* -1: keep the ISA's */
 } uarch_entry;
 
 static const char *const uarch_names[SDPA_UARCH_COUNT] = {
@@ -38,14 +41,16 @@ static const char *const uarch_names[SDPA_UARCH_COUNT] = {
  * a microarchitecture measured better with other values (docs/perf-notes.md,
  * "Block sizes on Emerald Rapids"). */
 static const uarch_entry entries[] = {
-    {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 64, 64, 0},
+    {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 64, 64, 0, SDPA_PREFETCH_STREAMING},
 };
+
+static const char *const prefetch_names[] = {"never", "always", "streaming"};
 
 static char description[640];
 
 /* Parses "key=value[,key=value..]" into *bq, *bk, *nt (left alone when absent);
  * 0 when every pair is known and in range. */
-static int parse_env(const char *s, int *bq, int *bk, int *nt)
+static int parse_env(const char *s, int *bq, int *bk, int *nt, int *pf)
 {
     char buf[128];
     if (strlen(s) >= sizeof buf)
@@ -66,6 +71,8 @@ static int parse_env(const char *s, int *bq, int *bk, int *nt)
             *bk = (int)v;
         else if (!strcmp(tok, "nt_max_cols") && v >= 0 && v <= 64)
             *nt = (int)v;
+        else if (!strcmp(tok, "wide_prefetch") && v >= SDPA_PREFETCH_NEVER && v <= SDPA_PREFETCH_STREAMING)
+            *pf = (int)v;
         else
             return -1;
     }
@@ -90,10 +97,12 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
             t->block_k = e->block_k;
         if (e->nt_max_cols)
             t->nt_max_cols = e->nt_max_cols;
+        if (e->wide_prefetch >= 0)
+            t->wide_prefetch = e->wide_prefetch;
     }
     const char *env = getenv("SDPA_TUNE");
-    int bq = 0, bk = 0, nt = -1, env_ok = 1;
-    if (env && *env && parse_env(env, &bq, &bk, &nt) != 0)
+    int bq = 0, bk = 0, nt = -1, pf = -1, env_ok = 1;
+    if (env && *env && parse_env(env, &bq, &bk, &nt, &pf) != 0)
         env_ok = 0;
     for (int isa = 0; env && *env && env_ok && isa < SDPA_ISA_COUNT; isa++) {
         if (!runnable[isa])
@@ -105,14 +114,17 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
             t->block_k = bk;
         if (nt >= 0)
             t->nt_max_cols = nt;
+        if (pf >= 0)
+            t->wide_prefetch = pf;
     }
     size_t n = (size_t)snprintf(description, sizeof description, "uarch %s%s%s%s", uarch_names[u],
                                 *cpu ? " (" : "", cpu, *cpu ? ")" : "");
     for (int isa = 0; isa < SDPA_ISA_COUNT && n < sizeof description; isa++)
         if (runnable[isa])
             n += (size_t)snprintf(description + n, sizeof description - n,
-                                  "; %s block_q %d block_k %d nt_max_cols %d", tables[isa].name,
-                                  tables[isa].block_q, tables[isa].block_k, tables[isa].nt_max_cols);
+                                  "; %s block_q %d block_k %d nt_max_cols %d wide_prefetch %s", tables[isa].name,
+                                  tables[isa].block_q, tables[isa].block_k, tables[isa].nt_max_cols,
+                                  prefetch_names[tables[isa].wide_prefetch]);
     if (env && *env && n < sizeof description)
         snprintf(description + n, sizeof description - n, "; SDPA_TUNE '%.60s' %s", env,
                  env_ok ? "applied" : "rejected (ignored)");

@@ -494,10 +494,18 @@ Test(cli, info_tuning_and_sdpa_tune_env)
     cr_assert_not_null(strstr(r->out, "; bf16 "), "%s", r->out);
     r = run_env(args, "SDPA_TUNE=block_q=48,block_k=96,nt_max_cols=4");
     cr_assert_eq(r->status, 0);
-    cr_assert_not_null(strstr(r->out, "scalar block_q 48 block_k 96 nt_max_cols 4"), "%s", r->out);
+    cr_assert_not_null(strstr(r->out, "scalar block_q 48 block_k 96 nt_max_cols 4 wide_prefetch "), "%s", r->out);
+    r = run_env(args, "SDPA_TUNE=wide_prefetch=0");
+    cr_assert_eq(r->status, 0);
+    cr_assert_not_null(strstr(r->out, "scalar block_q 32 block_k 32 nt_max_cols 8 wide_prefetch never"), "%s", r->out);
+    cr_assert_null(strstr(r->out, "wide_prefetch always"), "%s", r->out);
+    r = run_env(args, "SDPA_TUNE=wide_prefetch=2");
+    cr_assert_eq(r->status, 0);
+    cr_assert_null(strstr(r->out, "wide_prefetch always"), "%s", r->out);
+    cr_assert_not_null(strstr(r->out, "wide_prefetch streaming"), "%s", r->out);
     cr_assert_not_null(strstr(r->out, "' applied"), "%s", r->out);
     const char *bad[] = {"SDPA_TUNE=block_q=0", "SDPA_TUNE=block_k=513", "SDPA_TUNE=bogus=1", "SDPA_TUNE=block_q",
-                         "SDPA_TUNE=block_q=12x"};
+                         "SDPA_TUNE=block_q=12x", "SDPA_TUNE=wide_prefetch=3", "SDPA_TUNE=wide_prefetch=-1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         r = run_env(args, bad[i]);
         cr_assert_eq(r->status, 0);

@@ -19,4 +19,5 @@ void sdpa_kernels_init_neon(sdpa_kernels *t)
     t->block_q = 64; /* 4 column blocks of 16 */
     t->block_k = 64;
     t->band_keys = 16;
+    t->wide_prefetch = SDPA_PREFETCH_ALWAYS;
 }
