@@ -12,7 +12,7 @@
  * twice with different --blocks-a / --blocks-b, and a library against itself
  * measures the harness's own spread.
  *
- *   sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward]
+ *   sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward] [--isa NAME]
  *           [--threads N] [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]
  *
  * Inputs are uniform in [-0.5, 0.5), [B, H, T, D] contiguous, Dk = Dv = D; the
@@ -33,6 +33,7 @@
 
 typedef void (*init_fn)(sdpa_problem *);
 typedef const char *(*status_fn)(sdpa_status);
+typedef int (*isa_name_fn)(const char *, sdpa_isa *);
 typedef sdpa_status (*fwd_fn)(const sdpa_problem *, const sdpa_tensor *, const sdpa_tensor *,
                               const sdpa_tensor *, const sdpa_tensor_out *, const sdpa_tensor_out *);
 typedef sdpa_status (*bwd_fn)(const sdpa_problem *, const sdpa_tensor *, const sdpa_tensor *,
@@ -58,7 +59,9 @@ static int usage(const char *why)
     if (why)
         fprintf(stderr, "sdpa-ab: %s\n", why);
     fprintf(stderr, "usage: sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward] [--threads N]\n"
-                    "               [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]\n"
+                    "               [--isa NAME] [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]\n"
+                    "  --isa NAME   both sides' calls on that ISA (scalar, avx2, avx512, neon; default: each\n"
+                    "               library's choice)\n"
                     "  --threads N  OpenMP threads per call, 0 = OpenMP's default (default 1)\n"
                     "  --rounds N   rounds, each timing A and B once, in alternating order (default 31, at most 100000)\n"
                     "  --inner N    calls per timing (default 1, at most 100000)\n"
@@ -109,6 +112,7 @@ int main(int argc, char **argv)
         return usage(NULL);
     long long s[6] = {0}, num, blocks[2][2] = {{0, 0}, {0, 0}};
     int causal = 0, backward = 0, threads = 1, rounds = 31, inner = 1, have_shape = 0;
+    const char *isa_name = NULL;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--causal")) {
@@ -123,6 +127,8 @@ int main(int argc, char **argv)
             if (!parse_int(val, 0, 4096, &num))
                 return usage("--threads: a whole number in 0..4096");
             threads = (int)num, i++;
+        } else if (val && !strcmp(a, "--isa")) {
+            isa_name = val, i++;
         } else if (val && !strcmp(a, "--rounds")) {
             if (!parse_int(val, 1, 100000, &num))
                 return usage("--rounds: a whole number in 1..100000");
@@ -160,6 +166,7 @@ int main(int argc, char **argv)
     fwd_fn fwd[2];
     bwd_fn bwd[2];
     status_fn why[2];
+    isa_name_fn isa_of[2];
     for (int i = 0; i < 2; i++) {
         void *h = dlopen(argv[1 + i], RTLD_NOW | RTLD_LOCAL);
         if (!h) {
@@ -170,7 +177,8 @@ int main(int argc, char **argv)
         fwd[i] = (fwd_fn)dlsym(h, "sdpa_forward");
         bwd[i] = (bwd_fn)dlsym(h, "sdpa_backward");
         why[i] = (status_fn)dlsym(h, "sdpa_status_string");
-        if (!init[i] || !fwd[i] || !bwd[i] || !why[i]) {
+        isa_of[i] = (isa_name_fn)dlsym(h, "sdpa_isa_from_name");
+        if (!init[i] || !fwd[i] || !bwd[i] || !why[i] || !isa_of[i]) {
             fprintf(stderr, "sdpa-ab: %s is not libsdpa\n", argv[1 + i]);
             return 1;
         }
@@ -201,6 +209,10 @@ int main(int argc, char **argv)
         p[i].num_threads = threads;
         p[i].causal = causal ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
         p[i].block_q = blocks[i][0], p[i].block_k = blocks[i][1];
+        if (isa_name && isa_of[i](isa_name, &p[i].isa) != 0) {
+            fprintf(stderr, "sdpa-ab: --isa '%s': not an ISA name (scalar, avx2, avx512, neon)\n", isa_name);
+            return 2;
+        }
         sdpa_status st = fwd[i](&p[i], &tq, &tk, &tv, &to, &tl); /* warm-up; O and LSE for the backward */
         if (st == SDPA_OK && backward)
             st = bwd[i](&p[i], &tq, &tk, &tv, &co, &cl, &tq, &tdq, &tdk, &tdv);
