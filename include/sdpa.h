@@ -405,7 +405,7 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * max, log-sum and D remainder of such rows), plus per thread about
  * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 14) bytes; with a bf16 / fp16
  * tensor, per (batch, kv head) group being worked on also 2 (G Tq (Dk + Dv) +
- * Tk (Dk + Dv)) floats of fp32 copies (one group per thread, or one at a time);
+ * Tk (Dk + Dv)) + G Tq Dk floats of fp32 copies (one group per thread, or one at a time);
  * failure returns SDPA_ERR_OUT_OF_MEMORY before any output is written.
  * @return the same codes as sdpa_forward(); on error nothing is written.
  */

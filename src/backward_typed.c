@@ -9,12 +9,26 @@
  * dV are narrowed into their tensors (round to nearest even). The buffers hold
  * one group's rows, O(G Tq D + Tk D) floats: never the whole tensor, never a Tq x
  * Tk matrix. The results are those of the fp32 backward on the rounded inputs,
- * rounded once, bitwise the same for any thread count. */
+ * rounded once, bitwise the same for any thread count.
+ *
+ * A group of one query tile (decode: every key tile meets all of the group's
+ * query rows in one pair) runs over its keys in chunks of about
+ * BWD_KV_CHUNK_BYTES of fp32 K, V, dK and dV, so that the copies stay in the
+ * core's cache instead of making three more passes over memory: each chunk's
+ * keys are widened, the fp32 backward runs on them as a problem of those keys
+ * (its mask geometry moved to them: the aligned diagonal made explicit, the
+ * key length clipped, mask and bias columns offset), its dK and dV rows are
+ * narrowed at once, and dQ sums the chunks' dQ in chunk order. A key tile's
+ * dK and dV come from the same single pair either way, so they are the
+ * unchunked backward's bits; dQ is summed in another grouping. Groups with
+ * ALiBi, sinks, or a row whose LSE needs the statistics pass (its max and sum
+ * recomputed over all of the keys) run unchunked. */
 #include <string.h>
 
 #include "backward.h"
 
-/* The floats of one group's buffers: Q and dQ, O and dO, K and dK, V and dV. */
+/* The floats of one group's buffers: Q and dQ (and dQ's chunk sum), O and dO,
+ * K and dK, V and dV. */
 typedef struct group_bufs {
     size_t q, o, k, v;
 } group_bufs;
@@ -73,6 +87,8 @@ static sdpa_status worker_floats(const plan *pl, int nthreads, size_t *floats, s
     for (int i = 0; i < 4; i++)
         if (parts[i] > SIZE_MAX / 4 || __builtin_add_overflow(total, 2 * parts[i], &total))
             return SDPA_ERR_SIZE_OVERFLOW;
+    if (__builtin_add_overflow(total, g.q, &total)) /* dQ's chunk sum */
+        return SDPA_ERR_SIZE_OVERFLOW;
     *floats = total;
     return SDPA_OK;
 }
@@ -115,6 +131,34 @@ static void narrow_row(const plan *pl, sdpa_dtype t, const float *src, int64_t l
         (t == SDPA_DTYPE_BF16 ? pl->kt->narrow_bf16 : pl->kt->narrow_f16)(1, (int)len, src, len, dst, 1);
 }
 
+/* n rows of type t at stride lds (elements) widened into dst (n x len, dense). */
+static void widen_rows(const plan *pl, sdpa_dtype t, const void *src, ptrdiff_t lds, int64_t n, int64_t len,
+                       float *dst)
+{
+    if (len == 0 || n == 0)
+        return;
+    if (t == SDPA_DTYPE_F32) {
+        for (int64_t j = 0; j < n; j++)
+            memcpy(dst + j * len, (const float *)src + j * lds, (size_t)len * sizeof(float));
+        return;
+    }
+    (t == SDPA_DTYPE_BF16 ? pl->kt->widen_bf16 : pl->kt->widen_f16)((int)n, (int)len, src, lds, dst, len);
+}
+
+/* n dense rows (n x len floats) narrowed into rows of type t at stride ldd. */
+static void narrow_rows(const plan *pl, sdpa_dtype t, const float *src, int64_t n, int64_t len, void *dst,
+                        ptrdiff_t ldd)
+{
+    if (len == 0 || n == 0)
+        return;
+    if (t == SDPA_DTYPE_F32) {
+        for (int64_t j = 0; j < n; j++)
+            memcpy((float *)dst + j * ldd, src + j * len, (size_t)len * sizeof(float));
+        return;
+    }
+    (t == SDPA_DTYPE_BF16 ? pl->kt->narrow_bf16 : pl->kt->narrow_f16)((int)n, (int)len, src, len, dst, ldd);
+}
+
 /* What the workers share, and one worker's buffers. */
 typedef struct typed_job {
     const plan *pl;
@@ -127,7 +171,7 @@ typedef struct typed_job {
 
 typedef struct typed_worker {
     const typed_job *job;
-    float *ws, *q, *dq, *o, *dout, *k, *dk, *v, *dv;
+    float *ws, *q, *dq, *o, *dout, *k, *dk, *v, *dv, *dq_sum;
 } typed_worker;
 
 static typed_worker worker_of(const typed_job *job, int tid)
@@ -138,8 +182,58 @@ static typed_worker worker_of(const typed_job *job, int tid)
     w.ws = job->ws + (size_t)tid * job->per;
     float *base = w.ws + round_floats(job->gf);
     w.q = carve(&base, gb.q), w.dq = carve(&base, gb.q), w.o = carve(&base, gb.o), w.dout = carve(&base, gb.o);
-    w.k = carve(&base, gb.k), w.dk = carve(&base, gb.k), w.v = carve(&base, gb.v), w.dv = base;
+    w.k = carve(&base, gb.k), w.dk = carve(&base, gb.k), w.v = carve(&base, gb.v), w.dv = carve(&base, gb.v);
+    w.dq_sum = base;
     return w;
+}
+
+/* Keys per chunk of a chunked group: a multiple of the key tile, about
+ * BWD_KV_CHUNK_BYTES of fp32 K, V, dK and dV rows; 0: chunking not possible. */
+static int64_t chunk_keys(const plan *pl)
+{
+    const int64_t row = (int64_t)sizeof(float) * 2 * (pl->Dk + pl->Dv);
+    int64_t c = row > 0 ? BWD_KV_CHUNK_BYTES / row : 0;
+    c = c / pl->bk * pl->bk;
+    return c > 0 ? c : pl->bk;
+}
+
+/* Whether group gp (of batch b, query heads h0..) runs over its keys in chunks
+ * of c keys (see the top of this file). */
+static int group_chunked(const plan *pl, const plan *gp, const bwd_views *x, int64_t b, int64_t h0, int64_t c)
+{
+    if (pl->slopes || pl->sinks || pl->dsinks || gp->Tk <= c || gp->Tq == 0)
+        return 0;
+    const tile_layout L = sdpa_tile_layout(gp);
+    if (L.ngt * L.nrt != 1)
+        return 0;
+    for (int64_t g = 0; g < gp->Hq; g++)
+        for (int64_t i = 0; i < gp->Tq; i++)
+            if (lse_needs_stats(row_in(x->lse, b, h0 + g, 0)[i * x->lse->seq_stride]))
+                return 0;
+    return 1;
+}
+
+/* The fp32 problem of keys [j0, j0 + n) of group gp: the same rows and masks,
+ * with the aligned diagonal d made explicit (top-left, diagonal_offset d - j0),
+ * the key length clipped to the chunk (*kvl), and the mask and bias columns
+ * offset by j0. Row i then allows key j0 + j' exactly when gp allows it. */
+static void chunk_plan(const plan *gp, int64_t j0, int64_t n, int32_t *kvl, plan *cp)
+{
+    const int64_t tkb = keys_of_batch(gp, 0);
+    const int64_t d = (gp->bottom_right ? tkb - gp->Tq : 0) + gp->diag_offset;
+    *cp = *gp;
+    cp->Tk = n;
+    cp->bottom_right = 0;
+    cp->diag_offset = d - j0;
+    if (gp->kv_lengths) {
+        const int64_t left = tkb - j0;
+        *kvl = (int32_t)(left < 0 ? 0 : left > n ? n : left);
+        cp->kv_lengths = kvl;
+    }
+    if (gp->bm.data)
+        cp->bm.data += j0 * gp->bm.key_stride;
+    if (gp->bias.data)
+        cp->bias.data += j0 * gp->bias.key_stride;
 }
 
 /* Group (b, hk) = item: widen its rows, the fp32 backward, narrow its gradients. */
@@ -161,6 +255,37 @@ static void typed_group(void *arg, int64_t item)
             widen_row(pl, pl->o_dtype, row_in_t(x->o, pl->o_dtype, b, h0 + g, i), Dv, w->o + r * Dv);
             widen_row(pl, pl->o_dtype, row_in_t(x->dout, pl->o_dtype, b, h0 + g, i), Dv, w->dout + r * Dv);
         }
+    const sdpa_tensor lse = {row_in(x->lse, b, h0, 0), x->lse->batch_stride, x->lse->head_stride,
+                             x->lse->seq_stride};
+    const int64_t c = chunk_keys(pl);
+    if (group_chunked(pl, &gp, x, b, h0, c)) {
+        const size_t nq = (size_t)(G * Tq * Dk);
+        memset(w->dq_sum, 0, nq * sizeof(float));
+        for (int64_t j0 = 0; j0 < Tk; j0 += c) {
+            const int64_t n = Tk - j0 < c ? Tk - j0 : c;
+            widen_rows(pl, pl->kv_dtype, row_in_t(x->k, pl->kv_dtype, b, hk, j0), x->k->seq_stride, n, Dk, w->k);
+            widen_rows(pl, pl->kv_dtype, row_in_t(x->v, pl->kv_dtype, b, hk, j0), x->v->seq_stride, n, Dv, w->v);
+            plan cp;
+            int32_t kvl = 0;
+            chunk_plan(&gp, j0, n, &kvl, &cp);
+            const sdpa_tensor tq = {w->q, G * Tq * Dk, Tq * Dk, Dk}, to = {w->o, G * Tq * Dv, Tq * Dv, Dv},
+                              tdo = {w->dout, G * Tq * Dv, Tq * Dv, Dv}, tk = {w->k, n * Dk, n * Dk, Dk},
+                              tv = {w->v, n * Dv, n * Dv, Dv};
+            const sdpa_tensor_out tdq = {w->dq, G * Tq * Dk, Tq * Dk, Dk}, tdk = {w->dk, n * Dk, n * Dk, Dk},
+                                  tdv = {w->dv, n * Dv, n * Dv, Dv};
+            const bwd_views gx = {&tq, &tk, &tv, &to, &lse, &tdo, &tdq, &tdk, &tdv};
+            sdpa_bwd_run(&cp, &gx, w->ws, job->nr, NULL);
+            for (size_t e = 0; e < nq; e++) /* chunk order: the same sum for any thread count */
+                w->dq_sum[e] += w->dq[e];
+            narrow_rows(pl, pl->kv_dtype, w->dk, n, Dk, row_out_t(x->dk, pl->kv_dtype, b, hk, j0), x->dk->seq_stride);
+            narrow_rows(pl, pl->kv_dtype, w->dv, n, Dv, row_out_t(x->dv, pl->kv_dtype, b, hk, j0), x->dv->seq_stride);
+        }
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t i = 0; i < Tq; i++)
+                narrow_row(pl, pl->q_dtype, w->dq_sum + (size_t)(g * Tq + i) * Dk, Dk,
+                           row_out_t(x->dq, pl->q_dtype, b, h0 + g, i));
+        return;
+    }
     for (int64_t j = 0; j < Tk; j++) {
         widen_row(pl, pl->kv_dtype, row_in_t(x->k, pl->kv_dtype, b, hk, j), Dk, w->k + (size_t)j * Dk);
         widen_row(pl, pl->kv_dtype, row_in_t(x->v, pl->kv_dtype, b, hk, j), Dv, w->v + (size_t)j * Dv);
@@ -170,8 +295,6 @@ static void typed_group(void *arg, int64_t item)
                       tv = {w->v, Tk * Dv, Tk * Dv, Dv};
     const sdpa_tensor_out tdq = {w->dq, G * Tq * Dk, Tq * Dk, Dk}, tdk = {w->dk, Tk * Dk, Tk * Dk, Dk},
                           tdv = {w->dv, Tk * Dv, Tk * Dv, Dv};
-    const sdpa_tensor lse = {row_in(x->lse, b, h0, 0), x->lse->batch_stride, x->lse->head_stride,
-                             x->lse->seq_stride};
     const bwd_views gx = {&tq, &tk, &tv, &to, &lse, &tdo, &tdq, &tdk, &tdv};
     sdpa_bwd_run(&gp, &gx, w->ws, job->nr, job->dsinks_part ? job->dsinks_part + b * pl->Hq + h0 : NULL);
     for (int64_t g = 0; g < G; g++)

@@ -174,6 +174,16 @@ static const shape shapes[] = {
     {"prefill 1,2,1,150,150,64,48 causal", 1, 2, 1, 150, 150, 64, 48, SDPA_CAUSAL_TOP_LEFT, -1, 0, 0},
     {"prefill 2,2,2,70,131,17,40 window", 2, 2, 2, 70, 131, 17, 40, SDPA_CAUSAL_NONE, 30, 1, 0},
     {"bias 1,2,2,33,65,32,32", 1, 2, 2, 33, 65, 32, 32, SDPA_CAUSAL_NONE, -1, 0, 1},
+    /* decode over more keys than one chunk of the 16-bit backward (backward_typed.c:
+       512 keys at head_dim 128, 1024 at 64): key lengths ending inside a chunk and
+       before one, a bottom-right window across a chunk boundary, a bias, a causal
+       top-left whose later chunks allow nothing */
+    {"decode chunked 2,8,2,1,1300,128,128 lens", 2, 8, 2, 1, 1300, 128, 128, SDPA_CAUSAL_NONE, -1, 1, 0},
+    {"decode chunked 1,4,4,1,1100,64,64 br window", 1, 4, 4, 1, 1100, 64, 64, SDPA_CAUSAL_BOTTOM_RIGHT, 700, 0, 0},
+    {"decode chunked 1,2,1,2,700,128,128 bias", 1, 2, 1, 2, 700, 128, 128, SDPA_CAUSAL_NONE, -1, 0, 1},
+    {"decode chunked 2,4,1,1,1200,128,128 br lens window", 2, 4, 1, 1, 1200, 128, 128, SDPA_CAUSAL_BOTTOM_RIGHT, 300,
+     1, 0},
+    {"short Tq chunked 1,4,2,3,900,128,96 causal", 1, 4, 2, 3, 900, 128, 96, SDPA_CAUSAL_TOP_LEFT, -1, 0, 0},
 };
 
 typedef struct run_out {
