@@ -109,28 +109,6 @@ sdpa_status sdpa_bwd_typed_floats(const plan *pl, size_t *floats)
     return SDPA_OK;
 }
 
-/* Row src of type t (len elements) widened into dst. */
-static void widen_row(const plan *pl, sdpa_dtype t, const void *src, int64_t len, float *dst)
-{
-    if (len == 0)
-        return;
-    if (t == SDPA_DTYPE_F32)
-        memcpy(dst, src, (size_t)len * sizeof(float));
-    else
-        (t == SDPA_DTYPE_BF16 ? pl->kt->widen_bf16 : pl->kt->widen_f16)(1, (int)len, src, 1, dst, len);
-}
-
-/* Row src (len floats) narrowed into dst of type t. */
-static void narrow_row(const plan *pl, sdpa_dtype t, const float *src, int64_t len, void *dst)
-{
-    if (len == 0)
-        return;
-    if (t == SDPA_DTYPE_F32)
-        memcpy(dst, src, (size_t)len * sizeof(float));
-    else
-        (t == SDPA_DTYPE_BF16 ? pl->kt->narrow_bf16 : pl->kt->narrow_f16)(1, (int)len, src, len, dst, 1);
-}
-
 /* n rows of type t at stride lds (elements) widened into dst (n x len, dense). */
 static void widen_rows(const plan *pl, sdpa_dtype t, const void *src, ptrdiff_t lds, int64_t n, int64_t len,
                        float *dst)
@@ -236,7 +214,30 @@ static void chunk_plan(const plan *gp, int64_t j0, int64_t n, int32_t *kvl, plan
         cp->bias.data += j0 * gp->bias.key_stride;
 }
 
-/* Group (b, hk) = item: widen its rows, the fp32 backward, narrow its gradients. */
+/* Keys [j0, j0 + n) of group (b, hk) under plan kp (the group's, or a chunk's):
+ * their K and V rows widened, the fp32 backward on them (dQ of the group's rows
+ * into w->dq), their dK and dV rows narrowed into the gradients. */
+static void typed_keys(const typed_worker *w, const plan *kp, const sdpa_tensor *lse, int64_t b, int64_t hk,
+                       int64_t j0, int64_t n, double *dsinks)
+{
+    const plan *pl = w->job->pl;
+    const bwd_views *x = w->job->x;
+    const int64_t G = pl->G, Tq = pl->Tq, Dk = pl->Dk, Dv = pl->Dv;
+    widen_rows(pl, pl->kv_dtype, row_in_t(x->k, pl->kv_dtype, b, hk, j0), x->k->seq_stride, n, Dk, w->k);
+    widen_rows(pl, pl->kv_dtype, row_in_t(x->v, pl->kv_dtype, b, hk, j0), x->v->seq_stride, n, Dv, w->v);
+    const sdpa_tensor tq = {w->q, G * Tq * Dk, Tq * Dk, Dk}, to = {w->o, G * Tq * Dv, Tq * Dv, Dv},
+                      tdo = {w->dout, G * Tq * Dv, Tq * Dv, Dv}, tk = {w->k, n * Dk, n * Dk, Dk},
+                      tv = {w->v, n * Dv, n * Dv, Dv};
+    const sdpa_tensor_out tdq = {w->dq, G * Tq * Dk, Tq * Dk, Dk}, tdk = {w->dk, n * Dk, n * Dk, Dk},
+                          tdv = {w->dv, n * Dv, n * Dv, Dv};
+    const bwd_views gx = {&tq, &tk, &tv, &to, lse, &tdo, &tdq, &tdk, &tdv};
+    sdpa_bwd_run(kp, &gx, w->ws, w->job->nr, dsinks);
+    narrow_rows(pl, pl->kv_dtype, w->dk, n, Dk, row_out_t(x->dk, pl->kv_dtype, b, hk, j0), x->dk->seq_stride);
+    narrow_rows(pl, pl->kv_dtype, w->dv, n, Dv, row_out_t(x->dv, pl->kv_dtype, b, hk, j0), x->dv->seq_stride);
+}
+
+/* Group (b, hk) = item: widen its rows, the fp32 backward, narrow its gradients
+ * (over all of its keys at once, or chunk by chunk). */
 static void typed_group(void *arg, int64_t item)
 {
     const typed_worker *w = arg;
@@ -248,63 +249,38 @@ static void typed_group(void *arg, int64_t item)
     plan gp;
     group_plan(pl, b, hk, &gp);
     gp.nthreads = job->nthreads;
-    for (int64_t g = 0; g < G; g++)
-        for (int64_t i = 0; i < Tq; i++) {
-            const size_t r = (size_t)(g * Tq + i);
-            widen_row(pl, pl->q_dtype, row_in_t(x->q, pl->q_dtype, b, h0 + g, i), Dk, w->q + r * Dk);
-            widen_row(pl, pl->o_dtype, row_in_t(x->o, pl->o_dtype, b, h0 + g, i), Dv, w->o + r * Dv);
-            widen_row(pl, pl->o_dtype, row_in_t(x->dout, pl->o_dtype, b, h0 + g, i), Dv, w->dout + r * Dv);
-        }
+    for (int64_t g = 0; g < G; g++) {
+        const size_t r = (size_t)(g * Tq);
+        widen_rows(pl, pl->q_dtype, row_in_t(x->q, pl->q_dtype, b, h0 + g, 0), x->q->seq_stride, Tq, Dk,
+                   w->q + r * Dk);
+        widen_rows(pl, pl->o_dtype, row_in_t(x->o, pl->o_dtype, b, h0 + g, 0), x->o->seq_stride, Tq, Dv,
+                   w->o + r * Dv);
+        widen_rows(pl, pl->o_dtype, row_in_t(x->dout, pl->o_dtype, b, h0 + g, 0), x->dout->seq_stride, Tq, Dv,
+                   w->dout + r * Dv);
+    }
     const sdpa_tensor lse = {row_in(x->lse, b, h0, 0), x->lse->batch_stride, x->lse->head_stride,
                              x->lse->seq_stride};
     const int64_t c = chunk_keys(pl);
+    const float *dq = w->dq;
     if (group_chunked(pl, &gp, x, b, h0, c)) {
         const size_t nq = (size_t)(G * Tq * Dk);
         memset(w->dq_sum, 0, nq * sizeof(float));
         for (int64_t j0 = 0; j0 < Tk; j0 += c) {
             const int64_t n = Tk - j0 < c ? Tk - j0 : c;
-            widen_rows(pl, pl->kv_dtype, row_in_t(x->k, pl->kv_dtype, b, hk, j0), x->k->seq_stride, n, Dk, w->k);
-            widen_rows(pl, pl->kv_dtype, row_in_t(x->v, pl->kv_dtype, b, hk, j0), x->v->seq_stride, n, Dv, w->v);
             plan cp;
             int32_t kvl = 0;
             chunk_plan(&gp, j0, n, &kvl, &cp);
-            const sdpa_tensor tq = {w->q, G * Tq * Dk, Tq * Dk, Dk}, to = {w->o, G * Tq * Dv, Tq * Dv, Dv},
-                              tdo = {w->dout, G * Tq * Dv, Tq * Dv, Dv}, tk = {w->k, n * Dk, n * Dk, Dk},
-                              tv = {w->v, n * Dv, n * Dv, Dv};
-            const sdpa_tensor_out tdq = {w->dq, G * Tq * Dk, Tq * Dk, Dk}, tdk = {w->dk, n * Dk, n * Dk, Dk},
-                                  tdv = {w->dv, n * Dv, n * Dv, Dv};
-            const bwd_views gx = {&tq, &tk, &tv, &to, &lse, &tdo, &tdq, &tdk, &tdv};
-            sdpa_bwd_run(&cp, &gx, w->ws, job->nr, NULL);
+            typed_keys(w, &cp, &lse, b, hk, j0, n, NULL);
             for (size_t e = 0; e < nq; e++) /* chunk order: the same sum for any thread count */
                 w->dq_sum[e] += w->dq[e];
-            narrow_rows(pl, pl->kv_dtype, w->dk, n, Dk, row_out_t(x->dk, pl->kv_dtype, b, hk, j0), x->dk->seq_stride);
-            narrow_rows(pl, pl->kv_dtype, w->dv, n, Dv, row_out_t(x->dv, pl->kv_dtype, b, hk, j0), x->dv->seq_stride);
         }
-        for (int64_t g = 0; g < G; g++)
-            for (int64_t i = 0; i < Tq; i++)
-                narrow_row(pl, pl->q_dtype, w->dq_sum + (size_t)(g * Tq + i) * Dk, Dk,
-                           row_out_t(x->dq, pl->q_dtype, b, h0 + g, i));
-        return;
+        dq = w->dq_sum;
+    } else {
+        typed_keys(w, &gp, &lse, b, hk, 0, Tk, job->dsinks_part ? job->dsinks_part + b * pl->Hq + h0 : NULL);
     }
-    for (int64_t j = 0; j < Tk; j++) {
-        widen_row(pl, pl->kv_dtype, row_in_t(x->k, pl->kv_dtype, b, hk, j), Dk, w->k + (size_t)j * Dk);
-        widen_row(pl, pl->kv_dtype, row_in_t(x->v, pl->kv_dtype, b, hk, j), Dv, w->v + (size_t)j * Dv);
-    }
-    const sdpa_tensor tq = {w->q, G * Tq * Dk, Tq * Dk, Dk}, to = {w->o, G * Tq * Dv, Tq * Dv, Dv},
-                      tdo = {w->dout, G * Tq * Dv, Tq * Dv, Dv}, tk = {w->k, Tk * Dk, Tk * Dk, Dk},
-                      tv = {w->v, Tk * Dv, Tk * Dv, Dv};
-    const sdpa_tensor_out tdq = {w->dq, G * Tq * Dk, Tq * Dk, Dk}, tdk = {w->dk, Tk * Dk, Tk * Dk, Dk},
-                          tdv = {w->dv, Tk * Dv, Tk * Dv, Dv};
-    const bwd_views gx = {&tq, &tk, &tv, &to, &lse, &tdo, &tdq, &tdk, &tdv};
-    sdpa_bwd_run(&gp, &gx, w->ws, job->nr, job->dsinks_part ? job->dsinks_part + b * pl->Hq + h0 : NULL);
     for (int64_t g = 0; g < G; g++)
-        for (int64_t i = 0; i < Tq; i++)
-            narrow_row(pl, pl->q_dtype, w->dq + (size_t)(g * Tq + i) * Dk, Dk,
-                       row_out_t(x->dq, pl->q_dtype, b, h0 + g, i));
-    for (int64_t j = 0; j < Tk; j++) {
-        narrow_row(pl, pl->kv_dtype, w->dk + (size_t)j * Dk, Dk, row_out_t(x->dk, pl->kv_dtype, b, hk, j));
-        narrow_row(pl, pl->kv_dtype, w->dv + (size_t)j * Dv, Dv, row_out_t(x->dv, pl->kv_dtype, b, hk, j));
-    }
+        narrow_rows(pl, pl->q_dtype, dq + (size_t)(g * Tq) * Dk, Tq, Dk, row_out_t(x->dq, pl->q_dtype, b, h0 + g, 0),
+                    x->dq->seq_stride);
 }
 
 static void typed_team_body(void *ctx, int tid, int team)
