@@ -166,7 +166,7 @@ static typed_worker worker_of(const typed_job *job, int tid)
 }
 
 /* Keys per chunk of a chunked group: a multiple of the key tile, about
- * BWD_KV_CHUNK_BYTES of fp32 K, V, dK and dV rows; 0: chunking not possible. */
+ * BWD_KV_CHUNK_BYTES of fp32 K, V, dK and dV rows (at least one key tile). */
 static int64_t chunk_keys(const plan *pl)
 {
     const int64_t row = (int64_t)sizeof(float) * 2 * (pl->Dk + pl->Dv);

@@ -39,7 +39,8 @@ static const char *const uarch_names[SDPA_UARCH_COUNT] = {
 
 /* The ISA defaults are Zen 4's (and the generic choice); entries here only where
  * a microarchitecture measured better with other values (docs/perf-notes.md,
- * "Block sizes on Emerald Rapids"). */
+ * "Block sizes on Emerald Rapids" and "The wide path's next-tile prefetch,
+ * measured in one process"). */
 static const uarch_entry entries[] = {
     {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 64, 64, 0, SDPA_PREFETCH_STREAMING},
 };
@@ -48,7 +49,7 @@ static const char *const prefetch_names[] = {"never", "always", "streaming"};
 
 static char description[640];
 
-/* Parses "key=value[,key=value..]" into *bq, *bk, *nt (left alone when absent);
+/* Parses "key=value[,key=value..]" into *bq, *bk, *nt, *pf (left alone when absent);
  * 0 when every pair is known and in range. */
 static int parse_env(const char *s, int *bq, int *bk, int *nt, int *pf)
 {
