@@ -39,10 +39,11 @@ static const char *const uarch_names[SDPA_UARCH_COUNT] = {
 
 /* The ISA defaults are Zen 4's (and the generic choice); entries here only where
  * a microarchitecture measured better with other values (docs/perf-notes.md,
- * "Block sizes on Emerald Rapids" and "The wide path's next-tile prefetch,
- * measured in one process"). */
+ * "Block sizes on Emerald Rapids", "The wide path's next-tile prefetch,
+ * measured in one process" and "Zen 4 again"). */
 static const uarch_entry entries[] = {
     {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 64, 64, 0, SDPA_PREFETCH_STREAMING},
+    {SDPA_UARCH_ZEN4, SDPA_ISA_AVX512, 0, 0, 0, SDPA_PREFETCH_STREAMING},
 };
 
 static const char *const prefetch_names[] = {"never", "always", "streaming"};
