@@ -350,7 +350,9 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * e.g. decode), at most 4 * block_q * (Dv + 2) bytes per (tile, split), fewer
  * than 128 of them; failure returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with
  * Tq x Tk. With a bf16 / fp16 tensor, per thread also (block_k (Dk + Dv) +
- * max(Dk, Dv)) floats of conversion buffers. With a boolean mask or bias whose
+ * max(Dk, Dv)) floats of conversion buffers, and where bf16 Q and K/V run on the bf16
+ * pair products (sdpa_tuning() shows "bf16_dot 1") about (Dk/2 + block_k/2) block_q +
+ * block_k/2 Dv more. With a boolean mask or bias whose
  * head stride is 0 (the same for every head, as (B, 1, Tq, Tk) masks are) and
  * Hq > 1, per thread also about 17 * ceil(Tk / block_k) bytes: each key tile's
  * classification (skipped, full, partial) for the rows being worked on, kept
@@ -510,7 +512,7 @@ SDPA_API const char *sdpa_cpu_features(void);
 /** The microarchitecture detected at load (vendor, family, model) and the block
  *  sizes each runnable ISA's table uses for it (a descriptor's block_q / block_k
  *  override them per call; the SDPA_TUNE environment variable, e.g.
- *  "block_q=64,block_k=256,nt_max_cols=8,wide_prefetch=2", for the process, and whether it was
+ *  "block_q=64,block_k=256,nt_max_cols=8,wide_prefetch=2,bf16_dot=0", for the process, and whether it was
  *  applied or rejected), e.g. "uarch zen4 (AuthenticAMD family 25 model 97);
  *  scalar block_q 64 ...". Static string, valid for the life of the process;
  *  thread-safe. */

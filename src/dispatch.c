@@ -111,6 +111,10 @@ static void init_dispatch(void)
         runnable[r->isa] = 1;
         best = i;
     }
+#if ARCH_X86_64 && HAVE_AVX512_BF16
+    if (runnable[SDPA_ISA_AVX512] && (flags & SDPA_X86_CPU_FLAG_AVX512_BF16))
+        sdpa_kernels_init_avx512_bf16(&tables[SDPA_ISA_AVX512]);
+#endif
     sdpa_tuning_apply(tables, runnable);
 
     /* SDPA_ISA caps the choice: the best runnable rung not above the named

@@ -43,13 +43,35 @@ static size_t fwd_o_rows(const plan *pl)
     return (size_t)(pl->ld > pl->kt->nt_max_cols ? pl->ld : pl->kt->nt_max_cols);
 }
 
+int sdpa_fwd_bf16_pairs(const plan *pl)
+{
+    const sdpa_kernels *kt = pl->kt;
+    return kt->bf16_dot && kt->gemm_bf16_pairs && pl->q_dtype == SDPA_DTYPE_BF16 &&
+           pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
+}
+
+/* Words of the bf16 pair buffers: Q^T, P^T and V of one tile (0 without them). */
+static size_t fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp)
+{
+    const size_t half_bk = ((size_t)pl->bk + 1) / 2;
+    *qp = *pp = *vp = 0;
+    if (sdpa_fwd_bf16_pairs(pl)) {
+        *qp = (size_t)pl->Dk / 2 * (size_t)pl->ld;
+        *pp = half_bk * (size_t)pl->ld;
+        *vp = half_bk * (size_t)pl->Dv;
+    }
+    return round_floats(*qp) + round_floats(*pp) + round_floats(*vp);
+}
+
 /* Floats of the bf16 / fp16 conversion buffers (0 for fp32 problems). */
 static size_t fwd_cvt_floats(const plan *pl)
 {
     if (!pl->reduced)
         return 0;
+    size_t qp, pp, vp;
     const size_t bk = (size_t)pl->bk, row = (size_t)(pl->Dk > pl->Dv ? pl->Dk : pl->Dv);
-    return round_floats(bk * (size_t)pl->Dk) + round_floats(bk * (size_t)pl->Dv) + round_floats(row);
+    return round_floats(bk * (size_t)pl->Dk) + round_floats(bk * (size_t)pl->Dv) +
+           fwd_pair_floats(pl, &qp, &pp, &vp) + round_floats(row);
 }
 
 int sdpa_fwd_reuses_tiles(const plan *pl)
@@ -106,9 +128,16 @@ fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
         w.cls_ke = carve_i64(&base, nkt);
     }
     w.kc = w.vc = w.rowc = NULL;
+    w.qp = w.pp = w.vp = NULL;
     if (pl->reduced) {
         w.kc = carve(&base, (size_t)pl->bk * pl->Dk);
         w.vc = carve(&base, (size_t)pl->bk * pl->Dv);
+        size_t qp, pp, vp;
+        if (fwd_pair_floats(pl, &qp, &pp, &vp)) {
+            w.qp = (uint32_t *)(void *)carve(&base, qp);
+            w.pp = (uint32_t *)(void *)carve(&base, pp);
+            w.vp = (uint32_t *)(void *)carve(&base, vp);
+        }
         w.rowc = base;
     }
     return w;
@@ -337,6 +366,8 @@ static void fwd_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_t
                     pl->kt->transpose(1, Dk, w->rowc, Dk, w->qt + g * ft->nr + ii, pl->ld);
                 }
             }
+        if (!ft->nt && w->qp) /* bf16 Q: the pairs are exact */
+            pl->kt->pack_pairs_f32(Dk, ft->ncol, w->qt, pl->ld, w->qp, pl->ld);
         return;
     }
     for (int g = 0; g < ft->nh; g++) {
@@ -394,6 +425,34 @@ static int64_t fwd_full_run_end(const plan *pl, fwd_ws *w, const fwd_tile *ft, i
     return run_end;
 }
 
+/* One key tile [ks, ke] through the bf16 pair products (sdpa_fwd_bf16_pairs): S^T
+ * from the bf16 K rows as they are (pairs along head_dim) against Q^T's pairs, the
+ * masks and variants, the online softmax, then P^T and V packed as pairs along the
+ * keys (P rounded to bf16; a masked entry's sentinel -0.0 adds a zero product) and
+ * O = alpha O + P V in one pass. Returns 0 before P V when a partial tile's V rows
+ * hold an inf or NaN: a masked entry must not turn it into a NaN (-0 * inf), so the
+ * caller finishes that tile with the fp32 products, which skip the sentinel. */
+static int fwd_pairs_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int kind, int64_t ks,
+                          int nk)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int ld = pl->ld, Dv = (int)pl->Dv, ncol = ft->ncol;
+    kt->gemm_bf16_pairs(nk, ncol, (int)pl->Dk / 2, pl->scale, kv_row(pl, a->k, ft->kb, ks), a->k->seq_stride, 2,
+                        w->qp, ld, w->s, ld, 0, NULL);
+    if (pl->logit_variants)
+        sdpa_logit_variants_t(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, ks, nk, w->s, ld, NULL, w->vs);
+    if (kind == TILE_PARTIAL)
+        sdpa_mask_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, ks, nk, w->s, ld, 1);
+    kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
+    const int finite = kt->pack_pairs_bf16(nk, Dv, kv_row(pl, a->v, ft->vb, ks), a->v->seq_stride, w->vp, Dv);
+    if (!finite && kind == TILE_PARTIAL)
+        return 0;
+    kt->pack_pairs_f32(nk, ncol, w->s, ld, w->pp, ld);
+    kt->gemm_bf16_pairs(ncol, Dv, (nk + 1) / 2, 1.0f, (const uint16_t *)(const void *)w->pp, 2, 2 * (ptrdiff_t)ld,
+                        w->vp, Dv, w->on, Dv, SDPA_GEMM_ACCUMULATE, w->alpha);
+    return 1;
+}
+
 /* One key tile [ks, ke] of the transposed path: S^T, online softmax, O = alpha O
  * + P V (a full tile in one gemm that rescales O's rows as it adds; a partial
  * one rescales first, then adds in the cut the mask geometry gives). */
@@ -404,11 +463,17 @@ static void fwd_wide_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fw
     const int ld = pl->ld, Dv = (int)pl->Dv, ncol = ft->ncol, nk = (int)(ke - ks + 1);
     tile_keys tk;
     sdpa_tile_keys_init(pl, &tk, w->lo, w->hi, kind, ft->nh, ft->nr, ks, ke);
-    ptrdiff_t ldk = a->k->seq_stride, ldv;
-    const float *krows = ft->kb ? kv_rows_f32(pl, a->k, ft->kb, ks, nk, (int)pl->Dk, w->kc, &ldk) : NULL;
-    sdpa_score_tile(pl, &tk, kind, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, nk, krows, ldk, w->qt, w->s, NULL,
-                    w->vs);
-    kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
+    ptrdiff_t ldv;
+    if (w->qp) {
+        if (fwd_pairs_tile(pl, w, a, ft, kind, ks, nk))
+            return;
+    } else {
+        ptrdiff_t ldk = a->k->seq_stride;
+        const float *krows = ft->kb ? kv_rows_f32(pl, a->k, ft->kb, ks, nk, (int)pl->Dk, w->kc, &ldk) : NULL;
+        sdpa_score_tile(pl, &tk, kind, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, nk, krows, ldk, w->qt, w->s, NULL,
+                        w->vs);
+        kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
+    }
     if (Dv == 0)
         return;
     const float *vrows = kv_rows_f32(pl, a->v, ft->vb, ks, nk, Dv, w->vc, &ldv); /* a tile lies in one page */

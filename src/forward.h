@@ -15,6 +15,9 @@ typedef struct fwd_ws {
     float *kc, *vc, *rowc; /* bf16 / fp16 tensors only (else NULL): a key tile of K and of V
                               widened to fp32 ([block_k][Dk], [block_k][Dv]), and one row of Q
                               or O ([max(Dk, Dv)]) on its way in or out */
+    uint32_t *qp, *pp, *vp; /* bf16 pair products only (sdpa_fwd_bf16_pairs; else NULL): the tile's
+                               Q^T [Dk/2][ld], P^T [ceil(block_k/2)][ld] and a key tile of V
+                               [ceil(block_k/2)][Dv] as bf16 pairs */
     int64_t *lo, *hi;
     /* A boolean mask or bias broadcast over heads (sdpa_fwd_reuses_tiles): each key
      * tile's classification for the query tile (cls_b, cls_i0, cls_nr) of cls_pl,
@@ -41,6 +44,11 @@ typedef struct fwd_args {
  * heads, the items of one query tile run head after head, and each thread keeps
  * the classifications for the next head. */
 int sdpa_fwd_reuses_tiles(const plan *pl);
+/* Whether the problem's full prefill key tiles go through the ISA's bf16 pair
+ * products (kt->bf16_dot: Q and K/V bf16, Dk even and > 0, Dv > 0): S^T = scale
+ * K Q^T from the bf16 rows as they are, and P V with P rounded to bf16 (the only
+ * intermediate rounded; docs/design.md, "What is rounded"). */
+int sdpa_fwd_bf16_pairs(const plan *pl);
 /* Floats of one thread's workspace, and its carving. */
 size_t sdpa_fwd_ws_floats(const plan *pl);
 fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base);

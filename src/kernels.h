@@ -191,6 +191,32 @@ typedef void (*sdpa_widen_rows_fn)(int rows, int cols, const uint16_t *src, ptrd
 typedef void (*sdpa_narrow_rows_fn)(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst,
                                     ptrdiff_t ldd);
 
+/* bf16 pair products (AVX512-BF16 `vdpbf16ps`; optional per ISA, NULL: not provided).
+ * The reduction dimension runs in pairs of adjacent bf16, one pair per 32-bit word
+ * (element 2p in the low half, 2p + 1 in the high half):
+ *   C(m,n) = alpha * sum_p dot2(A pair (m,p), B[p*ldb + n])            (C overwritten)
+ *   C(m,n) = c_row_scale[m] * C(m,n) + alpha * sum_p dot2(...)         (SDPA_GEMM_ACCUMULATE;
+ *            c_row_scale NULL: C(m,n) + alpha * sum), as sdpa_gemm_fn,
+ * where A pair (m,p) is the two uint16 at A + m*rs_a + p*cs_a (strides in uint16
+ * elements; any alignment) and dot2 adds the two products of a pair to the lane's
+ * sum with the instruction's arithmetic: bf16 subnormals count as zero, each step
+ * rounds to nearest even, a subnormal sum is flushed to zero. Sums run over p in
+ * increasing order, one fixed order per (m,n), whatever the caller's threading.
+ * Only SDPA_GEMM_ACCUMULATE is a valid flag (no masked sentinels in its inputs). */
+typedef void (*sdpa_gemm_bf16_pairs_fn)(int M, int N, int P, float alpha, const uint16_t *A, ptrdiff_t rs_a,
+                                        ptrdiff_t cs_a, const uint32_t *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
+                                        int flags, const float *c_row_scale);
+/* Pairs from rows: dst[p*ldd + c] = low half bf16(src row 2p, column c), high half
+ * bf16(src row 2p + 1, column c) (0 when rows is odd and 2p + 1 == rows), for
+ * p < ceil(rows / 2), c < cols. pack_pairs_f32 rounds fp32 to nearest even (subnormal
+ * inputs to zero, NaN stays NaN); pack_pairs_bf16 copies bf16 bit patterns and
+ * returns 1 when every one of them is finite, 0 when one is an inf or NaN. Strides
+ * in elements of each side's type. */
+typedef void (*sdpa_pack_pairs_f32_fn)(int rows, int cols, const float *src, ptrdiff_t lds, uint32_t *dst,
+                                       ptrdiff_t ldd);
+typedef int (*sdpa_pack_pairs_bf16_fn)(int rows, int cols, const uint16_t *src, ptrdiff_t lds, uint32_t *dst,
+                                       ptrdiff_t ldd);
+
 /* sdpa_kernels.wide_prefetch */
 enum { SDPA_PREFETCH_NEVER = 0, SDPA_PREFETCH_ALWAYS = 1, SDPA_PREFETCH_STREAMING = 2 };
 
@@ -220,6 +246,9 @@ typedef struct sdpa_kernels {
     int wide_prefetch; /* the wide (prefill) path's software prefetch of the next key tile's K
                           and V rows: SDPA_PREFETCH_NEVER, _ALWAYS, or _STREAMING (only where
                           little of K and V is reused: see forward.c) */
+    int bf16_dot; /* 1: bf16 problems (Q and K/V bf16) run their prefill key tiles through the
+                     pair products below (set per microarchitecture where they are faster than
+                     the fp32 products on widened tiles; 0 where the kernels are NULL) */
     sdpa_gemm_fn gemm;
     sdpa_online_softmax_fn online_softmax;
     sdpa_scale_rows_fn scale_rows;
@@ -237,6 +266,9 @@ typedef struct sdpa_kernels {
     sdpa_bwd_softcap_fn bwd_softcap;
     sdpa_widen_rows_fn widen_bf16, widen_f16;
     sdpa_narrow_rows_fn narrow_bf16, narrow_f16;
+    sdpa_gemm_bf16_pairs_fn gemm_bf16_pairs;  /* NULL: not provided */
+    sdpa_pack_pairs_f32_fn pack_pairs_f32;    /* with gemm_bf16_pairs */
+    sdpa_pack_pairs_bf16_fn pack_pairs_bf16;  /* with gemm_bf16_pairs */
 } sdpa_kernels;
 
 /* The cut-off of every ISA's exp (kernels_scalar.c, simd_tmpl.h): a probability
@@ -270,5 +302,7 @@ void sdpa_kernels_init_scalar(sdpa_kernels *table);
 void sdpa_kernels_init_avx2(sdpa_kernels *table);
 void sdpa_kernels_init_avx512(sdpa_kernels *table);
 void sdpa_kernels_init_neon(sdpa_kernels *table);
+/* The AVX512-BF16 pair products, added to the AVX-512 table when CPUID has AVX512_BF16. */
+void sdpa_kernels_init_avx512_bf16(sdpa_kernels *table);
 
 #endif /* SDPA_KERNELS_H */

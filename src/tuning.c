@@ -7,11 +7,12 @@
  * one context per microarchitecture beside its micro-kernels; docs/perf-notes.md
  * has the measurements behind each entry). Then the SDPA_TUNE environment
  * variable may override them for every ISA, e.g.
- *     SDPA_TUNE=block_q=64,block_k=256,nt_max_cols=8,wide_prefetch=2
+ *     SDPA_TUNE=block_q=64,block_k=256,nt_max_cols=8,wide_prefetch=2,bf16_dot=0
  * (keys block_q and block_k in 1..SDPA_MAX_BLOCK, nt_max_cols in 0..64: tiles of
  * at most that many query columns take the decode path; wide_prefetch 0 never,
  * 1 always, 2 streaming: the prefill path's prefetch of the next key tile, see
- * forward.c); a value that does not parse is recorded and ignored, like
+ * forward.c; bf16_dot 0 or 1: bf16 prefill tiles through the ISA's bf16 pair
+ * products, where it has them); a value that does not parse is recorded and ignored, like
  * SDPA_ISA's, never printed. A descriptor's own block_q / block_k still win for
  * its call. sdpa_tuning() says what was chosen. */
 #include <stdio.h>
@@ -28,6 +29,7 @@ typedef struct uarch_entry {
     sdpa_isa isa;
     int block_q, block_k, nt_max_cols; /* 0: keep the ISA's */
     int wide_prefetch;                  /* -1: keep the ISA's */
+    int bf16_dot;                       /* -1: keep the ISA's (0) */
 } uarch_entry;
 
 static const char *const uarch_names[SDPA_UARCH_COUNT] = {
@@ -42,17 +44,17 @@ static const char *const uarch_names[SDPA_UARCH_COUNT] = {
  * "Block sizes on Emerald Rapids", "The wide path's next-tile prefetch,
  * measured in one process" and "Zen 4 again"). */
 static const uarch_entry entries[] = {
-    {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 64, 64, 0, SDPA_PREFETCH_STREAMING},
-    {SDPA_UARCH_ZEN4, SDPA_ISA_AVX512, 0, 0, 0, SDPA_PREFETCH_STREAMING},
+    {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 64, 64, 0, SDPA_PREFETCH_STREAMING, -1},
+    {SDPA_UARCH_ZEN4, SDPA_ISA_AVX512, 0, 0, 0, SDPA_PREFETCH_STREAMING, 1},
 };
 
 static const char *const prefetch_names[] = {"never", "always", "streaming"};
 
 static char description[640];
 
-/* Parses "key=value[,key=value..]" into *bq, *bk, *nt, *pf (left alone when absent);
- * 0 when every pair is known and in range. */
-static int parse_env(const char *s, int *bq, int *bk, int *nt, int *pf)
+/* Parses "key=value[,key=value..]" into *bq, *bk, *nt, *pf, *bd (left alone when
+ * absent); 0 when every pair is known and in range. */
+static int parse_env(const char *s, int *bq, int *bk, int *nt, int *pf, int *bd)
 {
     char buf[128];
     if (strlen(s) >= sizeof buf)
@@ -75,6 +77,8 @@ static int parse_env(const char *s, int *bq, int *bk, int *nt, int *pf)
             *nt = (int)v;
         else if (!strcmp(tok, "wide_prefetch") && v >= SDPA_PREFETCH_NEVER && v <= SDPA_PREFETCH_STREAMING)
             *pf = (int)v;
+        else if (!strcmp(tok, "bf16_dot") && (v == 0 || v == 1))
+            *bd = (int)v;
         else
             return -1;
     }
@@ -101,10 +105,12 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
             t->nt_max_cols = e->nt_max_cols;
         if (e->wide_prefetch >= 0)
             t->wide_prefetch = e->wide_prefetch;
+        if (e->bf16_dot >= 0)
+            t->bf16_dot = e->bf16_dot && t->gemm_bf16_pairs;
     }
     const char *env = getenv("SDPA_TUNE");
-    int bq = 0, bk = 0, nt = -1, pf = -1, env_ok = 1;
-    if (env && *env && parse_env(env, &bq, &bk, &nt, &pf) != 0)
+    int bq = 0, bk = 0, nt = -1, pf = -1, bd = -1, env_ok = 1;
+    if (env && *env && parse_env(env, &bq, &bk, &nt, &pf, &bd) != 0)
         env_ok = 0;
     for (int isa = 0; env && *env && env_ok && isa < SDPA_ISA_COUNT; isa++) {
         if (!runnable[isa])
@@ -118,15 +124,19 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
             t->nt_max_cols = nt;
         if (pf >= 0)
             t->wide_prefetch = pf;
+        if (bd >= 0)
+            t->bf16_dot = bd && t->gemm_bf16_pairs;
     }
     size_t n = (size_t)snprintf(description, sizeof description, "uarch %s%s%s%s", uarch_names[u],
                                 *cpu ? " (" : "", cpu, *cpu ? ")" : "");
     for (int isa = 0; isa < SDPA_ISA_COUNT && n < sizeof description; isa++)
         if (runnable[isa])
             n += (size_t)snprintf(description + n, sizeof description - n,
-                                  "; %s block_q %d block_k %d nt_max_cols %d wide_prefetch %s", tables[isa].name,
+                                  "; %s block_q %d block_k %d nt_max_cols %d wide_prefetch %s%s", tables[isa].name,
                                   tables[isa].block_q, tables[isa].block_k, tables[isa].nt_max_cols,
-                                  prefetch_names[tables[isa].wide_prefetch]);
+                                  prefetch_names[tables[isa].wide_prefetch],
+                                  tables[isa].gemm_bf16_pairs ? (tables[isa].bf16_dot ? " bf16_dot 1" : " bf16_dot 0")
+                                                              : "");
     if (env && *env && n < sizeof description)
         snprintf(description + n, sizeof description - n, "; SDPA_TUNE '%.60s' %s", env,
                  env_ok ? "applied" : "rejected (ignored)");

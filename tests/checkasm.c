@@ -21,7 +21,9 @@
  *
  * The 16-bit storage conversions (widen_bf16, widen_f16, narrow_bf16,
  * narrow_f16) must give the scalar table's bits exactly, over every tail and
- * every 16-bit pattern, with crafted fp32 inputs for the roundings.
+ * every 16-bit pattern, with crafted fp32 inputs for the roundings. The bf16 pair
+ * products (gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16; only where the CPU
+ * has AVX512_BF16) against float64 and their bit definitions (test_pairs).
  *
  * Usage: checkasm [--test=NAME] [--bench] [--help] [seed] (dav1d's flags; see
  * usage()). Prints one line per ISA and kernel and ends with "N passed, N
@@ -2199,7 +2201,8 @@ static void usage(const char *argv0)
            "               online_softmax, 'gemm*', ...); kernels: gemm online_softmax\n"
            "               online_softmax_rows scale_rows bwd_probs bwd_dscores transpose gemm_nt\n"
            "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
-           "               widen_bf16 widen_f16 narrow_bf16 narrow_f16\n"
+           "               widen_bf16 widen_f16 narrow_bf16 narrow_f16 gemm_bf16_pairs pack_pairs_f32\n"
+           "               pack_pairs_bf16 (the last three where the ISA has them: AVX512_BF16)\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"
@@ -2254,6 +2257,201 @@ static void run_bench(void)
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(*all[i]);
     free(w.h);
+}
+
+/* ------------------------------------------------------ bf16 pair products */
+
+/* gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16 (AVX-512 with AVX512_BF16 only):
+ * the products against a float64 loop over the same bf16 values (each pair's two
+ * products are exact in fp32, so only the fp32 additions may differ: at most
+ * 2P + 2 roundings of the running sum), both A layouts the driver uses (K rows:
+ * pairs along the row; packed P^T: pairs down a column), with and without
+ * accumulation and row scale, over every tail of the 4 x 64 register block; C's
+ * guards and padding keep their bits. The packs against their definitions, bit for
+ * bit: bf16 round to nearest even (ties crafted), NaN stays NaN, inf and -0 as they
+ * are, a missing odd row 0, the finiteness flag. (bf16 subnormals are not drawn: the
+ * instructions count them as zero, kernels.h.) */
+static uint16_t bf16_rne(float x)
+{
+    uint32_t u = float_bits(x);
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu))
+        return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float bf16_value(uint16_t h)
+{
+    return bits_float((uint32_t)h << 16);
+}
+
+/* A random bf16 with a normal exponent. */
+static uint16_t rand_bf16(void)
+{
+    return bf16_rne(frand(-2.0f, 2.0f) + (chance(50) ? 0.0f : 0.001f));
+}
+
+static void check_pairs_gemm(const sdpa_kernels *kt, int M, int N, int P, int layout, int flags, int row_scale)
+{
+    const ptrdiff_t ldb = N + (layout ? 3 : 0), ldc = N + (layout ? 0 : 5);
+    /* layout 0: A pair (m,p) at A + m*rs + 2p (rs = 2P + 6); layout 1: at A + 2m + p*cs (cs = 2M + 4) */
+    const ptrdiff_t rs = layout ? 2 : 2 * (ptrdiff_t)P + 6, cs = layout ? 2 * (ptrdiff_t)M + 4 : 2;
+    const size_t na = M > 0 && P > 0 ? (size_t)((M - 1) * rs + (P - 1) * cs + 2) : 1;
+    const size_t nb = P > 0 && N > 0 ? (size_t)((P - 1) * ldb + N) : 1;
+    uint16_t *A = malloc(na * sizeof *A);
+    uint32_t *B = malloc(nb * sizeof *B);
+    float *scale = malloc((size_t)(M > 0 ? M : 1) * sizeof *scale);
+    if (!A || !B || !scale) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < na; i++)
+        A[i] = rand_bf16();
+    for (size_t i = 0; i < nb; i++)
+        B[i] = (uint32_t)rand_bf16() | (uint32_t)rand_bf16() << 16;
+    for (int m = 0; m < M; m++)
+        scale[m] = chance(20) ? 1.0f : frand(0.0f, 1.5f);
+    buf c = buf_new(M, N, ldc);
+    buf_fill(&c, -3.0f, 3.0f);
+    buf c0 = buf_clone(&c);
+    buf_snap(&c);
+    const float alpha = layout ? 1.0f : 0.125f;
+    const float *rsc = row_scale ? scale : NULL;
+    kt->gemm_bf16_pairs(M, N, P, alpha, A, rs, cs, B, ldb, c.p, ldc, flags, rsc);
+    int ok = 1;
+    const long outside = buf_changed(&c, 1);
+    if (outside) {
+        ok = 0;
+        report("M=%d N=%d P=%d layout=%d flags=%d: %ld elements outside C changed", M, N, P, layout, flags,
+               outside);
+    }
+    for (int m = 0; m < M && ok; m++)
+        for (int n = 0; n < N; n++) {
+            double sum = 0, mag = 0;
+            for (int p = 0; p < P; p++) {
+                const uint16_t *a = A + m * rs + p * cs;
+                const uint32_t b = B[p * ldb + n];
+                const double t0 = (double)bf16_value(a[0]) * bf16_value((uint16_t)b),
+                             t1 = (double)bf16_value(a[1]) * bf16_value((uint16_t)(b >> 16));
+                sum += t0 + t1;
+                mag += fabs(t0) + fabs(t1);
+            }
+            double ref = alpha * sum, tol = (2.0 * P + 2.0) * FLT_EPSILON * fabs(alpha) * mag;
+            if (flags & SDPA_GEMM_ACCUMULATE) {
+                const double old = *at(&c0, m, n), f = rsc ? rsc[m] : 1.0;
+                ref += f * old;
+                tol += 2.0 * FLT_EPSILON * fabs(f * old);
+            }
+            if (!close_to(*at(&c, m, n), ref, tol + 1e-30)) {
+                ok = 0;
+                report("M=%d N=%d P=%d layout=%d flags=%d row_scale=%d: C(%d,%d) = %.9g, float64 %.9g, tol %.3g",
+                       M, N, P, layout, flags, row_scale, m, n, (double)*at(&c, m, n), ref, tol);
+                break;
+            }
+        }
+    record(ok);
+    buf_free(&c);
+    buf_free(&c0);
+    free(A), free(B), free(scale);
+}
+
+static void check_pack_pairs(const sdpa_kernels *kt, int from_f32, int rows, int cols)
+{
+    const ptrdiff_t lds = cols + 2, ldd = cols + 1;
+    const int half = (rows + 1) / 2;
+    const size_t ns = rows > 0 && cols > 0 ? (size_t)((rows - 1) * lds + cols) : 1;
+    const size_t nd = (size_t)(half > 0 ? half : 1) * (size_t)ldd;
+    float *sf = malloc(ns * sizeof *sf);
+    uint16_t *sh = malloc(ns * sizeof *sh);
+    uint32_t *d = malloc(nd * sizeof *d);
+    if (!sf || !sh || !d) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    int finite = 1;
+    for (size_t i = 0; i < ns; i++) {
+        float x = frand(-4.0f, 4.0f);
+        const int pick = (int)(rnd() % 100);
+        if (pick < 10) /* a tie: the 16 dropped bits exactly half */
+            x = bits_float((float_bits(x) & 0xFFFF0000u) | 0x8000u);
+        else if (pick < 12)
+            x = bits_float(0x7FC00000u | (rnd() & 0x3FFFFFu)); /* NaN */
+        else if (pick < 13)
+            x = chance(50) ? INFINITY : -INFINITY;
+        else if (pick < 14)
+            x = -0.0f;
+        else if (pick < 15)
+            x = bits_float(0x7F7FFFFFu); /* rounds to inf */
+        sf[i] = x;
+        sh[i] = bf16_rne(x);
+        const size_t r = i / (size_t)lds, c = i % (size_t)lds;
+        if ((int)r < rows && (int)c < cols && (sh[i] & 0x7F80u) == 0x7F80u)
+            finite = 0;
+    }
+    for (size_t i = 0; i < nd; i++)
+        d[i] = 0xA5A5A5A5u;
+    int ok = 1, flag = -1;
+    if (from_f32)
+        kt->pack_pairs_f32(rows, cols, sf, lds, d, ldd);
+    else
+        flag = kt->pack_pairs_bf16(rows, cols, sh, lds, d, ldd);
+    for (int p = 0; p < half && ok; p++)
+        for (int c = 0; c < (int)ldd; c++) {
+            const uint32_t got = d[p * ldd + c];
+            if (c >= cols) {
+                if (got != 0xA5A5A5A5u) {
+                    ok = 0;
+                    report("rows=%d cols=%d: padding (%d,%d) written", rows, cols, p, c);
+                }
+                continue;
+            }
+            const uint16_t lo = sh[2 * p * lds + c], hi = 2 * p + 1 < rows ? sh[(2 * p + 1) * lds + c] : 0;
+            const uint32_t want = (uint32_t)lo | (uint32_t)hi << 16;
+            /* a NaN may come back with another payload; it must stay a NaN */
+            const int lo_nan = (lo & 0x7F80u) == 0x7F80u && (lo & 0x7Fu);
+            const int hi_nan = (hi & 0x7F80u) == 0x7F80u && (hi & 0x7Fu);
+            const uint16_t glo = (uint16_t)got, ghi = (uint16_t)(got >> 16);
+            const int glo_nan = (glo & 0x7F80u) == 0x7F80u && (glo & 0x7Fu);
+            const int ghi_nan = (ghi & 0x7F80u) == 0x7F80u && (ghi & 0x7Fu);
+            if ((lo_nan ? !glo_nan : glo != lo) || (hi_nan ? !ghi_nan : ghi != hi)) {
+                ok = 0;
+                report("rows=%d cols=%d: pair (%d,%d) = %08x, want %08x", rows, cols, p, c, got, want);
+                break;
+            }
+        }
+    if (!from_f32 && flag != finite) {
+        ok = 0;
+        report("rows=%d cols=%d: finiteness %d, want %d", rows, cols, flag, finite);
+    }
+    record(ok);
+    free(sf), free(sh), free(d);
+}
+
+static void test_pairs(const sdpa_kernels *kt)
+{
+    if (!kt->gemm_bf16_pairs)
+        return;
+    static const int ms[] = {0, 1, 3, 4, 5, 7, 8, 63, 64, 65, 128};
+    static const int ns[] = {1, 15, 16, 17, 33, 48, 63, 64, 65, 130};
+    static const int ps[] = {0, 1, 2, 9, 32, 64};
+    kernel_begin(kt->name, "gemm_bf16_pairs");
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+            for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++)
+                for (int layout = 0; layout < 2; layout++) {
+                    check_pairs_gemm(kt, ms[i], ns[j], ps[k], layout, 0, 0);
+                    check_pairs_gemm(kt, ms[i], ns[j], ps[k], layout, SDPA_GEMM_ACCUMULATE, layout);
+                }
+    kernel_end();
+    static const int rows[] = {0, 1, 2, 3, 16, 127, 128, 129};
+    static const int cols[] = {1, 15, 16, 17, 40, 64, 65, 130};
+    for (int f32 = 1; f32 >= 0; f32--) {
+        kernel_begin(kt->name, f32 ? "pack_pairs_f32" : "pack_pairs_bf16");
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+            for (size_t j = 0; j < sizeof cols / sizeof cols[0]; j++)
+                for (int rep = 0; rep < 3; rep++)
+                    check_pack_pairs(kt, f32, rows[i], cols[j]);
+        kernel_end();
+    }
 }
 
 int main(int argc, char **argv)
@@ -2334,6 +2532,8 @@ int main(int argc, char **argv)
         for (int k = CVT_WIDEN_BF16; k <= CVT_NARROW_F16; k++)
             if (selected(cvt_names[k]))
                 test_cvt(kt, ref_kt, k);
+        if (selected("gemm_bf16_pairs") || selected("pack_pairs_f32") || selected("pack_pairs_bf16"))
+            test_pairs(kt);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;

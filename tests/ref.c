@@ -129,7 +129,7 @@ void ref_forward_row(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_ten
 void ref_forward_views(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
                        const sdpa_tensor *v, double *o, double *lse)
 {
-    ref64_forward(p, q, k, v, o, lse);
+    ref64_forward(p, q, k, v, o, lse, 0);
 }
 
 void ref_backward_views(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -160,7 +160,7 @@ void ref_forward(const sdpa_problem *p, const float *q, const float *k, const fl
                  double *lse)
 {
     const views w = contiguous(p, q, k, v, NULL);
-    ref64_forward(p, &w.q, &w.k, &w.v, o, lse);
+    ref64_forward(p, &w.q, &w.k, &w.v, o, lse, 0);
 }
 
 void ref_backward(const sdpa_problem *p, const float *q, const float *k, const float *v,
@@ -180,7 +180,25 @@ void naive32_forward(const sdpa_problem *p, const float *q, const float *k, cons
                      float *lse)
 {
     const views w = contiguous(p, q, k, v, NULL);
-    naive32_forward_views(p, &w.q, &w.k, &w.v, o, lse);
+    naive32_forward_views(p, &w.q, &w.k, &w.v, o, lse, 0);
+}
+
+void naive32_forward_bf16_p(const sdpa_problem *p, const float *q, const float *k, const float *v, float *o,
+                            float *lse)
+{
+    const views w = contiguous(p, q, k, v, NULL);
+    naive32_forward_views(p, &w.q, &w.k, &w.v, o, lse, 1);
+}
+
+float ref_round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7F800000u) == 0x7F800000u) /* inf stays, NaN stays NaN */
+        return x;
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u; /* to nearest, ties to even */
+    memcpy(&x, &u, sizeof x);
+    return x;
 }
 
 void naive32_backward(const sdpa_problem *p, const float *q, const float *k, const float *v,

@@ -80,6 +80,12 @@ void ref_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, 
  * natural order): the yardstick of the FlashAttention tolerance rule. */
 void naive32_forward(const sdpa_problem *p, const float *q, const float *k, const float *v, float *o,
                      float *lse);
+/* naive32_forward with each probability rounded to bf16 before the sum with V (the
+ * intermediate the bf16 pair products round: docs/design.md, "What is rounded"). */
+void naive32_forward_bf16_p(const sdpa_problem *p, const float *q, const float *k, const float *v, float *o,
+                            float *lse);
+/* x rounded to bf16 (nearest, ties to even; inf and NaN as they are) and back. */
+float ref_round_bf16(float x);
 void naive32_backward(const sdpa_problem *p, const float *q, const float *k, const float *v,
                       const float *dout, float *dq, float *dk, float *dv);
 /* naive32_backward with D = rowsum(dO * O) from a given O (contiguous [B, Hq, Tq,

@@ -79,8 +79,10 @@ static RT RN(row)(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor
     return mx + RLOG(sum);
 }
 
+/* round_p: each probability rounded to bf16 (ref_round_bf16) before the sum with V, as
+ * the bf16 pair products do (docs/design.md, "What is rounded"). */
 static void RN(forward)(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
-                        const sdpa_tensor *v, RT *o, RT *lse)
+                        const sdpa_tensor *v, RT *o, RT *lse, int round_p)
 {
     const int64_t B = p->batch, Hq = p->q_heads, Hkv = p->kv_heads, Tq = p->q_len, Tk = p->kv_len;
     const int64_t Dv = p->head_dim_v;
@@ -91,6 +93,9 @@ static void RN(forward)(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_
             const int64_t hk = h / (Hq / Hkv);
             for (int64_t i = 0; i < Tq; i++) {
                 const RT l = RN(row)(p, q, k, b, h, i, prob, ok, NULL);
+                if (round_p)
+                    for (int64_t j = 0; j < Tk; j++)
+                        prob[j] = (RT)ref_round_bf16((float)prob[j]);
                 RT *orow = o + ((b * Hq + h) * Tq + i) * Dv;
                 for (int64_t c = 0; c < Dv; c++) {
                     RT acc = 0;

@@ -184,6 +184,12 @@ static const shape shapes[] = {
     {"decode chunked 2,4,1,1,1200,128,128 br lens window", 2, 4, 1, 1, 1200, 128, 128, SDPA_CAUSAL_BOTTOM_RIGHT, 300,
      1, 0},
     {"short Tq chunked 1,4,2,3,900,128,96 causal", 1, 4, 2, 3, 900, 128, 96, SDPA_CAUSAL_TOP_LEFT, -1, 0, 0},
+    /* prefill tiles for the bf16 pair products' tails (where an ISA has them): an odd
+       number of keys in the last tile, query columns past a 64-column block, Dv past
+       a 16-float vector, 9 pairs of head_dim, partial tiles of key lengths and of a
+       bottom-right causal, GQA */
+    {"prefill pairs 2,4,2,67,133,64,40 lens", 2, 4, 2, 67, 133, 64, 40, SDPA_CAUSAL_NONE, -1, 1, 0},
+    {"prefill pairs 1,2,2,124,301,18,130 causal br", 1, 2, 2, 124, 301, 18, 130, SDPA_CAUSAL_BOTTOM_RIGHT, -1, 0, 0},
 };
 
 typedef struct run_out {
@@ -230,6 +236,23 @@ static sdpa_status run_forward(const shape *s, const sdpa_dtype ty[3], sdpa_isa 
     return sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
 }
 
+/* Whether the library may round P to bf16 before P V for this problem on isa: Q and
+ * K/V bf16, head_dim_qk even, Dv > 0, and the ISA's table uses its bf16 pair
+ * products (sdpa_tuning() lists "bf16_dot 1" in that ISA's entry; docs/design.md,
+ * "What is rounded"). The accuracy rule's naive reference then rounds P the same way. */
+static int rounds_p(sdpa_isa isa, const sdpa_dtype ty[3], int64_t Dk, int64_t Dv)
+{
+    if (ty[0] != SDPA_DTYPE_BF16 || ty[1] != SDPA_DTYPE_BF16 || Dk % 2 != 0 || Dk == 0 || Dv == 0)
+        return 0;
+    char key[32];
+    snprintf(key, sizeof key, "; %s block_q ", sdpa_isa_name(isa));
+    const char *entry = strstr(sdpa_tuning(), key);
+    if (!entry)
+        return 0;
+    const char *end = strchr(entry + 1, ';'), *on = strstr(entry, " bf16_dot 1");
+    return on && (!end || on < end);
+}
+
 static void check_shape(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *isas, int nisa, uint64_t seed)
 {
     const size_t nq = (size_t)(s->B * s->Hq * s->Tq * s->Dk), nk = (size_t)(s->B * s->Hkv * s->Tk * s->Dk),
@@ -259,12 +282,17 @@ static void check_shape(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *
     sdpa_problem p = shape_problem(s, s->kv_lengths ? lens : NULL, bias);
     double *ro = malloc(no * 8 + 8), *rl = malloc(nl * 8);
     float *no32 = malloc(no * 4 + 4), *nl32 = malloc(nl * 4), *got = malloc(no * 4 + 4);
+    float *np32 = malloc(no * 4 + 4); /* the naive reference with P rounded to bf16 */
     ref_forward(&p, q, k, v, ro, rl);
     naive32_forward(&p, q, k, v, no32, nl32);
-    for (size_t i = 0; i < no; i++)
+    naive32_forward_bf16_p(&p, q, k, v, np32, nl32); /* (the same LSE) */
+    for (size_t i = 0; i < no; i++) {
         no32[i] = round_to(ty[2], no32[i]);
+        np32[i] = round_to(ty[2], np32[i]);
+    }
     const size_t guard = 16;
     for (int ii = 0; ii < nisa; ii++) {
+        const float *naive_o = rounds_p(isas[ii], ty, s->Dk, s->Dv) ? np32 : no32;
         run_out out[2];
         for (int t = 0; t < 2; t++) {
             out[t].o = store_as(ty[2], no32, 0, no + guard); /* all guard bytes */
@@ -281,7 +309,7 @@ static void check_shape(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *
                  dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]));
         for (size_t i = 0; i < no; i++)
             got[i] = load_as(ty[2], out[0].o, i);
-        util_fa_expect(what, got, no32, ro, no, 2.0);
+        util_fa_expect(what, got, naive_o, ro, no, 2.0);
         snprintf(what, sizeof what, "[%s] %s q %s kv %s o %s: LSE", sdpa_isa_name(isas[ii]), s->name,
                  dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]));
         util_fa_expect(what, out[0].lse, nl32, rl, nl, 2.0);
@@ -295,7 +323,7 @@ static void check_shape(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *
         }
     }
     free(q), free(k), free(v), free(bias), free(qs), free(ks), free(vs);
-    free(ro), free(rl), free(no32), free(nl32), free(got);
+    free(ro), free(rl), free(no32), free(np32), free(nl32), free(got);
 }
 
 static void sweep(const sdpa_dtype ty[3])
@@ -504,6 +532,71 @@ static void packed_case(sdpa_dtype t)
         free(o1), free(dq1), free(dk1), free(dv1), free(l1);
     }
     free(x), free(q), free(k), free(v), free(dout), free(o), free(dq), free(dk), free(dv), free(lse);
+}
+
+/* A NaN or inf in one K or V row j of a bf16 causal prefill: the rows that may not see
+ * key j (i < j) stay finite and within the accuracy rule, the others are not finite
+ * (NaN, or +-inf in the inf V row's columns), on every ISA. Key j lies in a partial (diagonal) tile, where the bf16 pair products would
+ * turn a masked probability's -0 times an inf into a NaN: that tile's P V runs in fp32
+ * (forward.c, fwd_pairs_tile). */
+Test(dtypes, bf16_nonfinite_row_stays_masked)
+{
+    const shape s = {"causal 1,2,1,150,150,64,64", 1, 2, 1, 150, 150, 64, 64, SDPA_CAUSAL_TOP_LEFT, -1, 0, 0};
+    const sdpa_dtype ty[3] = {SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_F32};
+    const size_t nq = 2 * 150 * 64, nk = 150 * 64, no = 2 * 150 * 64, nl = 2 * 150;
+    const int64_t bad_row = 100;
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas(isas);
+    for (int which = 0; which < 4; which++) { /* V NaN, V inf, K NaN, K inf */
+        util_rng r;
+        util_rng_init(&r, 4242 + (uint64_t)which);
+        float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+        util_fill_normal(&r, q, nq, 1.5f);
+        util_fill_normal(&r, k, nk, 1.5f);
+        util_fill_normal(&r, v, nk, 1.0f);
+        round_all(ty[0], q, nq);
+        round_all(ty[1], k, nk);
+        round_all(ty[1], v, nk);
+        /* references on the finite inputs: rows i < bad_row never see key bad_row */
+        sdpa_problem p = shape_problem(&s, NULL, NULL);
+        double *ro = malloc(no * 8), *rl = malloc(nl * 8);
+        float *n32 = malloc(no * 4), *np32 = malloc(no * 4), *nl32 = malloc(nl * 4), *got = malloc(no * 4);
+        ref_forward(&p, q, k, v, ro, rl);
+        naive32_forward(&p, q, k, v, n32, nl32);
+        naive32_forward_bf16_p(&p, q, k, v, np32, nl32);
+        float *row = (which < 2 ? v : k) + bad_row * 64;
+        for (int c = 0; c < 64; c += 5)
+            row[c] = which % 2 ? INFINITY : NAN;
+        void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nk, 0);
+        for (int ii = 0; ii < nisa; ii++) {
+            run_out out = {malloc(no * 4), malloc(nl * 4)};
+            cr_assert_eq(run_forward(&s, ty, isas[ii], 1, qs, ks, vs, NULL, NULL, &out), SDPA_OK);
+            memcpy(got, out.o, no * 4);
+            size_t leaked = 0, missing = 0;
+            for (size_t h = 0; h < 2; h++)
+                for (size_t i = 0; i < 150; i++)
+                    for (size_t c = 0; c < 64; c++) {
+                        const float x = got[(h * 150 + i) * 64 + c];
+                        if ((int64_t)i < bad_row && !isfinite(x))
+                            leaked++;
+                        if ((int64_t)i >= bad_row && (which == 1 ? isfinite(x) : !isnan(x)) &&
+                            (which < 2 ? c % 5 == 0 : 1)) /* V inf: +-inf or NaN; else NaN */
+                            missing++;
+                    }
+            cr_expect_eq(leaked, 0, "[%s] case %d: %zu non-finite values in rows before the bad key",
+                         sdpa_isa_name(isas[ii]), which, leaked);
+            cr_expect_eq(missing, 0, "[%s] case %d: %zu finite values where the bad key is allowed",
+                         sdpa_isa_name(isas[ii]), which, missing);
+            char what[96];
+            snprintf(what, sizeof what, "[%s] case %d: O of the rows before the bad key", sdpa_isa_name(isas[ii]),
+                     which);
+            const size_t n_ok = (size_t)bad_row * 64; /* head 0's rows 0 .. bad_row - 1 */
+            util_fa_expect(what, got, rounds_p(isas[ii], ty, 64, 64) ? np32 : n32, ro, n_ok, 2.0);
+            free(out.o), free(out.lse);
+        }
+        free(q), free(k), free(v), free(qs), free(ks), free(vs), free(ro), free(rl), free(n32), free(np32);
+        free(nl32), free(got);
+    }
 }
 
 Test(dtypes, packed_bf16)

@@ -65,14 +65,25 @@ int cmd_info(int argc, char **argv)
     printf("\nactive isa: %s\n", sdpa_isa_name(sdpa_isa_active()));
     {
         /* every storage type runs on the active ISA; products and sums in fp32 on
-         * exactly widened values (docs/design.md, "Reduced precision") */
+         * exactly widened values, or bf16 pair products where the tuning turns them on
+         * (docs/design.md, "Reduced precision") */
         const sdpa_isa a = sdpa_isa_active();
         const char *f16 = a == SDPA_ISA_AVX2 || a == SDPA_ISA_AVX512 ? "F16C"
                           : a == SDPA_ISA_NEON                      ? "FCVTL/FCVTN"
                                                                     : "C";
-        printf("types: fp32 %s; bf16 %s (widened by integer shifts, fp32 products); fp16 %s (widened by %s, fp32 "
-               "products); AVX512-BF16, AMX and BFDOT are not used\n",
-               sdpa_isa_name(a), sdpa_isa_name(a), sdpa_isa_name(a), f16);
+        /* the tuning line says whether the active ISA's table uses its bf16 pair products */
+        char key[32];
+        snprintf(key, sizeof key, "; %s block_q ", sdpa_isa_name(a));
+        const char *entry = strstr(sdpa_tuning(), key), *end = entry ? strchr(entry + 1, ';') : NULL,
+                   *on = entry ? strstr(entry, " bf16_dot 1") : NULL;
+        const int pairs = on && (!end || on < end);
+        printf("types: fp32 %s; bf16 %s (%swidened by integer shifts, fp32 products); fp16 %s (widened by %s, fp32 "
+               "products); %sAMX and BFDOT are not used\n",
+               sdpa_isa_name(a), sdpa_isa_name(a),
+               pairs ? "bf16 Q with bf16 K/V, prefill tiles: AVX512-BF16 vdpbf16ps pair products, P rounded to "
+                       "bf16; otherwise "
+                     : "",
+               sdpa_isa_name(a), f16, pairs ? "" : "AVX512-BF16, ");
     }
     rej = sdpa_isa_env_rejected();
     if (rej)

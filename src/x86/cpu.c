@@ -82,8 +82,9 @@ unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
     if (os_ymm) sdpa_cpu_add_name(names, cap, "os-ymm");
     if (os_zmm) sdpa_cpu_add_name(names, cap, "os-zmm");
 
-    /* 16-bit arithmetic and matrix extensions: listed for `sdpa info` (no kernel
-     * uses them yet; docs/design.md, "Reduced precision") */
+    /* 16-bit arithmetic and matrix extensions: listed for `sdpa info`; AVX512_BF16
+     * also adds the pair products to the AVX-512 table (docs/design.md, "Reduced
+     * precision"), the others are not used */
     unsigned eax71 = 0, edx7 = 0;
     if (max_leaf >= 7) {
         cpuid(7, 0, r);
@@ -104,6 +105,8 @@ unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
         flags |= SDPA_X86_CPU_FLAG_AVX2;
     if ((flags & SDPA_X86_CPU_FLAG_AVX2) && avx512f && avx512dq && avx512bw && avx512vl && os_zmm)
         flags |= SDPA_X86_CPU_FLAG_AVX512;
+    if ((flags & SDPA_X86_CPU_FLAG_AVX512) && ((eax71 >> 5) & 1))
+        flags |= SDPA_X86_CPU_FLAG_AVX512_BF16;
     return flags;
 }
 sdpa_uarch sdpa_cpu_uarch_x86(char *desc, size_t cap)

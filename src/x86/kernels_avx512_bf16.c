@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: MIT */
+/* x86/kernels_avx512_bf16.c - AVX512-BF16 pair products for the bf16 prefill path.
+ *
+ * `vdpbf16ps` multiplies 32 pairs of bf16 and adds each pair's two products to one
+ * fp32 lane: twice the multiply-adds of an fp32 FMA per instruction. Zen 4 issues it
+ * at its fp32 FMA rate (1 zmm per cycle), so it doubles the products' FLOP rate there
+ * (docs/perf-notes.md, "Zen 4 again"); Emerald Rapids issues it at about half its FMA
+ * rate, so the tuning table turns the path on per microarchitecture (bf16_dot).
+ *
+ * Layout ("pairs"): the reduction dimension runs in pairs of adjacent bf16, one
+ * pair per 32-bit word (element 2p in the low half, 2p + 1 in the high half):
+ *   - a bf16 K row is already pairs along head_dim; a Q^T or P^T tile (fp32, one row
+ *     per reduction index) is packed two rows at a time by pack_pairs_f32;
+ *   - V rows are interleaved two keys at a time by pack_pairs_bf16.
+ * The pair product gemm_bf16_pairs broadcasts A's pairs (any strides) and loads B's
+ * as vectors along N, a register block of 4 rows x 4 zmm (16 accumulators; vdpbf16ps's
+ * latency of 6 cycles at one per cycle needs at least 6 in flight).
+ *
+ * Arithmetic (the instruction's, Intel SDM "VDPBF16PS"): bf16 inputs that are
+ * subnormal count as zero, each lane adds its two exact products to the accumulator
+ * with round to nearest even, and a subnormal result is flushed to zero; MXCSR is not
+ * consulted. pack_pairs_f32 rounds to nearest even with `vcvtne2ps2bf16` (subnormal
+ * inputs to zero, NaN stays NaN). Built with the AVX-512 F/VL/BW/DQ and BF16 flags;
+ * installed into the AVX-512 table only when CPUID reports AVX512_BF16. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define PAIR_MR 4
+#define PAIR_NV 4
+
+static inline __m512i load_pair(const uint16_t *a)
+{
+    uint32_t x;
+    memcpy(&x, a, sizeof x);
+    return _mm512_set1_epi32((int)x);
+}
+
+static inline __m512 dot_pairs(__m512 acc, __m512i a, __m512i b)
+{
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+/* One block of mr rows x nv vectors of C (the last vector's lanes: tail), over P
+ * pairs. mr and nv are compile-time constants at every call (always inlined). */
+static inline __attribute__((always_inline)) void pairs_block(const int mr, const int nv, __mmask16 tail, int P,
+                                                              float alpha, const uint16_t *A, ptrdiff_t rs_a,
+                                                              ptrdiff_t cs_a, const uint32_t *B, ptrdiff_t ldb,
+                                                              float *C, ptrdiff_t ldc, int flags,
+                                                              const float *c_row_scale)
+{
+    __m512 acc[PAIR_MR][PAIR_NV];
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++)
+            acc[i][v] = _mm512_setzero_ps();
+    for (int p = 0; p < P; p++) {
+        const uint32_t *b = B + (ptrdiff_t)p * ldb;
+        __m512i bv[PAIR_NV];
+        for (int v = 0; v < nv; v++)
+            bv[v] = v == nv - 1 ? _mm512_maskz_loadu_epi32(tail, b + 16 * v) : _mm512_loadu_si512(b + 16 * v);
+        for (int i = 0; i < mr; i++) {
+            const __m512i a = load_pair(A + (ptrdiff_t)i * rs_a + (ptrdiff_t)p * cs_a);
+            for (int v = 0; v < nv; v++)
+                acc[i][v] = dot_pairs(acc[i][v], a, bv[v]);
+        }
+    }
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (int i = 0; i < mr; i++) {
+        float *c = C + (ptrdiff_t)i * ldc;
+        for (int v = 0; v < nv; v++) {
+            const __mmask16 k = v == nv - 1 ? tail : (__mmask16)0xFFFF;
+            __m512 out = _mm512_mul_ps(va, acc[i][v]);
+            if (flags & SDPA_GEMM_ACCUMULATE) {
+                const __m512 old = _mm512_maskz_loadu_ps(k, c + 16 * v);
+                out = c_row_scale ? _mm512_fmadd_ps(old, _mm512_set1_ps(c_row_scale[i]), out)
+                                  : _mm512_add_ps(old, out);
+            }
+            _mm512_mask_storeu_ps(c + 16 * v, k, out);
+        }
+    }
+}
+
+/* Rows [m0, m0 + mr) of C, all N columns: 4-vector column blocks, then one block of
+ * the 1..4 vectors left (the last one partial). */
+static inline __attribute__((always_inline)) void pairs_rows(const int mr, int N, int P, float alpha,
+                                                             const uint16_t *A, ptrdiff_t rs_a, ptrdiff_t cs_a,
+                                                             const uint32_t *B, ptrdiff_t ldb, float *C,
+                                                             ptrdiff_t ldc, int flags, const float *rs)
+{
+    int n = 0;
+    for (; n + 16 * PAIR_NV <= N; n += 16 * PAIR_NV)
+        pairs_block(mr, PAIR_NV, 0xFFFF, P, alpha, A, rs_a, cs_a, B + n, ldb, C + n, ldc, flags, rs);
+    if (n == N)
+        return;
+    const int left = N - n, nv = (left + 15) / 16;
+    const __mmask16 tail = (__mmask16)(left % 16 ? (1u << (left % 16)) - 1 : 0xFFFF);
+    switch (nv) {
+    case 1: pairs_block(mr, 1, tail, P, alpha, A, rs_a, cs_a, B + n, ldb, C + n, ldc, flags, rs); break;
+    case 2: pairs_block(mr, 2, tail, P, alpha, A, rs_a, cs_a, B + n, ldb, C + n, ldc, flags, rs); break;
+    case 3: pairs_block(mr, 3, tail, P, alpha, A, rs_a, cs_a, B + n, ldb, C + n, ldc, flags, rs); break;
+    default: pairs_block(mr, 4, tail, P, alpha, A, rs_a, cs_a, B + n, ldb, C + n, ldc, flags, rs); break;
+    }
+}
+
+static void gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A, ptrdiff_t rs_a, ptrdiff_t cs_a,
+                            const uint32_t *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int flags,
+                            const float *c_row_scale)
+{
+    if (!(flags & SDPA_GEMM_ACCUMULATE))
+        c_row_scale = NULL;
+    int m = 0;
+    for (; m + PAIR_MR <= M; m += PAIR_MR)
+        pairs_rows(PAIR_MR, N, P, alpha, A + (ptrdiff_t)m * rs_a, rs_a, cs_a, B, ldb, C + (ptrdiff_t)m * ldc, ldc,
+                   flags, c_row_scale ? c_row_scale + m : NULL);
+    for (; m < M; m++)
+        pairs_rows(1, N, P, alpha, A + (ptrdiff_t)m * rs_a, rs_a, cs_a, B, ldb, C + (ptrdiff_t)m * ldc, ldc, flags,
+                   c_row_scale ? c_row_scale + m : NULL);
+}
+
+/* dst[p][c] = bf16(src[2p][c]) | bf16(src[2p + 1][c]) << 16 (a missing odd row: 0). */
+static void pack_pairs_f32(int rows, int cols, const float *src, ptrdiff_t lds, uint32_t *dst, ptrdiff_t ldd)
+{
+    /* after vcvtne2ps2bf16: row 2p's 16 values in words 0..15, row 2p + 1's in 16..31 */
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int p = 0; 2 * p < rows; p++) {
+        const float *r0 = src + (ptrdiff_t)(2 * p) * lds, *r1 = r0 + lds;
+        const int has1 = 2 * p + 1 < rows;
+        uint32_t *d = dst + (ptrdiff_t)p * ldd;
+        for (int c = 0; c < cols; c += 16) {
+            const __mmask16 k = (__mmask16)(cols - c >= 16 ? 0xFFFF : (1u << (cols - c)) - 1);
+            const __m512 a = _mm512_maskz_loadu_ps(k, r0 + c);
+            const __m512 b = has1 ? _mm512_maskz_loadu_ps(k, r1 + c) : _mm512_setzero_ps();
+            const __m512i t = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+            _mm512_mask_storeu_epi32(d + c, k, _mm512_permutexvar_epi16(interleave, t));
+        }
+    }
+}
+
+/* dst[p][c] = src[2p][c] | src[2p + 1][c] << 16 (bf16 bit patterns; a missing odd row: 0);
+ * 1 when every value is finite (exponent field not all ones). */
+static int pack_pairs_bf16(int rows, int cols, const uint16_t *src, ptrdiff_t lds, uint32_t *dst, ptrdiff_t ldd)
+{
+    const __m512i expo = _mm512_set1_epi16(0x7F80);
+    __mmask32 nonfinite = 0;
+    for (int p = 0; 2 * p < rows; p++) {
+        const uint16_t *r0 = src + (ptrdiff_t)(2 * p) * lds, *r1 = r0 + lds;
+        const int has1 = 2 * p + 1 < rows;
+        uint32_t *d = dst + (ptrdiff_t)p * ldd;
+        for (int c = 0; c < cols; c += 16) {
+            const __mmask16 k = (__mmask16)(cols - c >= 16 ? 0xFFFF : (1u << (cols - c)) - 1);
+            const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, r0 + c));
+            const __m512i b = has1 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, r1 + c))
+                                   : _mm512_setzero_si512();
+            const __m512i pair = _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
+            nonfinite |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(pair, expo), expo);
+            _mm512_mask_storeu_epi32(d + c, k, pair);
+        }
+    }
+    return nonfinite == 0;
+}
+
+void sdpa_kernels_init_avx512_bf16(sdpa_kernels *t)
+{
+    t->gemm_bf16_pairs = gemm_bf16_pairs;
+    t->pack_pairs_f32 = pack_pairs_f32;
+    t->pack_pairs_bf16 = pack_pairs_bf16;
+}
