@@ -349,11 +349,17 @@ static void fwd_key_tiles(const plan *pl, const tile_layout *L, const fwd_ws *w,
     *end_tile = kt_end;
 }
 
-/* The tile's Q once: Q^T [Dk][ld] for the transposed path, or Q rows [ncol][Dk]
- * for gemm_nt. */
+/* The tile's Q once: Q^T [Dk][ld] for the transposed path (in pairs [Dk/2][ld] for
+ * the bf16 pair products), or Q rows [ncol][Dk] for gemm_nt. */
 static void fwd_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft)
 {
     const int Dk = (int)pl->Dk;
+    if (!ft->nt && w->qp) { /* bf16 pair products: bf16 Q^T in pairs, straight from the rows */
+        for (int g = 0; g < ft->nh; g++)
+            pl->kt->transpose_pairs(ft->nr, Dk / 2, row_in_t(a->q, pl->q_dtype, ft->b, ft->h0 + g, ft->i0),
+                                    a->q->seq_stride, w->qp + g * ft->nr, pl->ld);
+        return;
+    }
     if (pl->q_dtype != SDPA_DTYPE_F32) { /* row by row, widened */
         const sdpa_widen_rows_fn widen = pl->q_dtype == SDPA_DTYPE_BF16 ? pl->kt->widen_bf16 : pl->kt->widen_f16;
         for (int g = 0; g < ft->nh && Dk > 0; g++)
@@ -366,8 +372,6 @@ static void fwd_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_t
                     pl->kt->transpose(1, Dk, w->rowc, Dk, w->qt + g * ft->nr + ii, pl->ld);
                 }
             }
-        if (!ft->nt && w->qp) /* bf16 Q: the pairs are exact */
-            pl->kt->pack_pairs_f32(Dk, ft->ncol, w->qt, pl->ld, w->qp, pl->ld);
         return;
     }
     for (int g = 0; g < ft->nh; g++) {

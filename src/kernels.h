@@ -216,6 +216,10 @@ typedef void (*sdpa_pack_pairs_f32_fn)(int rows, int cols, const float *src, ptr
                                        ptrdiff_t ldd);
 typedef int (*sdpa_pack_pairs_bf16_fn)(int rows, int cols, const uint16_t *src, ptrdiff_t lds, uint32_t *dst,
                                        ptrdiff_t ldd);
+/* Rows of bf16 to their transpose in pairs: dst[p*ldd + r] = src[r*lds + 2p] |
+ * src[r*lds + 2p + 1] << 16 for r < rows, p < pairs (a bf16 Q tile to Q^T's pairs). */
+typedef void (*sdpa_transpose_pairs_fn)(int rows, int pairs, const uint16_t *src, ptrdiff_t lds, uint32_t *dst,
+                                        ptrdiff_t ldd);
 
 /* sdpa_kernels.wide_prefetch */
 enum { SDPA_PREFETCH_NEVER = 0, SDPA_PREFETCH_ALWAYS = 1, SDPA_PREFETCH_STREAMING = 2 };
@@ -269,6 +273,7 @@ typedef struct sdpa_kernels {
     sdpa_gemm_bf16_pairs_fn gemm_bf16_pairs;  /* NULL: not provided */
     sdpa_pack_pairs_f32_fn pack_pairs_f32;    /* with gemm_bf16_pairs */
     sdpa_pack_pairs_bf16_fn pack_pairs_bf16;  /* with gemm_bf16_pairs */
+    sdpa_transpose_pairs_fn transpose_pairs;  /* with gemm_bf16_pairs */
 } sdpa_kernels;
 
 /* The cut-off of every ISA's exp (kernels_scalar.c, simd_tmpl.h): a probability

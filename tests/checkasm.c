@@ -22,7 +22,7 @@
  * The 16-bit storage conversions (widen_bf16, widen_f16, narrow_bf16,
  * narrow_f16) must give the scalar table's bits exactly, over every tail and
  * every 16-bit pattern, with crafted fp32 inputs for the roundings. The bf16 pair
- * products (gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16; only where the CPU
+ * products (gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16, transpose_pairs; only where the CPU
  * has AVX512_BF16) against float64 and their bit definitions (test_pairs).
  *
  * Usage: checkasm [--test=NAME] [--bench] [--help] [seed] (dav1d's flags; see
@@ -2202,7 +2202,7 @@ static void usage(const char *argv0)
            "               online_softmax_rows scale_rows bwd_probs bwd_dscores transpose gemm_nt\n"
            "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
            "               widen_bf16 widen_f16 narrow_bf16 narrow_f16 gemm_bf16_pairs pack_pairs_f32\n"
-           "               pack_pairs_bf16 (the last three where the ISA has them: AVX512_BF16)\n"
+           "               pack_pairs_bf16 transpose_pairs (the last four where the ISA has them: AVX512_BF16)\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"
@@ -2426,6 +2426,38 @@ static void check_pack_pairs(const sdpa_kernels *kt, int from_f32, int rows, int
     free(sf), free(sh), free(d);
 }
 
+/* transpose_pairs: dst[p][r] = pair p of row r, bit for bit; other words untouched. */
+static void check_transpose_pairs(const sdpa_kernels *kt, int rows, int pairs)
+{
+    const ptrdiff_t lds = 2 * (ptrdiff_t)pairs + 3, ldd = rows + 5;
+    const size_t ns = rows > 0 ? (size_t)((rows - 1) * lds + 2 * pairs) : 1;
+    const size_t nd = (size_t)(pairs > 0 ? pairs : 1) * (size_t)ldd;
+    uint16_t *src = malloc(ns * sizeof *src);
+    uint32_t *d = malloc(nd * sizeof *d);
+    if (!src || !d) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < ns; i++)
+        src[i] = (uint16_t)rnd();
+    for (size_t i = 0; i < nd; i++)
+        d[i] = 0xA5A5A5A5u;
+    kt->transpose_pairs(rows, pairs, src, lds, d, ldd);
+    int ok = 1;
+    for (int p = 0; p < pairs && ok; p++)
+        for (int r = 0; r < (int)ldd; r++) {
+            const uint32_t want = r < rows ? (uint32_t)src[r * lds + 2 * p] | (uint32_t)src[r * lds + 2 * p + 1] << 16
+                                           : 0xA5A5A5A5u;
+            if (d[p * ldd + r] != want) {
+                ok = 0;
+                report("rows=%d pairs=%d: (%d,%d) = %08x, want %08x", rows, pairs, p, r, d[p * ldd + r], want);
+                break;
+            }
+        }
+    record(ok);
+    free(src), free(d);
+}
+
 static void test_pairs(const sdpa_kernels *kt)
 {
     if (!kt->gemm_bf16_pairs)
@@ -2452,6 +2484,11 @@ static void test_pairs(const sdpa_kernels *kt)
                     check_pack_pairs(kt, f32, rows[i], cols[j]);
         kernel_end();
     }
+    kernel_begin(kt->name, "transpose_pairs");
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        for (size_t j = 0; j < sizeof cols / sizeof cols[0]; j++)
+            check_transpose_pairs(kt, rows[i], cols[j] / 2);
+    kernel_end();
 }
 
 int main(int argc, char **argv)
@@ -2532,7 +2569,8 @@ int main(int argc, char **argv)
         for (int k = CVT_WIDEN_BF16; k <= CVT_NARROW_F16; k++)
             if (selected(cvt_names[k]))
                 test_cvt(kt, ref_kt, k);
-        if (selected("gemm_bf16_pairs") || selected("pack_pairs_f32") || selected("pack_pairs_bf16"))
+        if (selected("gemm_bf16_pairs") || selected("pack_pairs_f32") || selected("pack_pairs_bf16") ||
+            selected("transpose_pairs"))
             test_pairs(kt);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);

@@ -139,16 +139,31 @@ static void pack_pairs_f32(int rows, int cols, const float *src, ptrdiff_t lds, 
 }
 
 /* dst[p][c] = src[2p][c] | src[2p + 1][c] << 16 (bf16 bit patterns; a missing odd row: 0);
- * 1 when every value is finite (exponent field not all ones). */
+ * 1 when every value is finite (exponent field not all ones). 32 columns at a time: the
+ * two rows' words interleaved within 128-bit lanes (vpunpck{l,h}wd), then the lanes put
+ * back in column order; the largest |value| pattern kept to test finiteness once. */
 static int pack_pairs_bf16(int rows, int cols, const uint16_t *src, ptrdiff_t lds, uint32_t *dst, ptrdiff_t ldd)
 {
-    const __m512i expo = _mm512_set1_epi16(0x7F80);
+    const __m512i expo = _mm512_set1_epi16(0x7F80), magnitude = _mm512_set1_epi16(0x7FFF);
+    const __m512i first = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), second = _mm512_set_epi64(15, 14, 7, 6, 13, 12,
+                                                                                                 5, 4);
+    __m512i top = _mm512_setzero_si512(); /* per word: the largest |pattern| seen */
     __mmask32 nonfinite = 0;
     for (int p = 0; 2 * p < rows; p++) {
         const uint16_t *r0 = src + (ptrdiff_t)(2 * p) * lds, *r1 = r0 + lds;
         const int has1 = 2 * p + 1 < rows;
         uint32_t *d = dst + (ptrdiff_t)p * ldd;
-        for (int c = 0; c < cols; c += 16) {
+        int c = 0;
+        for (; has1 && c + 32 <= cols; c += 32) {
+            const __m512i a = _mm512_loadu_si512(r0 + c), b = _mm512_loadu_si512(r1 + c);
+            top = _mm512_max_epu16(top, _mm512_max_epu16(_mm512_and_si512(a, magnitude),
+                                                         _mm512_and_si512(b, magnitude)));
+            /* lane L of lo: columns 8L .. 8L + 3 paired; of hi: 8L + 4 .. 8L + 7 */
+            const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+            _mm512_storeu_si512(d + c, _mm512_permutex2var_epi64(lo, first, hi));
+            _mm512_storeu_si512(d + c + 16, _mm512_permutex2var_epi64(lo, second, hi));
+        }
+        for (; c < cols; c += 16) {
             const __mmask16 k = (__mmask16)(cols - c >= 16 ? 0xFFFF : (1u << (cols - c)) - 1);
             const __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, r0 + c));
             const __m512i b = has1 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, r1 + c))
@@ -158,7 +173,22 @@ static int pack_pairs_bf16(int rows, int cols, const uint16_t *src, ptrdiff_t ld
             _mm512_mask_storeu_epi32(d + c, k, pair);
         }
     }
+    nonfinite |= _mm512_cmpge_epu16_mask(top, expo);
     return nonfinite == 0;
+}
+
+/* dst[p*ldd + r] = pair p of row r (src[r*lds + 2p] | src[r*lds + 2p + 1] << 16), for
+ * r < rows, p < pairs: a bf16 Q tile to Q^T in pairs (once per query tile). */
+static void transpose_pairs(int rows, int pairs, const uint16_t *src, ptrdiff_t lds, uint32_t *dst, ptrdiff_t ldd)
+{
+    for (int p = 0; p < pairs; p++) { /* dst rows written in order; the tile's rows stay in L1 */
+        uint32_t *d = dst + (ptrdiff_t)p * ldd;
+        for (int r = 0; r < rows; r++) {
+            uint32_t x;
+            memcpy(&x, src + (ptrdiff_t)r * lds + 2 * p, sizeof x);
+            d[r] = x;
+        }
+    }
 }
 
 void sdpa_kernels_init_avx512_bf16(sdpa_kernels *t)
@@ -166,4 +196,5 @@ void sdpa_kernels_init_avx512_bf16(sdpa_kernels *t)
     t->gemm_bf16_pairs = gemm_bf16_pairs;
     t->pack_pairs_f32 = pack_pairs_f32;
     t->pack_pairs_bf16 = pack_pairs_bf16;
+    t->transpose_pairs = transpose_pairs;
 }
