@@ -3,7 +3,8 @@
 # bench/compare.py - libsdpa and every peer, interleaved call by call in one process.
 """Times libsdpa (its Python package) against PyTorch's CPU SDPA, ONNX Runtime
 (opset 23 Attention, contrib MultiHeadAttention / GroupQueryAttention) and
-OpenVINO's ScaledDotProductAttention (f32 hint and its default precision) on the
+OpenVINO's ScaledDotProductAttention (f32 hint and its default precision), and
+libsdpa itself with bf16 tensors ("sdpa-bf16": rows "impl": "sdpa", "dtype": "bf16"), on the
 shapes of `sdpa bench`, with the implementations interleaved: each round calls
 every implementation once, in an order that rotates from round to round, and a
 row's time is the median of its rounds. On a shared machine whose speed moves by
@@ -48,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_sdpa as common  # noqa: E402  (shapes, masks, counts; no torch import at this level)
 
 PROG = "compare.py"
-IMPLS = ("sdpa", "torch", "ort-attention", "ort-mha", "ort-gqa", "openvino", "openvino-default")
+IMPLS = ("sdpa", "torch", "ort-attention", "ort-mha", "ort-gqa", "openvino", "openvino-default", "sdpa-bf16")
 
 
 def sdpa_impl(s, mask, op, t):
@@ -72,6 +73,39 @@ def sdpa_impl(s, mask, op, t):
     o, lse = libsdpa.attention(q, k, v, return_lse=True, **kw)
     do = rng.uniform(-1.0, 1.0, o.shape).astype(np.float32)
     return lambda: libsdpa.attention_backward(q, k, v, o, lse, do, **kw), {"isa": libsdpa.info()["active_isa"]}
+
+
+def sdpa_bf16_impl(s, mask, op, t):
+    """libsdpa with Q, K, V and O in bf16 (ml_dtypes' NumPy bfloat16; dO too in the
+    backward): rows "impl": "sdpa", "dtype": "bf16", beside OpenVINO's default (bf16)
+    precision; on CPUs whose tuning runs bf16 prefill on AVX512-BF16 pair products
+    (libsdpa.info()["bf16_pairs_isas"]) P is rounded to bf16 there."""
+    import numpy as np
+    import libsdpa
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None, "ml_dtypes (NumPy bfloat16) absent"
+    bf16 = ml_dtypes.bfloat16
+    B, Hq, Hkv, Tq, Tk, Dk, Dv = s
+    rng = np.random.default_rng(1234)
+    q = rng.uniform(-1.0, 1.0, (B, Hq, Tq, Dk)).astype(np.float32).astype(bf16)
+    k = rng.uniform(-1.0, 1.0, (B, Hkv, Tk, Dk)).astype(np.float32).astype(bf16)
+    v = rng.uniform(-1.0, 1.0, (B, Hkv, Tk, Dv)).astype(np.float32).astype(bf16)
+    kw = {"threads": t}
+    if mask == "causal":
+        kw["causal"] = "top-left"
+    elif mask == "causal-bottom-right":
+        kw["causal"] = "bottom-right"
+    elif mask == "padding":
+        kw["kv_lengths"] = np.array([common.padding_length(s, b) for b in range(B)], dtype=np.int32)
+    isa = libsdpa.info()["active_isa"]
+    extra = {"isa": isa, "dtype": "bf16", "bf16_pairs": isa in libsdpa.info()["bf16_pairs_isas"]}
+    if op == "forward":
+        return lambda: libsdpa.attention(q, k, v, **kw), extra
+    o, lse = libsdpa.attention(q, k, v, return_lse=True, **kw)
+    do = rng.uniform(-1.0, 1.0, o.shape).astype(np.float32).astype(bf16)
+    return lambda: libsdpa.attention_backward(q, k, v, o, lse, do, **kw), extra
 
 
 def torch_impl(s, mask, op, t):
@@ -168,16 +202,17 @@ def finite(x):
 
 FACTORIES = {"sdpa": sdpa_impl, "torch": torch_impl, "ort-attention": ort_impl("attention"),
              "ort-mha": ort_impl("mha"), "ort-gqa": ort_impl("gqa"), "openvino": openvino_impl("fp32"),
-             "openvino-default": openvino_impl("default")}
+             "openvino-default": openvino_impl("default"), "sdpa-bf16": sdpa_bf16_impl}
 ROW_IMPL = {"sdpa": "sdpa", "torch": "torch-sdpa", "ort-attention": "ort-attention", "ort-mha": "ort-mha",
-            "ort-gqa": "ort-gqa", "openvino": "openvino-sdpa", "openvino-default": "openvino-sdpa"}
+            "ort-gqa": "ort-gqa", "openvino": "openvino-sdpa", "openvino-default": "openvino-sdpa",
+            "sdpa-bf16": "sdpa"}
 
 
 def available(names, err):
     """The implementations whose packages import here."""
     probes = {"sdpa": ("libsdpa",), "torch": ("torch",), "ort-attention": ("onnxruntime", "onnx"),
               "ort-mha": ("onnxruntime", "onnx"), "ort-gqa": ("onnxruntime", "onnx"),
-              "openvino": ("openvino",), "openvino-default": ("openvino",)}
+              "openvino": ("openvino",), "openvino-default": ("openvino",), "sdpa-bf16": ("libsdpa", "ml_dtypes")}
     out = []
     for n in names:
         try:
@@ -319,12 +354,15 @@ def main():
                         row["peak_gbps"] = bw.get(t)
                     row["pairs"] = common.allowed_pairs(s, mask)
                     row.update(extra)
+                    if n == "sdpa-bf16" and "gbps" in row:  # K and V in bf16: half the bytes
+                        row["gbps"] /= 2.0
                     row["interleaved"] = True
                     row["rounds"] = rounds
                     if ref:
                         row["ratio_vs_sdpa"] = sec / ref
                     print(json.dumps(row), flush=True)
-                    label = ROW_IMPL[n] + (" " + row.get("ov_hint", "") if n.startswith("openvino") else "")
+                    label = ROW_IMPL[n] + (" " + row.get("ov_hint", "") if n.startswith("openvino") else
+                                           " bf16" if n == "sdpa-bf16" else "")
                     label = label[:22]
                     ratio = f"{sec / ref:.3f}" if ref else "-"
                     print(f"{label:<22} {t:>3}  {','.join(map(str, s)):<28} {mask:<19} {op:<8} {sec * 1e3:>10.3f} "

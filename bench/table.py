@@ -13,7 +13,8 @@ padding). Cells are GFLOP/s (useful FLOPs, as every script counts them); the
 avx512 (or neon) cell adds its % of the FMA peak measured in the same run, and a
 decode row its GB/s of K and V and % of the read bandwidth. Peer columns are fp32
 rows only (OpenVINO: the f32 hint; its default precision has its own column,
-labelled with the precision it resolved to). "best peer" is the fastest fp32 peer
+labelled with the precision it resolved to; libsdpa's own bf16 rows from
+bench/compare.py's sdpa-bf16, "sdpa bf16", the last one). "best peer" is the fastest fp32 peer
 of the line (naive-blas excluded), and "sdpa / best peer" the ratio of its time
 to libsdpa's best ISA (above 1: libsdpa is faster); both are left out when the
 input has no peer rows. Rows a peer cannot run (a
@@ -73,7 +74,7 @@ def main():
         rows = read_rows(args.inputs)
     except OSError as e:
         p.error(str(e))
-    sdpa, peer, ov_default = {}, {}, {}
+    sdpa, peer, ov_default, sdpa_bf16 = {}, {}, {}, {}
     order = []
     for r in rows:
         if r.get("variant", "plain") != "plain" or r["mask"] not in PLAIN_MASKS:
@@ -81,6 +82,8 @@ def main():
         k = key(r)
         dtype = r.get("dtype", "fp32")
         if r["impl"] == "sdpa":
+            if dtype == "bf16" and r.get("interleaved"):  # compare.py's sdpa-bf16
+                sdpa_bf16[k] = r
             if dtype != "fp32":
                 continue
             if k not in order:
@@ -102,6 +105,9 @@ def main():
     head = ["shape B,Hq,Hkv,Tq,Tk,Dk,Dv", "mask", "op", "thr"] + isas + [lab for _, lab in peers]
     if ovd:
         head.append("openvino default (" + ",".join(precs) + ")")
+    bf = any(k in sdpa_bf16 for k in order)
+    if bf:
+        head.append("sdpa bf16")
     compared = any(impl != "naive-blas" for impl, _ in peers)
     if compared:
         head += ["best peer", "sdpa / best peer"]
@@ -132,6 +138,9 @@ def main():
                 best = r
         if ovd:
             r = ov_default.get(k)
+            cells.append(fmt(r["gflops"]) if r else "-")
+        if bf:
+            r = sdpa_bf16.get(k)
             cells.append(fmt(r["gflops"]) if r else "-")
         if not compared:
             pass
