@@ -349,7 +349,7 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * block_k + 7) bytes, plus, when the keys are split (fewer than 64 query tiles,
  * e.g. decode), at most 4 * block_q * (Dv + 2) bytes per (tile, split), fewer
  * than 128 of them; failure returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with
- * Tq x Tk. With a bf16 / fp16 tensor, per thread also (block_k (Dk + Dv) +
+ * Tq x Tk. With a bf16 / fp16 tensor, per thread also (max(block_k, 16) (Dk + Dv) +
  * max(Dk, Dv)) floats of conversion buffers, and where bf16 Q and K/V run on the bf16
  * pair products (sdpa_tuning() shows "bf16_dot 1") about (Dk/2 + block_k/2) block_q +
  * block_k/2 Dv more. With a boolean mask or bias whose

@@ -63,13 +63,20 @@ static size_t fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp
     return round_floats(*qp) + round_floats(*pp) + round_floats(*vp);
 }
 
+/* Rows of the K and V conversion buffers: a wide tile's block_k keys, and at least one
+ * step of the few-column path (fwd_nt_run widens its runs in whole steps). */
+static int fwd_cvt_rows(const plan *pl)
+{
+    return pl->bk > pl->kt->nt_step ? pl->bk : pl->kt->nt_step;
+}
+
 /* Floats of the bf16 / fp16 conversion buffers (0 for fp32 problems). */
 static size_t fwd_cvt_floats(const plan *pl)
 {
     if (!pl->reduced)
         return 0;
     size_t qp, pp, vp;
-    const size_t bk = (size_t)pl->bk, row = (size_t)(pl->Dk > pl->Dv ? pl->Dk : pl->Dv);
+    const size_t bk = (size_t)fwd_cvt_rows(pl), row = (size_t)(pl->Dk > pl->Dv ? pl->Dk : pl->Dv);
     return round_floats(bk * (size_t)pl->Dk) + round_floats(bk * (size_t)pl->Dv) +
            fwd_pair_floats(pl, &qp, &pp, &vp) + round_floats(row);
 }
@@ -130,8 +137,8 @@ fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
     w.kc = w.vc = w.rowc = NULL;
     w.qp = w.pp = w.vp = NULL;
     if (pl->reduced) {
-        w.kc = carve(&base, (size_t)pl->bk * pl->Dk);
-        w.vc = carve(&base, (size_t)pl->bk * pl->Dv);
+        w.kc = carve(&base, (size_t)fwd_cvt_rows(pl) * pl->Dk);
+        w.vc = carve(&base, (size_t)fwd_cvt_rows(pl) * pl->Dv);
         size_t qp, pp, vp;
         if (fwd_pair_floats(pl, &qp, &pp, &vp)) {
             w.qp = (uint32_t *)(void *)carve(&base, qp);
@@ -305,8 +312,8 @@ static int fwd_nt_seg16(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_
 
 /* Few-column tiles (decode), keys [ks, ke): fwd_nt_seg over each run of keys in
  * one page (the whole range when unpaged); a bf16 / fp16 cache through the
- * ISA's typed attend_rows where it takes the run, else in runs of at most
- * block_k keys widened to fp32 first. */
+ * ISA's typed attend_rows where it takes the run, else in runs of whole steps (at most
+ * max(block_k, nt_step) keys) widened to fp32 first. */
 static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int64_t ks, int64_t ke,
                        int partial)
 {
@@ -318,8 +325,11 @@ static void fwd_nt_run(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_t
                 continue;
         }
         e = kv_run_end(pl, j, ke);
-        if (pl->reduced && e - j > pl->bk)
-            e = j + pl->bk;
+        /* widened in runs of whole steps, so that the steps fall where an fp32 call's do
+           (the same bits as the fp32 call on the widened values, whatever block_k) */
+        const int run = fwd_cvt_rows(pl) - fwd_cvt_rows(pl) % pl->kt->nt_step;
+        if (pl->reduced && e - j > run)
+            e = j + run;
         const int n = pl->reduced ? (int)(e - j) : 0;
         ptrdiff_t sk = a->k->seq_stride, sv = a->v->seq_stride;
         const float *kr = Dk > 0 ? kv_rows_f32(pl, a->k, ft->kb, j, n, Dk, w->kc, &sk) : NULL;

@@ -199,8 +199,9 @@ typedef void (*sdpa_narrow_rows_fn)(int rows, int cols, const float *src, ptrdif
  *            c_row_scale NULL: C(m,n) + alpha * sum), as sdpa_gemm_fn,
  * where A pair (m,p) is the two uint16 at A + m*rs_a + p*cs_a (strides in uint16
  * elements; any alignment) and dot2 adds the two products of a pair to the lane's
- * sum with the instruction's arithmetic: bf16 subnormals count as zero, each step
- * rounds to nearest even, a subnormal sum is flushed to zero. Sums run over p in
+ * sum with the instruction's arithmetic: bf16 subnormals count as zero (so a
+ * subnormal times inf is NaN), each step rounds to nearest even, a subnormal sum is
+ * flushed to zero (docs/design.md, "What is rounded"). Sums run over p in
  * increasing order, one fixed order per (m,n), whatever the caller's threading.
  * Only SDPA_GEMM_ACCUMULATE is a valid flag (no masked sentinels in its inputs). */
 typedef void (*sdpa_gemm_bf16_pairs_fn)(int M, int N, int P, float alpha, const uint16_t *A, ptrdiff_t rs_a,

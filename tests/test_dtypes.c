@@ -599,6 +599,51 @@ Test(dtypes, bf16_nonfinite_row_stays_masked)
     }
 }
 
+/* A few-column (decode) bf16 / fp16 problem whose head_dims the typed attend_rows
+ * does not take (its K and V widened in runs first), with block_k that are not
+ * multiples of the decode step (16 keys): O and LSE are the bits of the fp32 call on
+ * the widened inputs (a run that ended off a step boundary summed in other groups). */
+Test(dtypes, decode_widened_runs_any_block_k)
+{
+    enum { TQ = 15, TK = 210, DK = 10, DV = 171 };
+    static const int blocks[] = {1, 8, 17, 37, 64, 100};
+    util_rng r;
+    util_rng_init(&r, 77);
+    float *q = malloc(TQ * DK * 4), *k = malloc(TK * DK * 4), *v = malloc(TK * DV * 4);
+    float *o16 = malloc(TQ * DV * 4), *o32 = malloc(TQ * DV * 4), l16[TQ], l32[TQ];
+    util_fill_normal(&r, q, TQ * DK, 1.0f);
+    util_fill_normal(&r, k, TK * DK, 1.0f);
+    util_fill_normal(&r, v, TK * DV, 1.0f);
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas(isas);
+    for (int t = SDPA_DTYPE_BF16; t <= SDPA_DTYPE_F16; t++) {
+        round_all((sdpa_dtype)t, q, TQ * DK);
+        round_all((sdpa_dtype)t, k, TK * DK);
+        round_all((sdpa_dtype)t, v, TK * DV);
+        void *qs = store_as((sdpa_dtype)t, q, TQ * DK, 0), *ks = store_as((sdpa_dtype)t, k, TK * DK, 0),
+             *vs = store_as((sdpa_dtype)t, v, TK * DV, 0);
+        for (int ii = 0; ii < nisa; ii++)
+            for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+                sdpa_problem p = util_problem(1, 1, 1, TQ, TK, DK, DV);
+                p.block_k = blocks[bi];
+                p.isa = isas[ii];
+                p.num_threads = 1;
+                const sdpa_tensor_out to16 = {o16, 0, DV * TQ, DV}, tl16 = {l16, 0, TQ, 1};
+                const sdpa_tensor_out to32 = {o32, 0, DV * TQ, DV}, tl32 = {l32, 0, TQ, 1};
+                const sdpa_tensor f_q = {q, 0, TQ * DK, DK}, f_k = {k, 0, TK * DK, DK}, f_v = {v, 0, TK * DV, DV};
+                cr_assert_eq(sdpa_forward(&p, &f_q, &f_k, &f_v, &to32, &tl32), SDPA_OK);
+                p.q_dtype = p.kv_dtype = (sdpa_dtype)t;
+                const sdpa_tensor h_q = {qs, 0, TQ * DK, DK}, h_k = {ks, 0, TK * DK, DK}, h_v = {vs, 0, TK * DV, DV};
+                cr_assert_eq(sdpa_forward(&p, &h_q, &h_k, &h_v, &to16, &tl16), SDPA_OK);
+                cr_expect(memcmp(o16, o32, sizeof(float) * TQ * DV) == 0 && memcmp(l16, l32, sizeof l16) == 0,
+                          "[%s] %s block_k %d: O or LSE differs from the fp32 call on the widened inputs",
+                          sdpa_isa_name(isas[ii]), dtype_name((sdpa_dtype)t), blocks[bi]);
+            }
+        free(qs), free(ks), free(vs);
+    }
+    free(q), free(k), free(v), free(o16), free(o32);
+}
+
 Test(dtypes, packed_bf16)
 {
     packed_case(SDPA_DTYPE_BF16);
