@@ -236,21 +236,10 @@ static sdpa_status run_forward(const shape *s, const sdpa_dtype ty[3], sdpa_isa 
     return sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
 }
 
-/* Whether the library may round P to bf16 before P V for this problem on isa: Q and
- * K/V bf16, head_dim_qk even, Dv > 0, and the ISA's table uses its bf16 pair
- * products (sdpa_tuning() lists "bf16_dot 1" in that ISA's entry; docs/design.md,
- * "What is rounded"). The accuracy rule's naive reference then rounds P the same way. */
+/* util_rounds_p for a type triple. */
 static int rounds_p(sdpa_isa isa, const sdpa_dtype ty[3], int64_t Dk, int64_t Dv)
 {
-    if (ty[0] != SDPA_DTYPE_BF16 || ty[1] != SDPA_DTYPE_BF16 || Dk % 2 != 0 || Dk == 0 || Dv == 0)
-        return 0;
-    char key[32];
-    snprintf(key, sizeof key, "; %s block_q ", sdpa_isa_name(isa));
-    const char *entry = strstr(sdpa_tuning(), key);
-    if (!entry)
-        return 0;
-    const char *end = strchr(entry + 1, ';'), *on = strstr(entry, " bf16_dot 1");
-    return on && (!end || on < end);
+    return util_rounds_p(isa, ty[0], ty[1], Dk, Dv);
 }
 
 static void check_shape(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *isas, int nisa, uint64_t seed)
