@@ -43,26 +43,6 @@ static size_t fwd_o_rows(const plan *pl)
     return (size_t)(pl->ld > pl->kt->nt_max_cols ? pl->ld : pl->kt->nt_max_cols);
 }
 
-int sdpa_fwd_bf16_pairs(const plan *pl)
-{
-    const sdpa_kernels *kt = pl->kt;
-    return kt->bf16_dot && kt->gemm_bf16_pairs && pl->q_dtype == SDPA_DTYPE_BF16 &&
-           pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
-}
-
-/* Words of the bf16 pair buffers: Q^T, P^T and V of one tile (0 without them). */
-static size_t fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp)
-{
-    const size_t half_bk = ((size_t)pl->bk + 1) / 2;
-    *qp = *pp = *vp = 0;
-    if (sdpa_fwd_bf16_pairs(pl)) {
-        *qp = (size_t)pl->Dk / 2 * (size_t)pl->ld;
-        *pp = half_bk * (size_t)pl->ld;
-        *vp = half_bk * (size_t)pl->Dv;
-    }
-    return round_floats(*qp) + round_floats(*pp) + round_floats(*vp);
-}
-
 /* Rows of the K and V conversion buffers: a wide tile's block_k keys, and at least one
  * step of the few-column path (fwd_nt_run widens its runs in whole steps). */
 static int fwd_cvt_rows(const plan *pl)
@@ -78,7 +58,7 @@ static size_t fwd_cvt_floats(const plan *pl)
     size_t qp, pp, vp;
     const size_t bk = (size_t)fwd_cvt_rows(pl), row = (size_t)(pl->Dk > pl->Dv ? pl->Dk : pl->Dv);
     return round_floats(bk * (size_t)pl->Dk) + round_floats(bk * (size_t)pl->Dv) +
-           fwd_pair_floats(pl, &qp, &pp, &vp) + round_floats(row);
+           sdpa_fwd_pair_floats(pl, &qp, &pp, &vp) + round_floats(row);
 }
 
 int sdpa_fwd_reuses_tiles(const plan *pl)
@@ -140,7 +120,7 @@ fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
         w.kc = carve(&base, (size_t)fwd_cvt_rows(pl) * pl->Dk);
         w.vc = carve(&base, (size_t)fwd_cvt_rows(pl) * pl->Dv);
         size_t qp, pp, vp;
-        if (fwd_pair_floats(pl, &qp, &pp, &vp)) {
+        if (sdpa_fwd_pair_floats(pl, &qp, &pp, &vp)) {
             w.qp = (uint32_t *)(void *)carve(&base, qp);
             w.pp = (uint32_t *)(void *)carve(&base, pp);
             w.vp = (uint32_t *)(void *)carve(&base, vp);
@@ -211,17 +191,6 @@ static inline void prefetch_rows(const plan *pl, const void *base, ptrdiff_t str
     }
 }
 
-/* Row j of a kv head of K or V (head_base: the head's row 0, or its offset in
- * page 0 when paged): in place, through the sequence's page table when paged. */
-static inline const void *kv_row(const plan *pl, const sdpa_tensor *t, const void *head_base, int64_t j)
-{
-    if (!pl->pages)
-        return elem_at(head_base, j * t->seq_stride, pl->kv_dtype);
-    return elem_at(head_base,
-                   (int64_t)pl->pages[j / pl->page_size] * t->batch_stride + (j % pl->page_size) * t->seq_stride,
-                   pl->kv_dtype);
-}
-
 /* Rows [j, j + n) of K or V (one page), len elements each, as fp32: in place for
  * an fp32 cache (*ld = its seq_stride), else widened into buf (*ld = len). */
 static const float *kv_rows_f32(const plan *pl, const sdpa_tensor *t, const void *head_base, int64_t j, int n,
@@ -246,14 +215,6 @@ static inline int64_t kv_run_end(const plan *pl, int64_t j, int64_t end)
     const int64_t page_end = (j / pl->page_size + 1) * pl->page_size;
     return page_end < end ? page_end : end;
 }
-
-/* The tile one item of the forward works on. */
-typedef struct fwd_tile {
-    int64_t b, hk, h0, i0;
-    int nh, nr, ncol;
-    const void *kb, *vb;  /* the kv head's K and V (NULL when Dk, Dv = 0), of type kv_dtype */
-    int nt;               /* few columns: natural-layout path (fwd_nt_run) */
-} fwd_tile;
 
 /* Few-column tiles (decode), keys [ks, ke) of one tile's rows that lie in one
  * page, with their K and V rows as fp32 from kr, vr (key ks) at strides sk, sv:
@@ -365,9 +326,7 @@ static void fwd_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_t
 {
     const int Dk = (int)pl->Dk;
     if (!ft->nt && w->qp) { /* bf16 pair products: bf16 Q^T in pairs, straight from the rows */
-        for (int g = 0; g < ft->nh; g++)
-            pl->kt->transpose_pairs(ft->nr, Dk / 2, row_in_t(a->q, pl->q_dtype, ft->b, ft->h0 + g, ft->i0),
-                                    a->q->seq_stride, w->qp + g * ft->nr, pl->ld);
+        sdpa_fwd_pairs_pack_q(pl, w, a, ft);
         return;
     }
     if (pl->q_dtype != SDPA_DTYPE_F32) { /* row by row, widened */
@@ -439,34 +398,6 @@ static int64_t fwd_full_run_end(const plan *pl, fwd_ws *w, const fwd_tile *ft, i
     return run_end;
 }
 
-/* One key tile [ks, ke] through the bf16 pair products (sdpa_fwd_bf16_pairs): S^T
- * from the bf16 K rows as they are (pairs along head_dim) against Q^T's pairs, the
- * masks and variants, the online softmax, then P^T and V packed as pairs along the
- * keys (P rounded to bf16; a masked entry's sentinel -0.0 adds a zero product) and
- * O = alpha O + P V in one pass. Returns 0 before P V when a partial tile's V rows
- * hold an inf or NaN: a masked entry must not turn it into a NaN (-0 * inf), so the
- * caller finishes that tile with the fp32 products, which skip the sentinel. */
-static int fwd_pairs_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int kind, int64_t ks,
-                          int nk)
-{
-    const sdpa_kernels *kt = pl->kt;
-    const int ld = pl->ld, Dv = (int)pl->Dv, ncol = ft->ncol;
-    kt->gemm_bf16_pairs(nk, ncol, (int)pl->Dk / 2, pl->scale, kv_row(pl, a->k, ft->kb, ks), a->k->seq_stride, 2,
-                        w->qp, ld, w->s, ld, 0, NULL);
-    if (pl->logit_variants)
-        sdpa_logit_variants_t(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, ks, nk, w->s, ld, NULL, w->vs);
-    if (kind == TILE_PARTIAL)
-        sdpa_mask_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, ks, nk, w->s, ld, 1);
-    kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
-    const int finite = kt->pack_pairs_bf16(nk, Dv, kv_row(pl, a->v, ft->vb, ks), a->v->seq_stride, w->vp, Dv);
-    if (!finite && kind == TILE_PARTIAL)
-        return 0;
-    kt->pack_pairs_f32(nk, ncol, w->s, ld, w->pp, ld);
-    kt->gemm_bf16_pairs(ncol, Dv, (nk + 1) / 2, 1.0f, (const uint16_t *)(const void *)w->pp, 2, 2 * (ptrdiff_t)ld,
-                        w->vp, Dv, w->on, Dv, SDPA_GEMM_ACCUMULATE, w->alpha);
-    return 1;
-}
-
 /* One key tile [ks, ke] of the transposed path: S^T, online softmax, O = alpha O
  * + P V (a full tile in one gemm that rescales O's rows as it adds; a partial
  * one rescales first, then adds in the cut the mask geometry gives). */
@@ -479,7 +410,7 @@ static void fwd_wide_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fw
     sdpa_tile_keys_init(pl, &tk, w->lo, w->hi, kind, ft->nh, ft->nr, ks, ke);
     ptrdiff_t ldv;
     if (w->qp) {
-        if (fwd_pairs_tile(pl, w, a, ft, kind, ks, nk))
+        if (sdpa_fwd_pairs_tile(pl, w, a, ft, kind, ks, nk))
             return;
     } else {
         ptrdiff_t ldk = a->k->seq_stride;

@@ -44,11 +44,44 @@ typedef struct fwd_args {
  * heads, the items of one query tile run head after head, and each thread keeps
  * the classifications for the next head. */
 int sdpa_fwd_reuses_tiles(const plan *pl);
-/* Whether the problem's full prefill key tiles go through the ISA's bf16 pair
- * products (kt->bf16_dot: Q and K/V bf16, Dk even and > 0, Dv > 0): S^T = scale
- * K Q^T from the bf16 rows as they are, and P V with P rounded to bf16 (the only
- * intermediate rounded; docs/design.md, "What is rounded"). */
+
+/* The tile one item of the forward works on. */
+typedef struct fwd_tile {
+    int64_t b, hk, h0, i0;
+    int nh, nr, ncol;
+    const void *kb, *vb;  /* the kv head's K and V (NULL when Dk, Dv = 0), of type kv_dtype */
+    int nt;               /* few columns: natural-layout path (fwd_nt_run) */
+} fwd_tile;
+
+/* Row j of a kv head of K or V (head_base: the head's row 0, or its offset in
+ * page 0 when paged): in place, through the sequence's page table when paged. */
+static inline const void *kv_row(const plan *pl, const sdpa_tensor *t, const void *head_base, int64_t j)
+{
+    if (!pl->pages)
+        return elem_at(head_base, j * t->seq_stride, pl->kv_dtype);
+    return elem_at(head_base,
+                   (int64_t)pl->pages[j / pl->page_size] * t->batch_stride + (j % pl->page_size) * t->seq_stride,
+                   pl->kv_dtype);
+}
+
+/* Whether the problem's prefill key tiles go through the ISA's bf16 pair products
+ * (kt->bf16_dot: Q and K/V bf16, Dk even and > 0, Dv > 0): S^T = scale K Q^T from the
+ * bf16 rows as they are, and P V with P rounded to bf16 (the only intermediate
+ * rounded; docs/design.md, "What is rounded"). forward_pairs.c. */
 int sdpa_fwd_bf16_pairs(const plan *pl);
+/* Words of the pair buffers of one thread: *qp Q^T [Dk/2][ld], *pp P^T
+ * [ceil(block_k/2)][ld], *vp V [ceil(block_k/2)][Dv] (all 0 without the pair products);
+ * returns their total in floats, each rounded as carve() does. */
+size_t sdpa_fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp);
+/* The tile's Q^T in pairs (w->qp), straight from its bf16 rows. */
+void sdpa_fwd_pairs_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft);
+/* One key tile [ks, ks + nk) on the pair products: S^T, the masks (kind TILE_PARTIAL)
+ * and variants, the online softmax, P and V packed in pairs, O = alpha O + P V. Returns
+ * 0, with P^T (fp32, w->s) and the softmax state updated but O not, when a partial
+ * tile's V rows hold an inf or NaN (a masked -0 times inf would be NaN): the caller
+ * finishes with the fp32 products, which skip the masked sentinel. */
+int sdpa_fwd_pairs_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int kind, int64_t ks,
+                        int nk);
 /* Floats of one thread's workspace, and its carving. */
 size_t sdpa_fwd_ws_floats(const plan *pl);
 fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base);

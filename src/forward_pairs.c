@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/* forward_pairs.c - the forward's bf16 pair-product path (sdpa_fwd_bf16_pairs): a wide
+ * (prefill) key tile of bf16 Q and bf16 K/V through the ISA's gemm_bf16_pairs
+ * (AVX512-BF16 vdpbf16ps, src/x86/kernels_avx512_bf16.c), P rounded to bf16 before
+ * P V (docs/design.md, "What is rounded"). The rest of the tile's work, masks,
+ * variants and the online softmax, is forward.c's, in fp32. */
+#include "forward.h"
+
+int sdpa_fwd_bf16_pairs(const plan *pl)
+{
+    const sdpa_kernels *kt = pl->kt;
+    return kt->bf16_dot && kt->gemm_bf16_pairs && pl->q_dtype == SDPA_DTYPE_BF16 &&
+           pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
+}
+
+size_t sdpa_fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp)
+{
+    const size_t half_bk = ((size_t)pl->bk + 1) / 2;
+    *qp = *pp = *vp = 0;
+    if (sdpa_fwd_bf16_pairs(pl)) {
+        *qp = (size_t)pl->Dk / 2 * (size_t)pl->ld;
+        *pp = half_bk * (size_t)pl->ld;
+        *vp = half_bk * (size_t)pl->Dv;
+    }
+    return round_floats(*qp) + round_floats(*pp) + round_floats(*vp);
+}
+
+void sdpa_fwd_pairs_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft)
+{
+    for (int g = 0; g < ft->nh; g++)
+        pl->kt->transpose_pairs(ft->nr, (int)pl->Dk / 2, row_in_t(a->q, pl->q_dtype, ft->b, ft->h0 + g, ft->i0),
+                                a->q->seq_stride, w->qp + g * ft->nr, pl->ld);
+}
+
+int sdpa_fwd_pairs_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int kind, int64_t ks,
+                        int nk)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int ld = pl->ld, Dv = (int)pl->Dv, ncol = ft->ncol;
+    kt->gemm_bf16_pairs(nk, ncol, (int)pl->Dk / 2, pl->scale, kv_row(pl, a->k, ft->kb, ks), a->k->seq_stride, 2,
+                        w->qp, ld, w->s, ld, 0, NULL);
+    if (pl->logit_variants)
+        sdpa_logit_variants_t(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, ks, nk, w->s, ld, NULL, w->vs);
+    if (kind == TILE_PARTIAL)
+        sdpa_mask_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, ks, nk, w->s, ld, 1);
+    kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
+    const int finite = kt->pack_pairs_bf16(nk, Dv, kv_row(pl, a->v, ft->vb, ks), a->v->seq_stride, w->vp, Dv);
+    if (!finite && kind == TILE_PARTIAL)
+        return 0;
+    kt->pack_pairs_f32(nk, ncol, w->s, ld, w->pp, ld);
+    kt->gemm_bf16_pairs(ncol, Dv, (nk + 1) / 2, 1.0f, (const uint16_t *)(const void *)w->pp, 2, 2 * (ptrdiff_t)ld,
+                        w->vp, Dv, w->on, Dv, SDPA_GEMM_ACCUMULATE, w->alpha);
+    return 1;
+}
