@@ -52,15 +52,14 @@ PROG = "compare.py"
 IMPLS = ("sdpa", "torch", "ort-attention", "ort-mha", "ort-gqa", "openvino", "openvino-default", "sdpa-bf16")
 
 
-def sdpa_impl(s, mask, op, t):
-    """libsdpa through its Python package (the C extension's fast path where it applies)."""
+def sdpa_problem(s, mask, t, dtype):
+    """Q, K, V (uniform in [-1, 1), fixed seed, rounded to dtype) and libsdpa's keywords
+    for shape s, mask and t threads."""
     import numpy as np
-    import libsdpa
     B, Hq, Hkv, Tq, Tk, Dk, Dv = s
     rng = np.random.default_rng(1234)
-    q = rng.uniform(-1.0, 1.0, (B, Hq, Tq, Dk)).astype(np.float32)
-    k = rng.uniform(-1.0, 1.0, (B, Hkv, Tk, Dk)).astype(np.float32)
-    v = rng.uniform(-1.0, 1.0, (B, Hkv, Tk, Dv)).astype(np.float32)
+    q, k, v = (rng.uniform(-1.0, 1.0, shape).astype(np.float32).astype(dtype)
+               for shape in ((B, Hq, Tq, Dk), (B, Hkv, Tk, Dk), (B, Hkv, Tk, Dv)))
     kw = {"threads": t}
     if mask == "causal":
         kw["causal"] = "top-left"
@@ -68,6 +67,14 @@ def sdpa_impl(s, mask, op, t):
         kw["causal"] = "bottom-right"
     elif mask == "padding":
         kw["kv_lengths"] = np.array([common.padding_length(s, b) for b in range(B)], dtype=np.int32)
+    return rng, q, k, v, kw
+
+
+def sdpa_impl(s, mask, op, t):
+    """libsdpa through its Python package (the C extension's fast path where it applies)."""
+    import numpy as np
+    import libsdpa
+    rng, q, k, v, kw = sdpa_problem(s, mask, t, np.float32)
     if op == "forward":
         return lambda: libsdpa.attention(q, k, v, **kw), {"isa": libsdpa.info()["active_isa"]}
     o, lse = libsdpa.attention(q, k, v, return_lse=True, **kw)
@@ -87,18 +94,7 @@ def sdpa_bf16_impl(s, mask, op, t):
     except ImportError:
         return None, "ml_dtypes (NumPy bfloat16) absent"
     bf16 = ml_dtypes.bfloat16
-    B, Hq, Hkv, Tq, Tk, Dk, Dv = s
-    rng = np.random.default_rng(1234)
-    q = rng.uniform(-1.0, 1.0, (B, Hq, Tq, Dk)).astype(np.float32).astype(bf16)
-    k = rng.uniform(-1.0, 1.0, (B, Hkv, Tk, Dk)).astype(np.float32).astype(bf16)
-    v = rng.uniform(-1.0, 1.0, (B, Hkv, Tk, Dv)).astype(np.float32).astype(bf16)
-    kw = {"threads": t}
-    if mask == "causal":
-        kw["causal"] = "top-left"
-    elif mask == "causal-bottom-right":
-        kw["causal"] = "bottom-right"
-    elif mask == "padding":
-        kw["kv_lengths"] = np.array([common.padding_length(s, b) for b in range(B)], dtype=np.int32)
+    rng, q, k, v, kw = sdpa_problem(s, mask, t, bf16)
     isa = libsdpa.info()["active_isa"]
     extra = {"isa": isa, "dtype": "bf16", "bf16_pairs": isa in libsdpa.info()["bf16_pairs_isas"]}
     if op == "forward":

@@ -351,7 +351,7 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * than 128 of them; failure returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with
  * Tq x Tk. With a bf16 / fp16 tensor, per thread also (max(block_k, 16) (Dk + Dv) +
  * max(Dk, Dv)) floats of conversion buffers, and where bf16 Q and K/V run on the bf16
- * pair products (sdpa_tuning() shows "bf16_dot 1") about (Dk/2 + block_k/2) block_q +
+ * pair products (sdpa_isa_bf16_pairs()) about (Dk/2 + block_k/2) block_q +
  * block_k/2 Dv more. With a boolean mask or bias whose
  * head stride is 0 (the same for every head, as (B, 1, Tq, Tk) masks are) and
  * Hq > 1, per thread also about 17 * ceil(Tk / block_k) bytes: each key tile's
@@ -517,6 +517,14 @@ SDPA_API const char *sdpa_cpu_features(void);
  *  scalar block_q 64 ...". Static string, valid for the life of the process;
  *  thread-safe. */
 SDPA_API const char *sdpa_tuning(void);
+/** 1 when a forward on `isa` (SDPA_ISA_AUTO: the process-wide default) runs the
+ *  prefill key tiles of a bf16 Q with bf16 K/V (head_dim_qk even) on bf16 pair
+ *  products (AVX512-BF16 `vdpbf16ps`, where the tuning for this CPU turns them on:
+ *  "bf16_dot 1" in sdpa_tuning(), SDPA_TUNE=bf16_dot=0|1), which round each
+ *  probability P to bf16 before P V and read bf16 subnormals as 0 (docs/design.md,
+ *  "What is rounded"); 0 otherwise, and for an ISA this CPU cannot run. Fixed at
+ *  load; thread-safe; no errors. */
+SDPA_API int sdpa_isa_bf16_pairs(sdpa_isa isa);
 /** The raw SDPA_ISA value seen at load if it was ignored (not an ISA name, or an
  *  ISA of another architecture), else NULL. */
 SDPA_API const char *sdpa_isa_env_rejected(void);

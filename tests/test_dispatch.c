@@ -280,6 +280,25 @@ Test(dispatch, forced_isa_is_used_by_auto_calls)
     cr_assert_eq(sdpa_force_isa(SDPA_ISA_AUTO), SDPA_OK);
 }
 
+/* sdpa_isa_bf16_pairs: only AVX-512 on a CPU with AVX512_BF16 whose tuning turns the
+ * pair products on ("bf16_dot 1" in its sdpa_tuning() entry); never an ISA the CPU
+ * cannot run or an out-of-range value; AUTO answers for the process default. */
+Test(dispatch, bf16_pairs_query)
+{
+    const char *tuning = sdpa_tuning();
+    const char *entry = strstr(tuning, "; avx512 block_q ");
+    const int listed = entry && strstr(entry, " bf16_dot 1") != NULL;
+    cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_AVX512), listed, "%s", tuning);
+    if (listed)
+        cr_assert_not_null(strstr(sdpa_cpu_features(), "avx512_bf16"));
+    cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_SCALAR), 0);
+    cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_AVX2), 0);
+    cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_NEON), 0);
+    cr_assert_eq(sdpa_isa_bf16_pairs((sdpa_isa)99), 0);
+    cr_assert_eq(sdpa_isa_bf16_pairs((sdpa_isa)-7), 0);
+    cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_AUTO), sdpa_isa_bf16_pairs(sdpa_isa_active()));
+}
+
 Test(dispatch, names_round_trip)
 {
     const sdpa_isa every[] = {SDPA_ISA_AUTO, SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512,

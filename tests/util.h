@@ -140,9 +140,8 @@ sdpa_problem util_problem(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_
 int util_isas(sdpa_isa out[SDPA_ISA_COUNT]);
 
 /* Whether the library may round P to bf16 before P V for a forward on isa with these
- * types and head_dims: Q and K/V bf16, Dk even and > 0, Dv > 0, and the ISA's table uses
- * its bf16 pair products (sdpa_tuning() lists "bf16_dot 1" in that ISA's entry;
- * docs/design.md, "What is rounded"). The accuracy rule's naive reference then rounds P
+ * types and head_dims: Q and K/V bf16, Dk even and > 0, Dv > 0, and the ISA runs the
+ * bf16 pair products (sdpa_isa_bf16_pairs; docs/design.md, "What is rounded"). The accuracy rule's naive reference then rounds P
  * the same way (naive32_forward_bf16_p). */
 int util_rounds_p(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t Dv);
 

@@ -418,13 +418,6 @@ void tb_free(tbuf *t)
 
 int util_rounds_p(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t Dv)
 {
-    if (q != SDPA_DTYPE_BF16 || kv != SDPA_DTYPE_BF16 || Dk % 2 != 0 || Dk == 0 || Dv == 0)
-        return 0;
-    char key[32];
-    snprintf(key, sizeof key, "; %s block_q ", sdpa_isa_name(isa));
-    const char *entry = strstr(sdpa_tuning(), key);
-    if (!entry)
-        return 0;
-    const char *end = strchr(entry + 1, ';'), *on = strstr(entry, " bf16_dot 1");
-    return on && (!end || on < end);
+    return q == SDPA_DTYPE_BF16 && kv == SDPA_DTYPE_BF16 && Dk % 2 == 0 && Dk > 0 && Dv > 0 &&
+           sdpa_isa_bf16_pairs(isa);
 }

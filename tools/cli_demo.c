@@ -71,12 +71,7 @@ int cmd_info(int argc, char **argv)
         const char *f16 = a == SDPA_ISA_AVX2 || a == SDPA_ISA_AVX512 ? "F16C"
                           : a == SDPA_ISA_NEON                      ? "FCVTL/FCVTN"
                                                                     : "C";
-        /* the tuning line says whether the active ISA's table uses its bf16 pair products */
-        char key[32];
-        snprintf(key, sizeof key, "; %s block_q ", sdpa_isa_name(a));
-        const char *entry = strstr(sdpa_tuning(), key), *end = entry ? strchr(entry + 1, ';') : NULL,
-                   *on = entry ? strstr(entry, " bf16_dot 1") : NULL;
-        const int pairs = on && (!end || on < end);
+        const int pairs = sdpa_isa_bf16_pairs(a);
         printf("types: fp32 %s; bf16 %s (%swidened by integer shifts, fp32 products); fp16 %s (widened by %s, fp32 "
                "products); %sAMX and BFDOT are not used\n",
                sdpa_isa_name(a), sdpa_isa_name(a),

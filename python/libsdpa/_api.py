@@ -1138,29 +1138,18 @@ def force_isa(isa):
     _check("sdpa_force_isa", _b.force_isa(_isa_value(isa)))
 
 
-def _bf16_pairs_isas(tuning):
-    """The ISAs whose tables run bf16 prefill tiles on the bf16 pair products: their
-    entry of sdpa_tuning() says "bf16_dot 1" (docs/design.md, "What is rounded")."""
-    out = []
-    for entry in tuning.split(";")[1:]:
-        words = entry.split()
-        if words and "bf16_dot" in words and words[words.index("bf16_dot") + 1:][:1] == ["1"]:
-            out.append(words[0])
-    return out
-
-
 def info():
     """The facts of `sdpa info` as a dict: also "tuning" (sdpa_tuning(): the detected
     microarchitecture and each ISA's block sizes) and "bf16_pairs_isas" (the ISAs on which
     a bf16 Q with bf16 K/V runs its prefill tiles on AVX512-BF16 pair products, rounding P
-    to bf16 before P V)."""
+    to bf16 before P V: sdpa_isa_bf16_pairs)."""
     names = isa_names()
     rejected = _b.isa_env_rejected()
     tuning = _b.tuning().decode()
     import os
     return {
         "tuning": tuning,
-        "bf16_pairs_isas": _bf16_pairs_isas(tuning),
+        "bf16_pairs_isas": [n for i, n in enumerate(names) if _b.isa_bf16_pairs(i)],
         "version": _b.version().decode(),
         "version_number": int(_b.version_number()),
         "active_isa": _b.isa_name(_b.isa_active()).decode(),
