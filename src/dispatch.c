@@ -222,11 +222,8 @@ const char *sdpa_tuning(void)
 
 int sdpa_isa_bf16_pairs(sdpa_isa isa)
 {
-    ensure_init();
-    const sdpa_kernels *t = isa == SDPA_ISA_AUTO ? atomic_load(&active_table)
-                            : (int)isa >= 0 && (int)isa < SDPA_ISA_COUNT && runnable[isa] ? &tables[isa]
-                                                                                          : NULL;
-    return t && t->bf16_dot && t->gemm_bf16_pairs;
+    const sdpa_kernels *t = sdpa_kernels_get(isa); /* NULL for an ISA this CPU cannot run */
+    return t && t->bf16_dot;
 }
 
 const char *sdpa_isa_env_rejected(void)
