@@ -1044,6 +1044,7 @@ typedef struct limits {
 } limits;
 
 typedef double (*peak_fn)(int64_t iters, float seed, float *sink);
+static double row_peak(const limits *L, sdpa_isa isa, sdpa_dtype dt, int backward, int ti);
 
 static peak_fn peak_function(sdpa_isa isa)
 {
@@ -1057,6 +1058,9 @@ static peak_fn peak_function(sdpa_isa isa)
 #endif
 #ifdef SDPA_BENCH_PEAK_NEON
     case SDPA_ISA_NEON: return sdpa_bench_peak_neon;
+#endif
+#ifdef SDPA_BENCH_PEAK_AMX
+    case SDPA_ISA_AMX: return sdpa_bench_peak_amx; /* bf16 tile products, not fp32 FMA */
 #endif
     default: return NULL;
     }
@@ -1885,8 +1889,8 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                         r.impl = "sdpa";
                         r.isa = sdpa_isa_name(isa);
                         r.threads = o->threads[ti];
-                        fill_row(&r, k > ps.nv ? &form_case[k - 1 - ps.nv] : c, op, dt, &t[k], L->peak[isa][ti],
-                                 L->bw[ti], rss_before);
+                        fill_row(&r, k > ps.nv ? &form_case[k - 1 - ps.nv] : c, op, dt, &t[k],
+                                 row_peak(L, isa, dt, op, ti), L->bw[ti], rss_before);
                         double *ref = k == 0 ? &scalar_ms[scalar_index(dt, ci, op, ti)] : &pscalar[k][ti];
                         if (isa == SDPA_ISA_SCALAR)
                             *ref = r.ms;
@@ -2014,13 +2018,23 @@ static int run_naive_backward(void *p)
     return 0;
 }
 
+/* The peak a row is measured against: the ISA's own, but an amx row runs the AVX-512
+ * kernels except in a bf16 forward (its tile products). */
+static double row_peak(const limits *L, sdpa_isa isa, sdpa_dtype dt, int backward, int ti)
+{
+    if (isa == SDPA_ISA_AMX && (dt != SDPA_DTYPE_BF16 || backward))
+        return L->peak[SDPA_ISA_AVX512][ti];
+    return L->peak[isa][ti];
+}
+
 /* The best peak of any SIMD ISA at thread index ti (the machine's peak), or 0
  * if none was measured (the fmaf() chains are no measure of the hardware). */
 static double best_peak(const limits *L, int ti)
 {
     double b = 0.0;
     for (int i = SDPA_ISA_SCALAR + 1; i < SDPA_ISA_COUNT; i++)
-        b = L->peak[i][ti] > b ? L->peak[i][ti] : b;
+        if (i != SDPA_ISA_AMX) /* fp32 FMA peaks only */
+            b = L->peak[i][ti] > b ? L->peak[i][ti] : b;
     return b;
 }
 
@@ -2532,13 +2546,19 @@ static void print_header(FILE *f, const options *o, const limits *L)
         for (int ti = 0; ti < o->n_threads; ti++) {
             fprintf(f, "# limits, %d thread%s: fp32 FMA peak", o->threads[ti], o->threads[ti] > 1 ? "s" : "");
             for (int i = 0; i < SDPA_ISA_COUNT; i++)
-                if (L->peak[i][ti] > 0.0)
+                if (L->peak[i][ti] > 0.0 && i != SDPA_ISA_AMX)
                     fprintf(f, " %s %.1f", sdpa_isa_name((sdpa_isa)i), L->peak[i][ti]);
-            fprintf(f, " GFLOP/s; memory read %.1f GB/s (%.0f MiB buffer%s)\n", L->bw[ti], L->bw_mib,
+            fprintf(f, " GFLOP/s;");
+            if (L->peak[SDPA_ISA_AMX][ti] > 0.0)
+                fprintf(f, " AMX bf16 tile peak %.1f GFLOP/s;", L->peak[SDPA_ISA_AMX][ti]);
+            fprintf(f, " memory read %.1f GB/s (%.0f MiB buffer%s)\n", L->bw[ti], L->bw_mib,
                     o->huge_pages ? ", MADV_HUGEPAGE" : "");
         }
         fprintf(f, "# (peaks: best of many 2 ms register-resident FMA loops; the scalar one chains "
-                   "non-vectorised a*b+c, as the scalar kernels do)\n");
+                   "non-vectorised a*b+c, as the scalar kernels do%s)\n",
+                L->peak[SDPA_ISA_AMX][0] > 0.0 ? "; the AMX one 2 x 2 accumulator tiles of tdpbf16ps. %peak of an "
+                                                 "amx row: of the AMX peak for a bf16 forward, else of avx512's"
+                                               : "");
         /* A multi-thread peak far below n x the 1-thread one means other processes held cores. */
         int ti1 = -1;
         for (int ti = 0; ti < o->n_threads; ti++)

@@ -23,5 +23,8 @@ double sdpa_bench_peak_avx2(int64_t iters, float seed, float *sink);
 double sdpa_bench_peak_avx512(int64_t iters, float seed, float *sink);
 /** 128-bit vfmaq_f32 chains (AArch64 Advanced SIMD). */
 double sdpa_bench_peak_neon(int64_t iters, float seed, float *sink);
+/** AMX-BF16 tdpbf16ps on four accumulator tiles (needs AMX-TILE, AMX-BF16 and the
+ *  process's tile permission, i.e. sdpa_isa_supported(SDPA_ISA_AMX)); bf16 FLOPs. */
+double sdpa_bench_peak_amx(int64_t iters, float seed, float *sink);
 
 #endif /* SDPA_BENCH_PEAK_H */

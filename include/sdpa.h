@@ -122,9 +122,13 @@ typedef enum sdpa_isa {
     SDPA_ISA_SCALAR = 0,
     SDPA_ISA_AVX2 = 1,   /**< x86-64 AVX2 + FMA (needs OS support of YMM state) */
     SDPA_ISA_AVX512 = 2, /**< x86-64 AVX-512 F/DQ/BW/VL (needs OS support of ZMM state) */
-    SDPA_ISA_NEON = 3    /**< AArch64 Advanced SIMD */
+    SDPA_ISA_NEON = 3,   /**< AArch64 Advanced SIMD */
+    SDPA_ISA_AMX = 4     /**< x86-64 AMX-TILE + AMX-BF16 on top of AVX-512 and AVX512-BF16 (needs OS
+                              support of tile state and, on Linux, the XTILEDATA permission the
+                              library requests at load): the AVX-512 kernels, with bf16 prefill
+                              products on tiles; fp32 and fp16 problems run exactly as on avx512 */
 } sdpa_isa;
-#define SDPA_ISA_COUNT 4
+#define SDPA_ISA_COUNT 5
 
 /** Causal masking. Causal is a window with window_right = 0 on the aligned diagonal. */
 typedef enum sdpa_causal {

@@ -10,6 +10,8 @@ enum {
     SDPA_X86_CPU_FLAG_AVX2 = 1u << 0,   /* AVX + AVX2 + FMA, and the OS saves YMM state */
     SDPA_X86_CPU_FLAG_AVX512 = 1u << 1, /* AVX-512 F/DQ/BW/VL, and the OS saves ZMM state */
     SDPA_X86_CPU_FLAG_AVX512_BF16 = 1u << 2, /* AVX512_BF16 on top of SDPA_X86_CPU_FLAG_AVX512 */
+    SDPA_X86_CPU_FLAG_AMX_BF16 = 1u << 3,    /* AMX-TILE + AMX-BF16 on top of SDPA_X86_CPU_FLAG_AVX512_BF16,
+                                                XCR0 tile state, Linux XTILEDATA permission granted */
     SDPA_ARM_CPU_FLAG_NEON = 1u << 8,   /* AArch64 Advanced SIMD */
     SDPA_ARM_CPU_FLAG_DOTPROD = 1u << 9,/* reserved for later kernels */
     SDPA_ARM_CPU_FLAG_FP16 = 1u << 10,  /* reserved for later kernels */

@@ -46,6 +46,11 @@ static const sdpa_rung ladder[] = {
 #else
     {SDPA_ISA_AVX512, SDPA_X86_CPU_FLAG_AVX512, NULL},
 #endif
+#if HAVE_AMX
+    {SDPA_ISA_AMX, SDPA_X86_CPU_FLAG_AMX_BF16, sdpa_kernels_init_amx},
+#else
+    {SDPA_ISA_AMX, SDPA_X86_CPU_FLAG_AMX_BF16, NULL},
+#endif
 #elif ARCH_AARCH64
 #if HAVE_NEON
     {SDPA_ISA_NEON, SDPA_ARM_CPU_FLAG_NEON, sdpa_kernels_init_neon},
@@ -190,6 +195,7 @@ const char *sdpa_isa_name(sdpa_isa isa)
     case SDPA_ISA_AVX2: return "avx2";
     case SDPA_ISA_AVX512: return "avx512";
     case SDPA_ISA_NEON: return "neon";
+    case SDPA_ISA_AMX: return "amx";
     default: return "unknown";
     }
 }
@@ -197,7 +203,7 @@ const char *sdpa_isa_name(sdpa_isa isa)
 int sdpa_isa_from_name(const char *name, sdpa_isa *isa)
 {
     static const sdpa_isa all[] = {SDPA_ISA_AUTO, SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512,
-                                   SDPA_ISA_NEON};
+                                   SDPA_ISA_NEON, SDPA_ISA_AMX};
     if (!name || !isa)
         return -1;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)

@@ -310,5 +310,7 @@ void sdpa_kernels_init_avx512(sdpa_kernels *table);
 void sdpa_kernels_init_neon(sdpa_kernels *table);
 /* The AVX512-BF16 pair products, added to the AVX-512 table when CPUID has AVX512_BF16. */
 void sdpa_kernels_init_avx512_bf16(sdpa_kernels *table);
+/* The amx rung: the AVX512-BF16 packs, gemm_bf16_pairs on AMX tiles, bf16_dot on. */
+void sdpa_kernels_init_amx(sdpa_kernels *table);
 
 #endif /* SDPA_KERNELS_H */

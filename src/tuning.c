@@ -92,22 +92,26 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
 #if ARCH_X86_64
     u = sdpa_cpu_uarch_x86(cpu, sizeof cpu);
 #endif
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) {
-        const uarch_entry *e = &entries[i];
-        if (e->uarch != u || !runnable[e->isa])
-            continue;
-        sdpa_kernels *t = &tables[e->isa];
-        if (e->block_q)
-            t->block_q = e->block_q;
-        if (e->block_k)
-            t->block_k = e->block_k;
-        if (e->nt_max_cols)
-            t->nt_max_cols = e->nt_max_cols;
-        if (e->wide_prefetch >= 0)
-            t->wide_prefetch = e->wide_prefetch;
-        if (e->bf16_dot >= 0)
-            t->bf16_dot = e->bf16_dot && t->gemm_bf16_pairs;
-    }
+    /* the amx table takes the avx512 entry's shapes (its fp32 and fp16 problems run the
+     * AVX-512 kernels and must get the avx512 table's bits), then its own entry */
+    for (int isa = 0; isa < SDPA_ISA_COUNT; isa++)
+        for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) {
+            const uarch_entry *e = &entries[i];
+            const int inherited = isa == SDPA_ISA_AMX && e->isa == SDPA_ISA_AVX512;
+            if (e->uarch != u || !runnable[isa] || (e->isa != isa && !inherited))
+                continue;
+            sdpa_kernels *t = &tables[isa];
+            if (e->block_q)
+                t->block_q = e->block_q;
+            if (e->block_k)
+                t->block_k = e->block_k;
+            if (e->nt_max_cols)
+                t->nt_max_cols = e->nt_max_cols;
+            if (e->wide_prefetch >= 0)
+                t->wide_prefetch = e->wide_prefetch;
+            if (e->bf16_dot >= 0 && !inherited)
+                t->bf16_dot = e->bf16_dot && t->gemm_bf16_pairs;
+        }
     const char *env = getenv("SDPA_TUNE");
     int bq = 0, bk = 0, nt = -1, pf = -1, bd = -1, env_ok = 1;
     if (env && *env && parse_env(env, &bq, &bk, &nt, &pf, &bd) != 0)

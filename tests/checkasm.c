@@ -2464,7 +2464,7 @@ static void test_pairs(const sdpa_kernels *kt)
         return;
     static const int ms[] = {0, 1, 3, 4, 5, 7, 8, 63, 64, 65, 128};
     static const int ns[] = {1, 15, 16, 17, 33, 48, 63, 64, 65, 130};
-    static const int ps[] = {0, 1, 2, 9, 32, 64};
+    static const int ps[] = {0, 1, 2, 9, 17, 32, 64, 300}; /* 17, 300: the tile unit's pair tails and panel */
     kernel_begin(kt->name, "gemm_bf16_pairs");
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
         for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
@@ -2520,7 +2520,7 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("checkasm: CPU features: %s\n", sdpa_cpu_features());
-    static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
+    static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_AMX, SDPA_ISA_NEON};
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         const sdpa_isa isa = isas[i];
         if (!sdpa_isa_compiled(isa)) {
@@ -2534,6 +2534,12 @@ int main(int argc, char **argv)
         }
         printf("%-7s table \"%s\", block_q %d, block_k %d\n", sdpa_isa_name(isa), kt->name, kt->block_q,
                kt->block_k);
+        if (isa == SDPA_ISA_AMX) {
+            /* the avx512 table's kernels but for the tile products */
+            if (selected("gemm_bf16_pairs"))
+                test_pairs(kt);
+            continue;
+        }
         make_sizes(kt);
         if (selected("gemm"))
             test_gemm(kt, ref_kt);

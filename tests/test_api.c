@@ -551,7 +551,7 @@ MUT(set_isa, f->p.isa = api_case_isa)
 
 Test(api, isa_per_call)
 {
-    const sdpa_isa all[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
+    const sdpa_isa all[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_AMX, SDPA_ISA_NEON};
     int unsupported = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         api_case_isa = all[i];

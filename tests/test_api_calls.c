@@ -335,7 +335,7 @@ Test(api, concurrent_callers_single_thread_each, .timeout = 120)
         k[i] = (float)(util_rng_double(&r) * 2 - 1);
         v[i] = (float)(util_rng_double(&r) * 2 - 1);
     }
-    sdpa_isa isas[4];
+    sdpa_isa isas[SDPA_ISA_COUNT];
     const int ni = util_isas(isas);
     for (int ii = 0; ii < ni; ii++) {
         cc_job *serial = calloc(1, sizeof *serial);
@@ -508,7 +508,7 @@ Test(api, invalid_arguments_write_nothing)
     CASE("causal -1", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)-1);
     CASE("alignment 2", SDPA_ERR_BAD_DESCRIPTOR, PP->window_alignment = (sdpa_alignment)2);
     CASE("use_default_scale 2", SDPA_ERR_BAD_DESCRIPTOR, PP->use_default_scale = 2);
-    CASE("isa 4", SDPA_ERR_BAD_DESCRIPTOR, PP->isa = (sdpa_isa)4);
+    CASE("isa SDPA_ISA_COUNT", SDPA_ERR_BAD_DESCRIPTOR, PP->isa = (sdpa_isa)SDPA_ISA_COUNT);
     CASE("isa -2", SDPA_ERR_BAD_DESCRIPTOR, PP->isa = (sdpa_isa)-2);
     CASE("B INT64_MIN", SDPA_ERR_NEGATIVE_SIZE, PP->batch = INT64_MIN);
     CASE("Dv -1", SDPA_ERR_NEGATIVE_SIZE, PP->head_dim_v = -1);

@@ -462,7 +462,7 @@ Test(cli, info_reports_active_isa)
     cr_assert_not_null(a, "no 'active isa: ' line in:\n%s", r->out);
     a += strlen("\nactive isa: ");
     cr_assert(strncmp(a, "scalar\n", 7) == 0 || strncmp(a, "avx2\n", 5) == 0 ||
-                  strncmp(a, "avx512\n", 7) == 0 || strncmp(a, "neon\n", 5) == 0,
+                  strncmp(a, "avx512\n", 7) == 0 || strncmp(a, "amx\n", 4) == 0 || strncmp(a, "neon\n", 5) == 0,
               "unexpected active isa line: %s", a);
     cr_assert_not_null(strstr(r->out, "cpu features:"));
     cr_assert_not_null(strstr(r->out, "isa compiled: scalar"));

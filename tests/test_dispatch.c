@@ -31,8 +31,19 @@
 
 extern char **environ;
 
-static const sdpa_isa all_isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
+static const sdpa_isa all_isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_AMX, SDPA_ISA_NEON};
 #define N_ISAS ((int)(sizeof all_isas / sizeof all_isas[0]))
+/* x86-64's ladder, lowest first (the enum's numbers are not its order: neon is 3) */
+static const sdpa_isa x86_ladder[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_AMX};
+#define N_X86 ((int)(sizeof x86_ladder / sizeof x86_ladder[0]))
+
+static int x86_rung(sdpa_isa isa)
+{
+    for (int i = 0; i < N_X86; i++)
+        if (x86_ladder[i] == isa)
+            return i;
+    return -1;
+}
 
 /* The best ISA this process may use without any cap: the largest supported one of
  * this architecture (NEON on AArch64). */
@@ -41,9 +52,9 @@ static sdpa_isa best_supported(void)
     if (sdpa_isa_supported(SDPA_ISA_NEON))
         return SDPA_ISA_NEON;
     sdpa_isa best = SDPA_ISA_SCALAR;
-    for (int i = 0; i < N_ISAS; i++)
-        if (all_isas[i] != SDPA_ISA_NEON && sdpa_isa_supported(all_isas[i]) && all_isas[i] > best)
-            best = all_isas[i];
+    for (int i = 0; i < N_X86; i++)
+        if (sdpa_isa_supported(x86_ladder[i]))
+            best = x86_ladder[i];
     return best;
 }
 
@@ -62,12 +73,12 @@ static sdpa_isa expected_for_env(const char *value)
 #if defined(__x86_64__)
     if (cap == SDPA_ISA_NEON) /* another architecture's ISA: rejected, ignored */
         return best;
-    sdpa_isa e = cap < best ? cap : best;
-    while (e > SDPA_ISA_SCALAR && !sdpa_isa_supported(e))
-        e = (sdpa_isa)(e - 1);
-    return e;
+    int e = x86_rung(cap) < x86_rung(best) ? x86_rung(cap) : x86_rung(best);
+    while (e > 0 && !sdpa_isa_supported(x86_ladder[e]))
+        e--;
+    return x86_ladder[e];
 #else
-    return best; /* neon is the best; avx2/avx512 name another architecture: ignored */
+    return best; /* neon is the best; avx2/avx512/amx name another architecture: ignored */
 #endif
 }
 
@@ -186,7 +197,8 @@ Test(dispatch, load_choice_follows_environment)
 #if defined(__x86_64__)
     invalid = invalid || (env && *env && !invalid && parsed == SDPA_ISA_NEON);
 #elif defined(__aarch64__)
-    invalid = invalid || (env && *env && !invalid && (parsed == SDPA_ISA_AVX2 || parsed == SDPA_ISA_AVX512));
+    invalid = invalid || (env && *env && !invalid &&
+                          (parsed == SDPA_ISA_AVX2 || parsed == SDPA_ISA_AVX512 || parsed == SDPA_ISA_AMX));
 #endif
     const char *rej = sdpa_isa_env_rejected();
     if (invalid) {
@@ -280,17 +292,23 @@ Test(dispatch, forced_isa_is_used_by_auto_calls)
     cr_assert_eq(sdpa_force_isa(SDPA_ISA_AUTO), SDPA_OK);
 }
 
-/* sdpa_isa_bf16_pairs: only AVX-512 on a CPU with AVX512_BF16 whose tuning turns the
- * pair products on ("bf16_dot 1" in its sdpa_tuning() entry); never an ISA the CPU
- * cannot run or an out-of-range value; AUTO answers for the process default. */
+/* sdpa_isa_bf16_pairs: AVX-512 on a CPU with AVX512_BF16 whose tuning turns the pair
+ * products on, and amx, whose tiles compute them, unless SDPA_TUNE turned them off
+ * ("bf16_dot 1" in the ISA's sdpa_tuning() entry); never an ISA the CPU cannot run or
+ * an out-of-range value; AUTO answers for the process default. */
 Test(dispatch, bf16_pairs_query)
 {
     const char *tuning = sdpa_tuning();
     const char *entry = strstr(tuning, "; avx512 block_q ");
-    const int listed = entry && strstr(entry, " bf16_dot 1") != NULL;
+    const char *amx = strstr(tuning, "; amx block_q ");
+    const int listed = entry && strstr(entry, " bf16_dot 1") != NULL && (!amx || strstr(entry, " bf16_dot 1") < amx);
     cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_AVX512), listed, "%s", tuning);
     if (listed)
         cr_assert_not_null(strstr(sdpa_cpu_features(), "avx512_bf16"));
+    cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_AMX), amx && strstr(amx, " bf16_dot 1") != NULL, "%s", tuning);
+    cr_assert_eq(amx != NULL, sdpa_isa_supported(SDPA_ISA_AMX), "%s", tuning);
+    if (amx)
+        cr_assert_not_null(strstr(sdpa_cpu_features(), "amx-permitted"));
     cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_SCALAR), 0);
     cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_AVX2), 0);
     cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_NEON), 0);
@@ -392,7 +410,7 @@ static int run_child(char *const argv[], const char *env_value, char *out, size_
     return status;
 }
 
-static const char *env_values[] = {"scalar", "avx2", "avx512", "neon", "auto", "AVX2", "bogus", "avx3"};
+static const char *env_values[] = {"scalar", "avx2", "avx512", "amx", "neon", "auto", "AVX2", "bogus", "avx3"};
 
 #ifdef SDPA_CLI_PATH
 /* `sdpa info` prints a line "active isa: <name>". */
@@ -509,7 +527,7 @@ static void *race_force(void *arg)
     while (!atomic_load(&c->stop)) {
         if (sdpa_force_isa(c->isas[i++ % (unsigned)c->nisa]) != SDPA_OK)
             atomic_fetch_add(&c->bad, 1);
-        (void)sdpa_force_isa(SDPA_ISA_NEON + 1); /* refused, changes nothing */
+        (void)sdpa_force_isa((sdpa_isa)SDPA_ISA_COUNT); /* refused, changes nothing */
     }
     return NULL;
 }
@@ -557,4 +575,89 @@ Test(dispatch, force_isa_races_with_computation, .timeout = 60)
     free(q);
     free(k);
     free(v);
+}
+
+/* amx runs fp32 and fp16 problems, and everything but a bf16-by-bf16 forward, on the
+ * avx512 table's kernels with the avx512 entry's shapes: the same bits as avx512
+ * (forward and backward, fp32, fp16 and a bf16 backward). This is what lets the other
+ * fp32 suites test avx512 only (util_isas); the bf16 forward on tiles is tested by the
+ * dtypes suite on every ISA (util_isas_typed). */
+Test(dispatch, amx_fp32_is_avx512)
+{
+    if (!sdpa_isa_supported(SDPA_ISA_AMX))
+        cr_skip_test("amx not supported here (%s)", sdpa_cpu_features());
+    enum { H = 4, HKV = 2, T = 150, D = 64 };
+    const size_t nq = (size_t)H * T * D, nk = (size_t)HKV * T * D;
+    util_rng r;
+    util_rng_seed(&r, "dispatch.amx", 11);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
+    uint16_t *q16 = malloc(nq * 2), *k16 = malloc(nk * 2), *v16 = malloc(nk * 2), *do16 = malloc(nq * 2);
+    cr_assert(q && k && v && dout && q16 && k16 && v16 && do16);
+    util_fill_normal(&r, q, nq, 1.0f);
+    util_fill_normal(&r, k, nk, 1.0f);
+    util_fill_normal(&r, v, nk, 1.0f);
+    util_fill_normal(&r, dout, nq, 1.0f);
+    for (size_t i = 0; i < nq; i++) {
+        uint32_t u;
+        memcpy(&u, &q[i], 4);
+        q16[i] = (uint16_t)(u >> 16); /* bf16 (truncated; any bf16 values do) */
+        memcpy(&u, &dout[i], 4);
+        do16[i] = (uint16_t)(u >> 16);
+    }
+    for (size_t i = 0; i < nk; i++) {
+        uint32_t u;
+        memcpy(&u, &k[i], 4);
+        k16[i] = (uint16_t)(u >> 16);
+        memcpy(&u, &v[i], 4);
+        v16[i] = (uint16_t)(u >> 16);
+    }
+    /* kind 0: fp32; 1: fp16 K/V (bf16 bits read as fp16: finite, of any size; fp32 Q);
+     * 2: bf16 Q, K, V and O (the backward only: its forward takes the tiles on amx) */
+    for (int kind = 0; kind < 3; kind++) {
+        float *out[2][5];
+        for (int which = 0; which < 2; which++) {
+            sdpa_problem p = util_problem(1, H, HKV, T, T, D, D);
+            p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+            p.num_threads = 2;
+            p.isa = which ? SDPA_ISA_AMX : SDPA_ISA_AVX512;
+            const int wide = kind != 2;
+            p.q_dtype = kind == 2 ? SDPA_DTYPE_BF16 : SDPA_DTYPE_F32;
+            p.kv_dtype = kind == 0 ? SDPA_DTYPE_F32 : kind == 1 ? SDPA_DTYPE_F16 : SDPA_DTYPE_BF16;
+            p.o_dtype = wide ? SDPA_DTYPE_F32 : SDPA_DTYPE_BF16;
+            const sdpa_tensor tq = {kind == 2 ? (const void *)q16 : (const void *)q, (int64_t)T * D * H,
+                                    (int64_t)T * D, D};
+            const sdpa_tensor tk = {kind ? (const void *)k16 : (const void *)k, (int64_t)T * D * HKV,
+                                    (int64_t)T * D, D};
+            const sdpa_tensor tv = {kind ? (const void *)v16 : (const void *)v, (int64_t)T * D * HKV,
+                                    (int64_t)T * D, D};
+            for (int j = 0; j < 5; j++)
+                out[which][j] = calloc(nq, 4);
+            sdpa_tensor_out to = {out[which][0], (int64_t)T * D * H, (int64_t)T * D, D};
+            sdpa_tensor_out tl = util_lse_view_out(out[which][1], H, T);
+            if (kind == 2) {
+                /* O of the avx512 forward (no tiles) as the backward's input on both */
+                sdpa_problem pf = p;
+                pf.isa = SDPA_ISA_AVX512;
+                cr_assert_eq(sdpa_forward(&pf, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+            } else {
+                cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+            }
+            const sdpa_tensor o_in = {out[which][0], to.batch_stride, to.head_stride, to.seq_stride};
+            const sdpa_tensor l_in = util_lse_view(out[which][1], H, T);
+            const sdpa_tensor tdo = {kind == 2 ? (const void *)do16 : (const void *)dout, (int64_t)T * D * H,
+                                     (int64_t)T * D, D};
+            sdpa_tensor_out tdq = {out[which][2], to.batch_stride, to.head_stride, to.seq_stride};
+            sdpa_tensor_out tdk = {out[which][3], (int64_t)T * D * HKV, (int64_t)T * D, D};
+            sdpa_tensor_out tdv = {out[which][4], (int64_t)T * D * HKV, (int64_t)T * D, D};
+            cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &o_in, &l_in, &tdo, &tdq, &tdk, &tdv), SDPA_OK,
+                         "kind %d on %s", kind, sdpa_isa_name(p.isa));
+        }
+        for (int j = 0; j < 5; j++) {
+            cr_expect(util_same_bits(out[0][j], out[1][j], nq), "kind %d output %d: amx differs from avx512", kind,
+                      j);
+            free(out[0][j]);
+            free(out[1][j]);
+        }
+    }
+    free(q), free(k), free(v), free(dout), free(q16), free(k16), free(v16), free(do16);
 }

@@ -318,7 +318,7 @@ static void check_shape(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *
 static void sweep(const sdpa_dtype ty[3])
 {
     sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
+    const int nisa = util_isas_typed(isas);
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_shape(&shapes[i], ty, isas, nisa, 1600 + i);
 }
@@ -445,7 +445,7 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
 static void sweep_backward(const sdpa_dtype ty[3])
 {
     sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
+    const int nisa = util_isas_typed(isas);
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_backward(&shapes[i], ty, isas, nisa, 1700 + i);
 }
@@ -535,7 +535,7 @@ Test(dtypes, bf16_nonfinite_row_stays_masked)
     const size_t nq = 2 * 150 * 64, nk = 150 * 64, no = 2 * 150 * 64, nl = 2 * 150;
     const int64_t bad_row = 100;
     sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
+    const int nisa = util_isas_typed(isas);
     for (int which = 0; which < 4; which++) { /* V NaN, V inf, K NaN, K inf */
         util_rng r;
         util_rng_init(&r, 4242 + (uint64_t)which);
@@ -604,7 +604,7 @@ Test(dtypes, decode_widened_runs_any_block_k)
     util_fill_normal(&r, k, TK * DK, 1.0f);
     util_fill_normal(&r, v, TK * DV, 1.0f);
     sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
+    const int nisa = util_isas_typed(isas);
     for (int t = SDPA_DTYPE_BF16; t <= SDPA_DTYPE_F16; t++) {
         round_all((sdpa_dtype)t, q, TQ * DK);
         round_all((sdpa_dtype)t, k, TK * DK);
@@ -752,7 +752,7 @@ static void paged_case(sdpa_dtype kvt)
     sq.block_size = BS;
     sq.num_blocks = NB;
     sdpa_isa isas[SDPA_ISA_COUNT];
-    const int nisa = util_isas(isas);
+    const int nisa = util_isas_typed(isas);
     for (int ii = 0; ii < nisa; ii++) {
         sdpa_problem p = util_problem(NS, HQ, HKV, cuq[NS], 0, D, D);
         p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;

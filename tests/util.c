@@ -128,13 +128,15 @@ int util_gaps_intact(const util_layout *l, const float *buf, size_t n, const cha
 
 /* --------------------------------------------------------------- ISAs -- */
 
-int util_isas(sdpa_isa out[SDPA_ISA_COUNT])
+static int isas_where(sdpa_isa out[SDPA_ISA_COUNT], int with_amx)
 {
     static int logged = 0;
-    static const sdpa_isa all[SDPA_ISA_COUNT] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512,
+    static const sdpa_isa all[SDPA_ISA_COUNT] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_AMX,
                                                  SDPA_ISA_NEON};
     int n = 0;
     for (int i = 0; i < SDPA_ISA_COUNT; i++) {
+        if (all[i] == SDPA_ISA_AMX && !with_amx)
+            continue;
         if (sdpa_isa_supported(all[i]))
             out[n++] = all[i];
         else if (!logged)
@@ -144,6 +146,16 @@ int util_isas(sdpa_isa out[SDPA_ISA_COUNT])
     }
     logged = 1;
     return n;
+}
+
+int util_isas(sdpa_isa out[SDPA_ISA_COUNT])
+{
+    return isas_where(out, 0);
+}
+
+int util_isas_typed(sdpa_isa out[SDPA_ISA_COUNT])
+{
+    return isas_where(out, 1);
 }
 
 /* ---------------------------------------------------------- tolerances -- */

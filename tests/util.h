@@ -136,8 +136,12 @@ sdpa_problem util_problem(int64_t B, int64_t Hq, int64_t Hkv, int64_t Tq, int64_
 
 /* Fills out[] with every ISA this machine supports (sdpa_isa_supported), scalar
  * first; returns how many. Logs once per process (cr_log_info) every ISA that is
- * not supported, so a skipped ISA is never silent. */
+ * not supported, so a skipped ISA is never silent. util_isas leaves out amx, whose
+ * fp32 and fp16 problems run the avx512 table's kernels with its shapes (checked
+ * bitwise by dispatch/amx_fp32_is_avx512); util_isas_typed, for the tests that
+ * run bf16 problems, includes it. */
 int util_isas(sdpa_isa out[SDPA_ISA_COUNT]);
+int util_isas_typed(sdpa_isa out[SDPA_ISA_COUNT]);
 
 /* Whether the library may round P to bf16 before P V for a forward on isa with these
  * types and head_dims: Q and K/V bf16, Dk even and > 0, Dv > 0, and the ISA runs the

@@ -36,7 +36,7 @@ int max_threads(void)
 
 static void print_isas(const char *label, int (*has)(sdpa_isa))
 {
-    static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
+    static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_AMX, SDPA_ISA_NEON};
     printf("%s", label);
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++)
         if (has(isas[i]))
@@ -64,21 +64,25 @@ int cmd_info(int argc, char **argv)
     print_isas("\nisa supported:", sdpa_isa_supported);
     printf("\nactive isa: %s\n", sdpa_isa_name(sdpa_isa_active()));
     {
-        /* every storage type runs on the active ISA; products and sums in fp32 on
-         * exactly widened values, or bf16 pair products where the tuning turns them on
-         * (docs/design.md, "Reduced precision") */
+        /* the ISA that runs each storage type: fp32 and fp16 on the active ISA's vector
+         * kernels (amx: AVX-512's), bf16 prefill tiles on bf16 pair products where the
+         * tuning turns them on (docs/design.md, "Reduced precision") */
         const sdpa_isa a = sdpa_isa_active();
-        const char *f16 = a == SDPA_ISA_AVX2 || a == SDPA_ISA_AVX512 ? "F16C"
-                          : a == SDPA_ISA_NEON                      ? "FCVTL/FCVTN"
-                                                                    : "C";
+        const sdpa_isa vec = a == SDPA_ISA_AMX ? SDPA_ISA_AVX512 : a;
+        const char *f16 = vec == SDPA_ISA_AVX2 || vec == SDPA_ISA_AVX512 ? "F16C"
+                          : vec == SDPA_ISA_NEON                        ? "FCVTL/FCVTN"
+                                                                        : "C";
         const int pairs = sdpa_isa_bf16_pairs(a);
-        printf("types: fp32 %s; bf16 %s (%swidened by integer shifts, fp32 products); fp16 %s (widened by %s, fp32 "
-               "products); %sAMX and BFDOT are not used\n",
-               sdpa_isa_name(a), sdpa_isa_name(a),
-               pairs ? "bf16 Q with bf16 K/V, prefill tiles: AVX512-BF16 vdpbf16ps pair products, P rounded to "
-                       "bf16; otherwise "
-                     : "",
-               sdpa_isa_name(a), f16, pairs ? "" : "AVX512-BF16, ");
+        printf("types: fp32 %s; bf16 %s (%s%swidened by integer shifts, fp32 products); fp16 %s (widened by %s, "
+               "fp32 products); %s not used\n",
+               sdpa_isa_name(vec), sdpa_isa_name(pairs ? a : vec),
+               !pairs                ? ""
+               : a == SDPA_ISA_AMX ? "bf16 Q with bf16 K/V, prefill tiles: AMX tdpbf16ps tile products"
+                                   : "bf16 Q with bf16 K/V, prefill tiles: AVX512-BF16 vdpbf16ps pair products",
+               pairs ? ", P rounded to bf16; otherwise " : "", sdpa_isa_name(vec), f16,
+               a == SDPA_ISA_AMX ? "AMX-FP16 and BFDOT are"
+               : pairs           ? "AMX and BFDOT are"
+                                 : "AVX512-BF16, AMX and BFDOT are");
     }
     rej = sdpa_isa_env_rejected();
     if (rej)

@@ -1133,7 +1133,7 @@ def isa_names():
 
 
 def force_isa(isa):
-    """Sets the process-wide default ISA ('scalar', 'avx2', 'avx512', 'neon', or
+    """Sets the process-wide default ISA ('scalar', 'avx2', 'avx512', 'amx', 'neon', or
     None / 'auto' for the load-time choice): sdpa_force_isa."""
     _check("sdpa_force_isa", _b.force_isa(_isa_value(isa)))
 
@@ -1141,8 +1141,8 @@ def force_isa(isa):
 def info():
     """The facts of `sdpa info` as a dict: also "tuning" (sdpa_tuning(): the detected
     microarchitecture and each ISA's block sizes) and "bf16_pairs_isas" (the ISAs on which
-    a bf16 Q with bf16 K/V runs its prefill tiles on AVX512-BF16 pair products, rounding P
-    to bf16 before P V: sdpa_isa_bf16_pairs)."""
+    a bf16 Q with bf16 K/V runs its prefill tiles on bf16 pair products, AVX512-BF16's
+    vdpbf16ps or AMX's tdpbf16ps, rounding P to bf16 before P V: sdpa_isa_bf16_pairs)."""
     names = isa_names()
     rejected = _b.isa_env_rejected()
     tuning = _b.tuning().decode()

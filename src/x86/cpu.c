@@ -16,6 +16,10 @@
 
 #if ARCH_X86_64
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 static void cpuid(unsigned leaf, unsigned sub, unsigned r[4])
 {
@@ -28,6 +32,20 @@ static unsigned long long read_xcr0(void)
     unsigned eax, edx;
     __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(eax), "=d"(edx) : "c"(0));
     return ((unsigned long long)edx << 32) | eax;
+}
+
+/* Linux keeps AMX tile data (XTILEDATA, XSAVE component 18) off for a process until it
+ * asks (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+; Documentation/arch/x86/xstate.rst);
+ * a tile instruction before that faults. Asked once, at detection; the permission is
+ * the whole process's. 0 where the kernel refuses or is not Linux: no AMX rung. */
+static int request_tile_permission(void)
+{
+#if defined(__linux__)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;
+#endif
 }
 
 unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
@@ -107,6 +125,11 @@ unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
         flags |= SDPA_X86_CPU_FLAG_AVX512;
     if ((flags & SDPA_X86_CPU_FLAG_AVX512) && ((eax71 >> 5) & 1))
         flags |= SDPA_X86_CPU_FLAG_AVX512_BF16;
+    if ((flags & SDPA_X86_CPU_FLAG_AVX512_BF16) && ((edx7 >> 24) & 1) && ((edx7 >> 22) & 1) &&
+        (xcr0 & 0x60000) == 0x60000 && request_tile_permission()) {
+        flags |= SDPA_X86_CPU_FLAG_AMX_BF16;
+        sdpa_cpu_add_name(names, cap, "amx-permitted");
+    }
     return flags;
 }
 sdpa_uarch sdpa_cpu_uarch_x86(char *desc, size_t cap)
@@ -118,6 +141,7 @@ sdpa_uarch sdpa_cpu_uarch_x86(char *desc, size_t cap)
     memcpy(vendor + 4, &r[3], 4);
     memcpy(vendor + 8, &r[2], 4);
     vendor[12] = '\0';
+    const unsigned max_leaf = r[0];
     if (r[0] < 1) {
         snprintf(desc, cap, "%s", vendor);
         return SDPA_UARCH_GENERIC;
@@ -136,6 +160,13 @@ sdpa_uarch sdpa_cpu_uarch_x86(char *desc, size_t cap)
     if (!strcmp(vendor, "GenuineIntel") && family == 6 &&
         (model == 0x8f || model == 0xcf || model == 0xad || model == 0xae))
         return SDPA_UARCH_INTEL_SERVER;
+    /* a hypervisor may report another model number; AMX tiles exist only on those
+     * servers (Sapphire Rapids and later) */
+    if (!strcmp(vendor, "GenuineIntel") && family == 6 && max_leaf >= 7) {
+        cpuid(7, 0, r);
+        if ((r[3] >> 24) & 1)
+            return SDPA_UARCH_INTEL_SERVER;
+    }
     return SDPA_UARCH_GENERIC;
 }
 #else
@@ -144,6 +175,20 @@ sdpa_uarch sdpa_cpu_uarch_x86(char *desc, size_t cap)
     if (cap)
         desc[0] = '\0';
     return SDPA_UARCH_GENERIC;
+}
+
+/* Linux keeps AMX tile data (XTILEDATA, XSAVE component 18) off for a process until it
+ * asks (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+; Documentation/arch/x86/xstate.rst);
+ * a tile instruction before that faults. Asked once, at detection; the permission is
+ * the whole process's. 0 where the kernel refuses or is not Linux: no AMX rung. */
+static int request_tile_permission(void)
+{
+#if defined(__linux__)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;
+#endif
 }
 
 unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
