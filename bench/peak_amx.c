@@ -13,17 +13,12 @@
 
 double sdpa_bench_peak_amx(int64_t iters, float seed, float *sink)
 {
-    struct {
+    /* static: GCC 12 drops stores to a local that only _tile_loadconfig reads */
+    static const struct {
         uint8_t palette, start_row, reserved[14];
         uint16_t colsb[16];
         uint8_t rows[16];
-    } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
+    } cfg = {.palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
     static uint16_t ab[4][16 * 32] __attribute__((aligned(64)));
     uint32_t bits;
     memcpy(&bits, &seed, sizeof bits);

@@ -86,9 +86,15 @@ static void fwd_team_body(void *ctx, int tid, int team)
 {
     const fwd_job *job = ctx;
     fwd_thread th = {job, sdpa_fwd_ws_carve(&job->u[0].pl, job->ws + (size_t)tid * job->per)};
+    const sdpa_kernels *kt = job->u[0].pl.kt;
+    const int tiles = kt->tiles_begin && sdpa_fwd_bf16_pairs(&job->u[0].pl); /* one table and type per call */
+    if (tiles)
+        kt->tiles_begin();
     sdpa_for_dynamic(team, job->item_end[job->n - 1], fwd_item_of, &th, 0);
     if (job->merge_end[job->n - 1] > 0)
         sdpa_for_dynamic(team, job->merge_end[job->n - 1], fwd_merge_of, &th, 0);
+    if (tiles)
+        kt->tiles_end();
 }
 
 /* ------------------------------------------------------------- the problems */
@@ -192,6 +198,7 @@ static sdpa_status fwd_prepare(const sdpa_problem *p, const sdpa_tensor *q, cons
     sdpa_status st = sdpa_make_plan(p, pl);
     if (st != SDPA_OK)
         return st;
+    sdpa_fwd_pairs_blocks(p, pl);
     if (!q || !k || !v || !o)
         return SDPA_ERR_NULL_ARGUMENT;
     int64_t nq[3], nk[3];
@@ -239,6 +246,7 @@ sdpa_status sdpa_forward_workspace_size(const sdpa_problem *p, size_t *bytes)
     sdpa_status st = sdpa_make_plan(p, &pl);
     if (st != SDPA_OK)
         return st;
+    sdpa_fwd_pairs_blocks(p, &pl);
     if (!bytes)
         return SDPA_ERR_NULL_ARGUMENT;
     if ((st = fwd_sizes_of(&pl, &s)) != SDPA_OK)

@@ -13,6 +13,18 @@ int sdpa_fwd_bf16_pairs(const plan *pl)
            pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
 }
 
+void sdpa_fwd_pairs_blocks(const sdpa_problem *p, plan *pl)
+{
+    const sdpa_kernels *kt = pl->kt;
+    if (!sdpa_fwd_bf16_pairs(pl))
+        return;
+    if (!p->block_q && kt->pairs_block_q)
+        pl->bq = kt->pairs_block_q;
+    if (!p->block_k && kt->pairs_block_k)
+        pl->bk = kt->pairs_block_k;
+    pl->ld = (pl->bq + kt->col_align - 1) / kt->col_align * kt->col_align;
+}
+
 size_t sdpa_fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp)
 {
     const size_t half_bk = ((size_t)pl->bk + 1) / 2;

@@ -191,7 +191,9 @@ typedef void (*sdpa_widen_rows_fn)(int rows, int cols, const uint16_t *src, ptrd
 typedef void (*sdpa_narrow_rows_fn)(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst,
                                     ptrdiff_t ldd);
 
-/* bf16 pair products (AVX512-BF16 `vdpbf16ps`; optional per ISA, NULL: not provided).
+/* bf16 pair products (AVX512-BF16 `vdpbf16ps`, AMX `tdpbf16ps`; optional per ISA, NULL:
+ * not provided; where the table has tiles_begin, only between tiles_begin and
+ * tiles_end on the calling thread).
  * The reduction dimension runs in pairs of adjacent bf16, one pair per 32-bit word
  * (element 2p in the low half, 2p + 1 in the high half):
  *   C(m,n) = alpha * sum_p dot2(A pair (m,p), B[p*ldb + n])            (C overwritten)
@@ -254,6 +256,8 @@ typedef struct sdpa_kernels {
     int bf16_dot; /* 1: bf16 problems (Q and K/V bf16) run their prefill key tiles through the
                      pair products below (set per microarchitecture where they are faster than
                      the fp32 products on widened tiles; 0 where the kernels are NULL) */
+    int pairs_block_q, pairs_block_k; /* 0, or the block sizes of a forward that runs the pair
+                                         products (its fp32 work is smaller per tile there) */
     sdpa_gemm_fn gemm;
     sdpa_online_softmax_fn online_softmax;
     sdpa_scale_rows_fn scale_rows;
@@ -275,6 +279,12 @@ typedef struct sdpa_kernels {
     sdpa_pack_pairs_f32_fn pack_pairs_f32;    /* with gemm_bf16_pairs */
     sdpa_pack_pairs_bf16_fn pack_pairs_bf16;  /* with gemm_bf16_pairs */
     sdpa_transpose_pairs_fn transpose_pairs;  /* with gemm_bf16_pairs */
+    /* NULL, or the bracket a thread puts around its gemm_bf16_pairs calls of one
+     * library call (AMX: tiles_begin loads the tile configuration, ldtilecfg;
+     * tiles_end releases the tile state, tilerelease), so that neither a tile
+     * configuration nor tile data crosses into the caller's code. */
+    void (*tiles_begin)(void);
+    void (*tiles_end)(void);
 } sdpa_kernels;
 
 /* The cut-off of every ISA's exp (kernels_scalar.c, simd_tmpl.h): a probability

@@ -124,6 +124,10 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
             t->block_q = bq;
         if (bk)
             t->block_k = bk;
+        if (bq && t->pairs_block_q)
+            t->pairs_block_q = bq;
+        if (bk && t->pairs_block_k)
+            t->pairs_block_k = bk;
         if (nt >= 0)
             t->nt_max_cols = nt;
         if (pf >= 0)
@@ -141,6 +145,10 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
                                   prefetch_names[tables[isa].wide_prefetch],
                                   tables[isa].gemm_bf16_pairs ? (tables[isa].bf16_dot ? " bf16_dot 1" : " bf16_dot 0")
                                                               : "");
+    for (int isa = 0; isa < SDPA_ISA_COUNT && n < sizeof description; isa++)
+        if (runnable[isa] && tables[isa].pairs_block_q)
+            n += (size_t)snprintf(description + n, sizeof description - n, "; %s bf16 tiles block_q %d block_k %d",
+                                  tables[isa].name, tables[isa].pairs_block_q, tables[isa].pairs_block_k);
     if (env && *env && n < sizeof description)
         snprintf(description + n, sizeof description - n, "; SDPA_TUNE '%.60s' %s", env,
                  env_ok ? "applied" : "rejected (ignored)");

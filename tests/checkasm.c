@@ -2536,8 +2536,11 @@ int main(int argc, char **argv)
                kt->block_k);
         if (isa == SDPA_ISA_AMX) {
             /* the avx512 table's kernels but for the tile products */
-            if (selected("gemm_bf16_pairs"))
+            if (selected("gemm_bf16_pairs")) {
+                kt->tiles_begin(); /* the driver's bracket (kernels.h) */
                 test_pairs(kt);
+                kt->tiles_end();
+            }
             continue;
         }
         make_sizes(kt);

@@ -15,11 +15,12 @@
  * zero-padded copies, so a tile never reads past its operand.
  *
  * Register use: 2 x 2 accumulator tiles (tmm0-3, a 32 x 32 block of C), two A tiles
- * (tmm4-5), two B tiles (tmm6-7); every tile 16 rows x 64 bytes. Each call loads that
- * one configuration (ldtilecfg) and releases the tile state on return (tilerelease),
- * so no tile state or configuration outlives a call or crosses into the caller's code
- * (another library's AMX code on the same thread keeps working, and a thread that has
- * finished holds no 8 KiB of tile state in its context).
+ * (tmm4-5), two B tiles (tmm6-7); every tile 16 rows x 64 bytes. The driver loads
+ * that configuration on each thread that calls gemm_bf16_pairs (tiles_begin) and
+ * releases the tile state when the thread has finished its part of the library call
+ * (tiles_end), so no tile state outlives a call or crosses into the caller's code
+ * (another library's AMX code on the same thread keeps working, and a finished thread
+ * holds no 8 KiB of tile state in its context).
  *
  * Arithmetic (Intel SDM, "TDPBF16PS"): bf16 inputs that are subnormal count as zero,
  * each pair's two exact products are added to the fp32 accumulator one after the
@@ -35,6 +36,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "x86/transpose_avx512.h"
 
 #define TILE_ROWS 16  /* rows of every tile */
 #define TILE_WORDS 16 /* 32-bit words per tile row (64 bytes): 16 pairs, or 16 fp32 */
@@ -48,45 +50,24 @@ typedef struct tile_config {
     uint8_t rows[16];
 } tile_config;
 
-static void tiles_configure(void)
+/* tiles_begin / tiles_end (kernels.h): the configuration every gemm_bf16_pairs call
+ * of this file assumes, loaded once per thread and library call (ldtilecfg and
+ * sttilecfg both wait for the tile unit to drain: per gemm call they cost more than
+ * the products of a 32 x 32 block, docs/perf-notes.md), and the release. */
+static void tiles_begin(void)
 {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = TILE_WORDS * 4;
-        cfg.rows[t] = TILE_ROWS;
-    }
+    /* static: GCC 12 drops stores to a local that only _tile_loadconfig reads */
+    static const tile_config cfg = {.palette = 1,
+                                    .colsb = {TILE_WORDS * 4, TILE_WORDS * 4, TILE_WORDS * 4, TILE_WORDS * 4,
+                                              TILE_WORDS * 4, TILE_WORDS * 4, TILE_WORDS * 4, TILE_WORDS * 4},
+                                    .rows = {TILE_ROWS, TILE_ROWS, TILE_ROWS, TILE_ROWS, TILE_ROWS, TILE_ROWS,
+                                             TILE_ROWS, TILE_ROWS}};
     _tile_loadconfig(&cfg);
 }
 
-/* 16 x 16 32-bit words: out[j] = column j of in[0..15]. */
-static inline void transpose16(__m512i r[16])
+static void tiles_end(void)
 {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* r[4b + k] now holds, in each 128-bit lane L, column (4L + k') words of rows
-     * 4b..4b+3 (k' = 0, 1, 2, 3 for k = 0, 1, 2, 3 in that order) */
-    for (int k = 0; k < 4; k++) {
-        const __m512i a = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x88), b = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xdd);
-        const __m512i c = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x88),
-                      d = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xdd);
-        t[k] = _mm512_shuffle_i32x4(a, c, 0x88);
-        t[8 + k] = _mm512_shuffle_i32x4(a, c, 0xdd);
-        t[4 + k] = _mm512_shuffle_i32x4(b, d, 0x88);
-        t[12 + k] = _mm512_shuffle_i32x4(b, d, 0xdd);
-    }
-    for (int i = 0; i < 16; i++)
-        r[i] = t[i];
+    _tile_release();
 }
 
 /* A panel of rows [m0, m0 + rows) (rows <= 16) and pairs [p0, p0 + np), zero-padded to
@@ -104,10 +85,21 @@ static void pack_a_panel(int rows, int np, int ppad, const uint16_t *A, ptrdiff_
             for (int i = 0; i < 16; i++)
                 r[i] = p + i < np ? _mm512_maskz_loadu_epi32(mrow, W + m0 + (ptrdiff_t)(p0 + p + i) * ldw)
                                   : _mm512_setzero_si512();
-            transpose16(r);
+            sdpa_transpose16x32(r);
             for (int i = 0; i < 16; i++)
                 _mm512_storeu_si512(panel + (ptrdiff_t)i * ppad + p, r[i]);
         }
+        return;
+    }
+    if (cs_a == 2) {
+        /* pairs along a row (K rows, P packed by pack_pairs_f32_t): row copies */
+        for (int r = 0; r < 16; r++)
+            for (int p = 0; p < ppad; p += 16) {
+                const int n = r < rows ? (np - p < 16 ? (np - p > 0 ? np - p : 0) : 16) : 0;
+                const __mmask16 k = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
+                _mm512_storeu_si512(panel + (ptrdiff_t)r * ppad + p,
+                                    _mm512_maskz_loadu_epi32(k, A + (ptrdiff_t)(m0 + r) * rs_a + 2 * (ptrdiff_t)(p0 + p)));
+            }
         return;
     }
     for (int r = 0; r < 16; r++)
@@ -146,6 +138,60 @@ static void store_c(const float *t, int rows, int cols, float alpha, float *C, p
     }
 }
 
+/* A full 32 x 32 block of C over P = 16 chunks pairs, A rows at a0 / a1 (byte stride
+ * sa, 64 bytes per chunk), B at b (byte stride sb, 16 rows per chunk): no tails. */
+static inline __attribute__((always_inline)) void block_full(int chunks, const char *a0, const char *a1,
+                                                             ptrdiff_t sa, ptrdiff_t a_step, const char *b,
+                                                             ptrdiff_t sb, float out[4][TILE_ROWS * TILE_WORDS])
+{
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int c = 0; c < chunks; c++) {
+        _tile_loadd(4, a0, sa);
+        _tile_loadd(6, b, sb);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b + 64, sb);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, a1, sa);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        a0 += a_step;
+        a1 += a_step;
+        b += 16 * sb;
+    }
+    _tile_stored(0, out[0], 64);
+    _tile_stored(1, out[1], 64);
+    _tile_stored(2, out[2], 64);
+    _tile_stored(3, out[3], 64);
+}
+
+/* C rows [m0, m0 + 32), columns [n0, n0 + 32) from out (full tiles). */
+static inline __attribute__((always_inline)) void store_c_full(float out[4][TILE_ROWS * TILE_WORDS], float alpha,
+                                                               float *C, ptrdiff_t ldc, int flags,
+                                                               const float *c_row_scale, int m0, int n0)
+{
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (int i = 0; i < 32; i++) {
+        float *c = C + (ptrdiff_t)(m0 + i) * ldc + n0;
+        __m512 lo = _mm512_mul_ps(va, _mm512_load_ps(out[i < 16 ? 0 : 2] + 16 * (i & 15)));
+        __m512 hi = _mm512_mul_ps(va, _mm512_load_ps(out[i < 16 ? 1 : 3] + 16 * (i & 15)));
+        if (flags & SDPA_GEMM_ACCUMULATE) {
+            if (c_row_scale) {
+                const __m512 f = _mm512_set1_ps(c_row_scale[m0 + i]);
+                lo = _mm512_fmadd_ps(_mm512_loadu_ps(c), f, lo);
+                hi = _mm512_fmadd_ps(_mm512_loadu_ps(c + 16), f, hi);
+            } else {
+                lo = _mm512_add_ps(_mm512_loadu_ps(c), lo);
+                hi = _mm512_add_ps(_mm512_loadu_ps(c + 16), hi);
+            }
+        }
+        _mm512_storeu_ps(c, lo);
+        _mm512_storeu_ps(c + 16, hi);
+    }
+}
+
 /* One A tile's source for pair chunk [p, p + 16): in place (K rows) or the panel. */
 typedef struct a_src {
     const void *base;
@@ -174,7 +220,6 @@ static void gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A,
     uint32_t bpack[2][TILE_ROWS * TILE_WORDS] __attribute__((aligned(64)));
     float out[4][TILE_ROWS * TILE_WORDS] __attribute__((aligned(64)));
 
-    tiles_configure();
     for (int m = 0; m < M; m += 32) {
         const int mt = M - m > 16 ? 2 : 1;
         const int rows0 = M - m < 16 ? M - m : 16, rows1 = mt == 2 ? (M - m - 16 < 16 ? M - m - 16 : 16) : 0;
@@ -183,6 +228,25 @@ static void gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A,
         /* the panel holds pairs [pp0, pp0 + panel_pairs); packed when first needed */
         int pp0 = -1;
         for (int n = 0; n < N; n += 32) {
+            if (place && P % 16 == 0 && n + 32 <= N && m + 32 <= M) {
+                block_full(P / 16, (const char *)(A + (ptrdiff_t)m * rs_a), (const char *)(A + (ptrdiff_t)(m + 16) * rs_a),
+                           rs_a * 2, 64, (const char *)(B + n), ldb * 4, out);
+                store_c_full(out, alpha, C, ldc, flags, c_row_scale, m, n);
+                continue;
+            }
+            if (!place && P <= panel_pairs && n + 32 <= N && m + 32 <= M) {
+                if (pp0 != 0) {
+                    pp0 = 0;
+                    pack_a_panel(16, P, ppad, A, rs_a, cs_a, m, 0, panel[0]);
+                    pack_a_panel(16, P, ppad, A, rs_a, cs_a, m + 16, 0, panel[1]);
+                }
+                if (P % 16 == 0) {
+                    block_full(P / 16, (const char *)panel[0], (const char *)panel[1], (ptrdiff_t)ppad * 4, 64,
+                               (const char *)(B + n), ldb * 4, out);
+                    store_c_full(out, alpha, C, ldc, flags, c_row_scale, m, n);
+                    continue;
+                }
+            }
             const int nt = N - n > 16 ? 2 : 1;
             const int cols0 = N - n < 16 ? N - n : 16, cols1 = nt == 2 ? (N - n - 16 < 16 ? N - n - 16 : 16) : 0;
             _tile_zero(0);
@@ -256,7 +320,6 @@ static void gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A,
             }
         }
     }
-    _tile_release();
 }
 
 void sdpa_kernels_init_amx(sdpa_kernels *t)
@@ -265,5 +328,11 @@ void sdpa_kernels_init_amx(sdpa_kernels *t)
     t->isa = SDPA_ISA_AMX;
     t->name = "amx";
     t->gemm_bf16_pairs = gemm_bf16_pairs;
+    t->tiles_begin = tiles_begin;
+    t->tiles_end = tiles_end;
     t->bf16_dot = 1;
+    /* the tile products' share of a tile is small: larger tiles amortise the fp32 work
+     * around them (docs/perf-notes.md, "AMX") */
+    t->pairs_block_q = 128;
+    t->pairs_block_k = 128;
 }

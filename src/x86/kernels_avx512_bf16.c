@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "x86/transpose_avx512.h"
 
 #define PAIR_MR 4
 #define PAIR_NV 4
@@ -181,12 +182,20 @@ static int pack_pairs_bf16(int rows, int cols, const uint16_t *src, ptrdiff_t ld
  * r < rows, p < pairs: a bf16 Q tile to Q^T in pairs (once per query tile). */
 static void transpose_pairs(int rows, int pairs, const uint16_t *src, ptrdiff_t lds, uint32_t *dst, ptrdiff_t ldd)
 {
-    for (int p = 0; p < pairs; p++) { /* dst rows written in order; the tile's rows stay in L1 */
-        uint32_t *d = dst + (ptrdiff_t)p * ldd;
-        for (int r = 0; r < rows; r++) {
-            uint32_t x;
-            memcpy(&x, src + (ptrdiff_t)r * lds + 2 * p, sizeof x);
-            d[r] = x;
+    /* 16 rows x 16 pairs at a time: a row's 16 words in one load, transposed in registers */
+    for (int r0 = 0; r0 < rows; r0 += 16) {
+        const int nr = rows - r0 < 16 ? rows - r0 : 16;
+        const __mmask16 mr = (__mmask16)(nr == 16 ? 0xFFFF : (1u << nr) - 1);
+        for (int p0 = 0; p0 < pairs; p0 += 16) {
+            const int np = pairs - p0 < 16 ? pairs - p0 : 16;
+            const __mmask16 mp = (__mmask16)(np == 16 ? 0xFFFF : (1u << np) - 1);
+            __m512i v[16];
+            for (int i = 0; i < 16; i++)
+                v[i] = i < nr ? _mm512_maskz_loadu_epi32(mp, src + (ptrdiff_t)(r0 + i) * lds + 2 * p0)
+                              : _mm512_setzero_si512();
+            sdpa_transpose16x32(v);
+            for (int i = 0; i < np; i++)
+                _mm512_mask_storeu_epi32(dst + (ptrdiff_t)(p0 + i) * ldd + r0, mr, v[i]);
         }
     }
 }
