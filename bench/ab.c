@@ -60,7 +60,7 @@ static int usage(const char *why)
         fprintf(stderr, "sdpa-ab: %s\n", why);
     fprintf(stderr, "usage: sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward] [--threads N]\n"
                     "               [--isa NAME] [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]\n"
-                    "  --isa NAME   both sides' calls on that ISA (scalar, avx2, avx512, neon; default: each\n"
+                    "  --isa NAME   both sides' calls on that ISA (scalar, avx2, avx512, amx, neon; default: each\n"
                     "               library's choice)\n"
                     "  --threads N  OpenMP threads per call, 0 = OpenMP's default (default 1)\n"
                     "  --rounds N   rounds, each timing A and B once, in alternating order (default 31, at most 100000)\n"
@@ -210,7 +210,7 @@ int main(int argc, char **argv)
         p[i].causal = causal ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
         p[i].block_q = blocks[i][0], p[i].block_k = blocks[i][1];
         if (isa_name && isa_of[i](isa_name, &p[i].isa) != 0) {
-            fprintf(stderr, "sdpa-ab: --isa '%s': not an ISA name (scalar, avx2, avx512, neon)\n", isa_name);
+            fprintf(stderr, "sdpa-ab: --isa '%s': not an ISA name (scalar, avx2, avx512, amx, neon)\n", isa_name);
             return 2;
         }
         sdpa_status st = fwd[i](&p[i], &tq, &tk, &tv, &to, &tl); /* warm-up; O and LSE for the backward */

@@ -312,7 +312,8 @@ static void print_help(void)
         "bandwidth and to the naive OpenBLAS way (materialise S = Q K^T, softmax, P V).\n"
         "\n"
         "options:\n"
-        "  --isa NAME[,NAME..]|all   ISAs to time (default all the CPU supports; scalar first)\n"
+        "  --isa NAME[,NAME..]|all   ISAs to time (default all the CPU supports; scalar first; amx\n"
+        "                            only in bf16 forward rows, where it differs from avx512)\n"
         "  --threads N[,N..]         OpenMP thread counts (default 1 and the OpenMP maximum)\n"
         "  --shape B,Hq,Hkv,Tq,Tk,Dk,Dv  a problem shape (repeatable; replaces the defaults)\n"
         "  --mask M[,M..]            mask(s) for every shape (repeatable; default: none for --shape,\n"
@@ -445,7 +446,7 @@ static int parse_isas(const char *list, options *o)
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         sdpa_isa isa;
         if (sdpa_isa_from_name(tok, &isa) != 0)
-            return usage("--isa '%s': expected scalar, avx2, avx512, neon, auto or all", tok);
+            return usage("--isa '%s': expected scalar, avx2, avx512, amx, neon, auto or all", tok);
         if (isa == SDPA_ISA_AUTO)
             isa = sdpa_isa_active();
         if (!sdpa_isa_supported(isa))
@@ -1857,6 +1858,9 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
             for (int ti = 0; ti < o->n_threads; ti++)
                 for (int ii = 0; ii < o->n_isas; ii++) {
                     const sdpa_isa isa = o->isas[ii];
+                    /* --isa all: amx only where it differs from avx512 (a bf16 forward) */
+                    if (o->all_isas && isa == SDPA_ISA_AMX && (dt != SDPA_DTYPE_BF16 || op))
+                        continue;
                     sdpa_ctx x[MAX_PROBLEMS];
                     run_fn fns[MAX_TIMED];
                     void *ctxs[MAX_TIMED];

@@ -116,7 +116,8 @@ typedef enum sdpa_status {
                                          bool_mask or bias with seqs, or a paged backward */
 } sdpa_status;
 
-/** Instruction sets. Order within an architecture is "better is larger". */
+/** Instruction sets. Order within an architecture is "better is larger" (x86-64:
+ *  scalar, avx2, avx512, amx; the numbers are not the order: neon is 3, amx 4). */
 typedef enum sdpa_isa {
     SDPA_ISA_AUTO = -1, /**< the best ISA allowed (see sdpa_force_isa) */
     SDPA_ISA_SCALAR = 0,
@@ -356,7 +357,8 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * Tq x Tk. With a bf16 / fp16 tensor, per thread also (max(block_k, 16) (Dk + Dv) +
  * max(Dk, Dv)) floats of conversion buffers, and where bf16 Q and K/V run on the bf16
  * pair products (sdpa_isa_bf16_pairs()) about (Dk/2 + block_k/2) block_q +
- * block_k/2 Dv more. With a boolean mask or bias whose
+ * block_k/2 Dv more (on SDPA_ISA_AMX with block_q = block_k = 128 unless the
+ * descriptor gives them), and on AMX about 37 KiB of stack per thread. With a boolean mask or bias whose
  * head stride is 0 (the same for every head, as (B, 1, Tq, Tk) masks are) and
  * Hq > 1, per thread also about 17 * ceil(Tk / block_k) bytes: each key tile's
  * classification (skipped, full, partial) for the rows being worked on, kept
@@ -501,12 +503,13 @@ SDPA_API const char *sdpa_status_string(sdpa_status status);
 SDPA_API sdpa_isa sdpa_isa_active(void);
 /** 1 if the ISA's kernels are compiled into this library, else 0. */
 SDPA_API int sdpa_isa_compiled(sdpa_isa isa);
-/** 1 if compiled in and this CPU and OS can run it (CPUID + XGETBV, HWCAP), else 0. */
+/** 1 if compiled in and this CPU and OS can run it (CPUID + XGETBV, HWCAP; amx: also the
+ *  Linux tile-data permission, requested at load), else 0. */
 SDPA_API int sdpa_isa_supported(sdpa_isa isa);
 /** Sets the process-wide default ISA (SDPA_ISA_AUTO: back to the load-time choice).
  *  @return SDPA_OK, or SDPA_ERR_ISA_UNAVAILABLE (nothing changes). */
 SDPA_API sdpa_status sdpa_force_isa(sdpa_isa isa);
-/** "scalar", "avx2", "avx512", "neon", "auto", or "unknown". Static string. */
+/** "scalar", "avx2", "avx512", "amx", "neon", "auto", or "unknown". Static string. */
 SDPA_API const char *sdpa_isa_name(sdpa_isa isa);
 /** Parses an ISA name as accepted by SDPA_ISA; returns 0 and sets *isa, or -1. */
 SDPA_API int sdpa_isa_from_name(const char *name, sdpa_isa *isa);
@@ -523,8 +526,9 @@ SDPA_API const char *sdpa_cpu_features(void);
 SDPA_API const char *sdpa_tuning(void);
 /** 1 when a forward on `isa` (SDPA_ISA_AUTO: the process-wide default) runs the
  *  prefill key tiles of a bf16 Q with bf16 K/V (head_dim_qk even) on bf16 pair
- *  products (AVX512-BF16 `vdpbf16ps`, where the tuning for this CPU turns them on:
- *  "bf16_dot 1" in sdpa_tuning(), SDPA_TUNE=bf16_dot=0|1), which round each
+ *  products (AVX512-BF16 `vdpbf16ps` where the tuning for this CPU turns them on, and
+ *  AMX `tdpbf16ps` on SDPA_ISA_AMX: "bf16_dot 1" in sdpa_tuning(),
+ *  SDPA_TUNE=bf16_dot=0|1), which round each
  *  probability P to bf16 before P V and read bf16 subnormals as 0 (docs/design.md,
  *  "What is rounded"); 0 otherwise, and for an ISA this CPU cannot run. Fixed at
  *  load; thread-safe; no errors. */

@@ -70,7 +70,8 @@ static inline const void *kv_row(const plan *pl, const sdpa_tensor *t, const voi
  * rounded; docs/design.md, "What is rounded"). forward_pairs.c. */
 int sdpa_fwd_bf16_pairs(const plan *pl);
 /* A forward's block sizes: the table's pairs_block_q / pairs_block_k (where set and the
- * call gives none) when it runs the pair products; after sdpa_make_plan. */
+ * call gives none) when it runs the pair products on wide tiles (a dense call with more
+ * than nt_max_cols query columns per head group); after sdpa_make_plan. */
 void sdpa_fwd_pairs_blocks(const sdpa_problem *p, plan *pl);
 /* Words of the pair buffers of one thread: *qp Q^T [Dk/2][ld], *pp P^T
  * [ceil(block_k/2)][ld], *vp V [ceil(block_k/2)][Dv] (all 0 without the pair products);

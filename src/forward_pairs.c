@@ -16,7 +16,10 @@ int sdpa_fwd_bf16_pairs(const plan *pl)
 void sdpa_fwd_pairs_blocks(const sdpa_problem *p, plan *pl)
 {
     const sdpa_kernels *kt = pl->kt;
-    if (!sdpa_fwd_bf16_pairs(pl))
+    /* dense calls with wide tiles only: a decode call's tiles never run the pair
+     * products and keep the fp32 call's blocks (its bits are the fp32 call's on the
+     * widened inputs); packed sequences keep them too (one workspace layout per call) */
+    if (!sdpa_fwd_bf16_pairs(pl) || pl->seqs || pl->Tq * pl->G <= kt->nt_max_cols)
         return;
     if (!p->block_q && kt->pairs_block_q)
         pl->bq = kt->pairs_block_q;

@@ -132,7 +132,7 @@ static const opt_def opt_defs[] = {
      "fp32|bf16|fp16: type K and V are stored in (backward: dK, dV too) (default: --dtype's)"},
     {"--data", NULL, K_PATH, OFF(data_dir), CMD_DEMO, "DIR: the examples directory"},
     {"--threads", NULL, K_THREADS, OFF(threads), FB | CMD_DEMO, "N: OpenMP threads (0: OpenMP's default)"},
-    {"--isa", NULL, K_ISA, OFF(isa), FB | CMD_DEMO, "NAME: scalar|avx2|avx512|neon|auto"},
+    {"--isa", NULL, K_ISA, OFF(isa), FB | CMD_DEMO, "NAME: scalar|avx2|avx512|amx|neon|auto"},
 };
 #undef FB
 #define N_OPTS (sizeof opt_defs / sizeof opt_defs[0])
@@ -287,7 +287,7 @@ static int parse_isa(int cmd, const char *val, cli_opts *o)
 {
     sdpa_isa isa;
     if (sdpa_isa_from_name(val, &isa) != 0)
-        return usage_error(cmd, "--isa '%s': expected scalar, avx2, avx512, neon or auto", val);
+        return usage_error(cmd, "--isa '%s': expected scalar, avx2, avx512, amx, neon or auto", val);
     if (isa != SDPA_ISA_AUTO && !sdpa_isa_supported(isa)) {
         plain_error("--isa %s: %s on this machine", val,
                     sdpa_isa_compiled(isa) ? "not supported by the CPU/OS" : "not compiled in");

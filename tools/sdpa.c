@@ -43,7 +43,7 @@ static void print_main_help(FILE *f)
                "  demo       worked example and a timed causal prefill, checked against float64\n"
                "  bench      benchmark [--dtype fp32,bf16,fp16]%s\n\n"
                "'sdpa <command> --help' describes each command. The SDPA_ISA environment variable\n"
-               "caps the ISA chosen at load (scalar, avx2, avx512, neon).\n",
+               "caps the ISA chosen at load (scalar, avx2, avx512, amx, neon).\n",
 #ifdef SDPA_HAVE_BENCH
             ""
 #else
