@@ -37,6 +37,7 @@ static const sdpa_isa all_isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX
 static const sdpa_isa x86_ladder[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_AMX};
 #define N_X86 ((int)(sizeof x86_ladder / sizeof x86_ladder[0]))
 
+#if defined(__x86_64__)
 static int x86_rung(sdpa_isa isa)
 {
     for (int i = 0; i < N_X86; i++)
@@ -44,6 +45,7 @@ static int x86_rung(sdpa_isa isa)
             return i;
     return -1;
 }
+#endif
 
 /* The best ISA this process may use without any cap: the largest supported one of
  * this architecture (NEON on AArch64). */
