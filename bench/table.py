@@ -14,7 +14,8 @@ avx512 (or neon) cell adds its % of the FMA peak measured in the same run, and a
 decode row its GB/s of K and V and % of the read bandwidth. Peer columns are fp32
 rows only (OpenVINO: the f32 hint; its default precision has its own column,
 labelled with the precision it resolved to; libsdpa's own bf16 rows from
-bench/compare.py's sdpa-bf16, "sdpa bf16", the last one). "best peer" is the fastest fp32 peer
+bench/compare.py's sdpa-bf16, "sdpa bf16", then "bf16 / openvino" where both ran: OpenVINO's
+default-precision time over libsdpa's bf16 time). "best peer" is the fastest fp32 peer
 of the line (naive-blas excluded), and "sdpa / best peer" the ratio of its time
 to libsdpa's best ISA (above 1: libsdpa is faster); both are left out when the
 input has no peer rows. Rows a peer cannot run (a
@@ -28,7 +29,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_sdpa as common  # noqa: E402  (the JSON-lines reader; no torch import at this level)
 
-ISAS = ["avx512", "avx2", "neon", "scalar"]
+ISAS = ["amx", "avx512", "avx2", "neon", "scalar"]  # amx: fp32 rows run the avx512 kernels
 PEERS = [  # (impl, label): fp32 rows
     ("naive-blas", "naive-blas"),
     ("torch-sdpa", "torch-sdpa"),
@@ -108,6 +109,9 @@ def main():
     bf = any(k in sdpa_bf16 for k in order)
     if bf:
         head.append("sdpa bf16")
+    bf_ov = bf and ovd
+    if bf_ov:
+        head.append("bf16 / openvino")
     compared = any(impl != "naive-blas" for impl, _ in peers)
     if compared:
         head += ["best peer", "sdpa / best peer"]
@@ -142,6 +146,9 @@ def main():
         if bf:
             r = sdpa_bf16.get(k)
             cells.append(fmt(r["gflops"]) if r else "-")
+        if bf_ov:
+            r, o = sdpa_bf16.get(k), ov_default.get(k)
+            cells.append(f"{o['ms'] / r['ms']:.2f}x" if r and o else "-")
         if not compared:
             pass
         elif best is not None and best_ms:
