@@ -126,7 +126,9 @@ typedef enum sdpa_isa {
     SDPA_ISA_NEON = 3,   /**< AArch64 Advanced SIMD */
     SDPA_ISA_AMX = 4     /**< x86-64 AMX-TILE + AMX-BF16 on top of AVX-512 and AVX512-BF16 (needs OS
                               support of tile state and, on Linux, the XTILEDATA permission the
-                              library requests at load): the AVX-512 kernels, with bf16 prefill
+                              library requests at load, unless SDPA_ISA names scalar, avx2 or
+                              avx512; once granted, Linux requires alternate signal stacks of
+                              at least AT_MINSIGSTKSZ): the AVX-512 kernels, with bf16 prefill
                               products on tiles; fp32 and fp16 problems run exactly as on avx512 */
 } sdpa_isa;
 #define SDPA_ISA_COUNT 5

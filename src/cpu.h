@@ -45,8 +45,10 @@ typedef enum sdpa_uarch {
 sdpa_uarch sdpa_cpu_uarch_x86(char *desc, size_t cap);
 
 /* Probes the CPU (and OS support of its register state). Fills names with a
- * space-separated list of what was seen (for `sdpa info`). Returns the flags. */
-unsigned sdpa_cpu_detect_x86(char *names, size_t cap);
+ * space-separated list of what was seen (for `sdpa info`). Returns the flags.
+ * want_tiles = 0: never asks Linux for the AMX tile-data permission (no
+ * SDPA_X86_CPU_FLAG_AMX_BF16 then). */
+unsigned sdpa_cpu_detect_x86(char *names, size_t cap, int want_tiles);
 unsigned sdpa_cpu_detect_arm(char *names, size_t cap);
 
 #endif

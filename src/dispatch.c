@@ -102,7 +102,13 @@ static void init_dispatch(void)
 {
     unsigned flags = 0;
 #if ARCH_X86_64
-    flags = sdpa_cpu_detect_x86(cpu_names, sizeof cpu_names);
+    /* SDPA_ISA naming a rung below amx: the process never asks for the tile permission
+     * (which makes Linux require larger alternate signal stacks, AT_MINSIGSTKSZ) */
+    const char *cap_env = getenv("SDPA_ISA");
+    sdpa_isa cap_isa;
+    const int want_tiles = !(cap_env && *cap_env && sdpa_isa_from_name(cap_env, &cap_isa) == 0 &&
+                             (cap_isa == SDPA_ISA_SCALAR || cap_isa == SDPA_ISA_AVX2 || cap_isa == SDPA_ISA_AVX512));
+    flags = sdpa_cpu_detect_x86(cpu_names, sizeof cpu_names, want_tiles);
 #elif ARCH_AARCH64
     flags = sdpa_cpu_detect_arm(cpu_names, sizeof cpu_names);
 #endif

@@ -202,6 +202,11 @@ Test(dispatch, load_choice_follows_environment)
     invalid = invalid || (env && *env && !invalid &&
                           (parsed == SDPA_ISA_AVX2 || parsed == SDPA_ISA_AVX512 || parsed == SDPA_ISA_AMX));
 #endif
+    /* a cap below amx: the tile permission is never asked for, so amx is not runnable */
+    if (env && *env && !invalid && (parsed == SDPA_ISA_SCALAR || parsed == SDPA_ISA_AVX2 || parsed == SDPA_ISA_AVX512)) {
+        cr_assert_not(sdpa_isa_supported(SDPA_ISA_AMX), "SDPA_ISA=%s: amx supported", env);
+        cr_assert_not(has_token(sdpa_cpu_features(), "amx-permitted"), "SDPA_ISA=%s: %s", env, sdpa_cpu_features());
+    }
     const char *rej = sdpa_isa_env_rejected();
     if (invalid) {
         cr_assert_not_null(rej, "SDPA_ISA=%s was not reported as rejected", env);

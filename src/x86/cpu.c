@@ -48,7 +48,7 @@ static int request_tile_permission(void)
 #endif
 }
 
-unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
+unsigned sdpa_cpu_detect_x86(char *names, size_t cap, int want_tiles)
 {
     unsigned r[4];
     unsigned flags = 0;
@@ -126,7 +126,7 @@ unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
     if ((flags & SDPA_X86_CPU_FLAG_AVX512) && ((eax71 >> 5) & 1))
         flags |= SDPA_X86_CPU_FLAG_AVX512_BF16;
     if ((flags & SDPA_X86_CPU_FLAG_AVX512_BF16) && ((edx7 >> 24) & 1) && ((edx7 >> 22) & 1) &&
-        (xcr0 & 0x60000) == 0x60000 && request_tile_permission()) {
+        (xcr0 & 0x60000) == 0x60000 && want_tiles && request_tile_permission()) {
         flags |= SDPA_X86_CPU_FLAG_AMX_BF16;
         sdpa_cpu_add_name(names, cap, "amx-permitted");
     }
@@ -191,8 +191,9 @@ static int request_tile_permission(void)
 #endif
 }
 
-unsigned sdpa_cpu_detect_x86(char *names, size_t cap)
+unsigned sdpa_cpu_detect_x86(char *names, size_t cap, int want_tiles)
 {
+    (void)want_tiles;
     if (cap)
         names[0] = '\0';
     return 0;
