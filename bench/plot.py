@@ -28,7 +28,7 @@ import torch_sdpa as common  # noqa: E402  (the JSON-lines reader; no torch impo
 
 DECODE_MAX_TQ = 16
 MASK_MARKERS = {"none": "o", "causal": "^", "causal-bottom-right": "v", "padding": "s"}
-ISA_ORDER = ["scalar", "avx2", "avx512", "neon"]
+ISA_ORDER = ["scalar", "avx2", "avx512", "amx", "neon"]
 
 
 def read_rows(paths):

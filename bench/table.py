@@ -100,6 +100,8 @@ def main():
         print("table.py: no fp32 libsdpa rows in the input", file=sys.stderr)
         return 1
     isas = [i for i in ISAS if any((k, i) in sdpa for k in order)]
+    if "amx" in isas and "avx512" in isas:  # the same fp32 kernels: one column
+        isas.remove("amx")
     peers = [(impl, lab) for impl, lab in PEERS if any((k, impl) in peer for k in order)]
     ovd = any(k in ov_default for k in order)
     precs = sorted({r.get("ov_precision", "?") for r in ov_default.values()})

@@ -50,6 +50,7 @@ typedef struct plan {
     sdpa_dtype q_dtype, kv_dtype, o_dtype; /* element types (the descriptor's) */
     int reduced;    /* some tensor is bf16 or fp16: tiles go through fp32 buffers (forward.c) */
     int bq, bk, ld; /* tile sizes; ld = row stride of tile buffers (a multiple of kt->col_align) */
+    int bq_given, bk_given; /* the descriptor's block_q / block_k were set (not the table's) */
     int nthreads;
     const sdpa_kernels *kt;
 } plan;

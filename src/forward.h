@@ -69,10 +69,11 @@ static inline const void *kv_row(const plan *pl, const sdpa_tensor *t, const voi
  * bf16 rows as they are, and P V with P rounded to bf16 (the only intermediate
  * rounded; docs/design.md, "What is rounded"). forward_pairs.c. */
 int sdpa_fwd_bf16_pairs(const plan *pl);
-/* A forward's block sizes: the table's pairs_block_q / pairs_block_k (where set and the
- * call gives none) when it runs the pair products on wide tiles (a dense call with more
- * than nt_max_cols query columns per head group); after sdpa_make_plan. */
-void sdpa_fwd_pairs_blocks(const sdpa_problem *p, plan *pl);
+/* A forward problem's block sizes (the dense call's plan, or a packed sequence's):
+ * the table's pairs_block_q / pairs_block_k (where set and the descriptor gives none)
+ * when it runs the pair products on wide tiles (more than nt_max_cols query columns
+ * per head group). */
+void sdpa_fwd_pairs_blocks(plan *pl);
 /* Words of the pair buffers of one thread: *qp Q^T [Dk/2][ld], *pp P^T
  * [ceil(block_k/2)][ld], *vp V [ceil(block_k/2)][Dv] (all 0 without the pair products);
  * returns their total in floats, each rounded as carve() does. */

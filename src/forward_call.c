@@ -35,8 +35,21 @@ typedef struct fwd_job {
 
 typedef struct fwd_thread {
     const fwd_job *job;
+    float *base;  /* this thread's `per` floats */
+    int64_t unit; /* the problem w is carved for (problems may differ in block sizes), or -1 */
     fwd_ws w;
 } fwd_thread;
+
+/* The thread's workspace laid out for problem ui (kept while the problem stays). */
+static const fwd_unit *thread_unit(fwd_thread *th, int64_t ui)
+{
+    const fwd_unit *u = &th->job->u[ui];
+    if (th->unit != ui) {
+        th->w = sdpa_fwd_ws_carve(&u->pl, th->base);
+        th->unit = ui;
+    }
+    return u;
+}
 
 /* The problem whose cumulative count first exceeds it (binary search), and it
  * made local. */
@@ -58,7 +71,7 @@ static int64_t unit_of(const int64_t *end, int64_t n, int64_t *it)
 static void fwd_item_of(void *arg, int64_t it)
 {
     fwd_thread *th = arg;
-    const fwd_unit *u = &th->job->u[unit_of(th->job->item_end, th->job->n, &it)];
+    const fwd_unit *u = thread_unit(th, unit_of(th->job->item_end, th->job->n, &it));
     const tile_layout *L = &u->a.L;
     /* Within a head, last row tiles first: under causal masks they are the longest. */
     const int64_t split = it % L->nsplit, tile = it / L->nsplit;
@@ -78,14 +91,17 @@ static void fwd_item_of(void *arg, int64_t it)
 static void fwd_merge_of(void *arg, int64_t tile)
 {
     fwd_thread *th = arg;
-    const fwd_unit *u = &th->job->u[unit_of(th->job->merge_end, th->job->n, &tile)];
+    const fwd_unit *u = thread_unit(th, unit_of(th->job->merge_end, th->job->n, &tile));
     sdpa_fwd_merge(&u->pl, &th->w, &u->a, tile);
 }
 
 static void fwd_team_body(void *ctx, int tid, int team)
 {
     const fwd_job *job = ctx;
-    fwd_thread th = {job, sdpa_fwd_ws_carve(&job->u[0].pl, job->ws + (size_t)tid * job->per)};
+    fwd_thread th;
+    th.job = job;
+    th.base = job->ws + (size_t)tid * job->per;
+    th.unit = -1;
     const sdpa_kernels *kt = job->u[0].pl.kt;
     const int tiles = kt->tiles_begin && sdpa_fwd_bf16_pairs(&job->u[0].pl); /* one table and type per call */
     if (tiles)
@@ -106,6 +122,7 @@ static void unit_plan(const plan *pl, int64_t u, plan *out)
         sdpa_seq_plan(pl, u, out);
     else
         *out = *pl;
+    sdpa_fwd_pairs_blocks(out); /* per problem: a packed sequence's bits are its dense call's */
 }
 
 /* What the workspace holds, in floats: the problems, their cumulative counts,
@@ -198,7 +215,6 @@ static sdpa_status fwd_prepare(const sdpa_problem *p, const sdpa_tensor *q, cons
     sdpa_status st = sdpa_make_plan(p, pl);
     if (st != SDPA_OK)
         return st;
-    sdpa_fwd_pairs_blocks(p, pl);
     if (!q || !k || !v || !o)
         return SDPA_ERR_NULL_ARGUMENT;
     int64_t nq[3], nk[3];
@@ -246,7 +262,6 @@ sdpa_status sdpa_forward_workspace_size(const sdpa_problem *p, size_t *bytes)
     sdpa_status st = sdpa_make_plan(p, &pl);
     if (st != SDPA_OK)
         return st;
-    sdpa_fwd_pairs_blocks(p, &pl);
     if (!bytes)
         return SDPA_ERR_NULL_ARGUMENT;
     if ((st = fwd_sizes_of(&pl, &s)) != SDPA_OK)

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* forward_pairs.c - the forward's bf16 pair-product path (sdpa_fwd_bf16_pairs): a wide
  * (prefill) key tile of bf16 Q and bf16 K/V through the ISA's gemm_bf16_pairs
- * (AVX512-BF16 vdpbf16ps, src/x86/kernels_avx512_bf16.c), P rounded to bf16 before
+ * (AVX512-BF16 vdpbf16ps, src/x86/kernels_avx512_bf16.c; AMX tdpbf16ps,
+ * src/x86/kernels_amx.c), P rounded to bf16 before
  * P V (docs/design.md, "What is rounded"). The rest of the tile's work, masks,
  * variants and the online softmax, is forward.c's, in fp32. */
 #include "forward.h"
@@ -13,17 +14,17 @@ int sdpa_fwd_bf16_pairs(const plan *pl)
            pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
 }
 
-void sdpa_fwd_pairs_blocks(const sdpa_problem *p, plan *pl)
+void sdpa_fwd_pairs_blocks(plan *pl)
 {
     const sdpa_kernels *kt = pl->kt;
-    /* dense calls with wide tiles only: a decode call's tiles never run the pair
-     * products and keep the fp32 call's blocks (its bits are the fp32 call's on the
-     * widened inputs); packed sequences keep them too (one workspace layout per call) */
-    if (!sdpa_fwd_bf16_pairs(pl) || pl->seqs || pl->Tq * pl->G <= kt->nt_max_cols)
+    /* problems with wide tiles only (a packed sequence's own plan: its Tq): a decode
+     * problem's tiles never run the pair products and keep the fp32 call's blocks (its
+     * bits are the fp32 call's on the widened inputs) */
+    if (!sdpa_fwd_bf16_pairs(pl) || pl->G <= 0 || pl->Tq <= kt->nt_max_cols / pl->G)
         return;
-    if (!p->block_q && kt->pairs_block_q)
+    if (!pl->bq_given && kt->pairs_block_q)
         pl->bq = kt->pairs_block_q;
-    if (!p->block_k && kt->pairs_block_k)
+    if (!pl->bk_given && kt->pairs_block_k)
         pl->bk = kt->pairs_block_k;
     pl->ld = (pl->bq + kt->col_align - 1) / kt->col_align * kt->col_align;
 }

@@ -204,7 +204,8 @@ typedef void (*sdpa_narrow_rows_fn)(int rows, int cols, const float *src, ptrdif
  * sum with the instruction's arithmetic: bf16 subnormals count as zero (so a
  * subnormal times inf is NaN), each step rounds to nearest even, a subnormal sum is
  * flushed to zero (docs/design.md, "What is rounded"). Sums run over p in
- * increasing order, one fixed order per (m,n), whatever the caller's threading.
+ * increasing order (AMX: 16-pair steps in increasing order, each added in the
+ * instruction's own order), one fixed order per (m,n), whatever the caller's threading.
  * Only SDPA_GEMM_ACCUMULATE is a valid flag (no masked sentinels in its inputs). */
 typedef void (*sdpa_gemm_bf16_pairs_fn)(int M, int N, int P, float alpha, const uint16_t *A, ptrdiff_t rs_a,
                                         ptrdiff_t cs_a, const uint32_t *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,

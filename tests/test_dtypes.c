@@ -468,7 +468,9 @@ BCOMBO_KV(F16)
 static void packed_case(sdpa_dtype t)
 {
     enum { NS = 3, HQ = 4, HKV = 2, D = 40 };
-    const int32_t tq[NS] = {7, 1, 20}, tk[NS] = {30, 9, 20};
+    /* the last one long enough for several key tiles of the bf16 pair products' own
+     * blocks (128 x 128 on amx), the second a decode */
+    const int32_t tq[NS] = {7, 1, 150}, tk[NS] = {30, 9, 300};
     int32_t cuq[NS + 1] = {0}, cuk[NS + 1] = {0};
     for (int b = 0; b < NS; b++)
         cuq[b + 1] = cuq[b] + tq[b], cuk[b + 1] = cuk[b] + tk[b];

@@ -80,9 +80,9 @@ int cmd_info(int argc, char **argv)
                : a == SDPA_ISA_AMX ? "bf16 Q with bf16 K/V, prefill tiles: AMX tdpbf16ps tile products"
                                    : "bf16 Q with bf16 K/V, prefill tiles: AVX512-BF16 vdpbf16ps pair products",
                pairs ? ", P rounded to bf16; otherwise " : "", sdpa_isa_name(vec), f16,
-               a == SDPA_ISA_AMX ? "AMX-FP16 and BFDOT are"
-               : pairs           ? "AMX and BFDOT are"
-                                 : "AVX512-BF16, AMX and BFDOT are");
+               a == SDPA_ISA_AMX && pairs ? "AMX-FP16 and BFDOT are"
+               : pairs                    ? "AMX and BFDOT are"
+                                          : "AVX512-BF16, AMX and BFDOT are");
     }
     rej = sdpa_isa_env_rejected();
     if (rej)

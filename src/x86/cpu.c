@@ -177,20 +177,6 @@ sdpa_uarch sdpa_cpu_uarch_x86(char *desc, size_t cap)
     return SDPA_UARCH_GENERIC;
 }
 
-/* Linux keeps AMX tile data (XTILEDATA, XSAVE component 18) off for a process until it
- * asks (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+; Documentation/arch/x86/xstate.rst);
- * a tile instruction before that faults. Asked once, at detection; the permission is
- * the whole process's. 0 where the kernel refuses or is not Linux: no AMX rung. */
-static int request_tile_permission(void)
-{
-#if defined(__linux__)
-    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-#else
-    return 0;
-#endif
-}
-
 unsigned sdpa_cpu_detect_x86(char *names, size_t cap, int want_tiles)
 {
     (void)want_tiles;

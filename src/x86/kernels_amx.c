@@ -5,7 +5,7 @@
  * the masks, the AVX512-BF16 packs of kernels_avx512_bf16.c) with one entry replaced:
  * gemm_bf16_pairs runs on the tile unit. `tdpbf16ps` multiplies a 16 x 32 bf16 tile of
  * A by a 16 x (16 pairs) tile of B into a 16 x 16 fp32 tile: 16,384 FLOPs per
- * instruction, about 16x the AVX-512 FMA rate per core (docs/perf-notes.md).
+ * instruction, about 15x the AVX-512 FMA rate per core (docs/perf-notes.md, "AMX").
  *
  * Layout: the "pairs" of kernels.h are AMX's own. B's rows are pairs along the
  * reduction ([p][n] words: one tile row = 16 columns of one pair); A's tile rows must
@@ -18,16 +18,19 @@
  * (tmm4-5), two B tiles (tmm6-7); every tile 16 rows x 64 bytes. The driver loads
  * that configuration on each thread that calls gemm_bf16_pairs (tiles_begin) and
  * releases the tile state when the thread has finished its part of the library call
- * (tiles_end), so no tile state outlives a call or crosses into the caller's code
- * (another library's AMX code on the same thread keeps working, and a finished thread
- * holds no 8 KiB of tile state in its context).
+ * (tiles_end), so no tile state outlives a call or crosses into the caller's code (a
+ * finished thread holds no 8 KiB of tile state in its context). A caller's own tile
+ * configuration and data on that thread do not survive the call: AMX code that loads
+ * its configuration before its tile instructions, as it must, keeps working.
  *
  * Arithmetic (Intel SDM, "TDPBF16PS"): bf16 inputs that are subnormal count as zero,
- * each pair's two exact products are added to the fp32 accumulator one after the
- * other with round to nearest even, subnormal results are flushed to zero, MXCSR is
- * not consulted: the same contract as vdpbf16ps (docs/design.md, "What is rounded").
- * Per element of C the reduction runs over p in increasing order from +0, then
- * C = alpha T (+ row_scale C_old), as kernels_avx512_bf16.c does.
+ * products of bf16 are exact in fp32, sums round to nearest even, subnormal results are
+ * flushed to zero, MXCSR is not consulted: the contract of vdpbf16ps (docs/design.md,
+ * "What is rounded"), but the order in which one instruction adds its 16 pairs' products
+ * to an element is the instruction's own, so results can differ in the last bits from
+ * the AVX512-BF16 kernel's. Per element of C the reduction runs over the pair chunks in
+ * increasing order from +0, then C = alpha T (+ row_scale C_old), as
+ * kernels_avx512_bf16.c does.
  *
  * Built with the AVX-512 F/VL/BW/DQ, BF16 and AMX-TILE/AMX-BF16 flags; installed only
  * when CPUID has AMX-TILE and AMX-BF16 (with AVX512_BF16), XCR0 enables the tile state
@@ -40,7 +43,7 @@
 
 #define TILE_ROWS 16  /* rows of every tile */
 #define TILE_WORDS 16 /* 32-bit words per tile row (64 bytes): 16 pairs, or 16 fp32 */
-#define PANEL_PAIRS 256 /* pairs of a packed A panel held on the stack */
+#define PANEL_PAIRS 128 /* pairs of a packed A panel held on the stack (the driver's P V: ceil(block_k / 2)) */
 
 typedef struct tile_config {
     uint8_t palette;
