@@ -1045,7 +1045,7 @@ typedef struct limits {
 } limits;
 
 typedef double (*peak_fn)(int64_t iters, float seed, float *sink);
-static double row_peak(const limits *L, sdpa_isa isa, sdpa_dtype dt, int backward, int ti);
+static double row_peak(const limits *L, sdpa_isa isa, sdpa_dtype dt, int backward, int decode, int ti);
 
 static peak_fn peak_function(sdpa_isa isa)
 {
@@ -1894,7 +1894,7 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
                         r.isa = sdpa_isa_name(isa);
                         r.threads = o->threads[ti];
                         fill_row(&r, k > ps.nv ? &form_case[k - 1 - ps.nv] : c, op, dt, &t[k],
-                                 row_peak(L, isa, dt, op, ti), L->bw[ti], rss_before);
+                                 row_peak(L, isa, dt, op, c->s.Tq <= DECODE_MAX_TQ, ti), L->bw[ti], rss_before);
                         double *ref = k == 0 ? &scalar_ms[scalar_index(dt, ci, op, ti)] : &pscalar[k][ti];
                         if (isa == SDPA_ISA_SCALAR)
                             *ref = r.ms;
@@ -2023,10 +2023,10 @@ static int run_naive_backward(void *p)
 }
 
 /* The peak a row is measured against: the ISA's own, but an amx row runs the AVX-512
- * kernels except in a bf16 forward (its tile products). */
-static double row_peak(const limits *L, sdpa_isa isa, sdpa_dtype dt, int backward, int ti)
+ * kernels except in a bf16 prefill forward (its tile products; decode tiles do not). */
+static double row_peak(const limits *L, sdpa_isa isa, sdpa_dtype dt, int backward, int decode, int ti)
 {
-    if (isa == SDPA_ISA_AMX && (dt != SDPA_DTYPE_BF16 || backward))
+    if (isa == SDPA_ISA_AMX && (dt != SDPA_DTYPE_BF16 || backward || decode))
         return L->peak[SDPA_ISA_AVX512][ti];
     return L->peak[isa][ti];
 }
@@ -2561,7 +2561,7 @@ static void print_header(FILE *f, const options *o, const limits *L)
         fprintf(f, "# (peaks: best of many 2 ms register-resident FMA loops; the scalar one chains "
                    "non-vectorised a*b+c, as the scalar kernels do%s)\n",
                 L->peak[SDPA_ISA_AMX][0] > 0.0 ? "; the AMX one 2 x 2 accumulator tiles of tdpbf16ps. %peak of an "
-                                                 "amx row: of the AMX peak for a bf16 forward, else of avx512's"
+                                                 "amx row: of the AMX peak for a bf16 prefill forward, else of avx512's"
                                                : "");
         /* A multi-thread peak far below n x the 1-thread one means other processes held cores. */
         int ti1 = -1;
