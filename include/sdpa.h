@@ -357,7 +357,7 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * e.g. decode), at most 4 * block_q * (Dv + 2) bytes per (tile, split), fewer
  * than 128 of them; failure returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with
  * Tq x Tk. With a bf16 / fp16 tensor, per thread also (max(block_k, 16) (Dk + Dv) +
- * max(Dk, Dv)) floats of conversion buffers, and where bf16 Q and K/V run on the bf16
+ * max(Dk, Dv)) floats of conversion buffers, and where bf16 K/V run on the bf16
  * pair products (sdpa_isa_bf16_pairs()) about (Dk/2 + block_k/2) block_q +
  * block_k/2 Dv more (on SDPA_ISA_AMX with block_q = block_k = 128 unless the
  * descriptor gives them, for prefill problems), and on AMX about 24 KiB of stack per
@@ -528,11 +528,12 @@ SDPA_API const char *sdpa_cpu_features(void);
  *  thread-safe. */
 SDPA_API const char *sdpa_tuning(void);
 /** 1 when a forward on `isa` (SDPA_ISA_AUTO: the process-wide default) runs the
- *  prefill key tiles of a bf16 Q with bf16 K/V (head_dim_qk even) on bf16 pair
+ *  prefill key tiles of bf16 K/V with a bf16 or fp32 Q (head_dim_qk even) on bf16 pair
  *  products (AVX512-BF16 `vdpbf16ps` where the tuning for this CPU turns them on, and
  *  AMX `tdpbf16ps` on SDPA_ISA_AMX: "bf16_dot 1" in sdpa_tuning(),
  *  SDPA_TUNE=bf16_dot=0|1), which round each
- *  probability P to bf16 before P V and read bf16 subnormals as 0 (docs/design.md,
+ *  probability P to bf16 before P V, round an fp32 Q to bf16 (nearest even) and read
+ *  bf16 subnormals as 0 (docs/design.md,
  *  "What is rounded"); 0 otherwise, and for an ISA this CPU cannot run. Fixed at
  *  load; thread-safe; no errors. */
 SDPA_API int sdpa_isa_bf16_pairs(sdpa_isa isa);

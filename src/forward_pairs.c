@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* forward_pairs.c - the forward's bf16 pair-product path (sdpa_fwd_bf16_pairs): a wide
- * (prefill) key tile of bf16 Q and bf16 K/V through the ISA's gemm_bf16_pairs
+ * (prefill) key tile of bf16 K/V and a bf16 or fp32 Q (rounded to bf16) through the ISA's gemm_bf16_pairs
  * (AVX512-BF16 vdpbf16ps, src/x86/kernels_avx512_bf16.c; AMX tdpbf16ps,
  * src/x86/kernels_amx.c), P rounded to bf16 before
  * P V (docs/design.md, "What is rounded"). The rest of the tile's work, masks,
@@ -10,7 +10,7 @@
 int sdpa_fwd_bf16_pairs(const plan *pl)
 {
     const sdpa_kernels *kt = pl->kt;
-    return kt->bf16_dot && kt->gemm_bf16_pairs && pl->q_dtype == SDPA_DTYPE_BF16 &&
+    return kt->bf16_dot && kt->gemm_bf16_pairs && (pl->q_dtype == SDPA_DTYPE_BF16 || pl->q_dtype == SDPA_DTYPE_F32) &&
            pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
 }
 
@@ -43,6 +43,13 @@ size_t sdpa_fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp)
 
 void sdpa_fwd_pairs_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft)
 {
+    if (pl->q_dtype == SDPA_DTYPE_F32) { /* fp32 Q over a bf16 cache: Q^T, then rounded to bf16 pairs */
+        for (int g = 0; g < ft->nh; g++)
+            pl->kt->transpose(ft->nr, (int)pl->Dk, row_in_t(a->q, pl->q_dtype, ft->b, ft->h0 + g, ft->i0),
+                              a->q->seq_stride, w->qt + g * ft->nr, pl->ld);
+        pl->kt->pack_pairs_f32((int)pl->Dk, ft->ncol, w->qt, pl->ld, w->qp, pl->ld);
+        return;
+    }
     for (int g = 0; g < ft->nh; g++)
         pl->kt->transpose_pairs(ft->nr, (int)pl->Dk / 2, row_in_t(a->q, pl->q_dtype, ft->b, ft->h0 + g, ft->i0),
                                 a->q->seq_stride, w->qp + g * ft->nr, pl->ld);

@@ -454,9 +454,11 @@ static void run_dtype_case(sdpa_isa isa, const dtype_shape *s, const sdpa_dtype 
     double *ro = malloc(8 * (no + 1)), *rl = malloc(8 * (nl + 1));
     float *n32o = malloc(4 * (no + 1)), *n32l = malloc(4 * (nl + 1)), *got = malloc(4 * (nmax + 1));
     ref_forward(&p, q, k, v, ro, rl);
-    if (util_rounds_p(isa, ty[0], ty[1], s->Dk, s->Dv)) /* bf16 pair products: P rounded too */
-        naive32_forward_bf16_p(&p, q, k, v, n32o, n32l);
-    else
+    if (util_rounds_p(isa, ty[0], ty[1], s->Dk, s->Dv)) { /* bf16 pair products: P (and an fp32 Q) rounded too */
+        float *qp = util_pairs_q(q, nq, ty[0]);
+        naive32_forward_bf16_p(&p, qp ? qp : q, k, v, n32o, n32l);
+        free(qp);
+    } else
         naive32_forward(&p, q, k, v, n32o, n32l);
     for (size_t i = 0; i < no; i++)
         n32o[i] = round_to(ty[2], n32o[i]);

@@ -584,7 +584,7 @@ Test(dispatch, force_isa_races_with_computation, .timeout = 60)
     free(v);
 }
 
-/* amx runs fp32 and fp16 problems, and everything but a bf16-by-bf16 forward, on the
+/* amx runs fp32 and fp16 problems, and everything but a forward over bf16 K/V, on the
  * avx512 table's kernels with the avx512 entry's shapes: the same bits as avx512
  * (forward and backward, fp32, fp16 and a bf16 backward). This is what lets the other
  * fp32 suites test avx512 only (util_isas); the bf16 forward on tiles is tested by the

@@ -144,10 +144,14 @@ int util_isas(sdpa_isa out[SDPA_ISA_COUNT]);
 int util_isas_typed(sdpa_isa out[SDPA_ISA_COUNT]);
 
 /* Whether the library may round P to bf16 before P V for a forward on isa with these
- * types and head_dims: Q and K/V bf16, Dk even and > 0, Dv > 0, and the ISA runs the
- * bf16 pair products (sdpa_isa_bf16_pairs; docs/design.md, "What is rounded"). The accuracy rule's naive reference then rounds P
- * the same way (naive32_forward_bf16_p). */
+ * types and head_dims: K/V bf16, Q bf16 or fp32 (then rounded to bf16 too), Dk even and
+ * > 0, Dv > 0, and the ISA runs the bf16 pair products (sdpa_isa_bf16_pairs;
+ * docs/design.md, "What is rounded"). The accuracy rule's naive reference then rounds P
+ * the same way (naive32_forward_bf16_p), on Q as util_pairs_q gives it. */
 int util_rounds_p(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t Dv);
+/* A malloc'd copy of the n values of Q (fp32 values of type qt) as the bf16 pair
+ * products read them: rounded to bf16 (nearest even) when qt is fp32, else as they are. */
+float *util_pairs_q(const float *q, size_t n, sdpa_dtype qt);
 
 /* ---------------------------------------------------------- tolerances -- */
 

@@ -3,6 +3,7 @@
  * buffers, layouts and views, the elementwise edge-case rule, the data directory. Linked
  * into the Criterion suite and into the plain-C programs (tests/conformance.c). */
 #include "util.h"
+#include "ref.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -418,6 +419,16 @@ void tb_free(tbuf *t)
 
 int util_rounds_p(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t Dv)
 {
-    return q == SDPA_DTYPE_BF16 && kv == SDPA_DTYPE_BF16 && Dk % 2 == 0 && Dk > 0 && Dv > 0 &&
-           sdpa_isa_bf16_pairs(isa);
+    return (q == SDPA_DTYPE_BF16 || q == SDPA_DTYPE_F32) && kv == SDPA_DTYPE_BF16 && Dk % 2 == 0 && Dk > 0 &&
+           Dv > 0 && sdpa_isa_bf16_pairs(isa);
+}
+
+float *util_pairs_q(const float *q, size_t n, sdpa_dtype qt)
+{
+    float *c = malloc((n ? n : 1) * sizeof *c);
+    if (!c)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        c[i] = qt == SDPA_DTYPE_F32 ? ref_round_bf16(q[i]) : q[i];
+    return c;
 }

@@ -1141,7 +1141,7 @@ def force_isa(isa):
 def info():
     """The facts of `sdpa info` as a dict: also "tuning" (sdpa_tuning(): the detected
     microarchitecture and each ISA's block sizes) and "bf16_pairs_isas" (the ISAs on which
-    a bf16 Q with bf16 K/V runs its prefill tiles on bf16 pair products, AVX512-BF16's
+    bf16 K/V with a bf16 or fp32 Q run their prefill tiles on bf16 pair products, AVX512-BF16's
     vdpbf16ps or AMX's tdpbf16ps, rounding P to bf16 before P V: sdpa_isa_bf16_pairs)."""
     names = isa_names()
     rejected = _b.isa_env_rejected()
