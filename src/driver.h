@@ -88,6 +88,12 @@ void sdpa_view_rows(const plan *pl, int64_t nq[3], int64_t nk[3]);
 enum { TILE_SKIP = 0, TILE_FULL = 1, TILE_PARTIAL = 2 };
 
 /* This batch's key length. */
+/* The row stride of a plan's tile buffers: block_q rounded up to the table's col_align. */
+static inline int plan_ld(int bq, int col_align)
+{
+    return (bq + col_align - 1) / col_align * col_align;
+}
+
 static inline int64_t keys_of_batch(const plan *pl, int64_t b)
 {
     return pl->kv_lengths ? pl->kv_lengths[b] : pl->Tk;

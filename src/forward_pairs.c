@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* forward_pairs.c - the forward's bf16 pair-product path (sdpa_fwd_bf16_pairs): a wide
- * (prefill) key tile of bf16 K/V and a bf16 or fp32 Q (rounded to bf16) through the ISA's gemm_bf16_pairs
- * (AVX512-BF16 vdpbf16ps, src/x86/kernels_avx512_bf16.c; AMX tdpbf16ps,
- * src/x86/kernels_amx.c), P rounded to bf16 before
+ * (prefill) key tile of bf16 K/V and a bf16 or fp32 Q (rounded to bf16) through the
+ * ISA's gemm_bf16_pairs (AVX512-BF16 vdpbf16ps, src/x86/kernels_avx512_bf16.c; AMX
+ * tdpbf16ps, src/x86/kernels_amx.c), P rounded to bf16 before
  * P V (docs/design.md, "What is rounded"). The rest of the tile's work, masks,
  * variants and the online softmax, is forward.c's, in fp32. */
 #include "forward.h"
@@ -10,8 +10,8 @@
 int sdpa_fwd_bf16_pairs(const plan *pl)
 {
     const sdpa_kernels *kt = pl->kt;
-    return kt->bf16_dot && kt->gemm_bf16_pairs && (pl->q_dtype == SDPA_DTYPE_BF16 || pl->q_dtype == SDPA_DTYPE_F32) &&
-           pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
+    const int q_ok = pl->q_dtype == SDPA_DTYPE_BF16 || pl->q_dtype == SDPA_DTYPE_F32;
+    return kt->bf16_dot && kt->gemm_bf16_pairs && q_ok && pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
 }
 
 void sdpa_fwd_pairs_blocks(plan *pl)
@@ -26,7 +26,7 @@ void sdpa_fwd_pairs_blocks(plan *pl)
         pl->bq = kt->pairs_block_q;
     if (!pl->bk_given && kt->pairs_block_k)
         pl->bk = kt->pairs_block_k;
-    pl->ld = (pl->bq + kt->col_align - 1) / kt->col_align * kt->col_align;
+    pl->ld = plan_ld(pl->bq, kt->col_align);
 }
 
 size_t sdpa_fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp)

@@ -77,8 +77,10 @@ int cmd_info(int argc, char **argv)
                "fp32 products); %s not used\n",
                sdpa_isa_name(vec), sdpa_isa_name(pairs ? a : vec),
                !pairs                ? ""
-               : a == SDPA_ISA_AMX ? "bf16 K/V with a bf16 or fp32 Q, prefill tiles: AMX tdpbf16ps tile products"
-                                   : "bf16 K/V with a bf16 or fp32 Q, prefill tiles: AVX512-BF16 vdpbf16ps pair products",
+               : a == SDPA_ISA_AMX ? "bf16 K/V with a bf16 or fp32 Q, prefill tiles: AMX tdpbf16ps tile "
+                                     "products"
+                                   : "bf16 K/V with a bf16 or fp32 Q, prefill tiles: AVX512-BF16 vdpbf16ps "
+                                     "pair products",
                pairs ? ", P and an fp32 Q rounded to bf16; otherwise " : "", sdpa_isa_name(vec), f16,
                a == SDPA_ISA_AMX && pairs ? "AMX-FP16 and BFDOT are"
                : pairs                    ? "AMX and BFDOT are"

@@ -100,8 +100,8 @@ static void pack_a_panel(int rows, int np, int ppad, const uint16_t *A, ptrdiff_
             for (int p = 0; p < ppad; p += 16) {
                 const int n = r < rows ? (np - p < 16 ? (np - p > 0 ? np - p : 0) : 16) : 0;
                 const __mmask16 k = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
-                _mm512_storeu_si512(panel + (ptrdiff_t)r * ppad + p,
-                                    _mm512_maskz_loadu_epi32(k, A + (ptrdiff_t)(m0 + r) * rs_a + 2 * (ptrdiff_t)(p0 + p)));
+                const uint16_t *src = A + (ptrdiff_t)(m0 + r) * rs_a + 2 * (ptrdiff_t)(p0 + p);
+                _mm512_storeu_si512(panel + (ptrdiff_t)r * ppad + p, _mm512_maskz_loadu_epi32(k, src));
             }
         return;
     }
@@ -231,9 +231,9 @@ static void gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A,
         /* the panel holds pairs [pp0, pp0 + panel_pairs); packed when first needed */
         int pp0 = -1;
         for (int n = 0; n < N; n += 32) {
-            if (place && P % 16 == 0 && n + 32 <= N && m + 32 <= M) {
-                block_full(P / 16, (const char *)(A + (ptrdiff_t)m * rs_a), (const char *)(A + (ptrdiff_t)(m + 16) * rs_a),
-                           rs_a * 2, 64, (const char *)(B + n), ldb * 4, out);
+            if (place && n + 32 <= N && m + 32 <= M) { /* place: P is whole chunks */
+                const char *a0 = (const char *)(A + (ptrdiff_t)m * rs_a), *a1 = a0 + 32 * rs_a;
+                block_full(P / 16, a0, a1, rs_a * 2, 64, (const char *)(B + n), ldb * 4, out);
                 store_c_full(out, alpha, C, ldc, flags, c_row_scale, m, n);
                 continue;
             }
