@@ -169,9 +169,8 @@ static void bwd_wave_of(void *arg, int64_t it)
  * pairs of one wave touch distinct dQ and dK/dV tiles, so they run in parallel
  * without atomics, and every tile receives its contributions in increasing
  * order of the other index. Either way the bits do not depend on the threads. */
-static void bwd_team_body(void *ctx, int tid, int team)
+static void bwd_team_work(const bwd_team *tm, int tid, int team)
 {
-    const bwd_team *tm = ctx;
     const bwd_args *a = tm->a;
     bwd_thread th = {tm, sdpa_bwd_ws_carve(tm->pl, tm->ws + (size_t)tid * tm->per), 0, 0, 0};
     if (tm->BH >= 2 * (int64_t)tm->nthreads || tm->nthreads == 1) { /* (one thread: its own head order) */
@@ -189,6 +188,18 @@ static void bwd_team_body(void *ctx, int tid, int team)
         th.cnt = (d < tm->R - 1 ? d : tm->R - 1) - th.rmin + 1;
         sdpa_for_dynamic(team, tm->BH * th.cnt, bwd_wave_of, &th, 0);
     }
+}
+
+static void bwd_team_body(void *ctx, int tid, int team)
+{
+    const bwd_team *tm = ctx;
+    const sdpa_kernels *kt = tm->pl->kt;
+    const int tiles = tm->a->pairs && kt->tiles_begin; /* the pair products on AMX tiles */
+    if (tiles)
+        kt->tiles_begin();
+    bwd_team_work(tm, tid, team);
+    if (tiles)
+        kt->tiles_end();
 }
 
 /* Validation of a call and its tensors. */
@@ -259,7 +270,8 @@ void sdpa_bwd_run(const plan *pl, const bwd_views *x, float *ws, size_t nD_round
     const double kv_bytes =
         (double)pl->B * (double)pl->Hkv * (double)pl->Tk * (double)(pl->Dk + pl->Dv) * sizeof(float);
     const bwd_args a = {x->q,       x->k,    x->v, x->o,   x->lse, x->dout, x->dq, x->dk, x->dv, D, row_max,
-                        row_logsum, row_dlo, nt,   R == 1, R == 1 && kv_bytes >= (double)BWD_STREAM_KV_BYTES};
+                        row_logsum, row_dlo, nt,   R == 1, R == 1 && kv_bytes >= (double)BWD_STREAM_KV_BYTES,
+                        pl->bwd_pairs && !nt};
     /* Key tiles per pass of the per-head order: as many as BWD_KV_CHUNK_BYTES of
      * their K, V, dK and dV rows (bwd_head_of). */
     int64_t kchunk = BWD_KV_CHUNK_BYTES / ((int64_t)pl->bk * (int64_t)sizeof(float) * (2 * pl->Dk + 2 * pl->Dv));

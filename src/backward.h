@@ -42,6 +42,13 @@ typedef struct bwd_ws {
     float *g;        /* with softcap: its derivative 1 - tanh^2 of the pair's scores, like p */
     float *vs;       /* 2 * ld floats: the logit variants' per-column scratch */
     int64_t *lo, *hi;
+    /* bf16 pair products only (bwd_args.pairs; else NULL): Q^T and dO^T in pairs along
+     * head_dim ([D/2][ld]), Q and dO rows in pairs along the tile's columns ([ncol/2][D]),
+     * the pair's K rows in pairs along the keys ([nk/2][Dk]) and dS in pairs along the
+     * keys ([nk/2][ld]); the pair's K and V rows as bf16 ([nk][D]), P^T and dS^T
+     * rounded to bf16 ([nk][ld], the column after an odd ncol zero) */
+    uint32_t *qtp, *dotp, *qp, *dop, *kp, *dsp;
+    uint16_t *k16, *v16, *p16, *ds16;
     int64_t packed_tile; /* the query tile whose Q^T, dO^T, LSE, D (and packed rows) are in
                             qt, dot, lse, dd, qn, don; -1: none */
 } bwd_ws;
@@ -59,6 +66,8 @@ typedef struct bwd_args {
     int kv_once; /* one query tile per (batch, kv head): every dK/dV row gets all of its
                     terms from one pair, which writes it (no zeroing first) */
     int kv_stream; /* kv_once, and dK + dV >= BWD_STREAM_KV_BYTES: written with SDPA_GEMM_STREAM_C */
+    int pairs; /* the plan's bwd_pairs and wide tiles (not nt): the five products of a pair on
+                  bf16 pairs (kt->gemm_bf16_pairs), P and dS rounded to bf16 before theirs */
 } bwd_args;
 
 /* Floats of one thread's workspace, and its carving. */
@@ -75,6 +84,11 @@ void sdpa_bwd_pair(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_layo
  * tile (nothing to do, and no cost but reading LSE, otherwise). */
 void sdpa_bwd_tile_stats(const plan *pl, bwd_ws *w, const bwd_args *a, const tile_layout *L, int64_t bh,
                          int64_t r);
+
+/* Whether a 16-bit backward's fp32 group problems may run their products on bf16
+ * pairs: the ISA's bf16_dot, Q, K/V and O (so dO) all bf16, even head dims. The
+ * typed backward then sets bwd_pairs on a group's plan when its operands are finite. */
+int sdpa_bwd_bf16_pairs(const plan *pl);
 
 /* The views of a backward call (or of one problem of it). */
 typedef struct bwd_views {

@@ -14,12 +14,41 @@
 
 #include "backward.h"
 
+int sdpa_bwd_bf16_pairs(const plan *pl)
+{
+    const sdpa_kernels *kt = pl->kt;
+    return kt->bf16_dot && kt->gemm_bf16_pairs && pl->q_dtype == SDPA_DTYPE_BF16 &&
+           pl->kv_dtype == SDPA_DTYPE_BF16 && pl->o_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 &&
+           pl->Dv > 0 && pl->Dv % 2 == 0;
+}
+
+/* The pair buffers of bwd_ws (floats each, in its order), or none without bwd_pairs;
+ * returns their total (each rounded to the alignment). */
+static size_t pair_floats(const plan *pl, size_t n[10])
+{
+    size_t m[10] = {0};
+    if (pl->bwd_pairs) {
+        const size_t ld = (size_t)pl->ld, bk = (size_t)pl->bk, Dk = (size_t)pl->Dk, Dv = (size_t)pl->Dv;
+        const size_t hk = (bk + 1) / 2, hl = (ld + 1) / 2;
+        const size_t v[10] = {Dk / 2 * ld, Dv / 2 * ld, hl * Dk, hl * Dv, hk * Dk, hk * ld,
+                              (bk * Dk + 1) / 2, (bk * Dv + 1) / 2, bk * hl, bk * hl};
+        memcpy(m, v, sizeof m);
+    }
+    size_t total = 0;
+    for (int i = 0; i < 10; i++) {
+        total += round_floats(m[i]);
+        if (n)
+            n[i] = m[i];
+    }
+    return total;
+}
+
 size_t sdpa_bwd_ws_floats(const plan *pl)
 {
     const size_t ld = (size_t)pl->ld;
     const size_t g = pl->softcap != 0.0f ? round_floats(pl->bk * ld) : 0;
     return 2 * round_floats(pl->Dk * ld) + 2 * round_floats(pl->Dv * ld) + 2 * round_floats(pl->bk * ld) + g +
-           6 * round_floats(ld) + 4 * round_floats(ld) + 3 * round_floats(2 * ld);
+           6 * round_floats(ld) + 4 * round_floats(ld) + 3 * round_floats(2 * ld) + pair_floats(pl, NULL);
 }
 
 bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
@@ -44,6 +73,14 @@ bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
     w.rd = (double *)(void *)carve(&base, 2 * ld);
     w.rs = (double *)(void *)carve(&base, 2 * ld);
     w.dhi = carve(&base, ld);
+    size_t n[10];
+    pair_floats(pl, n);
+    uint32_t **pw[6] = {&w.qtp, &w.dotp, &w.qp, &w.dop, &w.kp, &w.dsp};
+    uint16_t **ph[4] = {&w.k16, &w.v16, &w.p16, &w.ds16};
+    for (int i = 0; i < 6; i++)
+        *pw[i] = n[i] ? (uint32_t *)(void *)carve(&base, n[i]) : NULL;
+    for (int i = 0; i < 4; i++)
+        *ph[i] = n[6 + i] ? (uint16_t *)(void *)carve(&base, n[6 + i]) : NULL;
     w.shift = 0;
     w.dshift = 0;
     w.packed_tile = -1;
@@ -76,6 +113,14 @@ static const float *bwd_tile_dp(const plan *pl, bwd_ws *w, const bwd_args *a, co
     *lddo = nh == 1 ? a->dout->seq_stride : Dv;
     if (a->nt) {
         kt->gemm_nt(ncol, nk, Dv, 1.0f, dob, *lddo, vb, a->v->seq_stride, w->dp, 1, ld);
+    } else if (a->pairs) { /* dO^T and dO rows in pairs once per tile; V rows as bf16 */
+        if (fresh) {
+            kt->transpose(ncol, Dv, dob, *lddo, w->dot, ld);
+            kt->pack_pairs_f32(Dv, ncol, w->dot, ld, w->dotp, ld);
+            kt->pack_pairs_f32(ncol, Dv, dob, *lddo, w->dop, Dv);
+        }
+        kt->narrow_bf16(nk, Dv, vb, a->v->seq_stride, w->v16, Dv);
+        kt->gemm_bf16_pairs(nk, ncol, Dv / 2, 1.0f, w->v16, Dv, 2, w->dotp, ld, w->dp, ld, 0, NULL);
     } else {
         if (fresh)
             kt->transpose(ncol, Dv, dob, *lddo, w->dot, ld);
@@ -128,6 +173,10 @@ static int bwd_tile_begin(const plan *pl, bwd_ws *w, const bwd_args *a, bwd_tile
             w->dd[g * nr + ii] = a->D[r0 + ii];
         }
     }
+    if (a->pairs && pt->fresh) { /* Q^T in pairs along head_dim (S^T), Q rows in pairs along columns (dK) */
+        pl->kt->pack_pairs_f32(Dk, pt->ncol, w->qt, pl->ld, w->qtp, pl->ld);
+        pl->kt->pack_pairs_f32(pt->ncol, Dk, pt->qsrc, pt->ldq, w->qp, Dk);
+    }
     return pt->kind;
 }
 
@@ -136,6 +185,16 @@ static int bwd_tile_begin(const plan *pl, bwd_ws *w, const bwd_args *a, bwd_tile
 static void bwd_tile_scores(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt, float *G)
 {
     const int ld = pl->ld;
+    if (a->pairs) { /* K rows as bf16 (exact: they are bf16 values) times Q^T's pairs */
+        pl->kt->narrow_bf16(pt->nk, (int)pl->Dk, pt->kb, a->k->seq_stride, w->k16, pl->Dk);
+        pl->kt->gemm_bf16_pairs(pt->nk, pt->ncol, (int)pl->Dk / 2, pl->scale, w->k16, pl->Dk, 2, w->qtp, ld, w->p,
+                                ld, 0, NULL);
+        if (pl->logit_variants)
+            sdpa_logit_variants_t(pl, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, pt->ks, pt->nk, w->p, ld, G, w->vs);
+        if (pt->kind == TILE_PARTIAL)
+            sdpa_mask_tile(pl, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, w->lo, w->hi, pt->ks, pt->nk, w->p, ld, 1);
+        return;
+    }
     if (!a->nt) {
         sdpa_score_tile(pl, &pt->tk, pt->kind, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, pt->nk, pt->kb,
                         a->k->seq_stride, w->qt, w->p, G, w->vs);
@@ -191,6 +250,18 @@ static void bwd_zero_unreached_kv(const plan *pl, const bwd_args *a, const bwd_t
         }
 }
 
+/* nk rows of ncol fp32 (stride ld) rounded to bf16 into dst (stride ld), the column
+ * after an odd ncol set to 0: the A operand of a product whose pairs run along the
+ * columns (its B's padding row is 0 too, pack_pairs_f32). */
+static void round_tile(const plan *pl, int nk, int ncol, const float *src, uint16_t *dst)
+{
+    const int ld = pl->ld;
+    pl->kt->narrow_bf16(nk, ncol, src, ld, dst, ld);
+    if (ncol % 2)
+        for (int jj = 0; jj < nk; jj++)
+            dst[(size_t)jj * ld + ncol] = 0;
+}
+
 /* P^T from S^T (rows with recomputed statistics shifted by their max first),
  * dP^T = V dO^T, dV (+)= P^T dO; dP^T shifted by fl(D) where D was recomputed. */
 static void bwd_tile_probs_dv(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt, int kv_flags,
@@ -208,7 +279,12 @@ static void bwd_tile_probs_dv(const plan *pl, bwd_ws *w, const bwd_args *a, cons
         ptrdiff_t lddo;
         const float *dob = bwd_tile_dp(pl, w, a, &pt->tk, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, pt->ks, nk,
                                        pt->fresh, &lddo);
-        sdpa_gemm_keys(pl->kt, &pt->tk, KEYS_M_COLS_K, ncol, Dv, 1.0f, w->p, ld, 1, dob, lddo, dvb,
+        if (a->pairs) { /* P^T rounded to bf16, pairs along the columns, times dO's pairs */
+            round_tile(pl, nk, ncol, w->p, w->p16);
+            pl->kt->gemm_bf16_pairs(nk, Dv, (ncol + 1) / 2, 1.0f, w->p16, ld, 2, w->dop, Dv, dvb, a->dv->seq_stride,
+                                    kv_flags & SDPA_GEMM_ACCUMULATE, NULL);
+        } else
+            sdpa_gemm_keys(pl->kt, &pt->tk, KEYS_M_COLS_K, ncol, Dv, 1.0f, w->p, ld, 1, dob, lddo, dvb,
                        a->dv->seq_stride, kv_flags, skip);
     } else {
         for (int jj = 0; jj < nk; jj++)
@@ -219,6 +295,30 @@ static void bwd_tile_probs_dv(const plan *pl, bwd_ws *w, const bwd_args *a, cons
             if (w->dhi[c] != 0.0f)
                 for (int jj = 0; jj < nk; jj++)
                     w->dp[(size_t)jj * ld + c] -= w->dhi[c];
+}
+
+/* dK (+)= scale dS^T Q with dS^T rounded to bf16 (pairs along the columns) and Q's
+ * row pairs; dQ += scale dS K with dS in pairs along the keys, rounded, and K's
+ * pairs along the keys (one call over the heads' rows when each head has one). */
+static void bwd_tile_dqdk_pairs(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt, float *dkb,
+                                int kv_flags)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int ld = pl->ld, Dk = (int)pl->Dk, nh = pt->nh, nr = pt->nr, nk = pt->nk, ncol = pt->ncol;
+    round_tile(pl, nk, ncol, w->dp, w->ds16);
+    kt->gemm_bf16_pairs(nk, Dk, (ncol + 1) / 2, pl->scale, w->ds16, ld, 2, w->qp, Dk, dkb, a->dk->seq_stride,
+                        kv_flags & SDPA_GEMM_ACCUMULATE, NULL);
+    kt->pack_pairs_f32(nk, ncol, w->dp, ld, w->dsp, ld);
+    kt->pack_pairs_f32(nk, Dk, pt->kb, a->k->seq_stride, w->kp, Dk);
+    const uint16_t *dsa = (const uint16_t *)(const void *)w->dsp;
+    if (nr == 1) /* one row per head: the heads' dQ rows as one C, head_stride apart */
+        kt->gemm_bf16_pairs(nh, Dk, (nk + 1) / 2, pl->scale, dsa, 2, 2 * (ptrdiff_t)ld, w->kp, Dk,
+                            row_out(a->dq, pt->b, pt->h0, pt->i0), a->dq->head_stride, SDPA_GEMM_ACCUMULATE, NULL);
+    else
+        for (int h = 0; h < nh; h++)
+            kt->gemm_bf16_pairs(nr, Dk, (nk + 1) / 2, pl->scale, dsa + 2 * (size_t)(h * nr), 2, 2 * (ptrdiff_t)ld,
+                                w->kp, Dk, row_out(a->dq, pt->b, pt->h0 + h, pt->i0), a->dq->seq_stride,
+                                SDPA_GEMM_ACCUMULATE, NULL);
 }
 
 /* dS^T = P^T * (dP^T - D) (times the softcap's derivative); dK (+)= scale dS^T Q;
@@ -233,6 +333,10 @@ static void bwd_tile_dqdk(const plan *pl, bwd_ws *w, const bwd_args *a, const bw
     if (Dk == 0)
         return;
     float *dkb = row_out(a->dk, pt->b, pt->hk, pt->ks);
+    if (a->pairs) {
+        bwd_tile_dqdk_pairs(pl, w, a, pt, dkb, kv_flags);
+        return;
+    }
     sdpa_gemm_keys(kt, &pt->tk, KEYS_M_COLS_K, pt->ncol, Dk, pl->scale, w->dp, ld, 1, pt->qsrc, pt->ldq, dkb,
                    a->dk->seq_stride, kv_flags, skip);
     if (nr == 1 && nh > 1) /* one row per head (decode): the heads' dQ rows as one C, head_stride apart */

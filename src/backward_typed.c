@@ -59,6 +59,7 @@ static void group_plan(const plan *pl, int64_t b, int64_t hk, plan *gp)
         gp->bias.data = pl->bias.data + b * pl->bias.batch_stride + h0 * pl->bias.head_stride;
     gp->slopes = pl->slopes ? pl->slopes + h0 : NULL;
     gp->sinks = pl->sinks ? pl->sinks + h0 : NULL;
+    gp->bwd_pairs = sdpa_bwd_bf16_pairs(pl); /* cleared per group or chunk with a non-finite operand */
     gp->q_dtype = gp->kv_dtype = gp->o_dtype = SDPA_DTYPE_F32;
     gp->reduced = 0;
 }
@@ -214,6 +215,19 @@ static void chunk_plan(const plan *gp, int64_t j0, int64_t n, int32_t *kvl, plan
         cp->bias.data += j0 * gp->bias.key_stride;
 }
 
+/* Whether the n floats are all finite (bf16 values: the pair products need finite
+ * operands, where the fp32 kernels skip a zero probability's products). */
+static int all_finite(const float *x, size_t n)
+{
+    uint32_t any = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        any |= (u & 0x7F800000u) == 0x7F800000u;
+    }
+    return !any;
+}
+
 /* Keys [j0, j0 + n) of group (b, hk) under plan kp (the group's, or a chunk's):
  * their K and V rows widened, the fp32 backward on them (dQ of the group's rows
  * into w->dq), their dK and dV rows narrowed into the gradients. */
@@ -231,7 +245,9 @@ static void typed_keys(const typed_worker *w, const plan *kp, const sdpa_tensor 
     const sdpa_tensor_out tdq = {w->dq, G * Tq * Dk, Tq * Dk, Dk}, tdk = {w->dk, n * Dk, n * Dk, Dk},
                           tdv = {w->dv, n * Dv, n * Dv, Dv};
     const bwd_views gx = {&tq, &tk, &tv, &to, lse, &tdo, &tdq, &tdk, &tdv};
-    sdpa_bwd_run(kp, &gx, w->ws, w->job->nr, dsinks);
+    plan cp = *kp;
+    cp.bwd_pairs = kp->bwd_pairs && all_finite(w->k, (size_t)(n * Dk)) && all_finite(w->v, (size_t)(n * Dv));
+    sdpa_bwd_run(&cp, &gx, w->ws, w->job->nr, dsinks);
     narrow_rows(pl, pl->kv_dtype, w->dk, n, Dk, row_out_t(x->dk, pl->kv_dtype, b, hk, j0), x->dk->seq_stride);
     narrow_rows(pl, pl->kv_dtype, w->dv, n, Dv, row_out_t(x->dv, pl->kv_dtype, b, hk, j0), x->dv->seq_stride);
 }
@@ -258,6 +274,7 @@ static void typed_group(void *arg, int64_t item)
         widen_rows(pl, pl->o_dtype, row_in_t(x->dout, pl->o_dtype, b, h0 + g, 0), x->dout->seq_stride, Tq, Dv,
                    w->dout + r * Dv);
     }
+    gp.bwd_pairs = gp.bwd_pairs && all_finite(w->q, (size_t)(G * Tq * Dk)) && all_finite(w->dout, (size_t)(G * Tq * Dv));
     const sdpa_tensor lse = {row_in(x->lse, b, h0, 0), x->lse->batch_stride, x->lse->head_stride,
                              x->lse->seq_stride};
     const int64_t c = chunk_keys(pl);

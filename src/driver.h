@@ -49,6 +49,8 @@ typedef struct plan {
     int64_t wl_raw, wr_raw;
     sdpa_dtype q_dtype, kv_dtype, o_dtype; /* element types (the descriptor's) */
     int reduced;    /* some tensor is bf16 or fp16: tiles go through fp32 buffers (forward.c) */
+    int bwd_pairs;  /* a 16-bit backward's fp32 group plan whose operands are bf16 values: the
+                       wide tiles' five products run on bf16 pairs (backward_pairs.c) */
     int bq, bk, ld; /* tile sizes; ld = row stride of tile buffers (a multiple of kt->col_align) */
     int bq_given, bk_given; /* the descriptor's block_q / block_k were set (not the table's) */
     int nthreads;

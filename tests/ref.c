@@ -136,7 +136,7 @@ void ref_backward_views(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_
                         const sdpa_tensor *v, const sdpa_tensor *dout, double *dq, double *dk,
                         double *dv)
 {
-    ref64_backward(p, q, k, v, dout, dq, dk, dv, NULL, NULL);
+    ref64_backward(p, q, k, v, dout, dq, dk, dv, NULL, NULL, 0);
 }
 
 /* Contiguous [B, H, T, D] views of the problem's arrays. */
@@ -173,7 +173,7 @@ void ref_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, 
                          const float *dout, double *dq, double *dk, double *dv, double *dsinks)
 {
     const views w = contiguous(p, q, k, v, dout);
-    ref64_backward(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, dsinks, NULL);
+    ref64_backward(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, dsinks, NULL, 0);
 }
 
 void naive32_forward(const sdpa_problem *p, const float *q, const float *k, const float *v, float *o,
@@ -211,12 +211,19 @@ void naive32_backward_dsinks(const sdpa_problem *p, const float *q, const float 
                              const float *dout, float *dq, float *dk, float *dv, float *dsinks)
 {
     const views w = contiguous(p, q, k, v, dout);
-    naive32_backward_views(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, dsinks, NULL);
+    naive32_backward_views(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, dsinks, NULL, 0);
 }
 
 void naive32_backward_o(const sdpa_problem *p, const float *q, const float *k, const float *v, const float *o,
                         const float *dout, float *dq, float *dk, float *dv)
 {
     const views w = contiguous(p, q, k, v, dout);
-    naive32_backward_views(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, NULL, o);
+    naive32_backward_views(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, NULL, o, 0);
+}
+
+void naive32_backward_o_bf16_p(const sdpa_problem *p, const float *q, const float *k, const float *v,
+                               const float *o, const float *dout, float *dq, float *dk, float *dv)
+{
+    const views w = contiguous(p, q, k, v, dout);
+    naive32_backward_views(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, NULL, o, 1);
 }

@@ -92,6 +92,10 @@ void naive32_backward(const sdpa_problem *p, const float *q, const float *k, con
  * Dv]: a stored, possibly rounded, forward output), one term at a time. */
 void naive32_backward_o(const sdpa_problem *p, const float *q, const float *k, const float *v, const float *o,
                         const float *dout, float *dq, float *dk, float *dv);
+/* naive32_backward_o with P rounded to bf16 before P^T dO and dS before dS K and
+ * dS^T Q, as the backward's bf16 pair products round them (util_rounds_bwd). */
+void naive32_backward_o_bf16_p(const sdpa_problem *p, const float *q, const float *k, const float *v,
+                               const float *o, const float *dout, float *dq, float *dk, float *dv);
 void naive32_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, const float *v,
                              const float *dout, float *dq, float *dk, float *dv, float *dsinks);
 

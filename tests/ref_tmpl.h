@@ -112,13 +112,15 @@ static void RN(forward)(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_
     free(ok);
 }
 
-/* dsinks (NULL: not wanted) gets Hq values d L / d sinks[h] = -sum over b, i of
+/* round_p: P rounded to bf16 (ref_round_bf16) before P^T dO and dS before dS K and
+ * dS^T Q, as the bf16 pair products of the backward do (docs/design.md, "What is
+ * rounded"). dsinks (NULL: not wanted) gets Hq values d L / d sinks[h] = -sum over b, i of
  * exp(s_h - LSE) D (0 without sinks). o_in (NULL: not given): a stored forward
  * output, contiguous [B, Hq, Tq, Dv]; then D = sum_c dO[c] O[c] from it, one term
  * at a time, as a backward given a rounded O computes it, instead of sum_j P_j dP_j. */
 static void RN(backward)(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
                          const sdpa_tensor *v, const sdpa_tensor *dout, RT *dq, RT *dk, RT *dv,
-                         RT *dsinks, const float *o_in)
+                         RT *dsinks, const float *o_in, int round_p)
 {
     const int64_t B = p->batch, Hq = p->q_heads, Hkv = p->kv_heads, Tq = p->q_len, Tk = p->kv_len;
     const int64_t Dk = p->head_dim_qk, Dv = p->head_dim_v;
@@ -171,9 +173,12 @@ static void RN(backward)(const sdpa_problem *p, const sdpa_tensor *q, const sdpa
                     if (!ok[j])
                         continue;
                     const float *kr = row_of(k, b, hk, j);
-                    const RT ds = prob[j] * (dp[j] - D) * dcap[j]; /* softcap: 1 - tanh^2 */
+                    RT ds = prob[j] * (dp[j] - D) * dcap[j]; /* softcap: 1 - tanh^2 */
+                    const RT pj = round_p ? (RT)ref_round_bf16((float)prob[j]) : prob[j];
+                    if (round_p)
+                        ds = (RT)ref_round_bf16((float)ds);
                     for (int64_t c = 0; c < Dv; c++)
-                        dvh[j * Dv + c] += prob[j] * (RT)dorow[c];
+                        dvh[j * Dv + c] += pj * (RT)dorow[c];
                     for (int64_t c = 0; c < Dk; c++) {
                         dqrow[c] += scale * ds * (RT)kr[c];
                         dkh[j * Dk + c] += scale * ds * (RT)qrow[c];

@@ -585,11 +585,12 @@ Test(dispatch, force_isa_races_with_computation, .timeout = 60)
     free(v);
 }
 
-/* amx runs fp32 and fp16 problems, and everything but a forward over bf16 K/V, on the
- * avx512 table's kernels with the avx512 entry's shapes: the same bits as avx512
- * (forward and backward, fp32, fp16 and a bf16 backward). This is what lets the other
- * fp32 suites test avx512 only (util_isas); the bf16 forward on tiles is tested by the
- * dtypes suite on every ISA (util_isas_typed). */
+/* amx runs fp32 and fp16 problems, and everything but a forward over bf16 K/V and a
+ * backward of bf16 Q, K/V and O, on the avx512 table's kernels with the avx512 entry's
+ * shapes: the same bits as avx512 (forward and backward, fp32, fp16, and a backward of
+ * bf16 Q and K/V with fp32 O and dO). This is what lets the other fp32 suites test
+ * avx512 only (util_isas); the bf16 products on tiles are tested by the dtypes suite
+ * on every ISA (util_isas_typed). */
 Test(dispatch, amx_fp32_is_avx512)
 {
     if (!sdpa_isa_supported(SDPA_ISA_AMX))
@@ -599,8 +600,8 @@ Test(dispatch, amx_fp32_is_avx512)
     util_rng r;
     util_rng_seed(&r, "dispatch.amx", 11);
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
-    uint16_t *q16 = malloc(nq * 2), *k16 = malloc(nk * 2), *v16 = malloc(nk * 2), *do16 = malloc(nq * 2);
-    cr_assert(q && k && v && dout && q16 && k16 && v16 && do16);
+    uint16_t *q16 = malloc(nq * 2), *k16 = malloc(nk * 2), *v16 = malloc(nk * 2);
+    cr_assert(q && k && v && dout && q16 && k16 && v16);
     util_fill_normal(&r, q, nq, 1.0f);
     util_fill_normal(&r, k, nk, 1.0f);
     util_fill_normal(&r, v, nk, 1.0f);
@@ -609,8 +610,6 @@ Test(dispatch, amx_fp32_is_avx512)
         uint32_t u;
         memcpy(&u, &q[i], 4);
         q16[i] = (uint16_t)(u >> 16); /* bf16 (truncated; any bf16 values do) */
-        memcpy(&u, &dout[i], 4);
-        do16[i] = (uint16_t)(u >> 16);
     }
     for (size_t i = 0; i < nk; i++) {
         uint32_t u;
@@ -620,7 +619,7 @@ Test(dispatch, amx_fp32_is_avx512)
         v16[i] = (uint16_t)(u >> 16);
     }
     /* kind 0: fp32; 1: fp16 K/V (bf16 bits read as fp16: finite, of any size; fp32 Q);
-     * 2: bf16 Q, K, V and O (the backward only: its forward takes the tiles on amx) */
+     * 2: bf16 Q, K, V, fp32 O and dO (the backward only: its forward takes the tiles on amx) */
     for (int kind = 0; kind < 3; kind++) {
         float *out[2][5];
         for (int which = 0; which < 2; which++) {
@@ -628,10 +627,9 @@ Test(dispatch, amx_fp32_is_avx512)
             p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
             p.num_threads = 2;
             p.isa = which ? SDPA_ISA_AMX : SDPA_ISA_AVX512;
-            const int wide = kind != 2;
             p.q_dtype = kind == 2 ? SDPA_DTYPE_BF16 : SDPA_DTYPE_F32;
             p.kv_dtype = kind == 0 ? SDPA_DTYPE_F32 : kind == 1 ? SDPA_DTYPE_F16 : SDPA_DTYPE_BF16;
-            p.o_dtype = wide ? SDPA_DTYPE_F32 : SDPA_DTYPE_BF16;
+            p.o_dtype = SDPA_DTYPE_F32;
             const sdpa_tensor tq = {kind == 2 ? (const void *)q16 : (const void *)q, (int64_t)T * D * H,
                                     (int64_t)T * D, D};
             const sdpa_tensor tk = {kind ? (const void *)k16 : (const void *)k, (int64_t)T * D * HKV,
@@ -652,8 +650,7 @@ Test(dispatch, amx_fp32_is_avx512)
             }
             const sdpa_tensor o_in = {out[which][0], to.batch_stride, to.head_stride, to.seq_stride};
             const sdpa_tensor l_in = util_lse_view(out[which][1], H, T);
-            const sdpa_tensor tdo = {kind == 2 ? (const void *)do16 : (const void *)dout, (int64_t)T * D * H,
-                                     (int64_t)T * D, D};
+            const sdpa_tensor tdo = {dout, (int64_t)T * D * H, (int64_t)T * D, D};
             sdpa_tensor_out tdq = {out[which][2], to.batch_stride, to.head_stride, to.seq_stride};
             sdpa_tensor_out tdk = {out[which][3], (int64_t)T * D * HKV, (int64_t)T * D, D};
             sdpa_tensor_out tdv = {out[which][4], (int64_t)T * D * HKV, (int64_t)T * D, D};
@@ -667,5 +664,5 @@ Test(dispatch, amx_fp32_is_avx512)
             free(out[1][j]);
         }
     }
-    free(q), free(k), free(v), free(dout), free(q16), free(k16), free(v16), free(do16);
+    free(q), free(k), free(v), free(dout), free(q16), free(k16), free(v16);
 }

@@ -391,7 +391,8 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
         cr_assert_eq(run_forward(s, ty, isas[ii], 1, qs, ks, vs, bias, s->kv_lengths ? lens : NULL, &fw), SDPA_OK);
         for (size_t i = 0; i < no; i++)
             o32[i] = load_as(ty[2], fw.o, i);
-        naive32_backward_o(&p, q, k, v, o32, dout, nq32, nk32, nv32);
+        (util_rounds_bwd(isas[ii], ty, s->Dk, s->Dv) ? naive32_backward_o_bf16_p : naive32_backward_o)(
+            &p, q, k, v, o32, dout, nq32, nk32, nv32);
         for (size_t i = 0; i < nq; i++)
             nq32[i] = round_to(ty[0], nq32[i]);
         for (size_t i = 0; i < nk; i++)
@@ -593,6 +594,92 @@ Test(dtypes, bf16_nonfinite_row_stays_masked)
     }
 }
 
+/* The backward of the same: bf16 Q, K/V, O and dO, a NaN or inf in K or V row j of a
+ * causal prefill, O and LSE from the library's forward on them. dQ of the rows that
+ * may not see key j (i < j) stays finite and within the accuracy rule, on every ISA.
+ * A masked probability's -0 (and dS's) times an inf K would be a NaN in the bf16 pair
+ * products (dS K reaches every row of the tile): a group or key chunk with a
+ * non-finite operand runs its products in fp32 (backward_typed.c). */
+Test(dtypes, bf16_nonfinite_row_backward)
+{
+    enum { H = 2, T = 150, D = 64 };
+    const shape s = {"causal 1,2,1,150,150,64,64", 1, H, 1, T, T, D, D, SDPA_CAUSAL_TOP_LEFT, -1, 0, 0};
+    const sdpa_dtype ty[3] = {SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16};
+    const size_t nq = (size_t)H * T * D, nk = (size_t)T * D, nl = (size_t)H * T;
+    const int64_t bad_row = 100;
+    const size_t n_ok = (size_t)bad_row * D; /* per head: dQ rows 0 .. bad_row - 1 */
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas_typed(isas);
+    for (int which = 0; which < 4; which++) { /* V NaN, V inf, K NaN, K inf */
+        util_rng r;
+        util_rng_init(&r, 4343 + (uint64_t)which);
+        float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
+        util_fill_normal(&r, q, nq, 1.5f);
+        util_fill_normal(&r, k, nk, 1.5f);
+        util_fill_normal(&r, v, nk, 1.0f);
+        util_fill_normal(&r, dout, nq, 1.0f);
+        round_all(SDPA_DTYPE_BF16, q, nq);
+        round_all(SDPA_DTYPE_BF16, k, nk);
+        round_all(SDPA_DTYPE_BF16, v, nk);
+        round_all(SDPA_DTYPE_BF16, dout, nq);
+        sdpa_problem p = shape_problem(&s, NULL, NULL);
+        double *rq = malloc(nq * 8), *rk = malloc(nk * 8), *rv = malloc(nk * 8);
+        ref_backward(&p, q, k, v, dout, rq, rk, rv); /* on the finite inputs */
+        float *kf = malloc(nk * 4), *vf = malloc(nk * 4);
+        memcpy(kf, k, nk * 4), memcpy(vf, v, nk * 4);
+        float *row = (which < 2 ? v : k) + bad_row * D;
+        for (int c = 0; c < D; c += 5)
+            row[c] = which % 2 ? INFINITY : NAN;
+        void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nk, 0),
+             *dos = store_as(ty[2], dout, nq, 0);
+        float *o32 = malloc(nq * 4), *nq32 = malloc(nq * 4), *nk32 = malloc(nk * 4), *nv32 = malloc(nk * 4);
+        float *got = malloc(nq * 4), *gh = malloc(n_ok * 4), *nh = malloc(n_ok * 4);
+        double *rh = malloc(n_ok * 8);
+        for (int ii = 0; ii < nisa; ii++) {
+            run_out fw = {store_as(ty[2], dout, 0, nq), malloc(nl * 4)};
+            cr_assert_eq(run_forward(&s, ty, isas[ii], 1, qs, ks, vs, NULL, NULL, &fw), SDPA_OK);
+            void *dq = store_as(ty[0], q, 0, nq), *dk = store_as(ty[1], k, 0, nk), *dv = store_as(ty[1], v, 0, nk);
+            p.q_dtype = p.kv_dtype = p.o_dtype = SDPA_DTYPE_BF16;
+            p.isa = isas[ii];
+            const sdpa_tensor tq = {qs, T * D * H, T * D, D}, tk = {ks, T * D, T * D, D}, tv = {vs, T * D, T * D, D},
+                              to = {fw.o, T * D * H, T * D, D}, tl = {fw.lse, T * H, T, 1},
+                              tdo = {dos, T * D * H, T * D, D};
+            const sdpa_tensor_out tdq = {dq, T * D * H, T * D, D}, tdk = {dk, T * D, T * D, D},
+                                  tdv = {dv, T * D, T * D, D};
+            cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv), SDPA_OK);
+            p.q_dtype = p.kv_dtype = p.o_dtype = SDPA_DTYPE_F32;
+            p.isa = SDPA_ISA_AUTO;
+            for (size_t i = 0; i < nq; i++) {
+                got[i] = load_as(ty[0], dq, i);
+                o32[i] = load_as(ty[2], fw.o, i);
+            }
+            /* the naive backward on the finite inputs and the stored O (finite in these rows) */
+            (util_rounds_bwd(isas[ii], ty, D, D) ? naive32_backward_o_bf16_p : naive32_backward_o)(
+                &p, q, kf, vf, o32, dout, nq32, nk32, nv32);
+            for (int h = 0; h < H; h++) {
+                size_t leaked = 0;
+                for (size_t e = 0; e < n_ok; e++) {
+                    const size_t at = (size_t)h * T * D + e;
+                    gh[e] = got[at];
+                    nh[e] = round_to(ty[0], nq32[at]);
+                    rh[e] = rq[at];
+                    leaked += !isfinite(gh[e]);
+                }
+                cr_expect_eq(leaked, 0, "[%s] case %d head %d: %zu non-finite dQ values before the bad key",
+                             sdpa_isa_name(isas[ii]), which, h, leaked);
+                char what[96];
+                snprintf(what, sizeof what, "[%s] case %d head %d: dQ of the rows before the bad key",
+                         sdpa_isa_name(isas[ii]), which, h);
+                util_fa_expect(what, gh, nh, rh, n_ok, 3.0);
+            }
+            free(fw.o), free(fw.lse), free(dq), free(dk), free(dv);
+        }
+        free(q), free(k), free(v), free(dout), free(kf), free(vf), free(qs), free(ks), free(vs), free(dos);
+        free(rq), free(rk), free(rv), free(o32), free(nq32), free(nk32), free(nv32), free(got), free(gh), free(nh);
+        free(rh);
+    }
+}
+
 /* A few-column (decode) bf16 / fp16 problem whose head_dims the typed attend_rows
  * does not take (its K and V widened in runs first), with block_k that are not
  * multiples of the decode step (16 keys): O and LSE are the bits of the fp32 call on
@@ -648,11 +735,14 @@ Test(dtypes, packed_fp16)
     packed_case(SDPA_DTYPE_F16);
 }
 
-/* Sinks in a bf16 backward: dsinks (fp32) the same for 1 and 2 threads, bit for
- * bit, and within 1e-5 (relative) of the fp32 backward's on the widened inputs
- * and the same stored O (the 16-bit backward is that backward, group by group;
- * only the order of dsinks' float64 sums differs); the gradients too. */
-Test(dtypes, sinks_backward_bf16)
+/* Sinks in a bf16 backward, on every ISA: dsinks (fp32) the same for 1 and 2
+ * threads, bit for bit, and within 1e-5 (relative) of the fp32 backward's on the
+ * widened inputs and the same stored O (dsinks come from D and LSE only; only the
+ * order of their float64 sums differs). The gradients: bitwise the fp32 backward's
+ * rounded where the ISA widens (the 16-bit backward is that backward, group by
+ * group); where it runs the bf16 pair products, the accuracy rule against the
+ * naive backward that rounds P and dS as they do. */
+static void sinks_backward_bf16_on(sdpa_isa isa)
 {
     enum { B = 3, HQ = 4, HKV = 2, TQ = 9, TK = 33, D = 16 };
     const float sinks[HQ] = {0.5f, -INFINITY, 1.0f, -0.3f};
@@ -669,6 +759,7 @@ Test(dtypes, sinks_backward_bf16)
     p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
     p.sinks = sinks;
     p.q_dtype = p.kv_dtype = p.o_dtype = t;
+    p.isa = isa;
     const sdpa_tensor tq = {q, HQ * TQ * D, TQ * D, D}, tk = {k, HKV * TK * D, TK * D, D}, tv = {v, HKV * TK * D, TK * D, D},
                       tdo = {dout, HQ * TQ * D, TQ * D, D}, toi = {o, HQ * TQ * D, TQ * D, D}, tli = {lse, HQ * TQ, TQ, 1};
     const sdpa_tensor_out to = {o, HQ * TQ * D, TQ * D, D}, tl = {lse, HQ * TQ, TQ, 1};
@@ -709,11 +800,33 @@ Test(dtypes, sinks_backward_bf16)
     for (int h = 0; h < HQ; h++)
         cr_expect(fabsf(ds[0][h] - ds[2][h]) <= 1e-5f * (fabsf(ds[2][h]) + 1e-3f), "dsinks[%d] %.9g, fp32 %.9g", h,
                   (double)ds[0][h], (double)ds[2][h]);
-    for (size_t e = 0; e < nq; e++) /* the gradients: the fp32 ones rounded */
-        cr_assert_eq(load_as(t, g[0][0], e), round_to(t, gq[e]), "dQ[%zu]", e);
-    for (size_t e = 0; e < nk; e++) {
-        cr_assert_eq(load_as(t, g[0][1], e), round_to(t, gk[e]), "dK[%zu]", e);
-        cr_assert_eq(load_as(t, g[0][2], e), round_to(t, gv[e]), "dV[%zu]", e);
+    const sdpa_dtype ty[3] = {t, t, t};
+    if (!util_rounds_bwd(isa, ty, D, D)) {
+        for (size_t e = 0; e < nq; e++) /* the gradients: the fp32 ones rounded */
+            cr_assert_eq(load_as(t, g[0][0], e), round_to(t, gq[e]), "[%s] dQ[%zu]", sdpa_isa_name(isa), e);
+        for (size_t e = 0; e < nk; e++) {
+            cr_assert_eq(load_as(t, g[0][1], e), round_to(t, gk[e]), "[%s] dK[%zu]", sdpa_isa_name(isa), e);
+            cr_assert_eq(load_as(t, g[0][2], e), round_to(t, gv[e]), "[%s] dV[%zu]", sdpa_isa_name(isa), e);
+        }
+    } else { /* bf16 pair products (P and dS rounded): the accuracy rule against the naive
+                backward that rounds them too, on the same stored O */
+        double *rg[3] = {malloc(nq * 8), malloc(nk * 8), malloc(nk * 8)};
+        float *ng[3] = {malloc(nq * 4), malloc(nk * 4), malloc(nk * 4)}, *got = malloc((nq > nk ? nq : nk) * 4);
+        pf.dsinks = NULL;
+        ref_backward(&pf, w[0], w[1], w[2], w[3], rg[0], rg[1], rg[2]);
+        naive32_backward_o_bf16_p(&pf, w[0], w[1], w[2], w[4], w[3], ng[0], ng[1], ng[2]);
+        for (int x = 0; x < 3; x++) {
+            const size_t m = x ? nk : nq;
+            for (size_t e = 0; e < m; e++) {
+                ng[x][e] = round_to(t, ng[x][e]);
+                got[e] = load_as(t, g[0][x], e);
+            }
+            char what[64];
+            snprintf(what, sizeof what, "[%s] sinks bf16 backward: gradient %d", sdpa_isa_name(isa), x);
+            util_fa_expect(what, got, ng[x], rg[x], m, 3.0);
+            free(rg[x]), free(ng[x]);
+        }
+        free(got);
     }
     for (int i = 0; i < 5; i++)
         free(w[i]);
@@ -721,6 +834,14 @@ Test(dtypes, sinks_backward_bf16)
         for (int i = 0; i < 3; i++)
             free(g[th][i]);
     free(x), free(q), free(k), free(v), free(dout), free(o), free(lse), free(gq), free(gk), free(gv);
+}
+
+Test(dtypes, sinks_backward_bf16)
+{
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas_typed(isas);
+    for (int i = 0; i < nisa; i++)
+        sinks_backward_bf16_on(isas[i]);
 }
 
 /* ---------------------------------------------------------------- paged -- */
