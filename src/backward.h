@@ -86,7 +86,7 @@ void sdpa_bwd_tile_stats(const plan *pl, bwd_ws *w, const bwd_args *a, const til
                          int64_t r);
 
 /* Whether a 16-bit backward's fp32 group problems may run their products on bf16
- * pairs: the ISA's bf16_dot, Q, K/V and O (so dO) all bf16, even head dims. The
+ * pairs: the ISA's bwd_bf16_dot, Q, K/V and O (so dO) all bf16, even head dims. The
  * typed backward then sets bwd_pairs on a group's plan when its operands are finite. */
 int sdpa_bwd_bf16_pairs(const plan *pl);
 

@@ -238,6 +238,12 @@ int sdpa_isa_bf16_pairs(sdpa_isa isa)
     return t && t->bf16_dot;
 }
 
+int sdpa_isa_bf16_pairs_backward(sdpa_isa isa)
+{
+    const sdpa_kernels *t = sdpa_kernels_get(isa);
+    return t && t->bwd_bf16_dot;
+}
+
 const char *sdpa_isa_env_rejected(void)
 {
     ensure_init();

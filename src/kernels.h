@@ -257,6 +257,9 @@ typedef struct sdpa_kernels {
     int bf16_dot; /* 1: bf16 problems (Q and K/V bf16) run their prefill key tiles through the
                      pair products below (set per microarchitecture where they are faster than
                      the fp32 products on widened tiles; 0 where the kernels are NULL) */
+    int bwd_bf16_dot; /* 1: a backward of bf16 Q, K/V and O runs the five products of its wide
+                         tiles through the pair products (backward_tile.c): amx, where the tile
+                         products pay for the extra packing; SDPA_TUNE=bwd_bf16_dot=1 elsewhere */
     int pairs_block_q, pairs_block_k; /* 0, or the block sizes of a forward that runs the pair
                                          products (its fp32 work is smaller per tile there) */
     sdpa_gemm_fn gemm;

@@ -509,18 +509,28 @@ Test(cli, info_tuning_and_sdpa_tune_env)
     r = run_env(args, "SDPA_TUNE=bf16_dot=0");
     cr_assert_eq(r->status, 0);
     cr_assert_not_null(strstr(r->out, "' applied"), "%s", r->out);
-    cr_assert_null(strstr(r->out, "bf16_dot 1"), "%s", r->out);
-    const int has_pairs = strstr(r->out, "bf16_dot 0") != NULL;
+    cr_assert_null(strstr(r->out, " bf16_dot 1"), "%s", r->out);
+    const int has_pairs = strstr(r->out, " bf16_dot 0") != NULL;
     cr_assert_eq(has_pairs, strstr(r->out, "avx512_bf16") != NULL && strstr(r->out, "avx512 block_q") != NULL,
                  "%s", r->out);
     r = run_env(args, "SDPA_TUNE=bf16_dot=1");
     cr_assert_eq(r->status, 0);
-    cr_assert_eq(strstr(r->out, "bf16_dot 1") != NULL, has_pairs, "%s", r->out);
+    cr_assert_eq(strstr(r->out, " bf16_dot 1") != NULL, has_pairs, "%s", r->out);
     cr_assert_null(strstr(r->out, "scalar block_q 32 block_k 32 nt_max_cols 8 wide_prefetch always bf16_dot"), "%s",
                    r->out);
+    /* bwd_bf16_dot: printed beside bf16_dot, 1 on amx by default, set by SDPA_TUNE */
+    r = run_env(args, "SDPA_TUNE=bwd_bf16_dot=0");
+    cr_assert_eq(r->status, 0);
+    cr_assert_not_null(strstr(r->out, "' applied"), "%s", r->out);
+    cr_assert_null(strstr(r->out, "bwd_bf16_dot 1"), "%s", r->out);
+    cr_assert_eq(strstr(r->out, "bwd_bf16_dot 0") != NULL, has_pairs, "%s", r->out);
+    r = run_env(args, "SDPA_TUNE=bwd_bf16_dot=1");
+    cr_assert_eq(r->status, 0);
+    cr_assert_eq(strstr(r->out, "bwd_bf16_dot 1") != NULL, has_pairs, "%s", r->out);
+    cr_assert_null(strstr(r->out, "bwd_bf16_dot 0"), "%s", r->out);
     const char *bad[] = {"SDPA_TUNE=block_q=0", "SDPA_TUNE=block_k=513", "SDPA_TUNE=bogus=1", "SDPA_TUNE=block_q",
                          "SDPA_TUNE=block_q=12x", "SDPA_TUNE=wide_prefetch=3", "SDPA_TUNE=wide_prefetch=-1",
-                         "SDPA_TUNE=bf16_dot=2", "SDPA_TUNE=bf16_dot=-1"};
+                         "SDPA_TUNE=bf16_dot=2", "SDPA_TUNE=bf16_dot=-1", "SDPA_TUNE=bwd_bf16_dot=2"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         r = run_env(args, bad[i]);
         cr_assert_eq(r->status, 0);

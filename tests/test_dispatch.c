@@ -325,6 +325,30 @@ Test(dispatch, bf16_pairs_query)
     cr_assert_eq(sdpa_isa_bf16_pairs(SDPA_ISA_AUTO), sdpa_isa_bf16_pairs(sdpa_isa_active()));
 }
 
+/* sdpa_isa_bf16_pairs_backward: what "bwd_bf16_dot 1" in the ISA's sdpa_tuning() entry
+ * says (amx by default; AVX-512 only where SDPA_TUNE asks); never an ISA the CPU cannot
+ * run or an out-of-range value; AUTO answers for the process default. */
+Test(dispatch, bf16_pairs_backward_query)
+{
+    const char *tuning = sdpa_tuning();
+    const char *entry = strstr(tuning, "; avx512 block_q ");
+    const char *amx = strstr(tuning, "; amx block_q ");
+    const int listed = entry && strstr(entry, " bwd_bf16_dot 1") != NULL &&
+                       (!amx || strstr(entry, " bwd_bf16_dot 1") < amx);
+    cr_assert_eq(sdpa_isa_bf16_pairs_backward(SDPA_ISA_AVX512), listed, "%s", tuning);
+    const char *tune = getenv("SDPA_TUNE");
+    if (!tune || !strstr(tune, "bwd_bf16_dot")) /* the defaults: amx only */
+        cr_assert_eq(sdpa_isa_bf16_pairs_backward(SDPA_ISA_AMX), amx != NULL, "%s", tuning);
+    cr_assert_eq(sdpa_isa_bf16_pairs_backward(SDPA_ISA_AMX), amx && strstr(amx, " bwd_bf16_dot 1") != NULL, "%s",
+                 tuning);
+    cr_assert_eq(sdpa_isa_bf16_pairs_backward(SDPA_ISA_SCALAR), 0);
+    cr_assert_eq(sdpa_isa_bf16_pairs_backward(SDPA_ISA_AVX2), 0);
+    cr_assert_eq(sdpa_isa_bf16_pairs_backward(SDPA_ISA_NEON), 0);
+    cr_assert_eq(sdpa_isa_bf16_pairs_backward((sdpa_isa)99), 0);
+    cr_assert_eq(sdpa_isa_bf16_pairs_backward((sdpa_isa)-7), 0);
+    cr_assert_eq(sdpa_isa_bf16_pairs_backward(SDPA_ISA_AUTO), sdpa_isa_bf16_pairs_backward(sdpa_isa_active()));
+}
+
 Test(dispatch, names_round_trip)
 {
     const sdpa_isa every[] = {SDPA_ISA_AUTO, SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512,

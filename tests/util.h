@@ -151,7 +151,7 @@ int util_isas_typed(sdpa_isa out[SDPA_ISA_COUNT]);
 int util_rounds_p(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t Dv);
 /* Whether a backward with types ty (Q, K/V, O) on isa rounds P and dS to bf16 before
  * their products (the backward's bf16 pair products: every type bf16, even head
- * dims, sdpa_isa_bf16_pairs; the naive reference then rounds them the same way,
+ * dims, sdpa_isa_bf16_pairs_backward; the naive reference then rounds them the same way,
  * naive32_backward_o_bf16_p). Wide tiles only: a decode-sized tile's products stay
  * fp32, which the 3x rule against the rounding reference also admits. */
 int util_rounds_bwd(sdpa_isa isa, const sdpa_dtype ty[3], int64_t Dk, int64_t Dv);

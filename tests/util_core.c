@@ -426,7 +426,7 @@ int util_rounds_p(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t
 int util_rounds_bwd(sdpa_isa isa, const sdpa_dtype ty[3], int64_t Dk, int64_t Dv)
 {
     return ty[0] == SDPA_DTYPE_BF16 && ty[1] == SDPA_DTYPE_BF16 && ty[2] == SDPA_DTYPE_BF16 && Dk > 0 &&
-           Dk % 2 == 0 && Dv > 0 && Dv % 2 == 0 && sdpa_isa_bf16_pairs(isa);
+           Dk % 2 == 0 && Dv > 0 && Dv % 2 == 0 && sdpa_isa_bf16_pairs_backward(isa);
 }
 
 float *util_pairs_q(const float *q, size_t n, sdpa_dtype qt)

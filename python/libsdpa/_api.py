@@ -1142,7 +1142,9 @@ def info():
     """The facts of `sdpa info` as a dict: also "tuning" (sdpa_tuning(): the detected
     microarchitecture and each ISA's block sizes) and "bf16_pairs_isas" (the ISAs on which
     bf16 K/V with a bf16 or fp32 Q run their prefill tiles on bf16 pair products, AVX512-BF16's
-    vdpbf16ps or AMX's tdpbf16ps, rounding P to bf16 before P V: sdpa_isa_bf16_pairs)."""
+    vdpbf16ps or AMX's tdpbf16ps, rounding P to bf16 before P V: sdpa_isa_bf16_pairs) and
+    "bf16_pairs_backward_isas" (the ISAs on which a backward of bf16 q, k, v and o runs its
+    prefill tiles' products on them, rounding P and dS to bf16: sdpa_isa_bf16_pairs_backward)."""
     names = isa_names()
     rejected = _b.isa_env_rejected()
     tuning = _b.tuning().decode()
@@ -1150,6 +1152,7 @@ def info():
     return {
         "tuning": tuning,
         "bf16_pairs_isas": [n for i, n in enumerate(names) if _b.isa_bf16_pairs(i)],
+        "bf16_pairs_backward_isas": [n for i, n in enumerate(names) if _b.isa_bf16_pairs_backward(i)],
         "version": _b.version().decode(),
         "version_number": int(_b.version_number()),
         "active_isa": _b.isa_name(_b.isa_active()).decode(),

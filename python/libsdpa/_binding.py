@@ -114,6 +114,7 @@ isa_from_name = _proto("sdpa_isa_from_name", ctypes.c_int, ctypes.c_char_p, _P(c
 cpu_features = _proto("sdpa_cpu_features", ctypes.c_char_p)
 tuning = _proto("sdpa_tuning", ctypes.c_char_p)
 isa_bf16_pairs = _proto("sdpa_isa_bf16_pairs", ctypes.c_int, ctypes.c_int)
+isa_bf16_pairs_backward = _proto("sdpa_isa_bf16_pairs_backward", ctypes.c_int, ctypes.c_int)
 isa_env_rejected = _proto("sdpa_isa_env_rejected", ctypes.c_char_p)
 version = _proto("sdpa_version", ctypes.c_char_p)
 version_number = _proto("sdpa_version_number", ctypes.c_uint)

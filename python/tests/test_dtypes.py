@@ -29,6 +29,7 @@ except ImportError:  # the bfloat16 cases are skipped
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 ISAS = libsdpa.info()["supported_isas"]
 PAIRS_ISAS = libsdpa.info()["bf16_pairs_isas"]
+BWD_PAIRS_ISAS = libsdpa.info()["bf16_pairs_backward_isas"]
 needs_bf16 = pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes (NumPy bfloat16) absent")
 
 
@@ -221,6 +222,52 @@ def test_fp32_q_over_bf16_kv_rounds_q(isa):
         assert np.array_equal(bits(o), bits(ob)) and np.array_equal(bits(lse), bits(lseb))
         o32 = libsdpa.attention(q, widened(k), widened(v), causal=causal, isa=isa)
         assert not np.array_equal(bits(o), bits(o32))
+
+
+@pytest.mark.parametrize("isa", BWD_PAIRS_ISAS or ["none"])
+def test_bf16_backward_pairs_round_p_ds(isa):
+    """On an ISA that lists the backward's bf16 pair products, the backward of bf16 q, k, v
+    and o (GQA, causal, an odd number of query rows per tile) is not the float32 backward's
+    bits on the widened values (P and dS were rounded: the path ran), its gradients are as
+    close to float64 as a float64 computation that rounds P and dS to bf16 the same way
+    and its gradients to bf16 (3x its error), and 1 and 2 threads
+    give the same bits."""
+    if isa == "none":
+        pytest.skip("no ISA of this CPU runs the backward's bf16 pair products (AMX)")
+    rng = np.random.default_rng(35)
+    B, Hq, Hkv, Tq, Tk, D = 1, 4, 2, 131, 150, 64
+    q, k, v = make(rng, (B, Hq, Hkv, Tq, Tk, D, D), T("bf16"), T("bf16"))
+    do = rnd(rng, B, Hq, Tq, D).astype(BF16)
+    o, lse = libsdpa.attention(q, k, v, causal="bottom-right", isa=isa, return_lse=True)
+    grads = [libsdpa.attention_backward(q, k, v, o, lse, do, causal="bottom-right", isa=isa, threads=t)
+             for t in (1, 2)]
+    for a, b in zip(*grads):
+        assert np.array_equal(bits(a), bits(b))
+    w = [widened(x) for x in (q, k, v, o, do)]
+    g32 = libsdpa.attention_backward(w[0], w[1], w[2], w[3], lse, w[4], causal="bottom-right", isa=isa)
+    assert any(not np.array_equal(bits(a), bits(b.astype(BF16))) for a, b in zip(grads[0], g32))
+    # float64 reference, and the naive one rounding P and dS (D from the stored O)
+    q64, do64, o64 = (x.astype(np.float64) for x in (w[0], w[4], w[3]))
+    k64, v64 = (np.repeat(x.astype(np.float64), Hq // Hkv, axis=1) for x in (w[1], w[2]))
+    rg = ref.backward(w[0], w[1], w[2], w[4], causal="bottom-right")
+    s = np.einsum("bhqd,bhkd->bhqk", q64, k64) / 8.0
+    allowed = np.tril(np.ones((Tq, Tk), bool), Tk - Tq)
+    s = np.where(allowed, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = np.einsum("bhqd,bhkd->bhqk", do64, v64)
+    ds = p * (dp - (do64 * o64).sum(-1, keepdims=True))
+    r16 = lambda x: x.astype(np.float32).astype(BF16).astype(np.float64)
+    pr, dsr = r16(p), r16(ds)
+    def per_kv(x):  # [B, Hq, Tk, D] summed over each GQA group
+        return x.reshape(B, Hkv, Hq // Hkv, Tk, D).sum(2)
+    naive = (np.einsum("bhqk,bhkd->bhqd", dsr, k64) / 8.0,
+             per_kv(np.einsum("bhqk,bhqd->bhkd", dsr, q64) / 8.0),
+             per_kv(np.einsum("bhqk,bhqd->bhkd", pr, do64)))
+    for got, want, r in zip(grads[0], naive, rg[:3]):
+        got64 = got.astype(np.float64)
+        nv = r16(want)
+        assert np.max(np.abs(got64 - r)) <= 3.0 * np.max(np.abs(nv - r)) + 1e-7
 
 
 def test_bf16_without_ml_dtypes_internal_path():

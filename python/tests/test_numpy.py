@@ -34,11 +34,13 @@ def test_version_and_info():
     assert libsdpa.__version__ == libsdpa.info()["version"]
     info = libsdpa.info()
     for key in ("version", "active_isa", "compiled_isas", "supported_isas", "cpu_features",
-                "openmp_threads", "library", "tuning", "bf16_pairs_isas"):
+                "openmp_threads", "library", "tuning", "bf16_pairs_isas",
+                "bf16_pairs_backward_isas"):
         assert key in info
     assert info["active_isa"] in info["supported_isas"]
     assert info["tuning"].startswith("uarch ")
     assert set(info["bf16_pairs_isas"]) <= set(info["supported_isas"])
+    assert set(info["bf16_pairs_backward_isas"]) <= set(info["supported_isas"])
     assert "scalar" in info["supported_isas"]
     assert info["openmp_threads"] >= 1
     # the bundled copy, never a system libsdpa

@@ -334,6 +334,7 @@ void sdpa_kernels_init_amx(sdpa_kernels *t)
     t->tiles_begin = tiles_begin;
     t->tiles_end = tiles_end;
     t->bf16_dot = 1;
+    t->bwd_bf16_dot = 1;
     /* the tile products' share of a tile is small: larger tiles amortise the fp32 work
      * around them (docs/perf-notes.md, "AMX") */
     t->pairs_block_q = 128;
