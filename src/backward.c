@@ -271,7 +271,7 @@ void sdpa_bwd_run(const plan *pl, const bwd_views *x, float *ws, size_t nD_round
         (double)pl->B * (double)pl->Hkv * (double)pl->Tk * (double)(pl->Dk + pl->Dv) * sizeof(float);
     const bwd_args a = {x->q,       x->k,    x->v, x->o,   x->lse, x->dout, x->dq, x->dk, x->dv, D, row_max,
                         row_logsum, row_dlo, nt,   R == 1, R == 1 && kv_bytes >= (double)BWD_STREAM_KV_BYTES,
-                        pl->bwd_pairs && !nt};
+                        pl->bwd_pairs && !nt, x->k16, x->v16, x->ldk16, x->ldv16};
     /* Key tiles per pass of the per-head order: as many as BWD_KV_CHUNK_BYTES of
      * their K, V, dK and dV rows (bwd_head_of). */
     int64_t kchunk = BWD_KV_CHUNK_BYTES / ((int64_t)pl->bk * (int64_t)sizeof(float) * (2 * pl->Dk + 2 * pl->Dv));
@@ -307,7 +307,7 @@ static void bwd_unit(const plan *pl, const bwd_views *x, int64_t u, plan *up, bw
         g[i] = *out[i];
         g[i].data = (void *)elem_at(g[i].data, (i ? k0 : t0) * g[i].seq_stride, tout[i]);
     }
-    const bwd_views v = {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &g[0], &g[1], &g[2]};
+    const bwd_views v = {&t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &g[0], &g[1], &g[2], NULL, NULL, 0, 0};
     *ux = v;
 }
 
@@ -475,7 +475,7 @@ sdpa_status sdpa_backward_with_workspace(const sdpa_problem *p, const sdpa_tenso
         return st;
     if (pl.seqs && !pl.seqs->cu_seqlens_k)
         return SDPA_ERR_UNSUPPORTED; /* no paged backward */
-    const bwd_views x = {q, k, v, o, lse, dout, dq, dk, dv};
+    const bwd_views x = {q, k, v, o, lse, dout, dq, dk, dv, NULL, NULL, 0, 0};
     size_t floats;
     if ((st = bwd_check(&x, &pl)) != SDPA_OK || (st = bwd_call_floats(&pl, &floats)) != SDPA_OK)
         return st;

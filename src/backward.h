@@ -45,10 +45,10 @@ typedef struct bwd_ws {
     /* bf16 pair products only (bwd_args.pairs; else NULL): Q^T and dO^T in pairs along
      * head_dim ([D/2][ld]), Q and dO rows in pairs along the tile's columns ([ncol/2][D]),
      * the pair's K rows in pairs along the keys ([nk/2][Dk]) and dS in pairs along the
-     * keys ([nk/2][ld]); the pair's K and V rows as bf16 ([nk][D]), P^T and dS^T
-     * rounded to bf16 ([nk][ld], the column after an odd ncol zero) */
+     * keys ([nk/2][ld]); P^T and dS^T rounded to bf16 ([nk][ld], the column after an
+     * odd ncol zero) */
     uint32_t *qtp, *dotp, *qp, *dop, *kp, *dsp;
-    uint16_t *k16, *v16, *p16, *ds16;
+    uint16_t *p16, *ds16;
     int64_t packed_tile; /* the query tile whose Q^T, dO^T, LSE, D (and packed rows) are in
                             qt, dot, lse, dd, qn, don; -1: none */
 } bwd_ws;
@@ -68,6 +68,9 @@ typedef struct bwd_args {
     int kv_stream; /* kv_once, and dK + dV >= BWD_STREAM_KV_BYTES: written with SDPA_GEMM_STREAM_C */
     int pairs; /* the plan's bwd_pairs and wide tiles (not nt): the five products of a pair on
                   bf16 pairs (kt->gemm_bf16_pairs), P and dS rounded to bf16 before theirs */
+    const uint16_t *k16, *v16; /* with pairs: the bf16 K and V rows the widened k, v hold (key j
+                                  of the one (batch, kv head) at k16 + j * ldk16) */
+    ptrdiff_t ldk16, ldv16;
 } bwd_args;
 
 /* Floats of one thread's workspace, and its carving. */
@@ -94,6 +97,8 @@ int sdpa_bwd_bf16_pairs(const plan *pl);
 typedef struct bwd_views {
     const sdpa_tensor *q, *k, *v, *o, *lse, *dout;
     const sdpa_tensor_out *dq, *dk, *dv;
+    const uint16_t *k16, *v16; /* NULL, or (a bwd_pairs group problem) the bf16 rows of k, v */
+    ptrdiff_t ldk16, ldv16;
 } bwd_views;
 
 /* Nothing to compute but zeros (Dv = 0, or no rows). */

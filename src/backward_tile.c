@@ -24,18 +24,17 @@ int sdpa_bwd_bf16_pairs(const plan *pl)
 
 /* The pair buffers of bwd_ws (floats each, in its order), or none without bwd_pairs;
  * returns their total (each rounded to the alignment). */
-static size_t pair_floats(const plan *pl, size_t n[10])
+static size_t pair_floats(const plan *pl, size_t n[8])
 {
-    size_t m[10] = {0};
+    size_t m[8] = {0};
     if (pl->bwd_pairs) {
         const size_t ld = (size_t)pl->ld, bk = (size_t)pl->bk, Dk = (size_t)pl->Dk, Dv = (size_t)pl->Dv;
         const size_t hk = (bk + 1) / 2, hl = (ld + 1) / 2;
-        const size_t v[10] = {Dk / 2 * ld, Dv / 2 * ld, hl * Dk, hl * Dv, hk * Dk, hk * ld,
-                              (bk * Dk + 1) / 2, (bk * Dv + 1) / 2, bk * hl, bk * hl};
+        const size_t v[8] = {Dk / 2 * ld, Dv / 2 * ld, hl * Dk, hl * Dv, hk * Dk, hk * ld, bk * hl, bk * hl};
         memcpy(m, v, sizeof m);
     }
     size_t total = 0;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < 8; i++) {
         total += round_floats(m[i]);
         if (n)
             n[i] = m[i];
@@ -73,13 +72,13 @@ bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
     w.rd = (double *)(void *)carve(&base, 2 * ld);
     w.rs = (double *)(void *)carve(&base, 2 * ld);
     w.dhi = carve(&base, ld);
-    size_t n[10];
+    size_t n[8];
     pair_floats(pl, n);
     uint32_t **pw[6] = {&w.qtp, &w.dotp, &w.qp, &w.dop, &w.kp, &w.dsp};
-    uint16_t **ph[4] = {&w.k16, &w.v16, &w.p16, &w.ds16};
+    uint16_t **ph[2] = {&w.p16, &w.ds16};
     for (int i = 0; i < 6; i++)
         *pw[i] = n[i] ? (uint32_t *)(void *)carve(&base, n[i]) : NULL;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 2; i++)
         *ph[i] = n[6 + i] ? (uint16_t *)(void *)carve(&base, n[6 + i]) : NULL;
     w.shift = 0;
     w.dshift = 0;
@@ -113,14 +112,14 @@ static const float *bwd_tile_dp(const plan *pl, bwd_ws *w, const bwd_args *a, co
     *lddo = nh == 1 ? a->dout->seq_stride : Dv;
     if (a->nt) {
         kt->gemm_nt(ncol, nk, Dv, 1.0f, dob, *lddo, vb, a->v->seq_stride, w->dp, 1, ld);
-    } else if (a->pairs) { /* dO^T and dO rows in pairs once per tile; V rows as bf16 */
+    } else if (a->pairs) { /* dO^T and dO rows in pairs once per tile; the bf16 V rows in place */
         if (fresh) {
             kt->transpose(ncol, Dv, dob, *lddo, w->dot, ld);
             kt->pack_pairs_f32(Dv, ncol, w->dot, ld, w->dotp, ld);
             kt->pack_pairs_f32(ncol, Dv, dob, *lddo, w->dop, Dv);
         }
-        kt->narrow_bf16(nk, Dv, vb, a->v->seq_stride, w->v16, Dv);
-        kt->gemm_bf16_pairs(nk, ncol, Dv / 2, 1.0f, w->v16, Dv, 2, w->dotp, ld, w->dp, ld, 0, NULL);
+        kt->gemm_bf16_pairs(nk, ncol, Dv / 2, 1.0f, a->v16 + ks * a->ldv16, a->ldv16, 2, w->dotp, ld, w->dp, ld, 0,
+                            NULL);
     } else {
         if (fresh)
             kt->transpose(ncol, Dv, dob, *lddo, w->dot, ld);
@@ -185,10 +184,9 @@ static int bwd_tile_begin(const plan *pl, bwd_ws *w, const bwd_args *a, bwd_tile
 static void bwd_tile_scores(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt, float *G)
 {
     const int ld = pl->ld;
-    if (a->pairs) { /* K rows as bf16 (exact: they are bf16 values) times Q^T's pairs */
-        pl->kt->narrow_bf16(pt->nk, (int)pl->Dk, pt->kb, a->k->seq_stride, w->k16, pl->Dk);
-        pl->kt->gemm_bf16_pairs(pt->nk, pt->ncol, (int)pl->Dk / 2, pl->scale, w->k16, pl->Dk, 2, w->qtp, ld, w->p,
-                                ld, 0, NULL);
+    if (a->pairs) { /* the bf16 K rows in place times Q^T's pairs */
+        pl->kt->gemm_bf16_pairs(pt->nk, pt->ncol, (int)pl->Dk / 2, pl->scale, a->k16 + pt->ks * a->ldk16, a->ldk16,
+                                2, w->qtp, ld, w->p, ld, 0, NULL);
         if (pl->logit_variants)
             sdpa_logit_variants_t(pl, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, pt->ks, pt->nk, w->p, ld, G, w->vs);
         if (pt->kind == TILE_PARTIAL)
@@ -256,7 +254,7 @@ static void bwd_zero_unreached_kv(const plan *pl, const bwd_args *a, const bwd_t
 static void round_tile(const plan *pl, int nk, int ncol, const float *src, uint16_t *dst)
 {
     const int ld = pl->ld;
-    pl->kt->narrow_bf16(nk, ncol, src, ld, dst, ld);
+    pl->kt->round_rows_bf16(nk, ncol, src, ld, dst, ld);
     if (ncol % 2)
         for (int jj = 0; jj < nk; jj++)
             dst[(size_t)jj * ld + ncol] = 0;
@@ -309,7 +307,7 @@ static void bwd_tile_dqdk_pairs(const plan *pl, bwd_ws *w, const bwd_args *a, co
     kt->gemm_bf16_pairs(nk, Dk, (ncol + 1) / 2, pl->scale, w->ds16, ld, 2, w->qp, Dk, dkb, a->dk->seq_stride,
                         kv_flags & SDPA_GEMM_ACCUMULATE, NULL);
     kt->pack_pairs_f32(nk, ncol, w->dp, ld, w->dsp, ld);
-    kt->pack_pairs_f32(nk, Dk, pt->kb, a->k->seq_stride, w->kp, Dk);
+    kt->pack_pairs_bf16(nk, Dk, a->k16 + pt->ks * a->ldk16, a->ldk16, w->kp, Dk); /* finite (bwd_pairs) */
     const uint16_t *dsa = (const uint16_t *)(const void *)w->dsp;
     if (nr == 1) /* one row per head: the heads' dQ rows as one C, head_stride apart */
         kt->gemm_bf16_pairs(nh, Dk, (nk + 1) / 2, pl->scale, dsa, 2, 2 * (ptrdiff_t)ld, w->kp, Dk,

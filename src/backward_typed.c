@@ -244,7 +244,9 @@ static void typed_keys(const typed_worker *w, const plan *kp, const sdpa_tensor 
                       tv = {w->v, n * Dv, n * Dv, Dv};
     const sdpa_tensor_out tdq = {w->dq, G * Tq * Dk, Tq * Dk, Dk}, tdk = {w->dk, n * Dk, n * Dk, Dk},
                           tdv = {w->dv, n * Dv, n * Dv, Dv};
-    const bwd_views gx = {&tq, &tk, &tv, &to, lse, &tdo, &tdq, &tdk, &tdv};
+    const bwd_views gx = {&tq,  &tk, &tv, &to, lse, &tdo, &tdq, &tdk, &tdv,
+                          row_in_t(x->k, pl->kv_dtype, b, hk, j0), row_in_t(x->v, pl->kv_dtype, b, hk, j0),
+                          x->k->seq_stride, x->v->seq_stride};
     plan cp = *kp;
     cp.bwd_pairs = kp->bwd_pairs && all_finite(w->k, (size_t)(n * Dk)) && all_finite(w->v, (size_t)(n * Dv));
     sdpa_bwd_run(&cp, &gx, w->ws, w->job->nr, dsinks);

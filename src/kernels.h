@@ -215,7 +215,9 @@ typedef void (*sdpa_gemm_bf16_pairs_fn)(int M, int N, int P, float alpha, const 
  * p < ceil(rows / 2), c < cols. pack_pairs_f32 rounds fp32 to nearest even (subnormal
  * inputs to zero, NaN stays NaN); pack_pairs_bf16 copies bf16 bit patterns and
  * returns 1 when every one of them is finite, 0 when one is an inf or NaN. Strides
- * in elements of each side's type. */
+ * in elements of each side's type. round_rows_bf16 (an sdpa_narrow_rows_fn): fp32
+ * rows to bf16 rows with pack_pairs_f32's rounding, for an A operand whose pairs run
+ * along its rows (the backward's P^T and dS^T) and K, V rows held as fp32. */
 typedef void (*sdpa_pack_pairs_f32_fn)(int rows, int cols, const float *src, ptrdiff_t lds, uint32_t *dst,
                                        ptrdiff_t ldd);
 typedef int (*sdpa_pack_pairs_bf16_fn)(int rows, int cols, const uint16_t *src, ptrdiff_t lds, uint32_t *dst,
@@ -283,6 +285,8 @@ typedef struct sdpa_kernels {
     sdpa_pack_pairs_f32_fn pack_pairs_f32;    /* with gemm_bf16_pairs */
     sdpa_pack_pairs_bf16_fn pack_pairs_bf16;  /* with gemm_bf16_pairs */
     sdpa_transpose_pairs_fn transpose_pairs;  /* with gemm_bf16_pairs */
+    sdpa_narrow_rows_fn round_rows_bf16;      /* with gemm_bf16_pairs: narrow_bf16's layout with
+                                                 pack_pairs_f32's rounding (subnormals to 0) */
     /* NULL, or the bracket a thread puts around its gemm_bf16_pairs calls of one
      * library call (AMX: tiles_begin loads the tile configuration, ldtilecfg;
      * tiles_end releases the tile state, tilerelease), so that neither a tile

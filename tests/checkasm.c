@@ -22,7 +22,7 @@
  * The 16-bit storage conversions (widen_bf16, widen_f16, narrow_bf16,
  * narrow_f16) must give the scalar table's bits exactly, over every tail and
  * every 16-bit pattern, with crafted fp32 inputs for the roundings. The bf16 pair
- * products (gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16, transpose_pairs; only where the CPU
+ * products (gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16, transpose_pairs, round_rows_bf16; only where the CPU
  * has AVX512_BF16) against float64 and their bit definitions (test_pairs).
  *
  * Usage: checkasm [--test=NAME] [--bench] [--help] [seed] (dav1d's flags; see
@@ -2202,7 +2202,8 @@ static void usage(const char *argv0)
            "               online_softmax_rows scale_rows bwd_probs bwd_dscores transpose gemm_nt\n"
            "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
            "               widen_bf16 widen_f16 narrow_bf16 narrow_f16 gemm_bf16_pairs pack_pairs_f32\n"
-           "               pack_pairs_bf16 transpose_pairs (the last four where the ISA has them: AVX512_BF16)\n"
+           "               pack_pairs_bf16 transpose_pairs round_rows_bf16 (the last five where the ISA\n"
+           "               has them: AVX512_BF16)\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"
@@ -2426,6 +2427,61 @@ static void check_pack_pairs(const sdpa_kernels *kt, int from_f32, int rows, int
     free(sf), free(sh), free(d);
 }
 
+/* round_rows_bf16: dst row r = bf16 of src row r (nearest even, NaN stays a NaN; inf,
+ * -0, ties and values that round to inf drawn), padding untouched. */
+static void check_round_rows(const sdpa_kernels *kt, int rows, int cols)
+{
+    const ptrdiff_t lds = cols + 3, ldd = cols + 5;
+    const size_t ns = (size_t)(rows > 0 ? rows : 1) * (size_t)lds, nd = (size_t)(rows > 0 ? rows : 1) * (size_t)ldd;
+    float *s = malloc(ns * sizeof *s);
+    uint16_t *d = malloc(nd * sizeof *d);
+    if (!s || !d) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < ns; i++) {
+        float x = frand(-4.0f, 4.0f);
+        const int pick = (int)(rnd() % 100);
+        if (pick < 10)
+            x = bits_float((float_bits(x) & 0xFFFF0000u) | 0x8000u); /* a tie */
+        else if (pick < 12)
+            x = bits_float(0x7FC00000u | (rnd() & 0x3FFFFFu));
+        else if (pick < 13)
+            x = chance(50) ? INFINITY : -INFINITY;
+        else if (pick < 14)
+            x = -0.0f;
+        else if (pick < 15)
+            x = bits_float(0x7F7FFFFFu);
+        s[i] = x;
+    }
+    for (size_t i = 0; i < nd; i++)
+        d[i] = 0xA5A5u;
+    kt->round_rows_bf16(rows, cols, s, lds, d, ldd);
+    int ok = 1;
+    for (int r = 0; r < rows && ok; r++)
+        for (int c = 0; c < (int)ldd; c++) {
+            const uint16_t got = d[r * ldd + c];
+            if (c >= cols) {
+                if (got != 0xA5A5u) {
+                    ok = 0;
+                    report("rows=%d cols=%d: padding (%d,%d) written", rows, cols, r, c);
+                    break;
+                }
+                continue;
+            }
+            const uint16_t want = bf16_rne(s[r * lds + c]);
+            const int want_nan = (want & 0x7F80u) == 0x7F80u && (want & 0x7Fu);
+            const int got_nan = (got & 0x7F80u) == 0x7F80u && (got & 0x7Fu);
+            if (want_nan ? !got_nan : got != want) {
+                ok = 0;
+                report("rows=%d cols=%d: (%d,%d) = %04x, want %04x", rows, cols, r, c, got, want);
+                break;
+            }
+        }
+    record(ok);
+    free(s), free(d);
+}
+
 /* transpose_pairs: dst[p][r] = pair p of row r, bit for bit; other words untouched. */
 static void check_transpose_pairs(const sdpa_kernels *kt, int rows, int pairs)
 {
@@ -2488,6 +2544,13 @@ static void test_pairs(const sdpa_kernels *kt)
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         for (size_t j = 0; j < sizeof cols / sizeof cols[0]; j++)
             check_transpose_pairs(kt, rows[i], cols[j] / 2);
+    kernel_end();
+    static const int rcols[] = {0, 1, 15, 16, 17, 31, 32, 33, 48, 64, 65, 130};
+    kernel_begin(kt->name, "round_rows_bf16");
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        for (size_t j = 0; j < sizeof rcols / sizeof rcols[0]; j++)
+            for (int rep = 0; rep < 2; rep++)
+                check_round_rows(kt, rows[i], rcols[j]);
     kernel_end();
 }
 
@@ -2579,7 +2642,7 @@ int main(int argc, char **argv)
             if (selected(cvt_names[k]))
                 test_cvt(kt, ref_kt, k);
         if (selected("gemm_bf16_pairs") || selected("pack_pairs_f32") || selected("pack_pairs_bf16") ||
-            selected("transpose_pairs"))
+            selected("transpose_pairs") || selected("round_rows_bf16"))
             test_pairs(kt);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);

@@ -200,8 +200,27 @@ static void transpose_pairs(int rows, int pairs, const uint16_t *src, ptrdiff_t 
     }
 }
 
+/* Rows of fp32 rounded to bf16 rows with pack_pairs_f32's rounding: 32 values per
+ * vcvtne2ps2bf16, a masked tail of 1..31 through vcvtneps2bf16. */
+static void round_rows_bf16(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst, ptrdiff_t ldd)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *s = src + (ptrdiff_t)r * lds;
+        uint16_t *d = dst + (ptrdiff_t)r * ldd;
+        int c = 0;
+        for (; c + 32 <= cols; c += 32) /* words 0..15 from s + c, 16..31 from s + c + 16 */
+            _mm512_storeu_si512(d + c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + c + 16), _mm512_loadu_ps(s + c)));
+        for (; c < cols; c += 16) {
+            const int n = cols - c < 16 ? cols - c : 16;
+            const __mmask16 m = (__mmask16)((1u << n) - 1);
+            _mm256_mask_storeu_epi16(d + c, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, s + c)));
+        }
+    }
+}
+
 void sdpa_kernels_init_avx512_bf16(sdpa_kernels *t)
 {
+    t->round_rows_bf16 = round_rows_bf16;
     t->gemm_bf16_pairs = gemm_bf16_pairs;
     t->pack_pairs_f32 = pack_pairs_f32;
     t->pack_pairs_bf16 = pack_pairs_bf16;
