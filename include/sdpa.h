@@ -392,7 +392,9 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * @param lse LSE [B, Hq, Tq] from the forward (required).
  * @param dout dO [B, Hq, Tq, Dv] of o_dtype (O too).
  * @param dq dQ [B, Hq, Tq, Dk] of q_dtype, @param dk dK [B, Hkv, Tk, Dk], @param dv dV [B, Hkv, Tk, Dv]
- *   of kv_dtype (16-bit gradients rounded to nearest even from the fp32 ones):
+ *   of kv_dtype (16-bit gradients rounded to nearest even from the fp32 ones;
+ *   with bf16 Q, K/V and O on an ISA where sdpa_isa_bf16_pairs_backward() is 1, the
+ *   prefill tiles' products are bf16 pair products with P and dS rounded to bf16):
  *   overwritten in full (rows of masked keys get exactly 0). None of them may
  *   share an element with any input or each other (SDPA_ERR_ALIASING); dQ, dK,
  *   dV interleaved in one packed [B, T, 3, H, D] buffer are fine.
@@ -416,7 +418,9 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * max, log-sum and D remainder of such rows), plus per thread about
  * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 14) bytes; with a bf16 / fp16
  * tensor, per (batch, kv head) group being worked on also 2 (G Tq (Dk + Dv) +
- * Tk (Dk + Dv)) + G Tq Dk floats of fp32 copies (one group per thread, or one at a time);
+ * Tk (Dk + Dv)) + G Tq Dk floats of fp32 copies (one group per thread, or one at a time),
+ * and on the bf16 pair products per thread about (Dk + Dv + 2 block_k) block_q / 2 +
+ * (block_k / 2) (Dk + block_q) more floats of packed operands;
  * failure returns SDPA_ERR_OUT_OF_MEMORY before any output is written.
  * @return the same codes as sdpa_forward(); on error nothing is written.
  */
