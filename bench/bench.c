@@ -313,7 +313,7 @@ static void print_help(void)
         "\n"
         "options:\n"
         "  --isa NAME[,NAME..]|all   ISAs to time (default all the CPU supports; scalar first; amx\n"
-        "                            only in bf16 forward rows, where it differs from avx512)\n"
+        "                            only in bf16 rows, where it differs from avx512)\n"
         "  --threads N[,N..]         OpenMP thread counts (default 1 and the OpenMP maximum)\n"
         "  --shape B,Hq,Hkv,Tq,Tk,Dk,Dv  a problem shape (repeatable; replaces the defaults)\n"
         "  --mask M[,M..]            mask(s) for every shape (repeatable; default: none for --shape,\n"
@@ -1858,8 +1858,8 @@ static int sdpa_pass(const options *o, const limits *L, out_state *st, double *s
             for (int ti = 0; ti < o->n_threads; ti++)
                 for (int ii = 0; ii < o->n_isas; ii++) {
                     const sdpa_isa isa = o->isas[ii];
-                    /* --isa all: amx only where it differs from avx512 (a bf16 forward) */
-                    if (o->all_isas && isa == SDPA_ISA_AMX && (dt != SDPA_DTYPE_BF16 || op))
+                    /* --isa all: amx only where it differs from avx512 (bf16 rows) */
+                    if (o->all_isas && isa == SDPA_ISA_AMX && dt != SDPA_DTYPE_BF16)
                         continue;
                     sdpa_ctx x[MAX_PROBLEMS];
                     run_fn fns[MAX_TIMED];
@@ -2023,10 +2023,12 @@ static int run_naive_backward(void *p)
 }
 
 /* The peak a row is measured against: the ISA's own, but an amx row runs the AVX-512
- * kernels except in a bf16 prefill forward (its tile products; decode tiles do not). */
+ * kernels except in a bf16 prefill, forward or backward (its tile products; decode tiles
+ * do not). */
 static double row_peak(const limits *L, sdpa_isa isa, sdpa_dtype dt, int backward, int decode, int ti)
 {
-    if (isa == SDPA_ISA_AMX && (dt != SDPA_DTYPE_BF16 || backward || decode))
+    (void)backward;
+    if (isa == SDPA_ISA_AMX && (dt != SDPA_DTYPE_BF16 || decode))
         return L->peak[SDPA_ISA_AVX512][ti];
     return L->peak[isa][ti];
 }
@@ -2561,7 +2563,7 @@ static void print_header(FILE *f, const options *o, const limits *L)
         fprintf(f, "# (peaks: best of many 2 ms register-resident FMA loops; the scalar one chains "
                    "non-vectorised a*b+c, as the scalar kernels do%s)\n",
                 L->peak[SDPA_ISA_AMX][0] > 0.0 ? "; the AMX one 2 x 2 accumulator tiles of tdpbf16ps. %peak of an "
-                                                 "amx row: of the AMX peak for a bf16 prefill forward, else of avx512's"
+                                                 "amx row: of the AMX peak for a bf16 prefill, else of avx512's"
                                                : "");
         /* A multi-thread peak far below n x the 1-thread one means other processes held cores. */
         int ti1 = -1;
