@@ -420,7 +420,8 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * tensor, per (batch, kv head) group being worked on also 2 (G Tq (Dk + Dv) +
  * Tk (Dk + Dv)) + G Tq Dk floats of fp32 copies (one group per thread, or one at a time),
  * and on the bf16 pair products per thread about (Dk + Dv + 2 block_k) block_q / 2 +
- * (block_k / 2) (Dk + block_q) more floats of packed operands;
+ * (block_k / 2) (Dk + block_q) more floats of packed operands (the blocks 128 x 128 on
+ * SDPA_ISA_AMX for problems with more than nt_max_cols / G query rows, unless given);
  * failure returns SDPA_ERR_OUT_OF_MEMORY before any output is written.
  * @return the same codes as sdpa_forward(); on error nothing is written.
  */

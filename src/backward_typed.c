@@ -60,6 +60,16 @@ static void group_plan(const plan *pl, int64_t b, int64_t hk, plan *gp)
     gp->slopes = pl->slopes ? pl->slopes + h0 : NULL;
     gp->sinks = pl->sinks ? pl->sinks + h0 : NULL;
     gp->bwd_pairs = sdpa_bwd_bf16_pairs(pl); /* cleared per group or chunk with a non-finite operand */
+    const sdpa_kernels *kt = pl->kt;
+    /* the pair products' own blocks (amx), unless given; problems with wide tiles only (a
+     * decode-sized problem's tiles keep the fp32 products and the table's blocks) */
+    if (gp->bwd_pairs && kt->bwd_pairs_block_q && pl->G > 0 && pl->Tq > kt->nt_max_cols / pl->G) {
+        if (!pl->bq_given)
+            gp->bq = kt->bwd_pairs_block_q;
+        if (!pl->bk_given)
+            gp->bk = kt->bwd_pairs_block_k;
+        gp->ld = plan_ld(gp->bq, kt->col_align);
+    }
     gp->q_dtype = gp->kv_dtype = gp->o_dtype = SDPA_DTYPE_F32;
     gp->reduced = 0;
 }
@@ -279,7 +289,7 @@ static void typed_group(void *arg, int64_t item)
     gp.bwd_pairs = gp.bwd_pairs && all_finite(w->q, (size_t)(G * Tq * Dk)) && all_finite(w->dout, (size_t)(G * Tq * Dv));
     const sdpa_tensor lse = {row_in(x->lse, b, h0, 0), x->lse->batch_stride, x->lse->head_stride,
                              x->lse->seq_stride};
-    const int64_t c = chunk_keys(pl);
+    const int64_t c = chunk_keys(&gp); /* a multiple of the group plan's key tile */
     const float *dq = w->dq;
     if (group_chunked(pl, &gp, x, b, h0, c)) {
         const size_t nq = (size_t)(G * Tq * Dk);

@@ -131,6 +131,10 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
             t->pairs_block_q = bq;
         if (bk && t->pairs_block_k)
             t->pairs_block_k = bk;
+        if (bq && t->bwd_pairs_block_q)
+            t->bwd_pairs_block_q = bq;
+        if (bk && t->bwd_pairs_block_k)
+            t->bwd_pairs_block_k = bk;
         if (nt >= 0)
             t->nt_max_cols = nt;
         if (pf >= 0)
@@ -155,8 +159,10 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
                                       : "");
     for (int isa = 0; isa < SDPA_ISA_COUNT && n < sizeof description; isa++)
         if (runnable[isa] && tables[isa].pairs_block_q)
-            n += (size_t)snprintf(description + n, sizeof description - n, "; %s bf16 tiles block_q %d block_k %d",
-                                  tables[isa].name, tables[isa].pairs_block_q, tables[isa].pairs_block_k);
+            n += (size_t)snprintf(description + n, sizeof description - n,
+                                  "; %s bf16 tiles block_q %d block_k %d, backward block_q %d block_k %d",
+                                  tables[isa].name, tables[isa].pairs_block_q, tables[isa].pairs_block_k,
+                                  tables[isa].bwd_pairs_block_q, tables[isa].bwd_pairs_block_k);
     if (env && *env && n < sizeof description)
         snprintf(description + n, sizeof description - n, "; SDPA_TUNE '%.60s' %s", env,
                  env_ok ? "applied" : "rejected (ignored)");

@@ -339,4 +339,6 @@ void sdpa_kernels_init_amx(sdpa_kernels *t)
      * around them (docs/perf-notes.md, "AMX") */
     t->pairs_block_q = 128;
     t->pairs_block_k = 128;
+    t->bwd_pairs_block_q = 128;
+    t->bwd_pairs_block_k = 128;
 }
