@@ -50,6 +50,7 @@ import torch_sdpa as common  # noqa: E402  (shapes, masks, counts; no torch impo
 
 PROG = "compare.py"
 IMPLS = ("sdpa", "torch", "ort-attention", "ort-mha", "ort-gqa", "openvino", "openvino-default", "sdpa-bf16")
+EXTRA_IMPLS = ("torch-bf16",)  # accepted by --impl, not timed by default
 
 
 def sdpa_problem(s, mask, t, dtype):
@@ -126,6 +127,32 @@ def torch_impl(s, mask, op, t):
     return run_bwd, {"isa": "torch", "gqa": gqa, "torch_version": torch.__version__}
 
 
+def torch_bf16_impl(s, mask, op, t):
+    """PyTorch's CPU SDPA on torch.bfloat16 q, k, v (the same inputs rounded; dO too in the
+    backward), its own kernels and accumulation: rows "impl": "torch-sdpa", "dtype": "bf16"
+    (not in the default list; table.py's peer columns take fp32 rows only)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch
+        import torch.nn.functional as F
+    q, k, v, kw, gqa = common.make_problem(torch, F, s, mask, op == "backward", torch.bfloat16)
+    extra = {"isa": "torch", "gqa": gqa, "torch_version": torch.__version__, "dtype": "bf16"}
+
+    def run_fwd():
+        torch.set_num_threads(t)
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+    if op == "forward":
+        return run_fwd, extra
+    out = F.scaled_dot_product_attention(q, k, v, **kw)
+    dout = (torch.rand(out.shape, generator=torch.Generator().manual_seed(4)) * 2 - 1).to(torch.bfloat16)
+
+    def run_bwd():
+        torch.set_num_threads(t)
+        return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    return run_bwd, extra
+
+
 class OrtState:
     mod = None
     tmp = None
@@ -198,17 +225,19 @@ def finite(x):
 
 FACTORIES = {"sdpa": sdpa_impl, "torch": torch_impl, "ort-attention": ort_impl("attention"),
              "ort-mha": ort_impl("mha"), "ort-gqa": ort_impl("gqa"), "openvino": openvino_impl("fp32"),
-             "openvino-default": openvino_impl("default"), "sdpa-bf16": sdpa_bf16_impl}
+             "openvino-default": openvino_impl("default"), "sdpa-bf16": sdpa_bf16_impl,
+             "torch-bf16": torch_bf16_impl}
 ROW_IMPL = {"sdpa": "sdpa", "torch": "torch-sdpa", "ort-attention": "ort-attention", "ort-mha": "ort-mha",
             "ort-gqa": "ort-gqa", "openvino": "openvino-sdpa", "openvino-default": "openvino-sdpa",
-            "sdpa-bf16": "sdpa"}
+            "sdpa-bf16": "sdpa", "torch-bf16": "torch-sdpa"}
 
 
 def available(names, err):
     """The implementations whose packages import here."""
     probes = {"sdpa": ("libsdpa",), "torch": ("torch",), "ort-attention": ("onnxruntime", "onnx"),
               "ort-mha": ("onnxruntime", "onnx"), "ort-gqa": ("onnxruntime", "onnx"),
-              "openvino": ("openvino",), "openvino-default": ("openvino",), "sdpa-bf16": ("libsdpa", "ml_dtypes")}
+              "openvino": ("openvino",), "openvino-default": ("openvino",), "sdpa-bf16": ("libsdpa", "ml_dtypes"),
+              "torch-bf16": ("torch",)}
     out = []
     for n in names:
         try:
@@ -230,7 +259,8 @@ def main():
     p.add_argument("--shape", action="append", help="B,Hq,Hkv,Tq,Tk,Dk,Dv (repeatable)")
     p.add_argument("--mask", action="append", help="none|causal|causal-bottom-right|padding[,..]")
     p.add_argument("--op", choices=("forward", "backward", "both"), default="both")
-    p.add_argument("--impl", default=",".join(IMPLS), help=f"implementations (default {','.join(IMPLS)})")
+    p.add_argument("--impl", default=",".join(IMPLS),
+                   help=f"implementations (default {','.join(IMPLS)}; also {','.join(EXTRA_IMPLS)})")
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds per row (default 15)")
     p.add_argument("--max-time", type=float, default=20.0,
                    help="seconds per (shape, op, threads) group, about: fewer rounds (at least 3) "
@@ -245,8 +275,8 @@ def main():
         p.error("--rounds >= 1, --max-time > 0, --pause-ms >= 0, --flush-mib >= 1")
     names = []
     for x in args.impl.split(","):
-        if x not in IMPLS:
-            p.error(f"--impl '{x}': expected some of {', '.join(IMPLS)}")
+        if x not in IMPLS + EXTRA_IMPLS:
+            p.error(f"--impl '{x}': expected some of {', '.join(IMPLS + EXTRA_IMPLS)}")
         if x not in names:
             names.append(x)
     if "sdpa" not in names:
