@@ -360,8 +360,10 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * max(Dk, Dv)) floats of conversion buffers, and where bf16 K/V run on the bf16
  * pair products (sdpa_isa_bf16_pairs()) about (Dk/2 + block_k/2) block_q +
  * block_k/2 Dv more (on SDPA_ISA_AMX with block_q = block_k = 128 unless the
- * descriptor gives them, for prefill problems), and on AMX about 24 KiB of stack per
- * thread. With a boolean mask or bias whose
+ * descriptor gives them, for prefill problems), plus, for a prefill of more than one
+ * query tile whose kv head's V in bf16 is at most 1 MiB, that V once more (2 Tk Dv
+ * bytes: its key pairs, packed once per thread and kv head instead of once per query
+ * tile), and on AMX about 24 KiB of stack per thread. With a boolean mask or bias whose
  * head stride is 0 (the same for every head, as (B, 1, Tq, Tk) masks are) and
  * Hq > 1, per thread also about 17 * ceil(Tk / block_k) bytes: each key tile's
  * classification (skipped, full, partial) for the rows being worked on, kept

@@ -87,7 +87,7 @@ size_t sdpa_fwd_ws_floats(const plan *pl)
        the classification cache */
     return round_floats(pl->Dk * ld) + round_floats(fwd_s_floats(pl)) + 3 * round_floats(ld) +
            4 * round_floats(ld) + round_floats(2 * ld) + round_floats(fwd_o_rows(pl) * pl->Dv) +
-           fwd_cvt_floats(pl) + fwd_cls_floats(pl);
+           fwd_cvt_floats(pl) + fwd_cls_floats(pl) + sdpa_fwd_vpairs_floats(pl, NULL);
 }
 
 fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
@@ -113,6 +113,17 @@ fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
         w.cls_kind = (int8_t *)(void *)carve(&base, (nkt + sizeof(float) - 1) / sizeof(float));
         w.cls_ks = carve_i64(&base, nkt);
         w.cls_ke = carve_i64(&base, nkt);
+    }
+    w.vpc = NULL;
+    w.vpc_state = NULL;
+    w.vpc_pl = NULL;
+    w.vpc_b = w.vpc_hk = -1;
+    size_t nkt;
+    const size_t vpc = sdpa_fwd_vpairs_floats(pl, &nkt);
+    if (vpc) {
+        const size_t words = nkt * (((size_t)pl->bk + 1) / 2) * (size_t)pl->Dv;
+        w.vpc = (uint32_t *)(void *)carve(&base, words);
+        w.vpc_state = (int8_t *)(void *)carve(&base, (nkt + sizeof(float) - 1) / sizeof(float));
     }
     w.kc = w.vc = w.rowc = NULL;
     w.qp = w.pp = w.vp = NULL;

@@ -18,6 +18,14 @@ typedef struct fwd_ws {
     uint32_t *qp, *pp, *vp; /* bf16 pair products only (sdpa_fwd_bf16_pairs; else NULL): the tile's
                                Q^T [Dk/2][ld], P^T [ceil(block_k/2)][ld] and a key tile of V
                                [ceil(block_k/2)][Dv] as bf16 pairs */
+    /* The bf16 pair products' V cache (sdpa_fwd_vpairs_floats; else NULL): each whole key
+     * tile of the kv head (vpc_pl, vpc_b, vpc_hk) packed in pairs once, [key tile][ceil(block_k
+     * / 2)][Dv], for the query tiles that come next on this thread; vpc_state[kt] -1: not
+     * packed yet, else pack_pairs_bf16's finiteness flag. */
+    uint32_t *vpc;
+    int8_t *vpc_state;
+    const plan *vpc_pl;
+    int64_t vpc_b, vpc_hk;
     int64_t *lo, *hi;
     /* A boolean mask or bias broadcast over heads (sdpa_fwd_reuses_tiles): each key
      * tile's classification for the query tile (cls_b, cls_i0, cls_nr) of cls_pl,
@@ -78,6 +86,11 @@ void sdpa_fwd_pairs_blocks(plan *pl);
  * [ceil(block_k/2)][ld], *vp V [ceil(block_k/2)][Dv] (all 0 without the pair products);
  * returns their total in floats, each rounded as carve() does. */
 size_t sdpa_fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp);
+/* Bytes of a kv head's V pairs up to which a thread caches them (FWD_VPAIRS_CACHE_BYTES),
+ * and the floats of that cache (0: the problem does not run the pair products on wide
+ * tiles, or its V is larger): the packed tiles and their state bytes. */
+#define FWD_VPAIRS_CACHE_BYTES ((size_t)1 << 20)
+size_t sdpa_fwd_vpairs_floats(const plan *pl, size_t *tiles);
 /* The tile's Q^T in pairs (w->qp), straight from its bf16 rows. */
 void sdpa_fwd_pairs_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft);
 /* One key tile [ks, ks + nk) on the pair products: S^T, the masks (kind TILE_PARTIAL)

@@ -5,6 +5,8 @@
  * tdpbf16ps, src/x86/kernels_amx.c), P rounded to bf16 before
  * P V (docs/design.md, "What is rounded"). The rest of the tile's work, masks,
  * variants and the online softmax, is forward.c's, in fp32. */
+#include <string.h>
+
 #include "forward.h"
 
 int sdpa_fwd_bf16_pairs(const plan *pl)
@@ -41,6 +43,51 @@ size_t sdpa_fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp)
     return round_floats(*qp) + round_floats(*pp) + round_floats(*vp);
 }
 
+size_t sdpa_fwd_vpairs_floats(const plan *pl, size_t *tiles)
+{
+    if (tiles)
+        *tiles = 0;
+    /* wide tiles only (the blocks sdpa_fwd_pairs_blocks chose), and at least two query
+     * tiles per kv head to reuse it */
+    if (!sdpa_fwd_bf16_pairs(pl) || pl->G <= 0 || pl->Tq <= pl->kt->nt_max_cols / pl->G || pl->Tq <= pl->bq ||
+        pl->bk <= 0)
+        return 0;
+    const size_t nkt = (size_t)(pl->Tk / pl->bk), words = nkt * (((size_t)pl->bk + 1) / 2) * (size_t)pl->Dv;
+    if (nkt == 0 || words * sizeof(uint32_t) > FWD_VPAIRS_CACHE_BYTES)
+        return 0;
+    if (tiles)
+        *tiles = nkt;
+    return round_floats(words) + round_floats((nkt + sizeof(float) - 1) / sizeof(float));
+}
+
+/* Key tile [ks, ks + nk) of V in pairs: from the thread's cache when the tile is a
+ * whole key tile (and the cache exists), packing it there the first time; else packed
+ * into w->vp. *finite: pack_pairs_bf16's flag. */
+static const uint32_t *v_pairs(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int64_t ks, int nk,
+                               int *finite)
+{
+    const int Dv = (int)pl->Dv;
+    const int64_t c = ks / pl->bk;
+    if (!w->vpc || ks != c * pl->bk || nk != pl->bk) {
+        *finite = pl->kt->pack_pairs_bf16(nk, Dv, kv_row(pl, a->v, ft->vb, ks), a->v->seq_stride, w->vp, Dv);
+        return w->vp;
+    }
+    if (w->vpc_pl != pl || w->vpc_b != ft->b || w->vpc_hk != ft->hk) {
+        size_t nkt;
+        sdpa_fwd_vpairs_floats(pl, &nkt);
+        memset(w->vpc_state, -1, nkt);
+        w->vpc_pl = pl;
+        w->vpc_b = ft->b;
+        w->vpc_hk = ft->hk;
+    }
+    uint32_t *dst = w->vpc + (size_t)c * (((size_t)pl->bk + 1) / 2) * (size_t)Dv;
+    if (w->vpc_state[c] < 0)
+        w->vpc_state[c] =
+            (int8_t)pl->kt->pack_pairs_bf16(nk, Dv, kv_row(pl, a->v, ft->vb, ks), a->v->seq_stride, dst, Dv);
+    *finite = w->vpc_state[c];
+    return dst;
+}
+
 void sdpa_fwd_pairs_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft)
 {
     if (pl->q_dtype == SDPA_DTYPE_F32) { /* fp32 Q over a bf16 cache: Q^T, then rounded to bf16 pairs */
@@ -67,11 +114,12 @@ int sdpa_fwd_pairs_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_
     if (kind == TILE_PARTIAL)
         sdpa_mask_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, ks, nk, w->s, ld, 1);
     kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
-    const int finite = kt->pack_pairs_bf16(nk, Dv, kv_row(pl, a->v, ft->vb, ks), a->v->seq_stride, w->vp, Dv);
+    int finite;
+    const uint32_t *vp = v_pairs(pl, w, a, ft, ks, nk, &finite);
     if (!finite && kind == TILE_PARTIAL)
         return 0;
     kt->pack_pairs_f32(nk, ncol, w->s, ld, w->pp, ld);
     kt->gemm_bf16_pairs(ncol, Dv, (nk + 1) / 2, 1.0f, (const uint16_t *)(const void *)w->pp, 2, 2 * (ptrdiff_t)ld,
-                        w->vp, Dv, w->on, Dv, SDPA_GEMM_ACCUMULATE, w->alpha);
+                        vp, Dv, w->on, Dv, SDPA_GEMM_ACCUMULATE, w->alpha);
     return 1;
 }

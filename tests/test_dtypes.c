@@ -190,6 +190,10 @@ static const shape shapes[] = {
        bottom-right causal, GQA */
     {"prefill pairs 2,4,2,67,133,64,40 lens", 2, 4, 2, 67, 133, 64, 40, SDPA_CAUSAL_NONE, -1, 1, 0},
     {"prefill pairs 1,2,2,124,301,18,130 causal br", 1, 2, 2, 124, 301, 18, 130, SDPA_CAUSAL_BOTTOM_RIGHT, -1, 0, 0},
+    /* several query tiles per kv head over whole and partial key tiles (amx's 128 x 128:
+       the forward's cached V pairs, forward_pairs.c; the backward's 128-key chunks) */
+    {"prefill pairs 1,4,2,300,390,32,48 causal br lens", 1, 4, 2, 300, 390, 32, 48, SDPA_CAUSAL_BOTTOM_RIGHT, -1, 1,
+     0},
 };
 
 typedef struct run_out {
