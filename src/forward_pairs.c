@@ -113,12 +113,14 @@ int sdpa_fwd_pairs_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_
         sdpa_logit_variants_t(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, ks, nk, w->s, ld, NULL, w->vs);
     if (kind == TILE_PARTIAL)
         sdpa_mask_tile(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, w->lo, w->hi, ks, nk, w->s, ld, 1);
-    kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
     int finite;
     const uint32_t *vp = v_pairs(pl, w, a, ft, ks, nk, &finite);
-    if (!finite && kind == TILE_PARTIAL)
+    if (!finite && kind == TILE_PARTIAL) { /* the caller finishes with the fp32 products on P^T */
+        kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
         return 0;
-    kt->pack_pairs_f32(nk, ncol, w->s, ld, w->pp, ld);
+    }
+    /* m, l, alpha; P^T straight into its bf16 pairs */
+    kt->online_softmax_pairs(nk, ncol, w->s, ld, w->m, w->l, w->alpha, w->pp, ld);
     kt->gemm_bf16_pairs(ncol, Dv, (nk + 1) / 2, 1.0f, (const uint16_t *)(const void *)w->pp, 2, 2 * (ptrdiff_t)ld,
                         vp, Dv, w->on, Dv, SDPA_GEMM_ACCUMULATE, w->alpha);
     return 1;

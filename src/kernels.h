@@ -287,6 +287,10 @@ typedef struct sdpa_kernels {
     sdpa_pack_pairs_f32_fn pack_pairs_f32;    /* with gemm_bf16_pairs */
     sdpa_pack_pairs_bf16_fn pack_pairs_bf16;  /* with gemm_bf16_pairs */
     sdpa_transpose_pairs_fn transpose_pairs;  /* with gemm_bf16_pairs */
+    /* with gemm_bf16_pairs: online_softmax whose P^T goes to pack_pairs_f32's layout in dst
+     * (the same bits as online_softmax then pack_pairs_f32; S is left as it was) */
+    void (*online_softmax_pairs)(int M, int N, const float *S, ptrdiff_t lds, float *m, float *l, float *alpha,
+                                 uint32_t *dst, ptrdiff_t ldd);
     sdpa_narrow_rows_fn round_rows_bf16;      /* with gemm_bf16_pairs: narrow_bf16's layout with
                                                  pack_pairs_f32's rounding (subnormals to 0) */
     /* NULL, or the bracket a thread puts around its gemm_bf16_pairs calls of one

@@ -22,7 +22,8 @@
  * The 16-bit storage conversions (widen_bf16, widen_f16, narrow_bf16,
  * narrow_f16) must give the scalar table's bits exactly, over every tail and
  * every 16-bit pattern, with crafted fp32 inputs for the roundings. The bf16 pair
- * products (gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16, transpose_pairs, round_rows_bf16; only where the CPU
+ * products (gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16, transpose_pairs, round_rows_bf16,
+ * online_softmax_pairs; only where the CPU
  * has AVX512_BF16) against float64 and their bit definitions (test_pairs).
  *
  * Usage: checkasm [--test=NAME] [--bench] [--help] [seed] (dav1d's flags; see
@@ -2202,8 +2203,8 @@ static void usage(const char *argv0)
            "               online_softmax_rows scale_rows bwd_probs bwd_dscores transpose gemm_nt\n"
            "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
            "               widen_bf16 widen_f16 narrow_bf16 narrow_f16 gemm_bf16_pairs pack_pairs_f32\n"
-           "               pack_pairs_bf16 transpose_pairs round_rows_bf16 (the last five where the ISA\n"
-           "               has them: AVX512_BF16)\n"
+           "               pack_pairs_bf16 transpose_pairs round_rows_bf16 online_softmax_pairs (the\n"
+           "               last six where the ISA has them: AVX512_BF16)\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"
@@ -2482,6 +2483,54 @@ static void check_round_rows(const sdpa_kernels *kt, int rows, int cols)
     free(s), free(d);
 }
 
+/* online_softmax_pairs: bit for bit the same table's online_softmax followed by
+ * pack_pairs_f32 (dst words, padding included, m, l, alpha), S left as it was; masked (-inf) scores,
+ * fully masked columns and a running state from -inf drawn; padding untouched. */
+static void check_softmax_pairs(const sdpa_kernels *kt, int M, int N)
+{
+    const ptrdiff_t lds = N + 3, ldd = N + 2;
+    const int half = (M + 1) / 2;
+    const size_t ns = (size_t)(M > 0 ? M : 1) * (size_t)lds, nd = (size_t)(half > 0 ? half : 1) * (size_t)ldd;
+    float *S = malloc(ns * sizeof *S), *S2 = malloc(ns * sizeof *S2), *S0 = malloc(ns * sizeof *S0),
+          *st = malloc(6 * (size_t)N * sizeof *st);
+    uint32_t *d = malloc(nd * sizeof *d), *d2 = malloc(nd * sizeof *d2);
+    if (!S || !S2 || !S0 || !st || !d || !d2) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < ns; i++)
+        S[i] = chance(15) ? -INFINITY : frand(-8.0f, 8.0f);
+    const int dead = N > 2 ? (int)(rnd() % (unsigned)N) : -1; /* a column masked in every row */
+    for (int r = 0; r < M && dead >= 0; r++)
+        S[r * lds + dead] = -INFINITY;
+    float *m = st, *l = st + N, *al = st + 2 * N, *m2 = st + 3 * N, *l2 = st + 4 * N, *al2 = st + 5 * N;
+    for (int c = 0; c < N; c++) {
+        m[c] = m2[c] = chance(30) ? -INFINITY : frand(-4.0f, 4.0f);
+        l[c] = l2[c] = m[c] == -INFINITY ? 0.0f : frand(0.5f, 20.0f);
+        al[c] = al2[c] = 7.0f;
+    }
+    memcpy(S2, S, ns * sizeof *S);
+    memcpy(S0, S, ns * sizeof *S);
+    for (size_t i = 0; i < nd; i++)
+        d[i] = d2[i] = 0xA5A5A5A5u;
+    kt->online_softmax_pairs(M, N, S, lds, m, l, al, d, ldd);
+    kt->online_softmax(M, N, S2, lds, m2, l2, al2);
+    kt->pack_pairs_f32(M, N, S2, lds, d2, ldd);
+    int ok = memcmp(d, d2, nd * sizeof *d) == 0;
+    if (!ok)
+        report("M=%d N=%d: P pairs differ from online_softmax + pack_pairs_f32", M, N);
+    if (ok && (memcmp(m, m2, (size_t)N * 4) || memcmp(l, l2, (size_t)N * 4) || memcmp(al, al2, (size_t)N * 4))) {
+        ok = 0;
+        report("M=%d N=%d: m, l or alpha differ from online_softmax", M, N);
+    }
+    if (ok && memcmp(S, S0, ns * sizeof *S) != 0) {
+        ok = 0;
+        report("M=%d N=%d: S written", M, N);
+    }
+    record(ok);
+    free(S), free(S2), free(S0), free(st), free(d), free(d2);
+}
+
 /* transpose_pairs: dst[p][r] = pair p of row r, bit for bit; other words untouched. */
 static void check_transpose_pairs(const sdpa_kernels *kt, int rows, int pairs)
 {
@@ -2545,6 +2594,16 @@ static void test_pairs(const sdpa_kernels *kt)
         for (size_t j = 0; j < sizeof cols / sizeof cols[0]; j++)
             check_transpose_pairs(kt, rows[i], cols[j] / 2);
     kernel_end();
+    if (kt->online_softmax_pairs) {
+        static const int sm[] = {0, 1, 2, 3, 16, 63, 64, 127, 128};
+        static const int sn[] = {1, 15, 16, 17, 40, 64, 130};
+        kernel_begin(kt->name, "online_softmax_pairs");
+        for (size_t i = 0; i < sizeof sm / sizeof sm[0]; i++)
+            for (size_t j = 0; j < sizeof sn / sizeof sn[0]; j++)
+                for (int rep = 0; rep < 3; rep++)
+                    check_softmax_pairs(kt, sm[i], sn[j]);
+        kernel_end();
+    }
     static const int rcols[] = {0, 1, 15, 16, 17, 31, 32, 33, 48, 64, 65, 130};
     kernel_begin(kt->name, "round_rows_bf16");
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
@@ -2642,7 +2701,7 @@ int main(int argc, char **argv)
             if (selected(cvt_names[k]))
                 test_cvt(kt, ref_kt, k);
         if (selected("gemm_bf16_pairs") || selected("pack_pairs_f32") || selected("pack_pairs_bf16") ||
-            selected("transpose_pairs") || selected("round_rows_bf16"))
+            selected("transpose_pairs") || selected("round_rows_bf16") || selected("online_softmax_pairs"))
             test_pairs(kt);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);

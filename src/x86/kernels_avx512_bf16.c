@@ -23,6 +23,8 @@
  * inputs to zero, NaN stays NaN). Built with the AVX-512 F/VL/BW/DQ and BF16 flags;
  * installed into the AVX-512 table only when CPUID reports AVX512_BF16. */
 #include <immintrin.h>
+#include <math.h>
+#include <sleef.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -218,8 +220,69 @@ static void round_rows_bf16(int rows, int cols, const float *src, ptrdiff_t lds,
     }
 }
 
+/* The AVX-512 table's exp (simd_tmpl.h tmpl_exp: x log2(e) rounded to float, the cut-off,
+ * SLEEF's exp2), so that online_softmax_pairs gives online_softmax's bits. */
+static inline __m512 exp_cut(__m512 x)
+{
+    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(0x1.715476p+0f));
+    const __mmask16 low = _mm512_cmp_ps_mask(y, _mm512_set1_ps(SDPA_EXP_CUTOFF_LOG2), _CMP_LT_OQ);
+    return Sleef_exp2f16_u10avx512f(_mm512_mask_blend_ps(low, y, _mm512_set1_ps(-INFINITY)));
+}
+
+/* Probability (masked -inf: the sentinel) of scores sv with the column max mu. */
+static inline __m512 prob(__m512 sv, __m512 mu)
+{
+    const __mmask16 masked = _mm512_cmp_ps_mask(sv, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    return _mm512_mask_blend_ps(masked, exp_cut(_mm512_sub_ps(sv, mu)), _mm512_set1_ps(SDPA_MASKED_SENTINEL));
+}
+
+/* online_softmax (the AVX-512 template's arithmetic, simd/softmax.h, in the same order)
+ * whose probabilities go straight to pack_pairs_f32's layout in dst instead of back to S:
+ * dst[p * ldd + c] = bf16(P row 2p, column c) | bf16(P row 2p + 1) << 16, 0 for a missing
+ * odd row. l sums the unrounded P. */
+static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, float *m, float *l, float *alpha,
+                                 uint32_t *dst, ptrdiff_t ldd)
+{
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int n0 = 0; n0 < N; n0 += 16) {
+        const int n = N - n0 < 16 ? N - n0 : 16;
+        const __mmask16 k = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
+        const float *s = S + n0;
+        const __m512 m_old = _mm512_maskz_loadu_ps(k, m + n0);
+        __m512 mx0 = m_old, mx1 = m_old;
+        int r = 0;
+        for (; r + 1 < M; r += 2) {
+            mx0 = _mm512_max_ps(_mm512_maskz_loadu_ps(k, s + (ptrdiff_t)r * lds), mx0);
+            mx1 = _mm512_max_ps(_mm512_maskz_loadu_ps(k, s + (ptrdiff_t)(r + 1) * lds), mx1);
+        }
+        if (r < M)
+            mx0 = _mm512_max_ps(_mm512_maskz_loadu_ps(k, s + (ptrdiff_t)r * lds), mx0);
+        const __m512 mx = _mm512_max_ps(mx1, mx0);
+        const __mmask16 none = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+        const __m512 mu = _mm512_mask_blend_ps(none, mx, _mm512_setzero_ps());
+        const __m512 a = exp_cut(_mm512_sub_ps(m_old, mu));
+        __m512 sum = _mm512_setzero_ps();
+        for (r = 0; r < M; r += 2) {
+            const __m512 p0 = prob(_mm512_maskz_loadu_ps(k, s + (ptrdiff_t)r * lds), mu);
+            sum = _mm512_add_ps(sum, p0);
+            __m512 p1 = _mm512_setzero_ps();
+            if (r + 1 < M) {
+                p1 = prob(_mm512_maskz_loadu_ps(k, s + (ptrdiff_t)(r + 1) * lds), mu);
+                sum = _mm512_add_ps(sum, p1);
+            }
+            const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(p1, p0); /* p0 in words 0..15, p1 in 16..31 */
+            _mm512_mask_storeu_epi32(dst + (ptrdiff_t)(r / 2) * ldd + n0, k, _mm512_permutexvar_epi16(interleave, h));
+        }
+        _mm512_mask_storeu_ps(alpha + n0, k, a);
+        _mm512_mask_storeu_ps(l + n0, k, _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, l + n0), a), sum));
+        _mm512_mask_storeu_ps(m + n0, k, mx);
+    }
+}
+
 void sdpa_kernels_init_avx512_bf16(sdpa_kernels *t)
 {
+    t->online_softmax_pairs = online_softmax_pairs;
     t->round_rows_bf16 = round_rows_bf16;
     t->gemm_bf16_pairs = gemm_bf16_pairs;
     t->pack_pairs_f32 = pack_pairs_f32;
