@@ -297,16 +297,19 @@ static void bwd_tile_probs_dv(const plan *pl, bwd_ws *w, const bwd_args *a, cons
 
 /* dK (+)= scale dS^T Q with dS^T rounded to bf16 (pairs along the columns) and Q's
  * row pairs; dQ += scale dS K with dS in pairs along the keys, rounded, and K's
- * pairs along the keys (one call over the heads' rows when each head has one). */
+ * pairs along the keys (one call over the heads' rows when each head has one).
+ * ds_ready: w->ds16 and w->dsp hold dS already (bwd_dscores_pairs), else from w->dp. */
 static void bwd_tile_dqdk_pairs(const plan *pl, bwd_ws *w, const bwd_args *a, const bwd_tile *pt, float *dkb,
-                                int kv_flags)
+                                int kv_flags, int ds_ready)
 {
     const sdpa_kernels *kt = pl->kt;
     const int ld = pl->ld, Dk = (int)pl->Dk, nh = pt->nh, nr = pt->nr, nk = pt->nk, ncol = pt->ncol;
-    round_tile(pl, nk, ncol, w->dp, w->ds16);
+    if (!ds_ready) {
+        round_tile(pl, nk, ncol, w->dp, w->ds16);
+        kt->pack_pairs_f32(nk, ncol, w->dp, ld, w->dsp, ld);
+    }
     kt->gemm_bf16_pairs(nk, Dk, (ncol + 1) / 2, pl->scale, w->ds16, ld, 2, w->qp, Dk, dkb, a->dk->seq_stride,
                         kv_flags & SDPA_GEMM_ACCUMULATE, NULL);
-    kt->pack_pairs_f32(nk, ncol, w->dp, ld, w->dsp, ld);
     kt->pack_pairs_bf16(nk, Dk, a->k16 + pt->ks * a->ldk16, a->ldk16, w->kp, Dk); /* finite (bwd_pairs) */
     const uint16_t *dsa = (const uint16_t *)(const void *)w->dsp;
     if (nr == 1) /* one row per head: the heads' dQ rows as one C, head_stride apart */
@@ -325,6 +328,14 @@ static void bwd_tile_dqdk(const plan *pl, bwd_ws *w, const bwd_args *a, const bw
 {
     const sdpa_kernels *kt = pl->kt;
     const int ld = pl->ld, Dk = (int)pl->Dk, nh = pt->nh, nr = pt->nr;
+    if (a->pairs && pl->softcap == 0.0f && kt->bwd_dscores_pairs) { /* dS straight into its two bf16 layouts */
+        kt->bwd_dscores_pairs(pt->nk, pt->ncol, w->p, ld, w->dp, ld, w->dd, w->ds16, ld, w->dsp, ld);
+        if (pt->ncol % 2)
+            for (int jj = 0; jj < pt->nk; jj++)
+                w->ds16[(size_t)jj * ld + pt->ncol] = 0;
+        bwd_tile_dqdk_pairs(pl, w, a, pt, row_out(a->dk, pt->b, pt->hk, pt->ks), kv_flags, 1);
+        return;
+    }
     kt->bwd_dscores(pt->nk, pt->ncol, w->p, ld, w->dp, ld, w->dd);
     if (pl->softcap != 0.0f)
         kt->bwd_softcap(pt->nk, pt->ncol, w->dp, ld, w->g, ld);
@@ -332,7 +343,7 @@ static void bwd_tile_dqdk(const plan *pl, bwd_ws *w, const bwd_args *a, const bw
         return;
     float *dkb = row_out(a->dk, pt->b, pt->hk, pt->ks);
     if (a->pairs) {
-        bwd_tile_dqdk_pairs(pl, w, a, pt, dkb, kv_flags);
+        bwd_tile_dqdk_pairs(pl, w, a, pt, dkb, kv_flags, 0);
         return;
     }
     sdpa_gemm_keys(kt, &pt->tk, KEYS_M_COLS_K, pt->ncol, Dk, pl->scale, w->dp, ld, 1, pt->qsrc, pt->ldq, dkb,

@@ -291,6 +291,10 @@ typedef struct sdpa_kernels {
      * (the same bits as online_softmax then pack_pairs_f32; S is left as it was) */
     void (*online_softmax_pairs)(int M, int N, const float *S, ptrdiff_t lds, float *m, float *l, float *alpha,
                                  uint32_t *dst, ptrdiff_t ldd);
+    /* with gemm_bf16_pairs: bwd_dscores whose dS goes to round_rows_bf16's rows (ds16) and
+     * pack_pairs_f32's key pairs (dsp) instead of back to dP (the same bits as those three) */
+    void (*bwd_dscores_pairs)(int M, int N, const float *P, ptrdiff_t ldp, const float *dP, ptrdiff_t lddp,
+                              const float *d, uint16_t *ds16, ptrdiff_t ld16, uint32_t *dsp, ptrdiff_t lddsp);
     sdpa_narrow_rows_fn round_rows_bf16;      /* with gemm_bf16_pairs: narrow_bf16's layout with
                                                  pack_pairs_f32's rounding (subnormals to 0) */
     /* NULL, or the bracket a thread puts around its gemm_bf16_pairs calls of one

@@ -23,7 +23,7 @@
  * narrow_f16) must give the scalar table's bits exactly, over every tail and
  * every 16-bit pattern, with crafted fp32 inputs for the roundings. The bf16 pair
  * products (gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16, transpose_pairs, round_rows_bf16,
- * online_softmax_pairs; only where the CPU
+ * online_softmax_pairs, bwd_dscores_pairs; only where the CPU
  * has AVX512_BF16) against float64 and their bit definitions (test_pairs).
  *
  * Usage: checkasm [--test=NAME] [--bench] [--help] [seed] (dav1d's flags; see
@@ -2203,8 +2203,8 @@ static void usage(const char *argv0)
            "               online_softmax_rows scale_rows bwd_probs bwd_dscores transpose gemm_nt\n"
            "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
            "               widen_bf16 widen_f16 narrow_bf16 narrow_f16 gemm_bf16_pairs pack_pairs_f32\n"
-           "               pack_pairs_bf16 transpose_pairs round_rows_bf16 online_softmax_pairs (the\n"
-           "               last six where the ISA has them: AVX512_BF16)\n"
+           "               pack_pairs_bf16 transpose_pairs round_rows_bf16 online_softmax_pairs\n"
+           "               bwd_dscores_pairs (the last seven where the ISA has them: AVX512_BF16)\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"
@@ -2531,6 +2531,47 @@ static void check_softmax_pairs(const sdpa_kernels *kt, int M, int N)
     free(S), free(S2), free(S0), free(st), free(d), free(d2);
 }
 
+/* bwd_dscores_pairs: bit for bit the same table's bwd_dscores, then round_rows_bf16
+ * (ds16) and pack_pairs_f32 (dsp) of its dS, padding untouched, P and dP only read;
+ * masked sentinels in P, ties and zeros drawn. */
+static void check_dscores_pairs(const sdpa_kernels *kt, int M, int N)
+{
+    const ptrdiff_t ld = N + 3, ld16 = N + 5, ldp = N + 1;
+    const int half = (M + 1) / 2;
+    const size_t ns = (size_t)(M > 0 ? M : 1) * (size_t)ld, n16 = (size_t)(M > 0 ? M : 1) * (size_t)ld16,
+                 np = (size_t)(half > 0 ? half : 1) * (size_t)ldp;
+    float *P = malloc(ns * 4), *dP = malloc(ns * 4), *dP2 = malloc(ns * 4), *dP0 = malloc(ns * 4),
+          *D = malloc((size_t)N * 4);
+    uint16_t *a16 = malloc(n16 * 2), *b16 = malloc(n16 * 2);
+    uint32_t *ap = malloc(np * 4), *bp = malloc(np * 4);
+    if (!P || !dP || !dP2 || !dP0 || !D || !a16 || !b16 || !ap || !bp) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < ns; i++) {
+        P[i] = chance(15) ? SDPA_MASKED_SENTINEL : chance(5) ? 0.0f : frand(0.0f, 1.0f);
+        dP[i] = frand(-3.0f, 3.0f);
+    }
+    for (int c = 0; c < N; c++)
+        D[c] = chance(10) ? dP[c] : frand(-1.0f, 1.0f); /* dP - D exactly 0 in row 0 */
+    memcpy(dP2, dP, ns * 4);
+    memcpy(dP0, dP, ns * 4);
+    for (size_t i = 0; i < n16; i++)
+        a16[i] = b16[i] = 0xA5A5u;
+    for (size_t i = 0; i < np; i++)
+        ap[i] = bp[i] = 0xA5A5A5A5u;
+    kt->bwd_dscores_pairs(M, N, P, ld, dP, ld, D, a16, ld16, ap, ldp);
+    kt->bwd_dscores(M, N, P, ld, dP2, ld, D);
+    kt->round_rows_bf16(M, N, dP2, ld, b16, ld16);
+    kt->pack_pairs_f32(M, N, dP2, ld, bp, ldp);
+    const int ok = !memcmp(a16, b16, n16 * 2) && !memcmp(ap, bp, np * 4) && !memcmp(dP, dP0, ns * 4);
+    if (!ok)
+        report("M=%d N=%d: dS rows, key pairs or dP differ from bwd_dscores + round_rows_bf16 + pack_pairs_f32", M,
+               N);
+    record(ok);
+    free(P), free(dP), free(dP2), free(dP0), free(D), free(a16), free(b16), free(ap), free(bp);
+}
+
 /* transpose_pairs: dst[p][r] = pair p of row r, bit for bit; other words untouched. */
 static void check_transpose_pairs(const sdpa_kernels *kt, int rows, int pairs)
 {
@@ -2594,6 +2635,16 @@ static void test_pairs(const sdpa_kernels *kt)
         for (size_t j = 0; j < sizeof cols / sizeof cols[0]; j++)
             check_transpose_pairs(kt, rows[i], cols[j] / 2);
     kernel_end();
+    if (kt->bwd_dscores_pairs) {
+        static const int dm[] = {0, 1, 2, 3, 64, 127, 128};
+        static const int dn[] = {1, 15, 16, 17, 64, 130};
+        kernel_begin(kt->name, "bwd_dscores_pairs");
+        for (size_t i = 0; i < sizeof dm / sizeof dm[0]; i++)
+            for (size_t j = 0; j < sizeof dn / sizeof dn[0]; j++)
+                for (int rep = 0; rep < 3; rep++)
+                    check_dscores_pairs(kt, dm[i], dn[j]);
+        kernel_end();
+    }
     if (kt->online_softmax_pairs) {
         static const int sm[] = {0, 1, 2, 3, 16, 63, 64, 127, 128};
         static const int sn[] = {1, 15, 16, 17, 40, 64, 130};
@@ -2701,7 +2752,8 @@ int main(int argc, char **argv)
             if (selected(cvt_names[k]))
                 test_cvt(kt, ref_kt, k);
         if (selected("gemm_bf16_pairs") || selected("pack_pairs_f32") || selected("pack_pairs_bf16") ||
-            selected("transpose_pairs") || selected("round_rows_bf16") || selected("online_softmax_pairs"))
+            selected("transpose_pairs") || selected("round_rows_bf16") || selected("online_softmax_pairs") ||
+            selected("bwd_dscores_pairs"))
             test_pairs(kt);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);

@@ -280,8 +280,46 @@ static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, fl
     }
 }
 
+/* dS = P (dP - D) as the AVX-512 table's bwd_dscores computes it (simd/softmax.h: the
+ * masked sentinel kept, + 0 turning an arithmetic -0 into +0). */
+static inline __m512 dscore(__m512 p, __m512 dp, __m512 d)
+{
+    const __mmask16 masked = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(p), _mm512_set1_epi32((int)0x80000000u));
+    return _mm512_mask_blend_ps(masked, _mm512_add_ps(_mm512_mul_ps(p, _mm512_sub_ps(dp, d)), _mm512_setzero_ps()),
+                                _mm512_set1_ps(SDPA_MASKED_SENTINEL));
+}
+
+/* bwd_dscores whose dS goes, rounded to bf16, to two layouts instead of back to dP:
+ * rows (ds16[k * ld16 + n], round_rows_bf16's) and key pairs (dsp[p * lddsp + n],
+ * pack_pairs_f32's: rows 2p and 2p + 1, 0 for a missing odd row); dP is only read. */
+static void bwd_dscores_pairs(int M, int N, const float *P, ptrdiff_t ldp, const float *dP, ptrdiff_t lddp,
+                              const float *d, uint16_t *ds16, ptrdiff_t ld16, uint32_t *dsp, ptrdiff_t lddsp)
+{
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int k = 0; k < M; k += 2) {
+        const int two = k + 1 < M;
+        for (int n0 = 0; n0 < N; n0 += 16) {
+            const int n = N - n0 < 16 ? N - n0 : 16;
+            const __mmask16 m = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
+            const __m512 dv = _mm512_maskz_loadu_ps(m, d + n0);
+            const __m512 s0 = dscore(_mm512_maskz_loadu_ps(m, P + (ptrdiff_t)k * ldp + n0),
+                                     _mm512_maskz_loadu_ps(m, dP + (ptrdiff_t)k * lddp + n0), dv);
+            const __m512 s1 = two ? dscore(_mm512_maskz_loadu_ps(m, P + (ptrdiff_t)(k + 1) * ldp + n0),
+                                           _mm512_maskz_loadu_ps(m, dP + (ptrdiff_t)(k + 1) * lddp + n0), dv)
+                                  : _mm512_setzero_ps();
+            const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(s1, s0); /* s0 in words 0..15, s1 in 16..31 */
+            _mm256_mask_storeu_epi16(ds16 + (ptrdiff_t)k * ld16 + n0, m, _mm512_castsi512_si256(h));
+            if (two)
+                _mm256_mask_storeu_epi16(ds16 + (ptrdiff_t)(k + 1) * ld16 + n0, m, _mm512_extracti64x4_epi64(h, 1));
+            _mm512_mask_storeu_epi32(dsp + (ptrdiff_t)(k / 2) * lddsp + n0, m, _mm512_permutexvar_epi16(interleave, h));
+        }
+    }
+}
+
 void sdpa_kernels_init_avx512_bf16(sdpa_kernels *t)
 {
+    t->bwd_dscores_pairs = bwd_dscores_pairs;
     t->online_softmax_pairs = online_softmax_pairs;
     t->round_rows_bf16 = round_rows_bf16;
     t->gemm_bf16_pairs = gemm_bf16_pairs;
