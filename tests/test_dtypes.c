@@ -395,7 +395,8 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
         cr_assert_eq(run_forward(s, ty, isas[ii], 1, qs, ks, vs, bias, s->kv_lengths ? lens : NULL, &fw), SDPA_OK);
         for (size_t i = 0; i < no; i++)
             o32[i] = load_as(ty[2], fw.o, i);
-        (util_rounds_bwd(isas[ii], ty, s->Dk, s->Dv) ? naive32_backward_o_bf16_p : naive32_backward_o)(
+        (util_rounds_bwd(isas[ii], ty, s->Dk, s->Dv, s->Tq, s->Hq / s->Hkv) ? naive32_backward_o_bf16_p
+                                                                             : naive32_backward_o)(
             &p, q, k, v, o32, dout, nq32, nk32, nv32);
         for (size_t i = 0; i < nq; i++)
             nq32[i] = round_to(ty[0], nq32[i]);
@@ -657,9 +658,9 @@ Test(dtypes, bf16_nonfinite_row_backward)
                 got[i] = load_as(ty[0], dq, i);
                 o32[i] = load_as(ty[2], fw.o, i);
             }
-            /* the naive backward on the finite inputs and the stored O (finite in these rows) */
-            (util_rounds_bwd(isas[ii], ty, D, D) ? naive32_backward_o_bf16_p : naive32_backward_o)(
-                &p, q, kf, vf, o32, dout, nq32, nk32, nv32);
+            /* the naive backward on the finite inputs and the stored O (finite in these rows);
+               unrounded: the call's one group holds the inf / NaN, so it keeps fp32 products */
+            naive32_backward_o(&p, q, kf, vf, o32, dout, nq32, nk32, nv32);
             for (int h = 0; h < H; h++) {
                 size_t leaked = 0;
                 for (size_t e = 0; e < n_ok; e++) {
@@ -805,7 +806,7 @@ static void sinks_backward_bf16_on(sdpa_isa isa)
         cr_expect(fabsf(ds[0][h] - ds[2][h]) <= 1e-5f * (fabsf(ds[2][h]) + 1e-3f), "dsinks[%d] %.9g, fp32 %.9g", h,
                   (double)ds[0][h], (double)ds[2][h]);
     const sdpa_dtype ty[3] = {t, t, t};
-    if (!util_rounds_bwd(isa, ty, D, D)) {
+    if (!util_rounds_bwd(isa, ty, D, D, TQ, HQ / HKV)) {
         for (size_t e = 0; e < nq; e++) /* the gradients: the fp32 ones rounded */
             cr_assert_eq(load_as(t, g[0][0], e), round_to(t, gq[e]), "[%s] dQ[%zu]", sdpa_isa_name(isa), e);
         for (size_t e = 0; e < nk; e++) {

@@ -151,10 +151,12 @@ int util_isas_typed(sdpa_isa out[SDPA_ISA_COUNT]);
 int util_rounds_p(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t Dv);
 /* Whether a backward with types ty (Q, K/V, O) on isa rounds P and dS to bf16 before
  * their products (the backward's bf16 pair products: every type bf16, even head
- * dims, sdpa_isa_bf16_pairs_backward; the naive reference then rounds them the same way,
- * naive32_backward_o_bf16_p). Wide tiles only: a decode-sized tile's products stay
- * fp32, which the 3x rule against the rounding reference also admits. */
-int util_rounds_bwd(sdpa_isa isa, const sdpa_dtype ty[3], int64_t Dk, int64_t Dv);
+ * dims, sdpa_isa_bf16_pairs_backward, and tiles wider than the decode path's: Tq x G
+ * query rows per kv head above the ISA's nt_max_cols in sdpa_tuning(), which with
+ * block_q >= 2 nt_max_cols is the driver's test); the naive reference then rounds them
+ * the same way (naive32_backward_o_bf16_p). Assumes finite operands (a group with an
+ * inf or NaN keeps the fp32 products). */
+int util_rounds_bwd(sdpa_isa isa, const sdpa_dtype ty[3], int64_t Dk, int64_t Dv, int64_t Tq, int64_t G);
 /* A malloc'd copy of the n values of Q (fp32 values of type qt) as the bf16 pair
  * products read them: rounded to bf16 (nearest even) when qt is fp32, else as they are. */
 float *util_pairs_q(const float *q, size_t n, sdpa_dtype qt);

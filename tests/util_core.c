@@ -423,10 +423,23 @@ int util_rounds_p(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t
            Dv > 0 && sdpa_isa_bf16_pairs(isa);
 }
 
-int util_rounds_bwd(sdpa_isa isa, const sdpa_dtype ty[3], int64_t Dk, int64_t Dv)
+/* The nt_max_cols sdpa_tuning() reports for isa (-1 if it lists none). */
+static long tuned_nt_max_cols(sdpa_isa isa)
 {
-    return ty[0] == SDPA_DTYPE_BF16 && ty[1] == SDPA_DTYPE_BF16 && ty[2] == SDPA_DTYPE_BF16 && Dk > 0 &&
-           Dk % 2 == 0 && Dv > 0 && Dv % 2 == 0 && sdpa_isa_bf16_pairs_backward(isa);
+    char key[32];
+    snprintf(key, sizeof key, "; %s block_q ", sdpa_isa_name(isa));
+    const char *e = strstr(sdpa_tuning(), key);
+    const char *n = e ? strstr(e, " nt_max_cols ") : NULL;
+    return n ? strtol(n + 13, NULL, 10) : -1;
+}
+
+int util_rounds_bwd(sdpa_isa isa, const sdpa_dtype ty[3], int64_t Dk, int64_t Dv, int64_t Tq, int64_t G)
+{
+    if (!(ty[0] == SDPA_DTYPE_BF16 && ty[1] == SDPA_DTYPE_BF16 && ty[2] == SDPA_DTYPE_BF16 && Dk > 0 &&
+          Dk % 2 == 0 && Dv > 0 && Dv % 2 == 0 && sdpa_isa_bf16_pairs_backward(isa)))
+        return 0;
+    const long nt = tuned_nt_max_cols(isa);
+    return nt >= 0 && Tq * G > nt; /* wider tiles than the decode path's (block_q >= 2 nt_max_cols) */
 }
 
 float *util_pairs_q(const float *q, size_t n, sdpa_dtype qt)
