@@ -227,3 +227,67 @@ void naive32_backward_o_bf16_p(const sdpa_problem *p, const float *q, const floa
     const views w = contiguous(p, q, k, v, dout);
     naive32_backward_views(p, &w.q, &w.k, &w.v, &w.dout, dq, dk, dv, NULL, o, 1);
 }
+
+/* Per element of O: a first-order bound on what the fp32 rounding of the logits alone
+ * can do to it, in any order of summation. Higham, "Accuracy and Stability of
+ * Numerical Algorithms" (2002), eq. 3.5: an fp32 dot product of n terms errs by at most
+ * gamma_n sum |q_c k_c|, gamma_n = n u / (1 - n u), u = 2^-24; the scale, the softcap,
+ * ALiBi and the bias add a rounding each (gamma_{Dk+4} over the terms' magnitudes).
+ * Logit errors delta_j move O_c = sum_j P_j V_jc by sum_j P_j (delta_j - sum_i P_i delta_i)
+ * (V_jc - O_c) to first order, whose magnitude is at most
+ * sum_j P_j (Delta_j + Delta_bar) |V_jc - O_c| (+ the sink's P_s Delta_bar |O_c|), with
+ * Delta_bar = sum_j P_j Delta_j. Near-tied logits in the thousands make this large
+ * (the output is ill-conditioned there: two keys' fp32 logits a few ulp apart); a
+ * one-hot row keeps it 0. */
+void ref_forward_logit_bound(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                             const sdpa_tensor *v, double *bound)
+{
+    const int64_t B = p->batch, Hq = p->q_heads, Hkv = p->kv_heads, Tq = p->q_len, Tk = p->kv_len;
+    const int64_t Dk = p->head_dim_qk, Dv = p->head_dim_v;
+    const double u = ldexp(1.0, -24), n = (double)Dk + 4.0, gamma = n * u / (1.0 - n * u);
+    const double scale = fabs(ref_scale(p));
+    double *prob = malloc(sizeof(double) * (size_t)(Tk ? Tk : 1));
+    double *delta = malloc(sizeof(double) * (size_t)(Tk ? Tk : 1));
+    unsigned char *ok = malloc((size_t)(Tk ? Tk : 1));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++) {
+            const int64_t hk = h / (Hq / Hkv);
+            for (int64_t i = 0; i < Tq; i++) {
+                const float *qr = row_of(q, b, h, i);
+                const double lse = ref64_row(p, q, k, b, h, i, prob, ok, NULL);
+                double *brow = bound + ((b * Hq + h) * Tq + i) * Dv;
+                double dbar = 0.0;
+                for (int64_t j = 0; j < Tk; j++) {
+                    delta[j] = 0.0;
+                    if (!ok[j])
+                        continue;
+                    const float *kr = row_of(k, b, hk, j);
+                    double mag = 0.0;
+                    for (int64_t c = 0; c < Dk; c++)
+                        mag += fabs((double)qr[c] * (double)kr[c]);
+                    mag *= scale;
+                    if (p->alibi_slopes) {
+                        const int64_t d = ref_diagonal(p, b, i);
+                        mag += fabs((double)p->alibi_slopes[h]) * (double)(j > d ? j - d : d - j);
+                    }
+                    mag += fabs(ref_bias(p, b, h, i, j)) + fabs((double)p->softcap);
+                    delta[j] = gamma * mag;
+                    dbar += prob[j] * delta[j];
+                }
+                const double psink = p->sinks && isfinite(lse) ? exp((double)p->sinks[h] - lse) : 0.0;
+                for (int64_t c = 0; c < Dv; c++) {
+                    double o = 0.0, s = 0.0;
+                    for (int64_t j = 0; j < Tk; j++)
+                        if (ok[j])
+                            o += prob[j] * (double)row_of(v, b, hk, j)[c];
+                    for (int64_t j = 0; j < Tk; j++)
+                        if (ok[j])
+                            s += prob[j] * (delta[j] + dbar) * fabs((double)row_of(v, b, hk, j)[c] - o);
+                    brow[c] = isfinite(s) ? s + psink * dbar * fabs(o) : 0.0;
+                }
+            }
+        }
+    free(prob);
+    free(delta);
+    free(ok);
+}

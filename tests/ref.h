@@ -76,6 +76,12 @@ void ref_backward(const sdpa_problem *p, const float *q, const float *k, const f
 void ref_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, const float *v,
                          const float *dout, double *dq, double *dk, double *dv, double *dsinks);
 
+/* bound[B, Hq, Tq, Dv] (contiguous): per element of O, a first-order bound on how far
+ * the fp32 rounding of the logits alone (any order of summation; Higham 2002, eq. 3.5)
+ * can move it; 0 in a one-hot row, large where logits in the thousands nearly tie. */
+void ref_forward_logit_bound(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                             const sdpa_tensor *v, double *bound);
+
 /* The same computations in fp32 (float scores, expf/logf, float accumulation in
  * natural order): the yardstick of the FlashAttention tolerance rule. */
 void naive32_forward(const sdpa_problem *p, const float *q, const float *k, const float *v, float *o,
