@@ -126,6 +126,10 @@ static void init_dispatch(void)
     if (runnable[SDPA_ISA_AVX512] && (flags & SDPA_X86_CPU_FLAG_AVX512_BF16))
         sdpa_kernels_init_avx512_bf16(&tables[SDPA_ISA_AVX512]);
 #endif
+#if ARCH_AARCH64 && HAVE_NEON_BF16
+    if (runnable[SDPA_ISA_NEON] && (flags & SDPA_ARM_CPU_FLAG_BF16))
+        sdpa_kernels_init_neon_bf16(&tables[SDPA_ISA_NEON]);
+#endif
     sdpa_tuning_apply(tables, runnable);
 
     /* SDPA_ISA caps the choice: the best runnable rung not above the named

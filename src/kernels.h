@@ -191,7 +191,7 @@ typedef void (*sdpa_widen_rows_fn)(int rows, int cols, const uint16_t *src, ptrd
 typedef void (*sdpa_narrow_rows_fn)(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst,
                                     ptrdiff_t ldd);
 
-/* bf16 pair products (AVX512-BF16 `vdpbf16ps`, AMX `tdpbf16ps`; optional per ISA, NULL:
+/* bf16 pair products (AVX512-BF16 `vdpbf16ps`, AMX `tdpbf16ps`, NEON BFDOT; optional per ISA, NULL:
  * not provided; where the table has tiles_begin, only between tiles_begin and
  * tiles_end on the calling thread).
  * The reduction dimension runs in pairs of adjacent bf16, one pair per 32-bit word
@@ -202,8 +202,8 @@ typedef void (*sdpa_narrow_rows_fn)(int rows, int cols, const float *src, ptrdif
  * where A pair (m,p) is the two uint16 at A + m*rs_a + p*cs_a (strides in uint16
  * elements; any alignment) and dot2 adds the two products of a pair to the lane's
  * sum with the instruction's arithmetic: bf16 subnormals count as zero (so a
- * subnormal times inf is NaN), each step rounds to nearest even, a subnormal sum is
- * flushed to zero (docs/design.md, "What is rounded"). Sums run over p in
+ * subnormal times inf is NaN), each step rounds (to nearest even on x86; to odd on
+ * Arm's BFDOT), a subnormal sum is flushed to zero (docs/design.md, "What is rounded"). Sums run over p in
  * increasing order (AMX: 16-pair steps in increasing order, each added in the
  * instruction's own order), one fixed order per (m,n), whatever the caller's threading.
  * Only SDPA_GEMM_ACCUMULATE is a valid flag (no masked sentinels in its inputs). */
@@ -340,5 +340,11 @@ void sdpa_kernels_init_neon(sdpa_kernels *table);
 void sdpa_kernels_init_avx512_bf16(sdpa_kernels *table);
 /* The amx rung: the AVX512-BF16 packs, gemm_bf16_pairs on AMX tiles, bf16_dot on. */
 void sdpa_kernels_init_amx(sdpa_kernels *table);
+/* The BFDOT pair products (src/arm/kernels_neon_bf16.c) and their packs
+ * (src/arm/kernels_neon.c), added to the NEON table when the OS reports BF16; bf16_dot on. */
+void sdpa_kernels_init_neon_bf16(sdpa_kernels *table);
+void sdpa_neon_gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A, ptrdiff_t rs_a, ptrdiff_t cs_a,
+                               const uint32_t *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int flags,
+                               const float *c_row_scale);
 
 #endif /* SDPA_KERNELS_H */

@@ -24,7 +24,7 @@
  * every 16-bit pattern, with crafted fp32 inputs for the roundings. The bf16 pair
  * products (gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16, transpose_pairs, round_rows_bf16,
  * online_softmax_pairs, bwd_dscores_pairs; only where the CPU
- * has AVX512_BF16) against float64 and their bit definitions (test_pairs).
+ * has AVX512_BF16, AMX-BF16 or Arm BF16) against float64 and their bit definitions (test_pairs).
  *
  * Usage: checkasm [--test=NAME] [--bench] [--help] [seed] (dav1d's flags; see
  * usage()). Prints one line per ISA and kernel and ends with "N passed, N
@@ -2263,10 +2263,11 @@ static void run_bench(void)
 
 /* ------------------------------------------------------ bf16 pair products */
 
-/* gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16 (AVX-512 with AVX512_BF16 only):
- * the products against a float64 loop over the same bf16 values (each pair's two
- * products are exact in fp32, so only the fp32 additions may differ: at most
- * 2P + 2 roundings of the running sum), both A layouts the driver uses (K rows:
+/* gemm_bf16_pairs, pack_pairs_f32, pack_pairs_bf16 (AVX-512 with AVX512_BF16, amx, NEON
+ * with BFDOT): the products against a float64 loop over the same bf16 values (each pair's
+ * two products are exact in fp32, so only the fp32 additions may differ: at most
+ * 2P + 2 roundings of the running sum, each within 1 ulp, FLT_EPSILON of the magnitude,
+ * whether to nearest even or, BFDOT's, to odd), both A layouts the driver uses (K rows:
  * pairs along the row; packed P^T: pairs down a column), with and without
  * accumulation and row scale, over every tail of the 4 x 64 register block; C's
  * guards and padding keep their bits. The packs against their definitions, bit for

@@ -472,7 +472,10 @@ static void run_dtype_case(sdpa_isa isa, const dtype_shape *s, const sdpa_dtype 
     double *rq = malloc(8 * (nq + 1)), *rk = malloc(8 * (nk + 1)), *rv = malloc(8 * (nv + 1));
     float *n32q = malloc(4 * (nq + 1)), *n32k = malloc(4 * (nk + 1)), *n32v = malloc(4 * (nv + 1));
     ref_backward(&p, q, k, v, dout, rq, rk, rv);
-    naive32_backward_o(&p, q, k, v, o32, dout, n32q, n32k, n32v);
+    /* P and dS rounded too where the ISA runs the backward's pair products */
+    (util_rounds_bwd(isa, ty, s->Dk, s->Dv, s->Tq, s->Hq / s->Hkv) ? naive32_backward_o_bf16_p
+                                                                  : naive32_backward_o)(&p, q, k, v, o32, dout,
+                                                                                        n32q, n32k, n32v);
     for (size_t i = 0; i < nq; i++) n32q[i] = round_to(ty[0], n32q[i]);
     for (size_t i = 0; i < nk; i++) n32k[i] = round_to(ty[1], n32k[i]);
     for (size_t i = 0; i < nv; i++) n32v[i] = round_to(ty[1], n32v[i]);

@@ -73,21 +73,20 @@ int cmd_info(int argc, char **argv)
                           : vec == SDPA_ISA_NEON                        ? "FCVTL/FCVTN"
                                                                         : "C";
         const int pairs = sdpa_isa_bf16_pairs(a), bwd = sdpa_isa_bf16_pairs_backward(a), used = pairs || bwd;
-        printf("types: fp32 %s; bf16 %s (%s%swidened by integer shifts, fp32 products); fp16 %s (widened by %s, "
-               "fp32 products); %s%s%s not used\n",
+        const char *products = a == SDPA_ISA_AMX    ? "AMX tdpbf16ps tile products"
+                               : a == SDPA_ISA_NEON ? "BFDOT pair products"
+                                                    : "AVX512-BF16 vdpbf16ps pair products";
+        const char *unused = a == SDPA_ISA_NEON ? (used ? "BFMMLA is" : "BFDOT and BFMMLA are")
+                             : a == SDPA_ISA_AMX && used ? "AMX-FP16 is"
+                             : used                      ? "AMX is"
+                                                         : "AVX512-BF16 and AMX are";
+        printf("types: fp32 %s; bf16 %s (%s%s%swidened by integer shifts, fp32 products); fp16 %s (widened by %s, "
+               "fp32 products); %s%s%s%s not used\n",
                sdpa_isa_name(vec), sdpa_isa_name(pairs ? a : vec),
-               !pairs                ? ""
-               : a == SDPA_ISA_AMX ? "bf16 K/V with a bf16 or fp32 Q, prefill tiles: AMX tdpbf16ps tile "
-                                     "products"
-                                   : "bf16 K/V with a bf16 or fp32 Q, prefill tiles: AVX512-BF16 vdpbf16ps "
-                                     "pair products",
+               pairs ? "bf16 K/V with a bf16 or fp32 Q, prefill tiles: " : "", pairs ? products : "",
                pairs ? ", P and an fp32 Q rounded to bf16; otherwise " : "", sdpa_isa_name(vec), f16,
-               bwd ? "bf16 backward (bf16 Q, K/V and O), prefill tiles: " : "",
-               !bwd ? "" : a == SDPA_ISA_AMX ? "AMX tdpbf16ps tile products, P and dS rounded to bf16; "
-                                              : "AVX512-BF16 vdpbf16ps pair products, P and dS rounded to bf16; ",
-               a == SDPA_ISA_AMX && used ? "AMX-FP16 and BFDOT are"
-               : used                    ? "AMX and BFDOT are"
-                                         : "AVX512-BF16, AMX and BFDOT are");
+               bwd ? "bf16 backward (bf16 Q, K/V and O), prefill tiles: " : "", bwd ? products : "",
+               bwd ? ", P and dS rounded to bf16; " : "", unused);
     }
     rej = sdpa_isa_env_rejected();
     if (rej)

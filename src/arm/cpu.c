@@ -4,7 +4,8 @@
  * Advanced SIMD (NEON) is part of the AArch64 base architecture, so it is
  * always present; the OS probes below exist for the optional extensions that
  * later kernels may use (dot product, fp16 arithmetic, SVE), and confirm
- * ASIMD where the OS reports it. Linux: getauxval(AT_HWCAP) (see the kernel's
+ * ASIMD where the OS reports it; BF16 (BFDOT) installs the NEON table's bf16 pair
+ * products (src/arm/kernels_neon_bf16.c). Linux: getauxval(AT_HWCAP) (see the kernel's
  * Documentation/arch/arm64/elf_hwcaps.rst). Apple: sysctlbyname("hw.optional.*").
  * Other systems: baseline only. */
 #include <string.h>
@@ -29,6 +30,9 @@
 #ifndef HWCAP_SVE
 #define HWCAP_SVE (1 << 22)
 #endif
+#ifndef HWCAP2_BF16
+#define HWCAP2_BF16 (1 << 14)
+#endif
 #elif ARCH_AARCH64 && defined(__APPLE__)
 #include <sys/sysctl.h>
 #endif
@@ -45,6 +49,7 @@ unsigned sdpa_cpu_detect_arm(char *names, size_t cap)
     if ((hw & HWCAP_ASIMDDP)) { flags |= SDPA_ARM_CPU_FLAG_DOTPROD; sdpa_cpu_add_name(names, cap, "asimddp"); }
     if ((hw & HWCAP_FPHP) && (hw & HWCAP_ASIMDHP)) { flags |= SDPA_ARM_CPU_FLAG_FP16; sdpa_cpu_add_name(names, cap, "asimdhp"); }
     if (hw & HWCAP_SVE) { flags |= SDPA_ARM_CPU_FLAG_SVE; sdpa_cpu_add_name(names, cap, "sve"); }
+    if (getauxval(AT_HWCAP2) & HWCAP2_BF16) { flags |= SDPA_ARM_CPU_FLAG_BF16; sdpa_cpu_add_name(names, cap, "bf16"); }
 #elif defined(__APPLE__)
     int v = 0;
     size_t len = sizeof(v);
@@ -55,6 +60,10 @@ unsigned sdpa_cpu_detect_arm(char *names, size_t cap)
     len = sizeof(v); v = 0;
     if (sysctlbyname("hw.optional.arm.FEAT_FP16", &v, &len, NULL, 0) == 0 && v) {
         flags |= SDPA_ARM_CPU_FLAG_FP16; sdpa_cpu_add_name(names, cap, "asimdhp");
+    }
+    len = sizeof(v); v = 0;
+    if (sysctlbyname("hw.optional.arm.FEAT_BF16", &v, &len, NULL, 0) == 0 && v) {
+        flags |= SDPA_ARM_CPU_FLAG_BF16; sdpa_cpu_add_name(names, cap, "bf16");
     }
 #else
     sdpa_cpu_add_name(names, cap, "asimd(baseline)");
