@@ -258,7 +258,8 @@ typedef struct sdpa_kernels {
                           little of K and V is reused: see forward.c) */
     int bf16_dot; /* 1: bf16 problems (Q and K/V bf16) run their prefill key tiles through the
                      pair products below (set per microarchitecture where they are faster than
-                     the fp32 products on widened tiles; 0 where the kernels are NULL) */
+                     the fp32 products on widened tiles; NEON: wherever the CPU has BFDOT, not
+                     yet measured on Arm hardware; 0 where the kernels are NULL) */
     int bwd_bf16_dot; /* 1: a backward of bf16 Q, K/V and O runs the five products of its wide
                          tiles through the pair products (backward_tile.c): amx, where the tile
                          products pay for the extra packing; SDPA_TUNE=bwd_bf16_dot=1 elsewhere */

@@ -2204,7 +2204,7 @@ static void usage(const char *argv0)
            "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
            "               widen_bf16 widen_f16 narrow_bf16 narrow_f16 gemm_bf16_pairs pack_pairs_f32\n"
            "               pack_pairs_bf16 transpose_pairs round_rows_bf16 online_softmax_pairs\n"
-           "               bwd_dscores_pairs (the last seven where the ISA has them: AVX512_BF16)\n"
+           "               bwd_dscores_pairs (the last seven where the ISA has them: AVX512_BF16, AMX, Arm BF16)\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"

@@ -238,9 +238,11 @@ void naive32_backward_o_bf16_p(const sdpa_problem *p, const float *q, const floa
  * sum_j P_j (Delta_j + Delta_bar) |V_jc - O_c| (+ the sink's P_s Delta_bar |O_c|), with
  * Delta_bar = sum_j P_j Delta_j. Near-tied logits in the thousands make this large
  * (the output is ill-conditioned there: two keys' fp32 logits a few ulp apart); a
- * one-hot row keeps it 0. */
+ * one-hot row keeps it 0. gamma_n is the worst case (typical errors are about sqrt(n)
+ * u), so rows whose largest |logit| is at most min_logit get 0: the caller's own rule
+ * holds there. */
 void ref_forward_logit_bound(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
-                             const sdpa_tensor *v, double *bound)
+                             const sdpa_tensor *v, double min_logit, double *bound)
 {
     const int64_t B = p->batch, Hq = p->q_heads, Hkv = p->kv_heads, Tq = p->q_len, Tk = p->kv_len;
     const int64_t Dk = p->head_dim_qk, Dv = p->head_dim_v;
@@ -256,11 +258,12 @@ void ref_forward_logit_bound(const sdpa_problem *p, const sdpa_tensor *q, const 
                 const float *qr = row_of(q, b, h, i);
                 const double lse = ref64_row(p, q, k, b, h, i, prob, ok, NULL);
                 double *brow = bound + ((b * Hq + h) * Tq + i) * Dv;
-                double dbar = 0.0;
+                double dbar = 0.0, top = 0.0;
                 for (int64_t j = 0; j < Tk; j++) {
                     delta[j] = 0.0;
                     if (!ok[j])
                         continue;
+                    top = fmax(top, fabs(ref_score(p, q, k, b, h, i, j)));
                     const float *kr = row_of(k, b, hk, j);
                     double mag = 0.0;
                     for (int64_t c = 0; c < Dk; c++)
@@ -283,7 +286,7 @@ void ref_forward_logit_bound(const sdpa_problem *p, const sdpa_tensor *q, const 
                     for (int64_t j = 0; j < Tk; j++)
                         if (ok[j])
                             s += prob[j] * (delta[j] + dbar) * fabs((double)row_of(v, b, hk, j)[c] - o);
-                    brow[c] = isfinite(s) ? s + psink * dbar * fabs(o) : 0.0;
+                    brow[c] = isfinite(s) && top > min_logit ? s + psink * dbar * fabs(o) : 0.0;
                 }
             }
         }

@@ -78,9 +78,10 @@ void ref_backward_dsinks(const sdpa_problem *p, const float *q, const float *k, 
 
 /* bound[B, Hq, Tq, Dv] (contiguous): per element of O, a first-order bound on how far
  * the fp32 rounding of the logits alone (any order of summation; Higham 2002, eq. 3.5)
- * can move it; 0 in a one-hot row, large where logits in the thousands nearly tie. */
+ * can move it; 0 in a one-hot row, large where logits in the thousands nearly tie, and 0
+ * in the rows whose largest |logit| is at most min_logit. */
 void ref_forward_logit_bound(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
-                             const sdpa_tensor *v, double *bound);
+                             const sdpa_tensor *v, double min_logit, double *bound);
 
 /* The same computations in fp32 (float scores, expf/logf, float accumulation in
  * natural order): the yardstick of the FlashAttention tolerance rule. */

@@ -76,7 +76,8 @@ int cmd_info(int argc, char **argv)
         const char *products = a == SDPA_ISA_AMX    ? "AMX tdpbf16ps tile products"
                                : a == SDPA_ISA_NEON ? "BFDOT pair products"
                                                     : "AVX512-BF16 vdpbf16ps pair products";
-        const char *unused = a == SDPA_ISA_NEON ? (used ? "BFMMLA is" : "BFDOT and BFMMLA are")
+        const int arm = sdpa_isa_compiled(SDPA_ISA_NEON);
+        const char *unused = arm ? (used ? "BFMMLA is" : "BFDOT and BFMMLA are")
                              : a == SDPA_ISA_AMX && used ? "AMX-FP16 is"
                              : used                      ? "AMX is"
                                                          : "AVX512-BF16 and AMX are";

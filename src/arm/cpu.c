@@ -30,6 +30,9 @@
 #ifndef HWCAP_SVE
 #define HWCAP_SVE (1 << 22)
 #endif
+#ifndef AT_HWCAP2
+#define AT_HWCAP2 26
+#endif
 #ifndef HWCAP2_BF16
 #define HWCAP2_BF16 (1 << 14)
 #endif

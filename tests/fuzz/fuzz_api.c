@@ -362,13 +362,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         naive32_forward(&p, q.c, k.c, v.c, no32, nl32);
         util_unpack(&o.l, go, o.g);
         util_unpack(&lse.l, gl, lse.g);
-        /* Logits beyond +-64 also get the first-order bound of their own fp32 rounding
-         * (ref_forward_logit_bound): where such logits nearly tie, a kernel's Q.K^T a few
-         * ulp off (its order of summation, FMA) moves O by more than 8x the naive loop's
-         * error, which may happen to round the tied keys' logits alike. */
+        /* Rows with a logit beyond +-64 also get the first-order bound of their logits'
+         * own fp32 rounding (ref_forward_logit_bound): where such logits nearly tie, a
+         * kernel's Q.K^T a few ulp off (its order of summation, FMA) moves O by more
+         * than 8x the naive loop's error, which may happen to round the tied keys'
+         * logits alike. */
         double *lb = large ? malloc((no + 1) * sizeof(double)) : NULL;
         if (lb)
-            ref_forward_logit_bound(&p, &tq, &tk, &tv, lb);
+            ref_forward_logit_bound(&p, &tq, &tk, &tv, 64.0, lb);
         compare("O", go, no32, ro, no, large ? 8.0 : 2.0, large ? 1e-5 : 1e-6, 0.0, lb);
         if (want_lse)
             compare("LSE", gl, nl32, rl, nl, large ? 8.0 : 2.0, large ? 1e-5 : 1e-6, 0.0, NULL);
