@@ -404,6 +404,11 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * of such a row, or in masked K/V rows, never reaches a gradient. NaN/Inf in
  * allowed inputs propagates (O excepted for the rows with |LSE| >= 256 below,
  * whose D does not read O). Dv = 0 gives dQ = dK = 0 (nothing flows back).
+ * Known defect: with an fp32 Q over bf16 K/V on an ISA where sdpa_isa_bf16_pairs() is
+ * 1, the forward's LSE comes from Q rounded to bf16 (its prefill tiles) while P is
+ * recomputed here from the fp32 Q, so P does not sum to 1 (about 1-2% at logits near 5)
+ * and the gradients carry that error; pass Q as bf16 or set SDPA_TUNE=bf16_dot=0 (README,
+ * Limits).
  * P is recomputed from LSE; a row whose |LSE| >= 256, where the float LSE
  * keeps log(sum) only to ulp(LSE)/2 (2^-17 and coarser: every key of a padded
  * row given a bias of -FLT_MAX, or logits in the thousands), has its max and
