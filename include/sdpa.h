@@ -404,11 +404,12 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * of such a row, or in masked K/V rows, never reaches a gradient. NaN/Inf in
  * allowed inputs propagates (O excepted for the rows with |LSE| >= 256 below,
  * whose D does not read O). Dv = 0 gives dQ = dK = 0 (nothing flows back).
- * Known defect: with an fp32 Q over bf16 K/V on an ISA where sdpa_isa_bf16_pairs() is
- * 1, the forward's LSE comes from Q rounded to bf16 (its prefill tiles) while P is
- * recomputed here from the fp32 Q, so P does not sum to 1 (about 1-2% at logits near 5)
- * and the gradients carry that error; pass Q as bf16 or set SDPA_TUNE=bf16_dot=0 (README,
- * Limits).
+ * An fp32 Q over bf16 K/V on an ISA where sdpa_isa_bf16_pairs() is 1, in a problem with
+ * more query rows per kv head than nt_max_cols / G (sdpa_tuning()), is read rounded to
+ * bf16 here as the forward read it (nearest even, subnormals as 0), so that P recomputed
+ * from the forward's LSE sums to 1; dK and dQ are those of the rounded Q (the rounding
+ * passed through as the identity), the bits of the same call with Q rounded beforehand
+ * (docs/design.md, "What is rounded").
  * P is recomputed from LSE; a row whose |LSE| >= 256, where the float LSE
  * keeps log(sum) only to ulp(LSE)/2 (2^-17 and coarser: every key of a padded
  * row given a bias of -FLT_MAX, or logits in the thousands), has its max and
@@ -545,7 +546,9 @@ SDPA_API const char *sdpa_tuning(void);
  *  AMX `tdpbf16ps` on SDPA_ISA_AMX, and Arm BFDOT on SDPA_ISA_NEON where the OS reports
  *  BF16, whose fp32 additions round to odd: "bf16_dot 1" in sdpa_tuning(),
  *  SDPA_TUNE=bf16_dot=0|1), which round each
- *  probability P to bf16 before P V, round an fp32 Q to bf16 (nearest even) and read
+ *  probability P to bf16 before P V, round an fp32 Q to bf16 (nearest even; in every
+ *  tile of a problem with more than nt_max_cols / G query rows per kv head, and in its
+ *  backward; a smaller, decode-sized problem rounds nothing) and read
  *  bf16 subnormals as 0 (docs/design.md,
  *  "What is rounded"); 0 otherwise, and for an ISA this CPU cannot run. Fixed at
  *  load; thread-safe; no errors. */

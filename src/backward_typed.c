@@ -9,7 +9,8 @@
  * dV are narrowed into their tensors (round to nearest even). The buffers hold
  * one group's rows, O(G Tq D + Tk D) floats: never the whole tensor, never a Tq x
  * Tk matrix. The results are those of the fp32 backward on the rounded inputs,
- * rounded once, bitwise the same for any thread count.
+ * rounded once, bitwise the same for any thread count. An fp32 Q that the forward
+ * read rounded to bf16 (sdpa_rounds_q_bf16) is rounded the same way as it is widened.
  *
  * A group of one query tile (decode: every key tile meets all of the group's
  * query rows in one pair) runs over its keys in chunks of about
@@ -286,6 +287,8 @@ static void typed_group(void *arg, int64_t item)
         widen_rows(pl, pl->o_dtype, row_in_t(x->dout, pl->o_dtype, b, h0 + g, 0), x->dout->seq_stride, Tq, Dv,
                    w->dout + r * Dv);
     }
+    if (sdpa_rounds_q_bf16(pl)) /* the Q of the forward's LSE (its wide tiles round it) */
+        sdpa_round_q_bf16(w->q, (size_t)(G * Tq * Dk));
     gp.bwd_pairs = gp.bwd_pairs && all_finite(w->q, (size_t)(G * Tq * Dk)) && all_finite(w->dout, (size_t)(G * Tq * Dv));
     const sdpa_tensor lse = {row_in(x->lse, b, h0, 0), x->lse->batch_stride, x->lse->head_stride,
                              x->lse->seq_stride};

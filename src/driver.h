@@ -80,6 +80,17 @@ sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt);
 /* One sequence's plan of a packed call (B = 1, its own Tq, Tk and windows; its
  * block table row and page-sized key tiles when paged). */
 void sdpa_seq_plan(const plan *pl, int64_t b, plan *sub);
+/* Whether an fp32 Q over a bf16 K/V cache is rounded to bf16 for the whole problem:
+ * on an ISA whose forward runs its wide tiles through the bf16 pair products
+ * (kt->bf16_dot, Dk even, Dv > 0), in a problem with wide tiles (more than
+ * nt_max_cols / G query rows). Then every forward tile, the few-column ones too, reads
+ * Q rounded to nearest even (a subnormal to the zero of its sign, the pair products'
+ * rounding), and the backward recomputes S and forms dK = dS^T Q from that same Q, so
+ * that the LSE the forward returns and the P the backward recomputes come from one Q
+ * (docs/design.md, "What is rounded"). forward_pairs.c. */
+int sdpa_rounds_q_bf16(const plan *pl);
+/* An fp32 value rounded as sdpa_rounds_q_bf16 says, in place over n floats. */
+void sdpa_round_q_bf16(float *x, size_t n);
 /* The rows (batch, head, seq) the Q-like and K-like views of the call span:
  * dense [B, H, T]; packed token lists [1, H, total]; paged caches
  * [num_blocks, Hkv, block_size]. */

@@ -363,6 +363,8 @@ static void fwd_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_t
                 memcpy(w->qt + (size_t)(g * ft->nr + ii) * Dk, qrow + ii * a->q->seq_stride,
                        (size_t)Dk * sizeof(float));
     }
+    if (ft->nt && sdpa_rounds_q_bf16(pl)) /* the Q that the problem's wide tiles read */
+        sdpa_round_q_bf16(w->qt, (size_t)ft->ncol * (size_t)Dk);
 }
 
 /* sdpa_classify_tile for key tile ktile ([j0, j1)) of the tile ft, from the

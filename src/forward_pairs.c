@@ -7,6 +7,7 @@
  * variants and the online softmax, is forward.c's, in fp32. */
 #include <string.h>
 
+#include "dtype.h"
 #include "forward.h"
 
 int sdpa_fwd_bf16_pairs(const plan *pl)
@@ -14,6 +15,22 @@ int sdpa_fwd_bf16_pairs(const plan *pl)
     const sdpa_kernels *kt = pl->kt;
     const int q_ok = pl->q_dtype == SDPA_DTYPE_BF16 || pl->q_dtype == SDPA_DTYPE_F32;
     return kt->bf16_dot && kt->gemm_bf16_pairs && q_ok && pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
+}
+
+int sdpa_rounds_q_bf16(const plan *pl)
+{
+    return pl->q_dtype == SDPA_DTYPE_F32 && sdpa_fwd_bf16_pairs(pl) && pl->G > 0 &&
+           pl->Tq > pl->kt->nt_max_cols / pl->G;
+}
+
+void sdpa_round_q_bf16(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = sdpa_f32_bits(x[i]);
+        if ((u & 0x7F800000u) == 0) /* zero or subnormal: the zero of its sign */
+            u &= 0x80000000u;
+        x[i] = sdpa_bf16_to_f32(sdpa_f32_to_bf16(sdpa_bits_f32(u)));
+    }
 }
 
 void sdpa_fwd_pairs_blocks(plan *pl)

@@ -377,6 +377,7 @@ static const dtype_shape dtype_shapes[] = {
     {1, 2, 1, 13, 45, 67, 33, SDPA_CAUSAL_NONE, 0},
     {1, 2, 2, 70, 70, 48, 48, SDPA_CAUSAL_TOP_LEFT, 0},
     {3, 4, 2, 6, 131, 40, 24, SDPA_CAUSAL_BOTTOM_RIGHT, 1},
+    {1, 1, 1, 40, 40, 16, 16, SDPA_CAUSAL_NONE, 0},
 };
 
 /* Type combinations as (q, kv, o) digits of sdpa_dtype. SDPA_TEST_REDUCED runs the
@@ -471,10 +472,15 @@ static void run_dtype_case(sdpa_isa isa, const dtype_shape *s, const sdpa_dtype 
     load_as(ty[2], o[0], no, o32);
     double *rq = malloc(8 * (nq + 1)), *rk = malloc(8 * (nk + 1)), *rv = malloc(8 * (nv + 1));
     float *n32q = malloc(4 * (nq + 1)), *n32k = malloc(4 * (nk + 1)), *n32v = malloc(4 * (nv + 1));
-    ref_backward(&p, q, k, v, dout, rq, rk, rv);
+    /* an fp32 Q that the problem rounds to bf16 (sdpa_rounds_q_bf16): the backward is
+       that of the rounded Q, forward and backward alike */
+    const int rounds_q = util_rounds_q(isa, ty[0], ty[1], s->Dk, s->Dv, s->Tq, s->Hq / s->Hkv);
+    float *qb = rounds_q ? util_pairs_q(q, nq, ty[0]) : NULL;
+    const float *qr = qb ? qb : q;
+    ref_backward(&p, qr, k, v, dout, rq, rk, rv);
     /* P and dS rounded too where the ISA runs the backward's pair products */
     (util_rounds_bwd(isa, ty, s->Dk, s->Dv, s->Tq, s->Hq / s->Hkv) ? naive32_backward_o_bf16_p
-                                                                  : naive32_backward_o)(&p, q, k, v, o32, dout,
+                                                                  : naive32_backward_o)(&p, qr, k, v, o32, dout,
                                                                                         n32q, n32k, n32v);
     for (size_t i = 0; i < nq; i++) n32q[i] = round_to(ty[0], n32q[i]);
     for (size_t i = 0; i < nk; i++) n32k[i] = round_to(ty[1], n32k[i]);
@@ -515,6 +521,33 @@ static void run_dtype_case(sdpa_isa isa, const dtype_shape *s, const sdpa_dtype 
         same &= memcmp(g[0][x], g[1][x], gr[x].n * dtype_size(gr[x].t)) == 0;
     }
     check(same, name, "dtype backward: 1 and 2 threads give the same bits", desc, 0, 0);
+    if (qb) { /* the same calls with Q rounded by the caller: the same bits, every output */
+        void *qbs = store_as(SDPA_DTYPE_F32, qb, nq, 0), *o2 = store_as(ty[2], NULL, 0, no);
+        float *l2 = guarded(nl);
+        const sdpa_tensor tqb = {qbs, tq.batch_stride, tq.head_stride, tq.seq_stride};
+        const sdpa_tensor_out to = {o2, tdo.batch_stride, tdo.head_stride, tdo.seq_stride};
+        const sdpa_tensor_out tl = {l2, (int64_t)s->Hq * s->Tq, s->Tq, 1};
+        p.num_threads = 1;
+        sdpa_status st = sdpa_forward(&p, &tqb, &tk, &tv, &to, &tl);
+        void *g2[3] = {store_as(ty[0], NULL, 0, nq), store_as(ty[1], NULL, 0, nk), store_as(ty[1], NULL, 0, nv)};
+        const sdpa_tensor_out tdq = {g2[0], tq.batch_stride, tq.head_stride, tq.seq_stride};
+        const sdpa_tensor_out tdk = {g2[1], tk.batch_stride, tk.head_stride, tk.seq_stride};
+        const sdpa_tensor_out tdv = {g2[2], tv.batch_stride, tv.head_stride, tv.seq_stride};
+        if (st == SDPA_OK)
+            st = sdpa_backward(&p, &tqb, &tk, &tv, &tO, &tL, &tdo, &tdq, &tdk, &tdv);
+        check(st == SDPA_OK, name, "dtype fp32 Q rounded by the caller: status", desc, st, 0);
+        check(memcmp(o2, o[0], no * dtype_size(ty[2])) == 0 && memcmp(l2, lse[0], nl * 4) == 0, name,
+              "dtype forward: an fp32 Q that the problem rounds gives the bits of Q rounded by the caller", desc,
+              0, 0);
+        check(memcmp(g2[0], g[0][0], nq * 4) == 0 && memcmp(g2[1], g[0][1], nk * dtype_size(ty[1])) == 0 &&
+                  memcmp(g2[2], g[0][2], nv * dtype_size(ty[1])) == 0,
+              name, "dtype backward: an fp32 Q that the problem rounds gives the bits of Q rounded by the caller",
+              desc, 0, 0);
+        free(qbs), free(o2), guarded_free(l2);
+        for (int x = 0; x < 3; x++)
+            free(g2[x]);
+    }
+    free(qb);
 
     for (int t = 0; t < 2; t++) {
         free(o[t]);

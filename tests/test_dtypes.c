@@ -385,6 +385,8 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
     ref_backward(&p, q, k, v, dout, rq, rk, rv);
     float *nq32 = malloc(nq * 4 + 4), *nk32 = malloc(nk * 4 + 4), *nv32 = malloc(nv * 4 + 4);
     float *o32 = malloc(no * 4 + 4), *got = malloc((nq > nk ? (nq > nv ? nq : nv) : (nk > nv ? nk : nv)) * 4 + 4);
+    float *qr = NULL;                /* Q rounded as util_pairs_q gives it, when an ISA rounds it */
+    double *rr[3] = {NULL, NULL, NULL}; /* the float64 backward on it */
     const size_t guard = 16;
     const sdpa_tensor tq = {qs, s->Hq * s->Tq * s->Dk, s->Tq * s->Dk, s->Dk};
     const sdpa_tensor tk = {ks, s->Hkv * s->Tk * s->Dk, s->Tk * s->Dk, s->Dk};
@@ -395,9 +397,18 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
         cr_assert_eq(run_forward(s, ty, isas[ii], 1, qs, ks, vs, bias, s->kv_lengths ? lens : NULL, &fw), SDPA_OK);
         for (size_t i = 0; i < no; i++)
             o32[i] = load_as(ty[2], fw.o, i);
+        /* an fp32 Q that the problem rounds to bf16 (sdpa_rounds_q_bf16): the references
+           read it rounded, the float64 one computed once */
+        const int rounds_q = util_rounds_q(isas[ii], ty[0], ty[1], s->Dk, s->Dv, s->Tq, s->Hq / s->Hkv);
+        if (rounds_q && !qr) {
+            qr = util_pairs_q(q, nq, ty[0]);
+            for (int x = 0; x < 3; x++)
+                rr[x] = malloc((x == 0 ? nq : x == 1 ? nk : nv) * 8 + 8);
+            ref_backward(&p, qr, k, v, dout, rr[0], rr[1], rr[2]);
+        }
         (util_rounds_bwd(isas[ii], ty, s->Dk, s->Dv, s->Tq, s->Hq / s->Hkv) ? naive32_backward_o_bf16_p
                                                                              : naive32_backward_o)(
-            &p, q, k, v, o32, dout, nq32, nk32, nv32);
+            &p, rounds_q ? qr : q, k, v, o32, dout, nq32, nk32, nv32);
         for (size_t i = 0; i < nq; i++)
             nq32[i] = round_to(ty[0], nq32[i]);
         for (size_t i = 0; i < nk; i++)
@@ -430,7 +441,7 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
         }
         const size_t n[3] = {nq, nk, nv};
         const float *naive[3] = {nq32, nk32, nv32};
-        const double *ref[3] = {rq, rk, rv};
+        const double *ref[3] = {rounds_q ? rr[0] : rq, rounds_q ? rr[1] : rk, rounds_q ? rr[2] : rv};
         const char *names[3] = {"dQ", "dK", "dV"};
         for (int x = 0; x < 3; x++) {
             const sdpa_dtype t = x == 0 ? ty[0] : ty[1];
@@ -449,6 +460,7 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
     }
     free(q), free(k), free(v), free(dout), free(bias), free(qs), free(ks), free(vs), free(dos);
     free(rq), free(rk), free(rv), free(nq32), free(nk32), free(nv32), free(o32), free(got);
+    free(qr), free(rr[0]), free(rr[1]), free(rr[2]);
 }
 
 static void sweep_backward(const sdpa_dtype ty[3])
@@ -944,6 +956,98 @@ Test(dtypes, paged_fp16)
 }
 
 /* ------------------------------------------------------------ bad input -- */
+
+/* An fp32 Q over a bf16 K/V cache on an ISA that runs the forward's bf16 pair products
+ * (sdpa_isa_bf16_pairs), in problems with wide tiles: the problem rounds Q to bf16 in
+ * every forward tile (its few-column tiles too: a query tail of 3 or 6 rows) and in the
+ * backward (S recomputed, dK = dS^T Q), so the calls give the bits of the same calls
+ * with Q rounded by the caller, O, LSE, dQ, dK and dV alike; before, the backward
+ * recomputed P from the fp32 Q against an LSE of the rounded one (P summing to 1 +-
+ * 1.7%). Skipped where no ISA runs the pair products. */
+Test(dtypes, fp32_q_rounded_like_the_pair_products)
+{
+    static const shape cases[] = {
+        {"1,1,1,40,40,16,16", 1, 1, 1, 40, 40, 16, 16, SDPA_CAUSAL_NONE, -1, 0, 0},
+        {"1,2,2,70,70,48,48 causal", 1, 2, 2, 70, 70, 48, 48, SDPA_CAUSAL_TOP_LEFT, -1, 0, 0},
+        {"2,4,2,67,133,64,40 lens", 2, 4, 2, 67, 133, 64, 40, SDPA_CAUSAL_NONE, -1, 1, 0},
+        {"1,2,1,131,200,32,32 br window", 1, 2, 1, 131, 200, 32, 32, SDPA_CAUSAL_BOTTOM_RIGHT, 50, 0, 0},
+    };
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas_typed(isas);
+    int ran = 0;
+    const sdpa_dtype ty[3] = {SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F32};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const shape *s = &cases[c];
+        const size_t nq = (size_t)(s->B * s->Hq * s->Tq * s->Dk), nk = (size_t)(s->B * s->Hkv * s->Tk * s->Dk),
+                     nv = (size_t)(s->B * s->Hkv * s->Tk * s->Dv), no = (size_t)(s->B * s->Hq * s->Tq * s->Dv),
+                     nl = (size_t)(s->B * s->Hq * s->Tq);
+        util_rng r;
+        util_rng_init(&r, 4100 + c);
+        float *q = malloc(nq * 4), *qr = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nv * 4),
+              *dout = malloc(no * 4);
+        util_fill_normal(&r, q, nq, 1.5f); /* logits of a few units: P far from one-hot */
+        util_fill_normal(&r, k, nk, 1.5f);
+        util_fill_normal(&r, v, nv, 1.0f);
+        util_fill_normal(&r, dout, no, 1.0f);
+        for (size_t i = 0; i < nq; i++)
+            qr[i] = round_to(SDPA_DTYPE_BF16, q[i]);
+        void *ks = store_as(SDPA_DTYPE_BF16, k, nk, 0), *vs = store_as(SDPA_DTYPE_BF16, v, nv, 0);
+        int32_t lens[2] = {(int32_t)s->Tk - 3, (int32_t)s->Tk / 2 + 1};
+        const int32_t *lp = s->kv_lengths ? lens : NULL;
+        for (int ii = 0; ii < nisa; ii++) {
+            if (!util_rounds_q(isas[ii], ty[0], ty[1], s->Dk, s->Dv, s->Tq, s->Hq / s->Hkv))
+                continue;
+            ran++;
+            float *out[2][6]; /* O, LSE, dQ, dK (fp32 copies), dV, for Q as given and rounded */
+            for (int w = 0; w < 2; w++) {
+                const float *qq = w ? qr : q;
+                run_out fw = {malloc(no * 4), malloc(nl * 4)};
+                cr_assert_eq(run_forward(s, ty, isas[ii], 1, qq, ks, vs, NULL, lp, &fw), SDPA_OK);
+                sdpa_problem p = shape_problem(s, lp, NULL);
+                p.q_dtype = ty[0], p.kv_dtype = ty[1], p.o_dtype = ty[2];
+                p.isa = isas[ii];
+                p.num_threads = 1;
+                void *gk = store_as(SDPA_DTYPE_BF16, NULL, 0, nk), *gv = store_as(SDPA_DTYPE_BF16, NULL, 0, nv);
+                float *gq = malloc(nq * 4);
+                const sdpa_tensor tq = {qq, s->Hq * s->Tq * s->Dk, s->Tq * s->Dk, s->Dk},
+                                  tk = {ks, s->Hkv * s->Tk * s->Dk, s->Tk * s->Dk, s->Dk},
+                                  tv = {vs, s->Hkv * s->Tk * s->Dv, s->Tk * s->Dv, s->Dv},
+                                  to = {fw.o, s->Hq * s->Tq * s->Dv, s->Tq * s->Dv, s->Dv},
+                                  tl = {fw.lse, s->Hq * s->Tq, s->Tq, 1},
+                                  tdo = {dout, s->Hq * s->Tq * s->Dv, s->Tq * s->Dv, s->Dv};
+                const sdpa_tensor_out tdq = {gq, tq.batch_stride, tq.head_stride, tq.seq_stride},
+                                      tdk = {gk, tk.batch_stride, tk.head_stride, tk.seq_stride},
+                                      tdv = {gv, tv.batch_stride, tv.head_stride, tv.seq_stride};
+                cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv), SDPA_OK);
+                out[w][0] = fw.o, out[w][1] = fw.lse, out[w][2] = gq;
+                out[w][3] = malloc(nk * 4), out[w][4] = malloc(nv * 4), out[w][5] = NULL;
+                for (size_t i = 0; i < nk; i++)
+                    out[w][3][i] = load_as(SDPA_DTYPE_BF16, gk, i);
+                for (size_t i = 0; i < nv; i++)
+                    out[w][4][i] = load_as(SDPA_DTYPE_BF16, gv, i);
+                free(gk), free(gv);
+            }
+            const size_t n[5] = {no, nl, nq, nk, nv};
+            static const char *names[5] = {"O", "LSE", "dQ", "dK", "dV"};
+            for (int x = 0; x < 5; x++) {
+                size_t first = n[x];
+                for (size_t i = 0; i < n[x] && first == n[x]; i++)
+                    if (memcmp(&out[0][x][i], &out[1][x][i], 4) != 0)
+                        first = i;
+                cr_expect(first == n[x], "[%s] %s: %s[%zu] %.9g, with Q rounded by the caller %.9g",
+                          sdpa_isa_name(isas[ii]), s->name, names[x], first,
+                          first < n[x] ? (double)out[0][x][first] : 0.0,
+                          first < n[x] ? (double)out[1][x][first] : 0.0);
+            }
+            for (int w = 0; w < 2; w++)
+                for (int x = 0; x < 5; x++)
+                    free(out[w][x]);
+        }
+        free(q), free(qr), free(k), free(v), free(dout), free(ks), free(vs);
+    }
+    if (!ran)
+        cr_skip_test("no ISA here runs the bf16 pair products (%s)", sdpa_cpu_features());
+}
 
 Test(dtypes, bad_types_write_nothing)
 {

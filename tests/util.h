@@ -157,6 +157,11 @@ int util_rounds_p(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t
  * the same way (naive32_backward_o_bf16_p). Assumes finite operands (a group with an
  * inf or NaN keeps the fp32 products). */
 int util_rounds_bwd(sdpa_isa isa, const sdpa_dtype ty[3], int64_t Dk, int64_t Dv, int64_t Tq, int64_t G);
+/* Whether an fp32 Q over bf16 K/V is rounded to bf16 for the whole problem, forward and
+ * backward (the driver's sdpa_rounds_q_bf16): util_rounds_p with Q fp32 and Tq x G query
+ * rows per kv head above the ISA's nt_max_cols in sdpa_tuning() (the problem has wide
+ * tiles). The references of such a problem read Q as util_pairs_q gives it. */
+int util_rounds_q(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t Dv, int64_t Tq, int64_t G);
 /* A malloc'd copy of the n values of Q (fp32 values of type qt) as the bf16 pair
  * products read them: rounded to bf16 (nearest even) when qt is fp32, else as they are. */
 float *util_pairs_q(const float *q, size_t n, sdpa_dtype qt);

@@ -442,6 +442,14 @@ int util_rounds_bwd(sdpa_isa isa, const sdpa_dtype ty[3], int64_t Dk, int64_t Dv
     return nt >= 0 && Tq * G > nt; /* wider tiles than the decode path's (block_q >= 2 nt_max_cols) */
 }
 
+int util_rounds_q(sdpa_isa isa, sdpa_dtype q, sdpa_dtype kv, int64_t Dk, int64_t Dv, int64_t Tq, int64_t G)
+{
+    if (q != SDPA_DTYPE_F32 || !util_rounds_p(isa, q, kv, Dk, Dv))
+        return 0;
+    const long nt = tuned_nt_max_cols(isa);
+    return nt >= 0 && G > 0 && Tq > nt / G;
+}
+
 float *util_pairs_q(const float *q, size_t n, sdpa_dtype qt)
 {
     float *c = malloc((n ? n : 1) * sizeof *c);
