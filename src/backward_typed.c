@@ -64,7 +64,7 @@ static void group_plan(const plan *pl, int64_t b, int64_t hk, plan *gp)
     const sdpa_kernels *kt = pl->kt;
     /* the pair products' own blocks (amx), unless given; problems with wide tiles only (a
      * decode-sized problem's tiles keep the fp32 products and the table's blocks) */
-    if (gp->bwd_pairs && kt->bwd_pairs_block_q && pl->G > 0 && pl->Tq > kt->nt_max_cols / pl->G) {
+    if (gp->bwd_pairs && kt->bwd_pairs_block_q && sdpa_wide_problem(pl)) {
         if (!pl->bq_given)
             gp->bq = kt->bwd_pairs_block_q;
         if (!pl->bk_given)

@@ -80,6 +80,13 @@ sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt);
 /* One sequence's plan of a packed call (B = 1, its own Tq, Tk and windows; its
  * block table row and page-sized key tiles when paged). */
 void sdpa_seq_plan(const plan *pl, int64_t b, plan *sub);
+/* Whether the problem has wide (prefill) tiles, tiles of more query columns than the
+ * decode path takes: more than nt_max_cols / G query rows per kv head (a packed
+ * sequence's own plan: its Tq). The bf16 pair products run on those only. */
+static inline int sdpa_wide_problem(const plan *pl)
+{
+    return pl->G > 0 && pl->Tq > pl->kt->nt_max_cols / pl->G;
+}
 /* Whether an fp32 Q over a bf16 K/V cache is rounded to bf16 for the whole problem:
  * on an ISA whose forward runs its wide tiles through the bf16 pair products
  * (kt->bf16_dot, Dk even, Dv > 0), in a problem with wide tiles (more than

@@ -19,8 +19,7 @@ int sdpa_fwd_bf16_pairs(const plan *pl)
 
 int sdpa_rounds_q_bf16(const plan *pl)
 {
-    return pl->q_dtype == SDPA_DTYPE_F32 && sdpa_fwd_bf16_pairs(pl) && pl->G > 0 &&
-           pl->Tq > pl->kt->nt_max_cols / pl->G;
+    return pl->q_dtype == SDPA_DTYPE_F32 && sdpa_fwd_bf16_pairs(pl) && sdpa_wide_problem(pl);
 }
 
 void sdpa_round_q_bf16(float *x, size_t n)
@@ -39,7 +38,7 @@ void sdpa_fwd_pairs_blocks(plan *pl)
     /* problems with wide tiles only (a packed sequence's own plan: its Tq): a decode
      * problem's tiles never run the pair products and keep the fp32 call's blocks (its
      * bits are the fp32 call's on the widened inputs) */
-    if (!sdpa_fwd_bf16_pairs(pl) || pl->G <= 0 || pl->Tq <= kt->nt_max_cols / pl->G)
+    if (!sdpa_fwd_bf16_pairs(pl) || !sdpa_wide_problem(pl))
         return;
     if (!pl->bq_given && kt->pairs_block_q)
         pl->bq = kt->pairs_block_q;
@@ -66,7 +65,7 @@ size_t sdpa_fwd_vpairs_floats(const plan *pl, size_t *tiles)
         *tiles = 0;
     /* wide tiles only (the blocks sdpa_fwd_pairs_blocks chose), and at least two query
      * tiles per kv head to reuse it */
-    if (!sdpa_fwd_bf16_pairs(pl) || pl->G <= 0 || pl->Tq <= pl->kt->nt_max_cols / pl->G || pl->Tq <= pl->bq ||
+    if (!sdpa_fwd_bf16_pairs(pl) || !sdpa_wide_problem(pl) || pl->Tq <= pl->bq ||
         pl->bk <= 0)
         return 0;
     const size_t nkt = (size_t)(pl->Tk / pl->bk), words = nkt * (((size_t)pl->bk + 1) / 2) * (size_t)pl->Dv;
