@@ -137,10 +137,13 @@ typedef void (*sdpa_gemm_stream_fn)(int M, int N, int K, const float *A, ptrdiff
  * gemm_stream), with Q M x Dk (row stride ldq), K and V N rows (ldk, ldv), O M x Dv
  * (ldo), all in one call so that the per-step work stays in registers and K and V
  * are read row by row, interleaved one step at a time. scratch: the table's
- * attend_scratch floats. Returns 0 and does nothing for a shape the ISA does not
- * take here (Dk or Dv 0, M outside 1..attend_max_rows, or head_dims the ISA cannot
- * keep in registers): the caller then composes the same steps from the kernels
- * above. 1 when done. */
+ * attend_scratch floats. Query rows of at most attend_max_vecs vectors stay in
+ * registers (Dk and Dv of the same vector count); longer query rows (any Dv) run
+ * the steps the driver would compose from gemm_nt, online_softmax_rows and
+ * gemm_stream, inside the call, with the same bits. Returns 0 and does nothing for a
+ * shape the ISA does not take here (Dk or Dv 0, M outside 1..attend_max_rows, or
+ * short query rows whose Dk and Dv differ in vector count): the caller then composes
+ * the same steps from the kernels above. 1 when done. */
 typedef int (*sdpa_attend_rows_fn)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
                                    const float *K, ptrdiff_t ldk, const float *V, ptrdiff_t ldv, float *m,
                                    float *l, float *O, ptrdiff_t ldo, float *scratch);
@@ -245,7 +248,7 @@ typedef struct sdpa_kernels {
     int nt_step;          /* keys per step of the few-column (decode) path: the N of
                              online_softmax_rows, the row stride of its S tile */
     int attend_max_rows;  /* attend_rows takes at most this many query rows */
-    int attend_max_vecs;  /* ... and head_dims of at most this many vectors */
+    int attend_max_vecs;  /* ... query rows of at most this many vectors in registers */
     int attend_scratch;   /* floats of scratch attend_rows needs */
     /* block sizes */
     int block_q; /* query rows per tile (N of the score tile) */

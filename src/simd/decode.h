@@ -48,6 +48,12 @@ TMPL_INLINE v_f32 tmpl_kv_load_t(const int kvt, const void *B, ptrdiff_t off, in
 #endif
 }
 
+/* B advanced by off elements of its type. */
+TMPL_INLINE const void *tmpl_kv_at(const int kvt, const void *B, ptrdiff_t off)
+{
+    return (const char *)B + off * (ptrdiff_t)(kvt == TMPL_KV_F32 ? sizeof(float) : sizeof(uint16_t));
+}
+
 /* --------------------------------------------------------------- gemm_nt */
 
 /* Row n of B against rows 0..rb-1 of A (rb compile-time, 1..TMPL_REDUCE_N), for head_dims
@@ -55,8 +61,8 @@ TMPL_INLINE v_f32 tmpl_kv_load_t(const int kvt, const void *B, ptrdiff_t off, in
  * for i < rb. The key row is read once, front to back (see tmpl_nt_reg), and
  * each query row's vector comes from L1; one accumulator per row, then
  * V_REDUCE4. */
-TMPL_INLINE void tmpl_nt_key(const int rb, int K, float alpha, const float *A, ptrdiff_t lda,
-                             const float *b, float *c, ptrdiff_t rs_c)
+TMPL_INLINE void tmpl_nt_key(const int kvt, const int rb, int K, float alpha, const float *A, ptrdiff_t lda,
+                             const void *B, ptrdiff_t b, float *c, ptrdiff_t rs_c)
 {
     v_f32 acc[TMPL_REDUCE_N];
     TMPL_UNROLL
@@ -64,14 +70,14 @@ TMPL_INLINE void tmpl_nt_key(const int rb, int K, float alpha, const float *A, p
         acc[i] = V_ZERO();
     int k = 0;
     for (; k + TMPL_VL <= K; k += TMPL_VL) {
-        const v_f32 bv = V_LOAD(b + k);
+        const v_f32 bv = tmpl_kv_load(kvt, B, b + k);
         TMPL_UNROLL
         for (int i = 0; i < rb; i++)
             acc[i] = V_FMA(V_LOAD(A + (ptrdiff_t)i * lda + k), bv, acc[i]);
     }
     if (k < K) {
         const v_tail t = V_TAIL_INIT(K - k);
-        const v_f32 bv = V_LOAD_T(b + k, t);
+        const v_f32 bv = tmpl_kv_load_t(kvt, B, b + k, K - k, t);
         TMPL_UNROLL
         for (int i = 0; i < rb; i++)
             acc[i] = V_FMA(V_LOAD_T(A + (ptrdiff_t)i * lda + k, t), bv, acc[i]);
@@ -83,21 +89,44 @@ TMPL_INLINE void tmpl_nt_key(const int rb, int K, float alpha, const float *A, p
         c[(ptrdiff_t)i * rs_c] = alpha * s[i];
 }
 
-typedef void (*tmpl_nt_fn)(int N, int K, float alpha, const float *A, ptrdiff_t lda, const float *B,
+typedef void (*tmpl_nt_fn)(int N, int K, float alpha, const float *A, ptrdiff_t lda, const void *B,
                            ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c);
-/* gemm_nt_keys_<rows>_<isa>, rows 1..TMPL_REDUCE_N */
-#define TMPL_NT_KEYS(rb, unused)                                                                   \
-    static void TMPL_FN(gemm_nt_keys_##rb)(int N, int K, float alpha, const float *A, ptrdiff_t lda, \
-                                           const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, \
-                                           ptrdiff_t cs_c)                                         \
+/* gemm_nt_keys_<type>_<rows>_<isa>, rows 1..TMPL_REDUCE_N, per K type (fp32, or a
+ * bf16 / fp16 cache widened in registers: attend_rows_bf16 and _f16 of long rows) */
+#define TMPL_NT_KEYS_T(ty, kvt, rb)                                                                \
+    static void TMPL_FN(gemm_nt_keys_##ty##_##rb)(int N, int K, float alpha, const float *A, ptrdiff_t lda, \
+                                                  const void *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, \
+                                                  ptrdiff_t cs_c)                                  \
     {                                                                                              \
         for (int n = 0; n < N; n++)                                                                \
-            tmpl_nt_key(rb, K, alpha, A, lda, B + (ptrdiff_t)n * ldb, C + (ptrdiff_t)n * cs_c, rs_c); \
+            tmpl_nt_key(kvt, rb, K, alpha, A, lda, B, (ptrdiff_t)n * ldb, C + (ptrdiff_t)n * cs_c, rs_c); \
     }
-#define TMPL_NT_KEYS_PTR(rb, unused) [rb] = TMPL_FN(gemm_nt_keys_##rb),
+#define TMPL_NT_KEYS(rb, unused)                                                                   \
+    TMPL_NT_KEYS_T(f32, TMPL_KV_F32, rb) TMPL_NT_KEYS_T(bf16, TMPL_KV_BF16, rb) TMPL_NT_KEYS_T(f16, TMPL_KV_F16, rb)
+#define TMPL_NT_KEYS_PTR(rb, unused)                                                               \
+    [TMPL_KV_F32][rb] = TMPL_FN(gemm_nt_keys_f32_##rb), [TMPL_KV_BF16][rb] = TMPL_FN(gemm_nt_keys_bf16_##rb), \
+    [TMPL_KV_F16][rb] = TMPL_FN(gemm_nt_keys_f16_##rb),
 TMPL_UPTO(TMPL_REDUCE_N, TMPL_NT_KEYS, ~)
-static const tmpl_nt_fn TMPL_FN(gemm_nt_keys_tab)[TMPL_REDUCE_N + 1] = {
+static const tmpl_nt_fn TMPL_FN(gemm_nt_keys_tab)[3][TMPL_REDUCE_N + 1] = {
     TMPL_UPTO(TMPL_REDUCE_N, TMPL_NT_KEYS_PTR, ~)};
+
+/* gemm_nt's path for query rows longer than V_NT_QREGS vectors: blocks of V_NT_STEP
+ * key rows, each read from memory once, whole and in order, by the first pass over
+ * the block; the other passes (up to TMPL_REDUCE_N query rows each, from L1) find it
+ * in L1. B of type kvt. */
+TMPL_INLINE void tmpl_nt_long(const int kvt, int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                              const void *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
+{
+    for (int n0 = 0; n0 < N; n0 += V_NT_STEP) {
+        const int nb = N - n0 < V_NT_STEP ? N - n0 : V_NT_STEP;
+        for (int m0 = 0; m0 < M; m0 += TMPL_REDUCE_N) {
+            const int mr = M - m0 < TMPL_REDUCE_N ? M - m0 : TMPL_REDUCE_N;
+            TMPL_FN(gemm_nt_keys_tab)[kvt][mr](nb, K, alpha, A + (ptrdiff_t)m0 * lda, lda,
+                                               tmpl_kv_at(kvt, B, (ptrdiff_t)n0 * ldb), ldb,
+                                               C + (ptrdiff_t)m0 * rs_c + (ptrdiff_t)n0 * cs_c, rs_c, cs_c);
+        }
+    }
+}
 
 /* Register-resident query rows, for head_dim up to V_NT_QREGS vectors (decode).
  * rb (1 or 2) query rows of nv vectors stay in registers, and keys are taken
@@ -201,14 +230,7 @@ static void TMPL_FN(gemm_nt)(int M, int N, int K, float alpha, const float *A, p
         return;
     }
     /* query rows from L1, up to TMPL_REDUCE_N per pass over a block of V_NT_STEP key rows */
-    for (int n0 = 0; n0 < N; n0 += V_NT_STEP) {
-        const int nb = N - n0 < V_NT_STEP ? N - n0 : V_NT_STEP;
-        for (int m0 = 0; m0 < M; m0 += TMPL_REDUCE_N) {
-            const int mr = M - m0 < TMPL_REDUCE_N ? M - m0 : TMPL_REDUCE_N;
-            TMPL_FN(gemm_nt_keys_tab)[mr](nb, K, alpha, A + (ptrdiff_t)m0 * lda, lda, B + (ptrdiff_t)n0 * ldb, ldb,
-                                 C + (ptrdiff_t)m0 * rs_c + (ptrdiff_t)n0 * cs_c, rs_c, cs_c);
-        }
-    }
+    tmpl_nt_long(TMPL_KV_F32, M, N, K, alpha, A, lda, B, ldb, C, rs_c, cs_c);
 }
 
 /* ----------------------------------------------------------- gemm_stream */
@@ -288,7 +310,7 @@ TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, cons
         }
 }
 
-typedef void (*tmpl_stream_fn)(int mr, int N, int K, const float *A, ptrdiff_t lda, const float *B,
+typedef void (*tmpl_stream_fn)(int mr, int N, int K, const float *A, ptrdiff_t lda, const void *B,
                                ptrdiff_t ldb, float *C, ptrdiff_t ldc, const float *row_scale);
 /* Vectors per row when two rows go together: half the query registers, or the
  * pair path's column chunk where the layer has one and it is wider. */
@@ -297,29 +319,36 @@ typedef void (*tmpl_stream_fn)(int mr, int N, int K, const float *A, ptrdiff_t l
 #else
 #define TMPL_STREAM_PAIR_NV TMPL_NT_PAIR_NV
 #endif
-/* gemm_stream_<rows>_<vectors>_<skip_masked>_<isa>: one row up to V_STREAM_HREGS
- * vectors, two rows up to TMPL_STREAM_PAIR_NV. TMPL_STREAM_LIST(X) is X(nv, rb). */
+/* gemm_stream_<type>_<rows>_<vectors>_<skip_masked>_<isa>: one row up to
+ * V_STREAM_HREGS vectors, two rows up to TMPL_STREAM_PAIR_NV, per B type (fp32; bf16 and
+ * fp16 without skip_masked, for attend_rows_bf16 / _f16). TMPL_STREAM_LIST(X) is X(nv, rb). */
 #define TMPL_STREAM_LIST(X) TMPL_UPTO(V_STREAM_HREGS, X, 1) TMPL_UPTO(TMPL_STREAM_PAIR_NV, X, 2)
-#define TMPL_STREAM1(rb, nv, sk)                                                                   \
-    static void TMPL_FN(gemm_stream_##rb##_##nv##_##sk)(int mr, int N, int K, const float *A,      \
-                                                        ptrdiff_t lda, const float *B, ptrdiff_t ldb, \
-                                                        float *C, ptrdiff_t ldc, const float *row_scale) \
+#define TMPL_STREAM1(ty, kvt, rb, nv, sk)                                                          \
+    static void TMPL_FN(gemm_stream_##ty##_##rb##_##nv##_##sk)(int mr, int N, int K, const float *A, \
+                                                               ptrdiff_t lda, const void *B, ptrdiff_t ldb, \
+                                                               float *C, ptrdiff_t ldc, const float *row_scale) \
     {                                                                                              \
-        tmpl_stream_reg(TMPL_KV_F32, rb, nv, sk, mr, N, K, A, lda, B, ldb, C, ldc, row_scale);     \
+        tmpl_stream_reg(kvt, rb, nv, sk, mr, N, K, A, lda, B, ldb, C, ldc, row_scale);             \
     }
-#define TMPL_STREAM(nv, rb) TMPL_STREAM1(rb, nv, 0) TMPL_STREAM1(rb, nv, 1)
+#define TMPL_STREAM(nv, rb)                                                                        \
+    TMPL_STREAM1(f32, TMPL_KV_F32, rb, nv, 0) TMPL_STREAM1(f32, TMPL_KV_F32, rb, nv, 1)            \
+    TMPL_STREAM1(bf16, TMPL_KV_BF16, rb, nv, 0) TMPL_STREAM1(f16, TMPL_KV_F16, rb, nv, 0)
 #define TMPL_STREAM_PTR(nv, rb)                                                                    \
-    [0][rb - 1][nv] = TMPL_FN(gemm_stream_##rb##_##nv##_0), [1][rb - 1][nv] = TMPL_FN(gemm_stream_##rb##_##nv##_1),
+    [TMPL_KV_F32][0][rb - 1][nv] = TMPL_FN(gemm_stream_f32_##rb##_##nv##_0),                       \
+    [TMPL_KV_F32][1][rb - 1][nv] = TMPL_FN(gemm_stream_f32_##rb##_##nv##_1),                       \
+    [TMPL_KV_BF16][0][rb - 1][nv] = TMPL_FN(gemm_stream_bf16_##rb##_##nv##_0),                     \
+    [TMPL_KV_F16][0][rb - 1][nv] = TMPL_FN(gemm_stream_f16_##rb##_##nv##_0),
 TMPL_STREAM_LIST(TMPL_STREAM)
-/* [skip_masked][rows - 1][vectors] (unused entries NULL) */
-static const tmpl_stream_fn TMPL_FN(gemm_stream_tab)[2][2][V_STREAM_HREGS + 1] = {TMPL_STREAM_LIST(TMPL_STREAM_PTR)};
+/* [B type][skip_masked][rows - 1][vectors] (unused entries NULL) */
+static const tmpl_stream_fn TMPL_FN(gemm_stream_tab)[3][2][2][V_STREAM_HREGS + 1] = {
+    TMPL_STREAM_LIST(TMPL_STREAM_PTR)};
 
 /* One row of C longer than V_STREAM_HREGS vectors: the first V_STREAM_HREGS
  * vectors of accumulators in registers, the other columns (at most
  * TMPL_STREAM_NMAX) in an L1 buffer; each row of B still read whole, in order,
  * and the same sums as tmpl_stream_reg. */
 #define TMPL_STREAM_NMAX 512
-TMPL_INLINE void tmpl_stream_hyb(const int skip_masked, int N, int K, const float *A, const float *B,
+TMPL_INLINE void tmpl_stream_hyb(const int kvt, const int skip_masked, int N, int K, const float *A, const void *B,
                                  ptrdiff_t ldb, float *C, const float *row_scale)
 {
     enum { NR = V_STREAM_HREGS };
@@ -341,15 +370,15 @@ TMPL_INLINE void tmpl_stream_hyb(const int skip_masked, int N, int K, const floa
                 continue;
         }
         const v_f32 p = V_SET1(x);
-        const float *b = B + (ptrdiff_t)k * ldb;
+        const ptrdiff_t b = (ptrdiff_t)k * ldb;
         TMPL_UNROLL
         for (int v = 0; v < NR; v++)
-            acc[v] = V_FMA(p, V_LOAD(b + v * TMPL_VL), acc[v]);
+            acc[v] = V_FMA(p, tmpl_kv_load(kvt, B, b + v * TMPL_VL), acc[v]);
         int n = 0;
         for (; n < nlf; n += TMPL_VL)
-            V_STORE(accl + n, V_FMA(p, V_LOAD(b + n1 + n), V_LOAD(accl + n)));
+            V_STORE(accl + n, V_FMA(p, tmpl_kv_load(kvt, B, b + n1 + n), V_LOAD(accl + n)));
         if (n < nl)
-            V_STORE_T(accl + n, V_FMA(p, V_LOAD_T(b + n1 + n, t), V_LOAD_T(accl + n, t)), t);
+            V_STORE_T(accl + n, V_FMA(p, tmpl_kv_load_t(kvt, B, b + n1 + n, nl - n, t), V_LOAD_T(accl + n, t)), t);
     }
     const v_f32 sc = V_SET1(row_scale ? row_scale[0] : 1.0f);
     TMPL_UNROLL
@@ -362,32 +391,71 @@ TMPL_INLINE void tmpl_stream_hyb(const int skip_masked, int N, int K, const floa
         V_STORE_T(C + n1 + n, V_FMA(sc, V_LOAD_T(C + n1 + n, t), V_LOAD_T(accl + n, t)), t);
 }
 
-static void TMPL_FN(gemm_stream_hyb_0)(int N, int K, const float *A, const float *B, ptrdiff_t ldb, float *C,
-                              const float *row_scale)
-{
-    tmpl_stream_hyb(0, N, K, A, B, ldb, C, row_scale);
-}
+typedef void (*tmpl_stream_hyb_fn)(int N, int K, const float *A, const void *B, ptrdiff_t ldb, float *C,
+                                   const float *row_scale);
+#define TMPL_STREAM_HYB(ty, kvt, sk)                                                               \
+    static void TMPL_FN(gemm_stream_hyb_##ty##_##sk)(int N, int K, const float *A, const void *B, ptrdiff_t ldb, \
+                                                     float *C, const float *row_scale)             \
+    {                                                                                              \
+        tmpl_stream_hyb(kvt, sk, N, K, A, B, ldb, C, row_scale);                                   \
+    }
+TMPL_STREAM_HYB(f32, TMPL_KV_F32, 0)
+TMPL_STREAM_HYB(f32, TMPL_KV_F32, 1)
+TMPL_STREAM_HYB(bf16, TMPL_KV_BF16, 0)
+TMPL_STREAM_HYB(f16, TMPL_KV_F16, 0)
+/* [B type][skip_masked] (unused entries NULL) */
+static const tmpl_stream_hyb_fn TMPL_FN(gemm_stream_hyb_tab)[3][2] = {
+    [TMPL_KV_F32] = {TMPL_FN(gemm_stream_hyb_f32_0), TMPL_FN(gemm_stream_hyb_f32_1)},
+    [TMPL_KV_BF16] = {TMPL_FN(gemm_stream_hyb_bf16_0), NULL},
+    [TMPL_KV_F16] = {TMPL_FN(gemm_stream_hyb_f16_0), NULL}};
 
-static void TMPL_FN(gemm_stream_hyb_1)(int N, int K, const float *A, const float *B, ptrdiff_t ldb, float *C,
-                              const float *row_scale)
-{
-    tmpl_stream_hyb(1, N, K, A, B, ldb, C, row_scale);
-}
-
-/* See sdpa_gemm_stream_fn: a row of accumulators in registers when N fits
+/* Rows of C one (or two) at a time: a row of accumulators in registers when N fits
  * V_STREAM_HREGS vectors (two rows per pass when two fit V_NT_QREGS), else
- * V_STREAM_HREGS vectors in registers and the rest in an L1 buffer (column
- * chunks for very long rows). */
-static void TMPL_FN(gemm_stream)(int M, int N, int K, const float *A, ptrdiff_t lda, const float *B,
-                                 ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked,
-                                 const float *row_scale)
+ * V_STREAM_HREGS vectors in registers and the rest in an L1 buffer (column chunks for
+ * very long rows). B of type kvt (skip_masked only with fp32). */
+TMPL_INLINE void tmpl_stream_rows(const int kvt, int M, int N, int K, const float *A, ptrdiff_t lda, const void *B,
+                                  ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked, const float *row_scale)
+{
+    const int nv = (N + TMPL_VL - 1) / TMPL_VL;
+    if (nv <= V_STREAM_HREGS) { /* rows of accumulators in registers, two at a time if they fit */
+        const int step = 2 * nv <= V_NT_QREGS ? 2 : 1;
+        for (int m0 = 0; m0 < M; m0 += step) {
+            const int mr = M - m0 < step ? M - m0 : step;
+            TMPL_FN(gemm_stream_tab)[kvt][skip_masked != 0][mr - 1][nv](mr, N, K, A + (ptrdiff_t)m0 * lda, lda, B,
+                                                                       ldb, C + (ptrdiff_t)m0 * ldc, ldc,
+                                                                       row_scale ? row_scale + m0 : NULL);
+        }
+        return;
+    }
+    /* longer rows: per row, V_STREAM_HREGS vectors in registers and up to
+     * TMPL_STREAM_NMAX more columns in L1, in column chunks of that width */
+    const int chunk = V_STREAM_HREGS * TMPL_VL + TMPL_STREAM_NMAX;
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int nc = N - n0 < chunk ? N - n0 : chunk;
+        const void *bn = tmpl_kv_at(kvt, B, n0);
+        for (int m = 0; m < M; m++) {
+            const float *am = A + (ptrdiff_t)m * lda;
+            float *cm = C + (ptrdiff_t)m * ldc + n0;
+            const float *sm = row_scale ? row_scale + m : NULL;
+            if (nc > V_STREAM_HREGS * TMPL_VL)
+                TMPL_FN(gemm_stream_hyb_tab)[kvt][skip_masked != 0](nc, K, am, bn, ldb, cm, sm);
+            else /* the last chunk is short enough for registers alone */
+                TMPL_FN(gemm_stream_tab)[kvt][skip_masked != 0][0][(nc + TMPL_VL - 1) / TMPL_VL](1, nc, K, am, lda,
+                                                                                                 bn, ldb, cm, ldc, sm);
+        }
+    }
+}
+
+/* See sdpa_gemm_stream_fn, with B of type kvt (skip_masked only with fp32). */
+TMPL_INLINE void tmpl_gemm_stream(const int kvt, int M, int N, int K, const float *A, ptrdiff_t lda, const void *B,
+                                  ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked, const float *row_scale)
 {
     if (M <= 0 || N <= 0)
         return;
     if (K < 0)
         K = 0;
-    const int nv = (N + TMPL_VL - 1) / TMPL_VL;
 #ifdef V_STREAM_PAIR_NV
+    const int nv = (N + TMPL_VL - 1) / TMPL_VL;
     if (M >= 2 && 2 * nv > V_NT_QREGS) {
         /* Rows too long for two in registers (AVX2 at head_dim > 32): the first
          * row alone, reading each row of B whole and in address order (the
@@ -401,44 +469,26 @@ static void TMPL_FN(gemm_stream)(int M, int N, int K, const float *A, ptrdiff_t 
          * adds the scaled C: the same bits as the one-row kernels (the
          * measured gain is in docs/perf-notes.md). */
         const int cw = V_STREAM_PAIR_NV * TMPL_VL;
-        TMPL_FN(gemm_stream)(1, N, K, A, lda, B, ldb, C, ldc, skip_masked, row_scale); /* B rows read whole, in order */
+        tmpl_stream_rows(kvt, 1, N, K, A, lda, B, ldb, C, ldc, skip_masked, row_scale); /* B rows read whole, in order */
         M -= 1, A += lda, C += ldc, row_scale = row_scale ? row_scale + 1 : NULL;
         for (; M >= 2; M -= 2, A += 2 * lda, C += 2 * ldc, row_scale = row_scale ? row_scale + 2 : NULL)
             for (int n0 = 0; n0 < N; n0 += cw) {
                 const int nc = N - n0 < cw ? N - n0 : cw;
-                TMPL_FN(gemm_stream_tab)[skip_masked != 0][1][(nc + TMPL_VL - 1) / TMPL_VL](2, nc, K, A, lda, B + n0, ldb,
-                                                                                 C + n0, ldc, row_scale);
+                TMPL_FN(gemm_stream_tab)[kvt][skip_masked != 0][1][(nc + TMPL_VL - 1) / TMPL_VL](
+                    2, nc, K, A, lda, tmpl_kv_at(kvt, B, n0), ldb, C + n0, ldc, row_scale);
             }
         if (M == 0)
             return;
     }
 #endif
-    if (nv <= V_STREAM_HREGS) { /* rows of accumulators in registers, two at a time if they fit */
-        const int step = 2 * nv <= V_NT_QREGS ? 2 : 1;
-        for (int m0 = 0; m0 < M; m0 += step) {
-            const int mr = M - m0 < step ? M - m0 : step;
-            TMPL_FN(gemm_stream_tab)[skip_masked != 0][mr - 1][nv](mr, N, K, A + (ptrdiff_t)m0 * lda, lda, B, ldb,
-                                                          C + (ptrdiff_t)m0 * ldc, ldc,
-                                                          row_scale ? row_scale + m0 : NULL);
-        }
-        return;
-    }
-    /* longer rows: per row, V_STREAM_HREGS vectors in registers and up to
-     * TMPL_STREAM_NMAX more columns in L1, in column chunks of that width */
-    const int chunk = V_STREAM_HREGS * TMPL_VL + TMPL_STREAM_NMAX;
-    for (int n0 = 0; n0 < N; n0 += chunk) {
-        const int nc = N - n0 < chunk ? N - n0 : chunk;
-        for (int m = 0; m < M; m++) {
-            const float *am = A + (ptrdiff_t)m * lda;
-            float *cm = C + (ptrdiff_t)m * ldc + n0;
-            const float *sm = row_scale ? row_scale + m : NULL;
-            if (nc > V_STREAM_HREGS * TMPL_VL)
-                (skip_masked ? TMPL_FN(gemm_stream_hyb_1) : TMPL_FN(gemm_stream_hyb_0))(nc, K, am, B + n0, ldb, cm, sm);
-            else /* the last chunk is short enough for registers alone */
-                TMPL_FN(gemm_stream_tab)[skip_masked != 0][0][(nc + TMPL_VL - 1) / TMPL_VL](1, nc, K, am, lda, B + n0, ldb,
-                                                                                 cm, ldc, sm);
-        }
-    }
+    tmpl_stream_rows(kvt, M, N, K, A, lda, B, ldb, C, ldc, skip_masked, row_scale);
+}
+
+static void TMPL_FN(gemm_stream)(int M, int N, int K, const float *A, ptrdiff_t lda, const float *B,
+                                 ptrdiff_t ldb, float *C, ptrdiff_t ldc, int skip_masked,
+                                 const float *row_scale)
+{
+    tmpl_gemm_stream(TMPL_KV_F32, M, N, K, A, lda, B, ldb, C, ldc, skip_masked, row_scale);
 }
 
 /* ------------------------------------------------------------ attend_rows */
@@ -488,6 +538,29 @@ TMPL_INLINE void tmpl_attend(const int kvt, const int nv, int M, int N, int Dk, 
     }
 }
 
+/* Query rows longer than V_NT_QREGS vectors (no register variant): the steps the
+ * driver composes for an fp32 cache (forward.c, fwd_nt_seg), with K and V of type kvt
+ * read by the same kernels (widened in registers): S = scale Q K^T by gemm_nt's
+ * long-row path, keys past the step -inf, the row softmax, O = alpha O + P V by
+ * gemm_stream. The bits of that composition on the widened rows. */
+TMPL_INLINE void tmpl_attend_long(const int kvt, int M, int N, int Dk, int Dv, float scale, const float *Q,
+                                  ptrdiff_t ldq, const void *K, ptrdiff_t ldk, const void *V, ptrdiff_t ldv, float *m,
+                                  float *l, float *O, ptrdiff_t ldo, float *S, float *alpha)
+{
+    for (int j = 0; j < N; j += TMPL_ATTEND_STEP) {
+        const int n = N - j < TMPL_ATTEND_STEP ? N - j : TMPL_ATTEND_STEP;
+        tmpl_nt_long(kvt, M, n, Dk, scale, Q, ldq, tmpl_kv_at(kvt, K, (ptrdiff_t)j * ldk), ldk, S, TMPL_ATTEND_STEP,
+                     1);
+        if (n < TMPL_ATTEND_STEP)
+            for (int r = 0; r < M; r++)
+                for (int jj = n; jj < TMPL_ATTEND_STEP; jj++)
+                    S[r * TMPL_ATTEND_STEP + jj] = -INFINITY;
+        TMPL_FN(online_softmax_rows)(M, TMPL_ATTEND_STEP, S, TMPL_ATTEND_STEP, m, l, alpha);
+        tmpl_gemm_stream(kvt, M, Dv, n, S, TMPL_ATTEND_STEP, tmpl_kv_at(kvt, V, (ptrdiff_t)j * ldv), ldv, O, ldo, 0,
+                         alpha);
+    }
+}
+
 typedef void (*tmpl_attend_fn)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
                                const void *K, ptrdiff_t ldk, const void *V, ptrdiff_t ldv, float *m,
                                float *l, float *O, ptrdiff_t ldo, float *S, float *alpha);
@@ -508,17 +581,40 @@ typedef void (*tmpl_attend_fn)(int M, int N, int Dk, int Dv, float scale, const 
     [TMPL_KV_F16][nv] = TMPL_FN(attend_rows_f16_##nv),
 TMPL_ATTEND_LIST(TMPL_ATTEND)
 static const tmpl_attend_fn TMPL_FN(attend_rows_tab)[3][V_NT_QREGS + 1] = {TMPL_ATTEND_LIST(TMPL_ATTEND_PTR)};
+#define TMPL_ATTEND_LONG(ty, kvt)                                                                  \
+    static void TMPL_FN(attend_rows_long_##ty)(int M, int N, int Dk, int Dv, float scale, const float *Q, \
+                                               ptrdiff_t ldq, const void *K, ptrdiff_t ldk, const void *V, \
+                                               ptrdiff_t ldv, float *m, float *l, float *O, ptrdiff_t ldo, \
+                                               float *S, float *alpha)                             \
+    {                                                                                              \
+        tmpl_attend_long(kvt, M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, S, alpha); \
+    }
+TMPL_ATTEND_LONG(f32, TMPL_KV_F32)
+TMPL_ATTEND_LONG(bf16, TMPL_KV_BF16)
+TMPL_ATTEND_LONG(f16, TMPL_KV_F16)
+static const tmpl_attend_fn TMPL_FN(attend_rows_long_tab)[3] = {
+    [TMPL_KV_F32] = TMPL_FN(attend_rows_long_f32), [TMPL_KV_BF16] = TMPL_FN(attend_rows_long_bf16),
+    [TMPL_KV_F16] = TMPL_FN(attend_rows_long_f16)};
 
 /* See sdpa_attend_rows_fn: the kernels above, inlined, when head_dim_qk and
  * head_dim_v take the same number of vectors and a row fits V_NT_QREGS
- * registers; returns 0 (nothing done) otherwise, and unless
- * 0 < M <= TMPL_ATTEND_MAX_ROWS (the driver then composes the same steps). */
+ * registers; tmpl_attend_long when a query row is longer (any head_dim_v);
+ * returns 0 (nothing done) otherwise, and unless 0 < M <= TMPL_ATTEND_MAX_ROWS
+ * (the driver then composes the same steps). */
 TMPL_INLINE int tmpl_attend_rows(const int kvt, int M, int N, int Dk, int Dv, float scale, const float *Q,
                                  ptrdiff_t ldq, const void *K, ptrdiff_t ldk, const void *V, ptrdiff_t ldv, float *m,
                                  float *l, float *O, ptrdiff_t ldo, float *scratch)
 {
     const int nvk = (Dk + TMPL_VL - 1) / TMPL_VL, nvv = (Dv + TMPL_VL - 1) / TMPL_VL;
-    if (Dk <= 0 || Dv <= 0 || nvk != nvv || nvk > V_NT_QREGS || M <= 0 || M > TMPL_ATTEND_MAX_ROWS)
+    if (Dk <= 0 || Dv <= 0 || M <= 0 || M > TMPL_ATTEND_MAX_ROWS)
+        return 0;
+    if (nvk > V_NT_QREGS) {
+        if (N > 0)
+            TMPL_FN(attend_rows_long_tab)[kvt](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch,
+                                               scratch + TMPL_ATTEND_MAX_ROWS * TMPL_ATTEND_STEP);
+        return 1;
+    }
+    if (nvk != nvv)
         return 0;
     if (N > 0)
         TMPL_FN(attend_rows_tab)[kvt][nvk](M, N, Dk, Dv, scale, Q, ldq, K, ldk, V, ldv, m, l, O, ldo, scratch,
