@@ -557,9 +557,10 @@ SDPA_API int sdpa_isa_bf16_pairs(sdpa_isa isa);
  *  and O (so dO) are all bf16, with even head_dim_qk and head_dim_v, runs the five
  *  products of its prefill tiles (S = Q K^T, dP = dO V^T, dV = P^T dO, dK = dS^T Q,
  *  dQ = dS K; FlashAttention-2 backward, Dao 2023, Alg. 2) on bf16 pair products: AMX
- *  `tdpbf16ps` on SDPA_ISA_AMX ("bwd_bf16_dot 1" in sdpa_tuning()); AVX512-BF16 and
- *  Arm BFDOT only where SDPA_TUNE=bwd_bf16_dot=1 asks (measured slower than the fp32 products where
- *  vdpbf16ps runs at half rate). These round P to bf16 before dV and dS before dK and
+ *  `tdpbf16ps` on SDPA_ISA_AMX ("bwd_bf16_dot 1" in sdpa_tuning()), AVX512-BF16
+ *  `vdpbf16ps` on SDPA_ISA_AVX512 on Zen 4 (where it issues at the FMA rate); elsewhere
+ *  AVX512-BF16 and Arm BFDOT only where SDPA_TUNE=bwd_bf16_dot=1 asks (measured slower
+ *  than the fp32 products where vdpbf16ps runs at half rate). These round P to bf16 before dV and dS before dK and
  *  dQ (nearest even, bf16 subnormals read as 0; docs/design.md, "What is rounded"); a
  *  (batch, kv head) group or key chunk with an inf or NaN in Q, K, V or dO keeps the fp32
  *  products, as do decode-sized tiles. 0 otherwise, and for an ISA this CPU cannot

@@ -265,7 +265,8 @@ typedef struct sdpa_kernels {
                      yet measured on Arm hardware; 0 where the kernels are NULL) */
     int bwd_bf16_dot; /* 1: a backward of bf16 Q, K/V and O runs the five products of its wide
                          tiles through the pair products (backward_tile.c): amx, where the tile
-                         products pay for the extra packing; SDPA_TUNE=bwd_bf16_dot=1 elsewhere */
+                         products pay for the extra packing, and Zen 4's avx512 (tuning.c);
+                         SDPA_TUNE=bwd_bf16_dot=1 elsewhere */
     int bwd_pairs_block_q, bwd_pairs_block_k; /* 0, or the blocks of a backward on the pair
                                                  products (backward_typed.c, group_plan) */
     int pairs_block_q, pairs_block_k; /* 0, or the block sizes of a forward that runs the pair

@@ -31,6 +31,7 @@ typedef struct uarch_entry {
     int block_q, block_k, nt_max_cols; /* 0: keep the ISA's */
     int wide_prefetch;                  /* -1: keep the ISA's */
     int bf16_dot;                       /* -1: keep the ISA's (0) */
+    int bwd_bf16_dot;                   /* -1: keep the ISA's (0; amx's 1) */
 } uarch_entry;
 
 static const char *const uarch_names[SDPA_UARCH_COUNT] = {
@@ -43,10 +44,11 @@ static const char *const uarch_names[SDPA_UARCH_COUNT] = {
 /* The ISA defaults are Zen 4's (and the generic choice); entries here only where
  * a microarchitecture measured better with other values (docs/perf-notes.md,
  * "Block sizes on Emerald Rapids", "The wide path's next-tile prefetch,
- * measured in one process" and "Zen 4 again"). */
+ * measured in one process", "Zen 4 again" and "The bf16 backward on AVX512-BF16,
+ * Zen 4"). */
 static const uarch_entry entries[] = {
-    {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 64, 64, 0, SDPA_PREFETCH_STREAMING, -1},
-    {SDPA_UARCH_ZEN4, SDPA_ISA_AVX512, 0, 0, 0, SDPA_PREFETCH_STREAMING, 1},
+    {SDPA_UARCH_INTEL_SERVER, SDPA_ISA_AVX512, 64, 64, 0, SDPA_PREFETCH_STREAMING, -1, -1},
+    {SDPA_UARCH_ZEN4, SDPA_ISA_AVX512, 0, 0, 0, SDPA_PREFETCH_STREAMING, 1, 1},
 };
 
 static const char *const prefetch_names[] = {"never", "always", "streaming"};
@@ -114,6 +116,8 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
                 t->wide_prefetch = e->wide_prefetch;
             if (e->bf16_dot >= 0 && !inherited)
                 t->bf16_dot = e->bf16_dot && t->gemm_bf16_pairs;
+            if (e->bwd_bf16_dot >= 0 && !inherited)
+                t->bwd_bf16_dot = e->bwd_bf16_dot && t->gemm_bf16_pairs;
         }
     const char *env = getenv("SDPA_TUNE");
     int bq = 0, bk = 0, nt = -1, pf = -1, bd = -1, bbd = -1, env_ok = 1;
