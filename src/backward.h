@@ -46,9 +46,11 @@ typedef struct bwd_ws {
      * head_dim ([D/2][ld]), Q and dO rows in pairs along the tile's columns ([ncol/2][D]),
      * the pair's K rows in pairs along the keys ([nk/2][Dk]) and dS in pairs along the
      * keys ([nk/2][ld]); P^T and dS^T rounded to bf16 ([nk][ld], the column after an
-     * odd ncol zero) */
-    uint32_t *qtp, *dotp, *qp, *dop, *kp, *dsp;
-    uint16_t *p16, *ds16;
+     * odd ncol zero); with dot_pairs_cols, the tile's O rows rounded to bf16 ([ncol][Dv]),
+     * O^T in pairs ([Dv/2][ld]) and their D on the pair products ([ld] floats) */
+    uint32_t *qtp, *dotp, *qp, *dop, *kp, *dsp, *otp;
+    uint16_t *p16, *ds16, *o16;
+    float *dpair;
     int64_t packed_tile; /* the query tile whose Q^T, dO^T, LSE, D (and packed rows) are in
                             qt, dot, lse, dd, qn, don; -1: none */
 } bwd_ws;

@@ -22,19 +22,21 @@ int sdpa_bwd_bf16_pairs(const plan *pl)
            pl->Dv > 0 && pl->Dv % 2 == 0;
 }
 
-/* The pair buffers of bwd_ws (floats each, in its order), or none without bwd_pairs;
- * returns their total (each rounded to the alignment). */
-static size_t pair_floats(const plan *pl, size_t n[8])
+/* The pair buffers of bwd_ws (floats each, in its order: qtp, dotp, qp, dop, kp, dsp,
+ * otp, then p16, ds16, o16, then dpair), or none without bwd_pairs (otp, o16, dpair:
+ * only with dot_pairs_cols); returns their total (each rounded to the alignment). */
+static size_t pair_floats(const plan *pl, size_t n[11])
 {
-    size_t m[8] = {0};
+    size_t m[11] = {0};
     if (pl->bwd_pairs) {
         const size_t ld = (size_t)pl->ld, bk = (size_t)pl->bk, Dk = (size_t)pl->Dk, Dv = (size_t)pl->Dv;
-        const size_t hk = (bk + 1) / 2, hl = (ld + 1) / 2;
-        const size_t v[8] = {Dk / 2 * ld, Dv / 2 * ld, hl * Dk, hl * Dv, hk * Dk, hk * ld, bk * hl, bk * hl};
+        const size_t hk = (bk + 1) / 2, hl = (ld + 1) / 2, d = pl->kt->dot_pairs_cols ? 1 : 0;
+        const size_t v[11] = {Dk / 2 * ld, Dv / 2 * ld, hl * Dk,     hl * Dv, hk * Dk, hk * ld,
+                              d * Dv / 2 * ld, bk * hl, bk * hl, d * ld * Dv / 2, d * ld};
         memcpy(m, v, sizeof m);
     }
     size_t total = 0;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 11; i++) {
         total += round_floats(m[i]);
         if (n)
             n[i] = m[i];
@@ -72,14 +74,15 @@ bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
     w.rd = (double *)(void *)carve(&base, 2 * ld);
     w.rs = (double *)(void *)carve(&base, 2 * ld);
     w.dhi = carve(&base, ld);
-    size_t n[8];
+    size_t n[11];
     pair_floats(pl, n);
-    uint32_t **pw[6] = {&w.qtp, &w.dotp, &w.qp, &w.dop, &w.kp, &w.dsp};
-    uint16_t **ph[2] = {&w.p16, &w.ds16};
-    for (int i = 0; i < 6; i++)
+    uint32_t **pw[7] = {&w.qtp, &w.dotp, &w.qp, &w.dop, &w.kp, &w.dsp, &w.otp};
+    uint16_t **ph[3] = {&w.p16, &w.ds16, &w.o16};
+    for (int i = 0; i < 7; i++)
         *pw[i] = n[i] ? (uint32_t *)(void *)carve(&base, n[i]) : NULL;
-    for (int i = 0; i < 2; i++)
-        *ph[i] = n[6 + i] ? (uint16_t *)(void *)carve(&base, n[6 + i]) : NULL;
+    for (int i = 0; i < 3; i++)
+        *ph[i] = n[7 + i] ? (uint16_t *)(void *)carve(&base, n[7 + i]) : NULL;
+    w.dpair = n[10] ? carve(&base, n[10]) : NULL;
     w.shift = 0;
     w.dshift = 0;
     w.packed_tile = -1;
@@ -94,6 +97,28 @@ static const float *pack_rows(const sdpa_tensor *t, int64_t b, int64_t h0, int n
         for (int ii = 0; ii < nr; ii++)
             memcpy(dst + (size_t)(g * nr + ii) * len, row_in(t, b, h0 + g, i0 + ii), (size_t)len * sizeof(float));
     return dst;
+}
+
+/* On the pair products, a fresh tile's D = rowsum(dO * O) summed as its dP is (the
+ * tile's O rows rounded to bf16, exactly: O is bf16; O^T's pairs against dO^T's,
+ * dot_pairs_cols), into w->dd for the rows whose LSE needs no statistics pass (the
+ * others keep theirs, bwd_tile_row_stats). With a one-hot P, O = V and dP - D then
+ * cancels exactly, as in the fp32 backward (dQ, dK exactly 0). */
+static void bwd_tile_pair_d(const plan *pl, bwd_ws *w, const bwd_args *a, int64_t b, int64_t h0, int nh,
+                            int64_t i0, int nr)
+{
+    const sdpa_kernels *kt = pl->kt;
+    const int ld = pl->ld, Dv = (int)pl->Dv, ncol = nh * nr;
+    for (int g = 0; g < nh; g++)
+        kt->round_rows_bf16(nr, Dv, row_in(a->o, b, h0 + g, i0), a->o->seq_stride, w->o16 + (size_t)g * nr * Dv, Dv);
+    kt->transpose_pairs(ncol, Dv / 2, w->o16, Dv, w->otp, ld);
+    kt->dot_pairs_cols(Dv / 2, ncol, w->otp, ld, w->dotp, ld, w->dpair);
+    for (int g = 0; g < nh; g++) {
+        const float *lb = row_in(a->lse, b, h0 + g, i0);
+        for (int ii = 0; ii < nr; ii++)
+            if (!lse_needs_stats(lb[ii * a->lse->seq_stride]))
+                w->dd[g * nr + ii] = w->dpair[g * nr + ii];
+    }
 }
 
 /* dP^T = V dO^T for the pair's keys [ks, ks + nk) (rows of w->dp, one column
@@ -117,6 +142,8 @@ static const float *bwd_tile_dp(const plan *pl, bwd_ws *w, const bwd_args *a, co
             kt->transpose(ncol, Dv, dob, *lddo, w->dot, ld);
             kt->pack_pairs_f32(Dv, ncol, w->dot, ld, w->dotp, ld);
             kt->pack_pairs_f32(ncol, Dv, dob, *lddo, w->dop, Dv);
+            if (kt->dot_pairs_cols)
+                bwd_tile_pair_d(pl, w, a, b, h0, nh, i0, nr);
         }
         kt->gemm_bf16_pairs(nk, ncol, Dv / 2, 1.0f, a->v16 + ks * a->ldv16, a->ldv16, 2, w->dotp, ld, w->dp, ld, 0,
                             NULL);

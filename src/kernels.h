@@ -302,6 +302,12 @@ typedef struct sdpa_kernels {
                               const float *d, uint16_t *ds16, ptrdiff_t ld16, uint32_t *dsp, ptrdiff_t lddsp);
     sdpa_narrow_rows_fn round_rows_bf16;      /* with gemm_bf16_pairs: narrow_bf16's layout with
                                                  pack_pairs_f32's rounding (subnormals to 0) */
+    /* with gemm_bf16_pairs, or NULL (amx, whose tile products sum in another order): for
+     * n < N, out[n] = the bits of gemm_bf16_pairs(1, 1, P, 1.0f, ...) for column n alone,
+     * A's pairs A[p*lda + n] and B's B[p*ldb + n] (both [P][columns] words): the backward's
+     * D = rowsum(dO * O) summed exactly as its dP on the pair products (backward_tile.c) */
+    void (*dot_pairs_cols)(int P, int N, const uint32_t *A, ptrdiff_t lda, const uint32_t *B, ptrdiff_t ldb,
+                           float *out);
     /* NULL, or the bracket a thread puts around its gemm_bf16_pairs calls of one
      * library call (AMX: tiles_begin loads the tile configuration, ldtilecfg;
      * tiles_end releases the tile state, tilerelease), so that neither a tile
@@ -351,5 +357,7 @@ void sdpa_kernels_init_neon_bf16(sdpa_kernels *table);
 void sdpa_neon_gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A, ptrdiff_t rs_a, ptrdiff_t cs_a,
                                const uint32_t *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int flags,
                                const float *c_row_scale);
+void sdpa_neon_dot_pairs_cols(int P, int N, const uint32_t *A, ptrdiff_t lda, const uint32_t *B, ptrdiff_t ldb,
+                              float *out);
 
 #endif /* SDPA_KERNELS_H */

@@ -2204,7 +2204,8 @@ static void usage(const char *argv0)
            "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
            "               widen_bf16 widen_f16 narrow_bf16 narrow_f16 gemm_bf16_pairs pack_pairs_f32\n"
            "               pack_pairs_bf16 transpose_pairs round_rows_bf16 online_softmax_pairs\n"
-           "               bwd_dscores_pairs (the last seven where the ISA has them: AVX512_BF16, AMX, Arm BF16)\n"
+           "               bwd_dscores_pairs dot_pairs_cols (the last eight where the ISA has them:\n"
+           "               AVX512_BF16, AMX, Arm BF16; dot_pairs_cols not on AMX)\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"
@@ -2605,6 +2606,60 @@ static void check_transpose_pairs(const sdpa_kernels *kt, int rows, int pairs)
     free(src), free(d);
 }
 
+/* dot_pairs_cols: each column's sum bit for bit that of gemm_bf16_pairs(1, 1, P, 1.0f)
+ * on the same pairs (the same instruction, step by step; kernels.h), over every lane
+ * tail and pair count, with subnormal, -0, large and cancelling pairs mixed in (the
+ * backward's D must equal its dP exactly when O = V); nothing past out[N - 1] written. */
+static void check_dot_pairs_cols(const sdpa_kernels *kt, int P, int N)
+{
+    const ptrdiff_t lda = N + 3, ldb = N + 7;
+    const size_t na = (size_t)(P > 0 ? (P - 1) * lda + N : 1), nb = (size_t)(P > 0 ? (P - 1) * ldb + N : 1);
+    uint32_t *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B);
+    if (!A || !B) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < na; i++) {
+        const int r = (int)(rnd() % 16);
+        const uint16_t lo = r == 0 ? (uint16_t)(rnd() % 0x7F) /* subnormal */ : r == 1 ? 0x8000u
+                            : r == 2 ? bf16_rne(frand(-3e30f, 3e30f)) : rand_bf16();
+        A[i] = (uint32_t)lo | (uint32_t)rand_bf16() << 16;
+    }
+    for (size_t i = 0; i < nb; i++)
+        B[i] = chance(10) && i < na ? A[i] ^ 0x80008000u /* cancels A's pair */
+                                    : (uint32_t)rand_bf16() | (uint32_t)rand_bf16() << 16;
+    buf out = buf_new(1, N, N);
+    buf_snap(&out);
+    kt->dot_pairs_cols(P, N, A, lda, B, ldb, out.p);
+    int ok = 1;
+    const long outside = buf_changed(&out, 1);
+    if (outside) {
+        ok = 0;
+        report("P=%d N=%d: %ld elements outside out changed", P, N, outside);
+    }
+    uint16_t *col = malloc((size_t)(2 * (P > 0 ? P : 1)) * sizeof *col);
+    uint32_t *bcol = malloc((size_t)(P > 0 ? P : 1) * sizeof *bcol);
+    for (int n = 0; n < N && ok; n++) {
+        for (int p = 0; p < P; p++) {
+            const uint32_t a = A[(size_t)p * (size_t)lda + (size_t)n];
+            col[2 * p] = (uint16_t)a;
+            col[2 * p + 1] = (uint16_t)(a >> 16);
+            bcol[p] = B[(size_t)p * (size_t)ldb + (size_t)n];
+        }
+        float want;
+        kt->gemm_bf16_pairs(1, 1, P, 1.0f, col, 0, 2, bcol, 1, &want, 1, 0, NULL);
+        if (float_bits(*at(&out, 0, n)) != float_bits(want)) {
+            ok = 0;
+            report("P=%d N=%d: column %d = %.9g (%08x), gemm_bf16_pairs %.9g (%08x)", P, N, n,
+                   (double)*at(&out, 0, n), (unsigned)float_bits(*at(&out, 0, n)), (double)want,
+                   (unsigned)float_bits(want));
+        }
+    }
+    record(ok);
+    free(col), free(bcol), free(A), free(B);
+    buf_free(&out);
+}
+
 static void test_pairs(const sdpa_kernels *kt)
 {
     if (!kt->gemm_bf16_pairs)
@@ -2654,6 +2709,16 @@ static void test_pairs(const sdpa_kernels *kt)
             for (size_t j = 0; j < sizeof sn / sizeof sn[0]; j++)
                 for (int rep = 0; rep < 3; rep++)
                     check_softmax_pairs(kt, sm[i], sn[j]);
+        kernel_end();
+    }
+    if (kt->dot_pairs_cols) {
+        static const int dp[] = {0, 1, 2, 3, 8, 16, 32, 64, 65};
+        static const int dc[] = {1, 2, 3, 4, 5, 15, 16, 17, 33, 64, 130};
+        kernel_begin(kt->name, "dot_pairs_cols");
+        for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+            for (size_t j = 0; j < sizeof dc / sizeof dc[0]; j++)
+                for (int rep = 0; rep < 3; rep++)
+                    check_dot_pairs_cols(kt, dp[i], dc[j]);
         kernel_end();
     }
     static const int rcols[] = {0, 1, 15, 16, 17, 31, 32, 33, 48, 64, 65, 130};
@@ -2754,7 +2819,7 @@ int main(int argc, char **argv)
                 test_cvt(kt, ref_kt, k);
         if (selected("gemm_bf16_pairs") || selected("pack_pairs_f32") || selected("pack_pairs_bf16") ||
             selected("transpose_pairs") || selected("round_rows_bf16") || selected("online_softmax_pairs") ||
-            selected("bwd_dscores_pairs"))
+            selected("bwd_dscores_pairs") || selected("dot_pairs_cols"))
             test_pairs(kt);
     }
     printf("%ld passed, %ld failed\n", n_passed, n_failed);

@@ -560,6 +560,59 @@ static void run_dtype_case(sdpa_isa isa, const dtype_shape *s, const sdpa_dtype 
     free(rq); free(rk); free(rv); free(n32q); free(n32k); free(n32v);
 }
 
+/* A bf16 backward whose every softmax row is one-hot (a window of one key: query i
+ * sees key i alone): dQ and dK must be exactly 0 and dV = dO, as in float64 and the
+ * fp32 backward (D = rowsum(dO * O) with O = V_i cancels dP_ii exactly when D is
+ * computed like dP: on the bf16 pair products too). Wide and decode-sized tiles, two
+ * threads. Not on amx (its D stays the fp32 sum; docs/design.md). */
+static void run_one_hot_case(sdpa_isa isa, int64_t B, int64_t H, int64_t T, int64_t D)
+{
+    const size_t n = (size_t)(B * H * T * D), nl = (size_t)(B * H * T);
+    float *x = malloc(n * 4), *lse = malloc(nl * 4), *got = malloc(n * 4), *want = malloc(n * 4);
+    void *t[5], *g[3];
+    const float amp[5] = {1.0f, 1.0f, 3.0f, 7.0f, 3.0f}; /* Q, K, V, dO, O (V's values) */
+    for (int i = 0; i < 5; i++) {
+        for (size_t e = 0; e < n; e++)
+            x[e] = amp[i] * (float)(2.0 * rng_unit() - 1.0);
+        t[i] = store_as(SDPA_DTYPE_BF16, x, n, 0);
+    }
+    for (int i = 0; i < 3; i++)
+        g[i] = store_as(SDPA_DTYPE_BF16, x, n, 0);
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.batch = B, p.q_heads = p.kv_heads = H, p.q_len = p.kv_len = T, p.head_dim_qk = p.head_dim_v = D;
+    p.window_left = p.window_right = 0;
+    p.q_dtype = p.kv_dtype = p.o_dtype = SDPA_DTYPE_BF16;
+    p.isa = isa;
+    p.num_threads = 2;
+    const sdpa_tensor tq = {t[0], H * T * D, T * D, D}, tk = {t[1], H * T * D, T * D, D},
+                      tv = {t[2], H * T * D, T * D, D}, tdo = {t[3], H * T * D, T * D, D},
+                      to = {t[4], H * T * D, T * D, D}, tl = {lse, H * T, T, 1};
+    const sdpa_tensor_out oo = {t[4], H * T * D, T * D, D}, lo = {lse, H * T, T, 1},
+                          gq = {g[0], H * T * D, T * D, D}, gk = {g[1], H * T * D, T * D, D},
+                          gv = {g[2], H * T * D, T * D, D};
+    char desc[96];
+    snprintf(desc, sizeof desc, "bf16 one-hot rows B%lld H%lld T%lld D%lld", (long long)B, (long long)H,
+             (long long)T, (long long)D);
+    int ok = sdpa_forward(&p, &tq, &tk, &tv, &oo, &lo) == SDPA_OK &&
+             sdpa_backward(&p, &tq, &tk, &tv, &to, &tl, &tdo, &gq, &gk, &gv) == SDPA_OK;
+    double worst = 0.0;
+    for (int i = 0; i < 3 && ok; i++) {
+        load_as(SDPA_DTYPE_BF16, g[i], n, got);
+        load_as(SDPA_DTYPE_BF16, t[3], n, want); /* dV = dO */
+        for (size_t e = 0; e < n; e++) {
+            const double d = fabs((double)got[e] - (i == 2 ? (double)want[e] : 0.0));
+            worst = d > worst ? d : worst;
+        }
+    }
+    check(ok && worst == 0.0, sdpa_isa_name(isa), "dQ = dK = 0, dV = dO", desc, worst, 0.0);
+    for (int i = 0; i < 5; i++)
+        free(t[i]);
+    for (int i = 0; i < 3; i++)
+        free(g[i]);
+    free(x), free(lse), free(got), free(want);
+}
+
 int main(int argc, char **argv)
 {
     const char *ec_path = argc > 1 ? argv[1] : SDPA_TEST_DATA_DIR "/edge_cases.json";
@@ -659,6 +712,12 @@ int main(int argc, char **argv)
             printf("[%s] bf16/fp16 storage (%d type combinations x %d shapes): %d checks, %d failed\n",
                    sdpa_isa_name(isa), ncombos, nshapes, passed - dt_before_p + failed - dt_before,
                    failed - dt_before);
+        }
+        /* 7. one-hot softmax rows in bf16: dQ, dK exactly 0 */
+        if (isa != SDPA_ISA_AMX) {
+            static const int64_t oh[][4] = {{1, 2, 96, 32}, {2, 1, 37, 64}, {1, 4, 1, 16}, {1, 3, 130, 128}};
+            for (size_t c = 0; c < sizeof oh / sizeof oh[0]; c++)
+                run_one_hot_case(isa, oh[c][0], oh[c][1], oh[c][2], oh[c][3]);
         }
     }
     ec_suite_free(ecs);

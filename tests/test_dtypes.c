@@ -1069,3 +1069,69 @@ Test(dtypes, bad_types_write_nothing)
     cr_expect(guard_intact(out.o, 0, no * 2) && guard_intact(out.lse, 0, nl * 4), "written on error");
     free(x), free(q), free(k), free(v), free(out.o), free(out.lse);
 }
+
+/* Every row's softmax one-hot (a window of one key: query i sees key i alone), bf16 Q,
+ * K, V, O and dO, on every ISA: P = 1, so dS = P (dP - D) = 0 and dQ, dK must be exactly
+ * zero (the fp32 backward and float64 give 0: D = rowsum(dO * O) with O = V_i cancels
+ * dP_ii), and dV_i = dO_i. On the backward's bf16 pair products dP is a pair sum, so D
+ * must be the same pair sum for the residue to cancel (until session 22 it was an fp32
+ * sum and left about 2^-24 |dP| in dQ and dK). Wide tiles (Tq well above nt_max_cols)
+ * and a decode-sized call alike; D even. Not on amx, whose D stays the fp32 sum (one
+ * tile product per row: its cost unmeasured without a CPU with AMX; docs/design.md). */
+Test(dtypes, one_hot_rows_give_zero_dq_dk)
+{
+    static const int64_t shapes[][4] = {{1, 2, 96, 32}, {2, 1, 37, 64}, {1, 4, 1, 16}}; /* B, H, T, D */
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas_typed(isas);
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int64_t B = shapes[c][0], H = shapes[c][1], T = shapes[c][2], D = shapes[c][3];
+        const size_t n = (size_t)(B * H * T * D), nl = (size_t)(B * H * T);
+        util_rng r;
+        util_rng_init(&r, 5200 + c);
+        float *q = malloc(n * 4), *k = malloc(n * 4), *v = malloc(n * 4), *dout = malloc(n * 4),
+              *lse = malloc(nl * 4);
+        util_fill_normal(&r, q, n, 1.0f);
+        util_fill_normal(&r, k, n, 1.0f);
+        util_fill_normal(&r, v, n, 3.0f);
+        util_fill_normal(&r, dout, n, 7.0f);
+        void *qs = store_as(SDPA_DTYPE_BF16, q, n, 0), *ks = store_as(SDPA_DTYPE_BF16, k, n, 0),
+             *vs = store_as(SDPA_DTYPE_BF16, v, n, 0), *ds = store_as(SDPA_DTYPE_BF16, dout, n, 0),
+             *os = store_as(SDPA_DTYPE_BF16, v, n, 0), *g[3];
+        for (int i = 0; i < 3; i++)
+            g[i] = store_as(SDPA_DTYPE_BF16, v, n, 0); /* overwritten */
+        for (int ii = 0; ii < nisa; ii++) {
+            if (isas[ii] == SDPA_ISA_AMX)
+                continue;
+            sdpa_problem p;
+            sdpa_problem_init(&p);
+            p.batch = B, p.q_heads = p.kv_heads = H, p.q_len = p.kv_len = T, p.head_dim_qk = p.head_dim_v = D;
+            p.window_left = p.window_right = 0;
+            p.q_dtype = p.kv_dtype = p.o_dtype = SDPA_DTYPE_BF16;
+            p.isa = isas[ii];
+            p.num_threads = 2;
+            const sdpa_tensor tq = {qs, H * T * D, T * D, D}, tk = {ks, H * T * D, T * D, D},
+                              tv = {vs, H * T * D, T * D, D}, tdo = {ds, H * T * D, T * D, D},
+                              tl = {lse, H * T, T, 1};
+            const sdpa_tensor_out to = {os, H * T * D, T * D, D}, tlo = {lse, H * T, T, 1},
+                                  gq = {g[0], H * T * D, T * D, D}, gk = {g[1], H * T * D, T * D, D},
+                                  gv = {g[2], H * T * D, T * D, D};
+            cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tlo), SDPA_OK);
+            for (size_t e = 0; e < n; e++) /* O = V: P is one-hot */
+                cr_assert_eq(load_as(SDPA_DTYPE_BF16, os, e), load_as(SDPA_DTYPE_BF16, vs, e), "[%s] O[%zu]",
+                             sdpa_isa_name(isas[ii]), e);
+            const sdpa_tensor to_in = {os, H * T * D, T * D, D};
+            cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &to_in, &tl, &tdo, &gq, &gk, &gv), SDPA_OK);
+            for (size_t e = 0; e < n; e++) {
+                cr_assert_eq(load_as(SDPA_DTYPE_BF16, g[0], e), 0.0f, "[%s] %s: dQ[%zu] = %g", sdpa_isa_name(isas[ii]),
+                             sdpa_tuning(), e, (double)load_as(SDPA_DTYPE_BF16, g[0], e));
+                cr_assert_eq(load_as(SDPA_DTYPE_BF16, g[1], e), 0.0f, "[%s] dK[%zu] = %g", sdpa_isa_name(isas[ii]), e,
+                             (double)load_as(SDPA_DTYPE_BF16, g[1], e));
+                cr_assert_eq(load_as(SDPA_DTYPE_BF16, g[2], e), load_as(SDPA_DTYPE_BF16, ds, e), "[%s] dV[%zu]",
+                             sdpa_isa_name(isas[ii]), e);
+            }
+        }
+        free(q), free(k), free(v), free(dout), free(lse), free(qs), free(ks), free(vs), free(ds), free(os);
+        for (int i = 0; i < 3; i++)
+            free(g[i]);
+    }
+}

@@ -169,6 +169,7 @@ static void online_softmax_pairs_neon(int M, int N, const float *S, ptrdiff_t ld
 void sdpa_kernels_init_neon_bf16(sdpa_kernels *t)
 {
     t->gemm_bf16_pairs = sdpa_neon_gemm_bf16_pairs;
+    t->dot_pairs_cols = sdpa_neon_dot_pairs_cols;
     t->pack_pairs_f32 = pack_pairs_f32_neon;
     t->pack_pairs_bf16 = pack_pairs_bf16_neon;
     t->transpose_pairs = transpose_pairs_neon;

@@ -137,3 +137,17 @@ void sdpa_neon_gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t 
         pairs_rows(1, N, P, alpha, A + (ptrdiff_t)m * rs_a, rs_a, cs_a, B, ldb, C + (ptrdiff_t)m * ldc, ldc, flags,
                    c_row_scale ? c_row_scale + m : NULL);
 }
+
+/* out[n] = sdpa_neon_gemm_bf16_pairs(1, 1, P, 1.0f)'s sum for column n alone: one lane per
+ * column, the pairs in increasing p, the same BFDOT per step (kernels.h). */
+void sdpa_neon_dot_pairs_cols(int P, int N, const uint32_t *A, ptrdiff_t lda, const uint32_t *B, ptrdiff_t ldb,
+                              float *out)
+{
+    for (int n = 0; n < N; n += 4) {
+        const int w = N - n >= 4 ? 4 : N - n;
+        float32x4_t acc = vdupq_n_f32(0.0f);
+        for (int p = 0; p < P; p++)
+            acc = vbfdotq_f32(acc, load_b(A + (ptrdiff_t)p * lda + n, w), load_b(B + (ptrdiff_t)p * ldb + n, w));
+        store_c(out + n, vmulq_f32(vdupq_n_f32(1.0f), acc), w);
+    }
+}

@@ -331,6 +331,7 @@ void sdpa_kernels_init_amx(sdpa_kernels *t)
     t->isa = SDPA_ISA_AMX;
     t->name = "amx";
     t->gemm_bf16_pairs = gemm_bf16_pairs;
+    t->dot_pairs_cols = NULL; /* the tile products sum in their own order (kernels.h) */
     t->tiles_begin = tiles_begin;
     t->tiles_end = tiles_end;
     t->bf16_dot = 1;

@@ -121,6 +121,31 @@ static void gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A,
                    c_row_scale ? c_row_scale + m : NULL);
 }
 
+/* out[n] = gemm_bf16_pairs(1, 1, P, 1.0f)'s sum for column n alone: one lane per column,
+ * the pairs in increasing p, the same vdpbf16ps per step (kernels.h); four vectors of
+ * columns at a time, so that four independent sums hide the instruction's latency. */
+static void dot_pairs_cols(int P, int N, const uint32_t *A, ptrdiff_t lda, const uint32_t *B, ptrdiff_t ldb,
+                           float *out)
+{
+    for (int n0 = 0; n0 < N; n0 += 64) {
+        __mmask16 k[4];
+        __m512 acc[4];
+        for (int v = 0; v < 4; v++) {
+            const int left = N - n0 - 16 * v;
+            k[v] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1u) : (__mmask16)0;
+            acc[v] = _mm512_setzero_ps();
+        }
+        for (int p = 0; p < P; p++)
+            for (int v = 0; v < 4; v++) {
+                const ptrdiff_t n = n0 + 16 * v;
+                acc[v] = dot_pairs(acc[v], _mm512_maskz_loadu_epi32(k[v], A + (ptrdiff_t)p * lda + n),
+                                   _mm512_maskz_loadu_epi32(k[v], B + (ptrdiff_t)p * ldb + n));
+            }
+        for (int v = 0; v < 4; v++)
+            _mm512_mask_storeu_ps(out + n0 + 16 * v, k[v], _mm512_mul_ps(_mm512_set1_ps(1.0f), acc[v]));
+    }
+}
+
 /* dst[p][c] = bf16(src[2p][c]) | bf16(src[2p + 1][c]) << 16 (a missing odd row: 0). */
 static void pack_pairs_f32(int rows, int cols, const float *src, ptrdiff_t lds, uint32_t *dst, ptrdiff_t ldd)
 {
@@ -326,4 +351,5 @@ void sdpa_kernels_init_avx512_bf16(sdpa_kernels *t)
     t->pack_pairs_f32 = pack_pairs_f32;
     t->pack_pairs_bf16 = pack_pairs_bf16;
     t->transpose_pairs = transpose_pairs;
+    t->dot_pairs_cols = dot_pairs_cols;
 }
