@@ -550,7 +550,10 @@ SDPA_API const char *sdpa_tuning(void);
  *  tile of a problem with more than nt_max_cols / G query rows per kv head, and in its
  *  backward; a smaller, decode-sized problem rounds nothing) and read
  *  bf16 subnormals as 0 (docs/design.md,
- *  "What is rounded"); 0 otherwise, and for an ISA this CPU cannot run. Fixed at
+ *  "What is rounded"). On SDPA_ISA_AVX512 the decode-sized tiles of a bf16 Q over bf16
+ *  K/V (head_dim_qk = head_dim_v, a multiple of 32 up to 256) then compute their scores
+ *  on `vdpbf16ps` too: exact products, fp32 sums in another order, nothing rounded.
+ *  0 otherwise, and for an ISA this CPU cannot run. Fixed at
  *  load; thread-safe; no errors. */
 SDPA_API int sdpa_isa_bf16_pairs(sdpa_isa isa);
 /** 1 when a backward on `isa` (SDPA_ISA_AUTO: the process-wide default) whose Q, K/V

@@ -282,6 +282,12 @@ typedef struct sdpa_kernels {
     sdpa_gemm_stream_fn gemm_stream;
     sdpa_attend_rows_fn attend_rows; /* NULL: not provided */
     sdpa_attend_rows16_fn attend_rows_bf16, attend_rows_f16; /* NULL: not provided */
+    /* NULL, or attend_rows_bf16 for query rows that hold bf16 values (a bf16 Q): where the
+     * ISA takes the shape, the scores Q K^T on its bf16 pair products (AVX512-BF16
+     * vdpbf16ps: products exact, summed in the kernel's own fixed order, bf16
+     * subnormals as zero), the rest as attend_rows_bf16; other shapes attend_rows_bf16's
+     * bits. Used where the table's bf16_dot is 1 (forward.c). */
+    sdpa_attend_rows16_fn attend_rows_bf16_pairs;
     sdpa_softcap_fn softcap;
     sdpa_alibi_cols_fn alibi_cols;
     sdpa_alibi_rows_fn alibi_rows;
@@ -349,6 +355,11 @@ void sdpa_kernels_init_avx512(sdpa_kernels *table);
 void sdpa_kernels_init_neon(sdpa_kernels *table);
 /* The AVX512-BF16 pair products, added to the AVX-512 table when CPUID has AVX512_BF16. */
 void sdpa_kernels_init_avx512_bf16(sdpa_kernels *table);
+/* attend_rows_bf16_pairs of the AVX-512 table (x86/attend_pairs_avx512.h, built into
+ * kernels_avx512.c; issues vdpbf16ps: only where CPUID has AVX512_BF16). */
+int sdpa_avx512_attend_rows_bf16_pairs(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                                       const uint16_t *K, ptrdiff_t ldk, const uint16_t *V, ptrdiff_t ldv, float *m,
+                                       float *l, float *O, ptrdiff_t ldo, float *scratch);
 /* The amx rung: the AVX512-BF16 packs, gemm_bf16_pairs on AMX tiles, bf16_dot on. */
 void sdpa_kernels_init_amx(sdpa_kernels *table);
 /* The BFDOT pair products (src/arm/kernels_neon_bf16.c) and their packs

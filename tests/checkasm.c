@@ -1319,6 +1319,118 @@ static void check_attend16(const sdpa_kernels *kt, int type, int M, int N, int D
     free(k16), free(v16), free(k16c), free(v16c), free(kf), free(vf), free(q);
 }
 
+/* attend_rows_bf16_pairs (AVX-512 with AVX512_BF16): bf16 query rows over a bf16 cache.
+ * Shapes it takes (head_dim_qk = head_dim_v, a multiple of 32 up to 256, 1..attend_max_rows
+ * rows): against float64 on the same bf16 values, LSE and O as attend_rows's check (its
+ * sums run in another order than attend_rows_bf16's); every other shape: attend_rows_bf16's
+ * bits. Over two calls when split > 0; K, V and Q untouched, nothing past the outputs. */
+static void check_attend_pairs(const sdpa_kernels *kt, int M, int N, int D, int Dv, int split)
+{
+    const float scale = 1.0f / sqrtf((float)(D > 0 ? D : 1));
+    const ptrdiff_t ldk = D + 5, ldv = Dv + 3, ldq = D + 2;
+    const size_t nk = N > 0 ? (size_t)(N - 1) * ldk + D : 0, nv = N > 0 ? (size_t)(N - 1) * ldv + Dv : 0;
+    const size_t nq = (size_t)M * ldq;
+    uint16_t *k16 = malloc(nk * 2 + 2), *v16 = malloc(nv * 2 + 2), *q16 = malloc(nq * 2 + 2);
+    uint16_t *k16c = malloc(nk * 2 + 2), *v16c = malloc(nv * 2 + 2);
+    float *kf = malloc(nk * 4 + 4), *vf = malloc(nv * 4 + 4), *q = malloc(nq * 4 + 4), *qc = malloc(nq * 4 + 4);
+    float *o[2], *m[2], *l[2], *scratch[2];
+    for (int i = 0; i < 2; i++) {
+        o[i] = calloc((size_t)M * Dv + 1, 4);
+        m[i] = malloc((size_t)M * 4 + 4);
+        l[i] = calloc((size_t)M + 1, 4);
+        scratch[i] = malloc((size_t)(kt->attend_scratch > 0 ? kt->attend_scratch : 1) * 4);
+        for (int r = 0; r < M; r++)
+            m[i][r] = -INFINITY;
+    }
+    for (size_t i = 0; i < nk; i++)
+        kf[i] = (float)(rand() % 4001 - 2000) / 997.0f;
+    for (size_t i = 0; i < nv; i++)
+        vf[i] = (float)(rand() % 4001 - 2000) / 1999.0f;
+    for (size_t i = 0; i < nq; i++)
+        q[i] = (float)(rand() % 4001 - 2000) / 1013.0f;
+    if (N > 0) {
+        kt->narrow_bf16(N, D, kf, ldk, k16, ldk);
+        kt->narrow_bf16(N, Dv, vf, ldv, v16, ldv);
+        kt->widen_bf16(N, D, k16, ldk, kf, ldk);
+        kt->widen_bf16(N, Dv, v16, ldv, vf, ldv);
+    }
+    kt->narrow_bf16(M, D, q, ldq, q16, ldq); /* bf16 query rows, as the driver passes them */
+    kt->widen_bf16(M, D, q16, ldq, q, ldq);
+    memcpy(k16c, k16, nk * 2);
+    memcpy(v16c, v16, nv * 2);
+    memcpy(qc, q, nq * 4);
+    const int n1 = split > 0 && split < N ? split : N;
+    int d[2];
+    for (int i = 0; i < 2; i++) {
+        const sdpa_attend_rows16_fn f = i ? kt->attend_rows_bf16_pairs : kt->attend_rows_bf16;
+        d[i] = f(M, n1, D, Dv, scale, q, ldq, k16, ldk, v16, ldv, m[i], l[i], o[i], Dv, scratch[i]);
+        if (d[i] && n1 < N)
+            d[i] = f(M, N - n1, D, Dv, scale, q, ldq, k16 + n1 * ldk, ldk, v16 + n1 * ldv, ldv, m[i], l[i], o[i], Dv,
+                     scratch[i]);
+    }
+    const int takes = D == Dv && D > 0 && D % 32 == 0 && D <= 256 && M >= 1 && M <= kt->attend_max_rows;
+    int ok = memcmp(k16, k16c, nk * 2) == 0 && memcmp(v16, v16c, nv * 2) == 0 && memcmp(q, qc, nq * 4) == 0 &&
+             d[1] == (takes ? 1 : d[0]);
+    if (!ok)
+        report("M=%d N=%d D=%d Dv=%d: done %d (attend_rows_bf16 %d), or Q/K/V written", M, N, D, Dv, d[1], d[0]);
+    if (ok && !takes && (memcmp(o[0], o[1], (size_t)M * Dv * 4) || memcmp(m[0], m[1], (size_t)M * 4) ||
+                         memcmp(l[0], l[1], (size_t)M * 4))) {
+        ok = 0;
+        report("M=%d N=%d D=%d Dv=%d: a shape it does not take, and not attend_rows_bf16's bits", M, N, D, Dv);
+    }
+    for (int r = 0; r < M && ok && takes && N > 0; r++) {
+        double mx = -INFINITY, sum = 0.0;
+        double *sc = malloc((size_t)N * sizeof(double));
+        for (int j = 0; j < N; j++) {
+            double acc = 0.0;
+            for (int c = 0; c < D; c++)
+                acc += (double)q[(size_t)r * ldq + c] * (double)kf[(size_t)j * ldk + c];
+            sc[j] = acc * scale;
+            mx = sc[j] > mx ? sc[j] : mx;
+        }
+        for (int j = 0; j < N; j++)
+            sum += exp(sc[j] - mx);
+        const double lse = mx + log(sum), got_lse = (double)m[1][r] + log((double)l[1][r]);
+        if (!close_to(got_lse, lse, 1e-5 * (fabs(lse) + 1.0))) {
+            ok = 0;
+            report("M=%d N=%d D=%d: row %d lse %.9g, float64 %.9g", M, N, D, r, got_lse, lse);
+        }
+        for (int c = 0; c < Dv && ok; c++) {
+            double ref = 0.0;
+            for (int j = 0; j < N; j++)
+                ref += exp(sc[j] - mx) / sum * (double)vf[(size_t)j * ldv + c];
+            const double got = (double)o[1][(size_t)r * Dv + c] / (double)l[1][r];
+            if (!close_to(got, ref, 1e-5 + 8.0 * (N + D) * FLT_EPSILON)) {
+                ok = 0;
+                report("M=%d N=%d D=%d split=%d: O(%d,%d) = %.9g, float64 %.9g", M, N, D, split, r, c, got, ref);
+            }
+        }
+        free(sc);
+    }
+    record(ok);
+    for (int i = 0; i < 2; i++)
+        free(o[i]), free(m[i]), free(l[i]), free(scratch[i]);
+    free(k16), free(v16), free(q16), free(k16c), free(v16c), free(kf), free(vf), free(q), free(qc);
+}
+
+static void test_attend_pairs(const sdpa_kernels *kt)
+{
+    if (!kt->attend_rows_bf16_pairs || !kt->attend_rows_bf16)
+        return;
+    kernel_begin(kt->name, "attend_rows_bf16_pairs");
+    const int mx = kt->attend_max_rows, st = kt->nt_step;
+    const int ms[] = {1, 2, 3, 4, 5, 8, mx, mx + 1};
+    const int ns[] = {0, 1, 5, st - 1, st, st + 1, 2 * st + 1, 100};
+    const int ds[] = {16, 32, 48, 64, 96, 100, 128, 160, 192, 224, 256, 288};
+    int combo = 0;
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+        for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+            for (size_t d = 0; d < sizeof ds / sizeof ds[0]; d++, combo++)
+                check_attend_pairs(kt, ms[i], ns[j], ds[d], combo % 9 == 0 ? ds[d] + 32 : ds[d],
+                                   combo % 3 ? 0 : ns[j] / 2 + 1);
+    kernel_end();
+}
+
 static void test_attend16(const sdpa_kernels *kt)
 {
     for (int type = SDPA_DTYPE_BF16; type <= SDPA_DTYPE_F16; type++) {
@@ -2204,8 +2316,9 @@ static void usage(const char *argv0)
            "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
            "               widen_bf16 widen_f16 narrow_bf16 narrow_f16 gemm_bf16_pairs pack_pairs_f32\n"
            "               pack_pairs_bf16 transpose_pairs round_rows_bf16 online_softmax_pairs\n"
-           "               bwd_dscores_pairs dot_pairs_cols (the last eight where the ISA has them:\n"
-           "               AVX512_BF16, AMX, Arm BF16; dot_pairs_cols not on AMX)\n"
+           "               bwd_dscores_pairs dot_pairs_cols attend_rows_bf16_pairs (the last nine\n"
+           "               where the ISA has them: AVX512_BF16, AMX, Arm BF16; dot_pairs_cols not on\n"
+           "               AMX; attend_rows_bf16_pairs on AVX-512 with AVX512_BF16 only)\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"
@@ -2805,6 +2918,8 @@ int main(int argc, char **argv)
             test_attend(kt);
         if (selected("attend_rows_bf16") || selected("attend_rows_f16"))
             test_attend16(kt);
+        if (selected("attend_rows_bf16_pairs"))
+            test_attend_pairs(kt);
         make_variant_sizes(kt);
         if (selected("softcap"))
             test_softcap(kt, ref_kt);

@@ -85,7 +85,11 @@ int cmd_info(int argc, char **argv)
                "fp32 products); %s%s%s%s not used\n",
                sdpa_isa_name(vec), sdpa_isa_name(pairs ? a : vec),
                pairs ? "bf16 K/V with a bf16 or fp32 Q, prefill tiles: " : "", pairs ? products : "",
-               pairs ? ", P and an fp32 Q rounded to bf16; otherwise " : "", sdpa_isa_name(vec), f16,
+               pairs ? (a == SDPA_ISA_AVX512 ? ", P and an fp32 Q rounded to bf16; decode tiles of a bf16 Q: "
+                                               "scores on vdpbf16ps, exact products; otherwise "
+                                             : ", P and an fp32 Q rounded to bf16; otherwise ")
+                     : "",
+               sdpa_isa_name(vec), f16,
                bwd ? "bf16 backward (bf16 Q, K/V and O), prefill tiles: " : "", bwd ? products : "",
                bwd ? ", P and dS rounded to bf16; " : "", unused);
     }

@@ -12,6 +12,8 @@
 
 #include "simd_tmpl.h"
 
+#include "x86/attend_pairs_avx512.h"
+
 void sdpa_kernels_init_avx512(sdpa_kernels *t)
 {
     tmpl_fill_table(t);

@@ -352,4 +352,5 @@ void sdpa_kernels_init_avx512_bf16(sdpa_kernels *t)
     t->pack_pairs_bf16 = pack_pairs_bf16;
     t->transpose_pairs = transpose_pairs;
     t->dot_pairs_cols = dot_pairs_cols;
+    t->attend_rows_bf16_pairs = sdpa_avx512_attend_rows_bf16_pairs;
 }
