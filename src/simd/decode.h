@@ -128,6 +128,25 @@ TMPL_INLINE void tmpl_nt_long(const int kvt, int M, int N, int K, float alpha, c
     }
 }
 
+/* The end of a group of kpi keys x rb query rows of the register-resident scores
+ * (tmpl_nt_reg, and x86/attend_pairs_avx512.h's): each (key j, row i)'s two chains
+ * added, one V_REDUCE4 of the four sums, C(i, n0 + j) = alpha * sum for the keys below N
+ * and the rows below mr. */
+TMPL_INLINE void tmpl_nt_reduce_store(const int rb, const int kpi, int mr, int N, int n0, float alpha,
+                                      v_f32 acc[TMPL_REDUCE_N][2], float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
+{
+    float s[TMPL_REDUCE_N];
+    V_REDUCE4(V_ADD(acc[0][0], acc[0][1]), V_ADD(acc[1][0], acc[1][1]), V_ADD(acc[2][0], acc[2][1]),
+              V_ADD(acc[3][0], acc[3][1]), s);
+    TMPL_UNROLL
+    for (int j = 0; j < kpi; j++)
+        if (n0 + j < N)
+            TMPL_UNROLL
+            for (int i = 0; i < rb; i++)
+                if (i < mr)
+                    C[(ptrdiff_t)i * rs_c + (ptrdiff_t)(n0 + j) * cs_c] = alpha * s[j * rb + i];
+}
+
 /* Register-resident query rows, for head_dim up to V_NT_QREGS vectors (decode).
  * rb (1 or 2) query rows of nv vectors stay in registers, and keys are taken
  * TMPL_REDUCE_N/rb at a time, each key row read whole, front to back, before
@@ -170,16 +189,7 @@ TMPL_INLINE void tmpl_nt_reg(const int kvt, const int rb, const int nv, int mr, 
                     acc[j * rb + i][v & 1] = V_FMA(q[i][v], bv, acc[j * rb + i][v & 1]);
             }
         }
-        float s[TMPL_REDUCE_N];
-        V_REDUCE4(V_ADD(acc[0][0], acc[0][1]), V_ADD(acc[1][0], acc[1][1]), V_ADD(acc[2][0], acc[2][1]),
-                  V_ADD(acc[3][0], acc[3][1]), s);
-        TMPL_UNROLL
-        for (int j = 0; j < kpi; j++)
-            if (n0 + j < N)
-                TMPL_UNROLL
-                for (int i = 0; i < rb; i++)
-                    if (i < mr)
-                        C[(ptrdiff_t)i * rs_c + (ptrdiff_t)(n0 + j) * cs_c] = alpha * s[j * rb + i];
+        tmpl_nt_reduce_store(rb, kpi, mr, N, n0, alpha, acc, C, rs_c, cs_c);
     }
 }
 

@@ -44,16 +44,7 @@ PAIRS_INLINE void pairs_scores(const int rb, const int np, int mr, int N, float 
                     acc[j * rb + i][v & 1] = _mm512_dpbf16_ps(acc[j * rb + i][v & 1], qp[i * PAIRS_MAX_NP + v], kv);
             }
         }
-        float s[TMPL_REDUCE_N];
-        V_REDUCE4(V_ADD(acc[0][0], acc[0][1]), V_ADD(acc[1][0], acc[1][1]), V_ADD(acc[2][0], acc[2][1]),
-                  V_ADD(acc[3][0], acc[3][1]), s);
-        TMPL_UNROLL
-        for (int j = 0; j < kpi; j++)
-            if (n0 + j < N)
-                TMPL_UNROLL
-                for (int i = 0; i < rb; i++)
-                    if (i < mr)
-                        C[(ptrdiff_t)i * rs_c + n0 + j] = alpha * s[j * rb + i];
+        tmpl_nt_reduce_store(rb, kpi, mr, N, n0, alpha, acc, C, rs_c, 1);
     }
 }
 
