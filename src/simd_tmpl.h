@@ -4,7 +4,7 @@
  * libdeflate / ggml style: an ISA translation unit includes its vector layer
  * (src/x86/vec_avx2.h, src/x86/vec_avx512.h, src/arm/vec_neon.h) and then this
  * file, which includes one header per kernel family (src/simd/gemm.h,
- * softmax.h, decode.h, transpose.h, variants.h, convert.h) and provides tmpl_fill_table(). Only
+ * softmax.h, decode.h, attend.h, transpose.h, variants.h, convert.h) and provides tmpl_fill_table(). Only
  * static (inline) definitions live in these headers, so nothing compiled with
  * one ISA's flags can leak into another translation unit. Every function they
  * instantiate carries the layer's name as a suffix (TMPL_FN(gemm) is gemm_avx2,
@@ -184,6 +184,7 @@ TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
 #include "simd/gemm.h"
 #include "simd/softmax.h"
 #include "simd/decode.h"
+#include "simd/attend.h"
 #include "simd/transpose.h"
 #include "simd/variants.h"
 #include "simd/convert.h"

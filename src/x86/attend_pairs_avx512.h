@@ -3,7 +3,7 @@
  * the decode step of bf16 query rows over a bf16 K/V cache with the scores S = scale Q K^T
  * on AVX512-BF16 `vdpbf16ps`, 32 products of a query row and a key row per instruction
  * against the 16 FMAs (and the 16 widenings of K) of attend_rows_bf16; the row softmax
- * and O = alpha O + P V are attend_rows_bf16's own (simd/decode.h), V widened in
+ * and O = alpha O + P V are attend_rows_bf16's own (simd/attend.h), V widened in
  * registers, P in fp32.
  *
  * Included by x86/kernels_avx512.c after simd_tmpl.h. That file is built for AVX-512
@@ -48,7 +48,7 @@ PAIRS_INLINE void pairs_scores(const int rb, const int np, int mr, int N, float 
     }
 }
 
-/* tmpl_attend (simd/decode.h) with the scores above: nv = 2 np vectors per row of Q, K,
+/* tmpl_attend (simd/attend.h) with the scores above: nv = 2 np vectors per row of Q, K,
  * V and O, steps of TMPL_ATTEND_STEP keys, query rows two at a time where two fit. */
 PAIRS_INLINE void pairs_attend(const int np, int M, int N, int Dv, float scale, const float *Q, ptrdiff_t ldq,
                                const uint16_t *K, ptrdiff_t ldk, const uint16_t *V, ptrdiff_t ldv, float *m,
