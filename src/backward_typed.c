@@ -84,6 +84,56 @@ static int groups_per_thread(const plan *pl)
     return pl->nthreads > 1 && pl->B * pl->Hkv >= 2 * (int64_t)pl->nthreads;
 }
 
+/* ------------------------------------------------- the fused few-row path */
+
+/* The kernel of the fused path for K/V's type, or NULL. */
+static sdpa_bwd_rows_fn bwd_rows_of(const plan *pl)
+{
+    const sdpa_kernels *kt = pl->kt;
+    return pl->kv_dtype == SDPA_DTYPE_BF16 ? kt->bwd_rows_bf16
+           : pl->kv_dtype == SDPA_DTYPE_F16 ? kt->bwd_rows_f16
+                                            : kt->bwd_rows_f32;
+}
+
+/* Whether the plan's groups may take the fused path (group_fused says whether one
+ * does): an ISA with bwd_rows for K/V's type, a group of at most bwd_rows_max_rows
+ * rows in few-column tiles, scores that are scale Q K^T alone (no softcap, ALiBi,
+ * boolean mask or bias) and no sinks. */
+static int plan_fused(const plan *pl)
+{
+    return bwd_rows_of(pl) && !sdpa_wide_problem(pl) && pl->G * pl->Tq <= pl->kt->bwd_rows_max_rows &&
+           pl->Tq > 0 && pl->Dk > 0 && pl->Dv > 0 && !pl->logit_variants && !pl->elem_mask && !pl->slopes &&
+           !pl->sinks && !pl->dsinks && !pl->pages;
+}
+
+/* Keys per chunk of the fused path: a multiple of nt_step from Tk alone (never from
+ * the threads), at least FUSED_MIN_CHUNK, at most FUSED_MAX_CHUNKS chunks. Each
+ * chunk's dQ is summed on its own, then the chunks' in order. */
+#define FUSED_MIN_CHUNK 256
+#define FUSED_MAX_CHUNKS 64
+static int64_t fused_chunk(const plan *pl)
+{
+    const int64_t st = pl->kt->nt_step > 0 ? pl->kt->nt_step : 1;
+    int64_t c = (pl->Tk + FUSED_MAX_CHUNKS - 1) / FUSED_MAX_CHUNKS;
+    c = (c + st - 1) / st * st;
+    return c < FUSED_MIN_CHUNK ? FUSED_MIN_CHUNK : c;
+}
+
+/* The fused path's floats for a group run on nthreads threads: per thread the kernel's
+ * scratch and the rows' LSE, and with more than one thread each chunk's dQ. */
+static size_t fused_floats(const plan *pl, int nthreads)
+{
+    if (!plan_fused(pl))
+        return 0;
+    const size_t M = (size_t)(pl->G * pl->Tq);
+    size_t f = (size_t)nthreads * round_floats((size_t)pl->kt->bwd_rows_scratch + M);
+    if (nthreads > 1) {
+        const int64_t c = fused_chunk(pl);
+        f += (size_t)((pl->Tk + c - 1) / c) * round_floats(M * (size_t)pl->Dk);
+    }
+    return f;
+}
+
 /* One worker's floats: the group backward's workspace, then the group buffers. */
 static sdpa_status worker_floats(const plan *pl, int nthreads, size_t *floats, size_t *gf, size_t *nr)
 {
@@ -100,6 +150,8 @@ static sdpa_status worker_floats(const plan *pl, int nthreads, size_t *floats, s
         if (parts[i] > SIZE_MAX / 4 || __builtin_add_overflow(total, 2 * parts[i], &total))
             return SDPA_ERR_SIZE_OVERFLOW;
     if (__builtin_add_overflow(total, g.q, &total)) /* dQ's chunk sum */
+        return SDPA_ERR_SIZE_OVERFLOW;
+    if (__builtin_add_overflow(total, fused_floats(pl, nthreads), &total))
         return SDPA_ERR_SIZE_OVERFLOW;
     *floats = total;
     return SDPA_OK;
@@ -162,6 +214,7 @@ typedef struct typed_job {
 typedef struct typed_worker {
     const typed_job *job;
     float *ws, *q, *dq, *o, *dout, *k, *dk, *v, *dv, *dq_sum;
+    float *fused; /* the fused path's floats (fused_floats) */
 } typed_worker;
 
 static typed_worker worker_of(const typed_job *job, int tid)
@@ -173,7 +226,8 @@ static typed_worker worker_of(const typed_job *job, int tid)
     float *base = w.ws + round_floats(job->gf);
     w.q = carve(&base, gb.q), w.dq = carve(&base, gb.q), w.o = carve(&base, gb.o), w.dout = carve(&base, gb.o);
     w.k = carve(&base, gb.k), w.dk = carve(&base, gb.k), w.v = carve(&base, gb.v), w.dv = carve(&base, gb.v);
-    w.dq_sum = base;
+    w.dq_sum = carve(&base, gb.q);
+    w.fused = base;
     return w;
 }
 
@@ -265,6 +319,130 @@ static void typed_keys(const typed_worker *w, const plan *kp, const sdpa_tensor 
     narrow_rows(pl, pl->kv_dtype, w->dv, n, Dv, row_out_t(x->dv, pl->kv_dtype, b, hk, j0), x->dv->seq_stride);
 }
 
+/* Whether group gp (of batch b, query heads h0..) runs on the fused path, and the keys
+ * [*lo, *hi) it runs over: every row of the group allows exactly those keys (one
+ * query row per head, or rows under no window), at least one, and every row's LSE is
+ * finite and needs no statistics pass. */
+static int group_fused(const plan *pl, const plan *gp, const bwd_views *x, int64_t b, int64_t h0, int64_t *lo,
+                       int64_t *hi)
+{
+    if (!plan_fused(pl))
+        return 0;
+    const int64_t tkb = keys_of_batch(gp, 0);
+    int64_t l0, z0;
+    row_range(gp, tkb, 0, &l0, &z0);
+    for (int64_t i = 1; i < gp->Tq; i++) {
+        int64_t l, z;
+        row_range(gp, tkb, i, &l, &z);
+        if (l != l0 || z != z0)
+            return 0;
+    }
+    if (l0 > z0)
+        return 0;
+    for (int64_t g = 0; g < gp->Hq; g++)
+        for (int64_t i = 0; i < gp->Tq; i++) {
+            const float v = row_in(x->lse, b, h0 + g, 0)[i * x->lse->seq_stride];
+            if (!isfinite(v) || lse_needs_stats(v))
+                return 0;
+        }
+    *lo = l0;
+    *hi = z0 + 1;
+    return 1;
+}
+
+/* One fused group: its rows (widened in the worker's buffers), its keys, chunks. */
+typedef struct fused_group {
+    const typed_worker *w;
+    int64_t b, hk, lo, hi, chunk;
+    const float *lse; /* the group's G Tq rows' LSE, contiguous */
+    float *partials;  /* with a team: each chunk's dQ */
+    size_t per_thread; /* floats of a thread's part of w->fused */
+} fused_group;
+
+/* Chunk ci of the group's keys on the kernel: dK, dV of its keys into the gradients,
+ * its dQ (the group's rows, fp32) into dq. */
+static void fused_run_chunk(const fused_group *fg, int64_t ci, float *scratch, float *dq)
+{
+    const plan *pl = fg->w->job->pl;
+    const bwd_views *x = fg->w->job->x;
+    const int64_t j0 = fg->lo + ci * fg->chunk, n = fg->hi - j0 < fg->chunk ? fg->hi - j0 : fg->chunk;
+    const sdpa_dtype t = pl->kv_dtype;
+    const int M = (int)(pl->G * pl->Tq);
+    bwd_rows_of(pl)(M, (int)n, (int)pl->Dk, (int)pl->Dv, pl->scale, fg->w->q, pl->Dk, fg->w->o, pl->Dv, fg->w->dout,
+                    pl->Dv, fg->lse, row_in_t(x->k, t, fg->b, fg->hk, j0), x->k->seq_stride,
+                    row_in_t(x->v, t, fg->b, fg->hk, j0), x->v->seq_stride, dq, pl->Dk,
+                    row_out_t(x->dk, t, fg->b, fg->hk, j0), x->dk->seq_stride, row_out_t(x->dv, t, fg->b, fg->hk, j0),
+                    x->dv->seq_stride, scratch);
+}
+
+typedef struct fused_item {
+    const fused_group *fg;
+    float *scratch;
+} fused_item;
+
+static void fused_chunk_of(void *arg, int64_t ci)
+{
+    const fused_item *it = arg;
+    const plan *pl = it->fg->w->job->pl;
+    fused_run_chunk(it->fg, ci, it->scratch, it->fg->partials + (size_t)ci * round_floats((size_t)(pl->G * pl->Tq * pl->Dk)));
+}
+
+static void fused_team_body(void *ctx, int tid, int team)
+{
+    const fused_group *fg = ctx;
+    fused_item it = {fg, fg->w->fused + (size_t)tid * fg->per_thread};
+    const int64_t nc = (fg->hi - fg->lo + fg->chunk - 1) / fg->chunk;
+    sdpa_for_dynamic(team, nc, fused_chunk_of, &it, 0);
+}
+
+/* Dense n rows of len elements of type t at stride ld set to zero. */
+static void zero_rows_t(void *dst, sdpa_dtype t, int64_t n, int64_t len, ptrdiff_t ld)
+{
+    for (int64_t j = 0; j < n; j++)
+        memset((char *)dst + (size_t)(j * ld) * dtype_bytes(t), 0, (size_t)len * dtype_bytes(t));
+}
+
+/* Group (b, hk) on the fused path over keys [lo, hi) (group_fused): the kernel chunk by
+ * chunk (on one thread, or the chunks shared by the team), dQ = the chunks' dQ summed
+ * in chunk order into w->dq_sum (the same bits either way), and dK = dV = 0 for the
+ * keys outside. */
+static void fused_group_run(const typed_worker *w, int64_t b, int64_t hk, int64_t lo, int64_t hi)
+{
+    const typed_job *job = w->job;
+    const plan *pl = job->pl;
+    const bwd_views *x = job->x;
+    const int64_t h0 = hk * pl->G, M = pl->G * pl->Tq;
+    const size_t nq = (size_t)(M * pl->Dk);
+    fused_group fg = {w, b, hk, lo, hi, fused_chunk(pl), NULL, NULL, round_floats((size_t)pl->kt->bwd_rows_scratch + (size_t)M)};
+    float *lse = w->fused + pl->kt->bwd_rows_scratch; /* in thread 0's part */
+    for (int64_t g = 0; g < pl->G; g++)
+        for (int64_t i = 0; i < pl->Tq; i++)
+            lse[g * pl->Tq + i] = row_in(x->lse, b, h0 + g, 0)[i * x->lse->seq_stride];
+    fg.lse = lse;
+    const int64_t nc = (hi - lo + fg.chunk - 1) / fg.chunk;
+    memset(w->dq_sum, 0, nq * sizeof(float));
+    if (job->nthreads > 1) {
+        fg.partials = w->fused + (size_t)job->nthreads * fg.per_thread;
+        sdpa_parallel(job->nthreads, fused_team_body, &fg);
+        for (int64_t ci = 0; ci < nc; ci++) {
+            const float *part = fg.partials + (size_t)ci * round_floats(nq);
+            for (size_t e = 0; e < nq; e++)
+                w->dq_sum[e] += part[e];
+        }
+    } else {
+        for (int64_t ci = 0; ci < nc; ci++) {
+            fused_run_chunk(&fg, ci, w->fused, w->dq);
+            for (size_t e = 0; e < nq; e++) /* chunk order: as the team's sum */
+                w->dq_sum[e] += w->dq[e];
+        }
+    }
+    const sdpa_dtype t = pl->kv_dtype;
+    zero_rows_t(row_out_t(x->dk, t, b, hk, 0), t, lo, pl->Dk, x->dk->seq_stride);
+    zero_rows_t(row_out_t(x->dv, t, b, hk, 0), t, lo, pl->Dv, x->dv->seq_stride);
+    zero_rows_t(row_out_t(x->dk, t, b, hk, hi), t, pl->Tk - hi, pl->Dk, x->dk->seq_stride);
+    zero_rows_t(row_out_t(x->dv, t, b, hk, hi), t, pl->Tk - hi, pl->Dv, x->dv->seq_stride);
+}
+
 /* Group (b, hk) = item: widen its rows, the fp32 backward, narrow its gradients
  * (over all of its keys at once, or chunk by chunk). */
 static void typed_group(void *arg, int64_t item)
@@ -294,7 +472,11 @@ static void typed_group(void *arg, int64_t item)
                              x->lse->seq_stride};
     const int64_t c = chunk_keys(&gp); /* a multiple of the group plan's key tile */
     const float *dq = w->dq;
-    if (group_chunked(pl, &gp, x, b, h0, c)) {
+    int64_t lo, hi;
+    if (group_fused(pl, &gp, x, b, h0, &lo, &hi)) {
+        fused_group_run(w, b, hk, lo, hi);
+        dq = w->dq_sum;
+    } else if (group_chunked(pl, &gp, x, b, h0, c)) {
         const size_t nq = (size_t)(G * Tq * Dk);
         memset(w->dq_sum, 0, nq * sizeof(float));
         for (int64_t j0 = 0; j0 < Tk; j0 += c) {

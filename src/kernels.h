@@ -156,6 +156,29 @@ typedef int (*sdpa_attend_rows16_fn)(int M, int N, int Dk, int Dv, float scale, 
                                      const uint16_t *K, ptrdiff_t ldk, const uint16_t *V, ptrdiff_t ldv, float *m,
                                      float *l, float *O, ptrdiff_t ldo, float *scratch);
 
+/* Few-row backward over N keys that every row allows (decode; optional per ISA): with
+ * Q, O, dO M rows (fp32, row strides ldq, ldo, lddo), lse[M] (natural log; finite),
+ * K, V N rows of the table entry's type (fp32, or bf16 / fp16 bit patterns; strides
+ * in elements), and for m < M, j < N:
+ *   D_m = sum_c dO[m][c] O[m][c]                 (the dot product that forms dP below)
+ *   S_mj = scale sum_k Q[m][k] K[j][k],  P_mj = exp(S_mj - lse[m])
+ *   dP_mj = sum_c dO[m][c] V[j][c],      dS_mj = P_mj (dP_mj - D_m)
+ *   dV[j] = sum_m P_mj dO[m],  dK[j] = scale sum_m dS_mj Q[m]   (written, in K/V's type,
+ *                                                                rounded to nearest even)
+ *   dQ[m] = scale sum_j dS_mj K[j]                               (fp32, overwritten)
+ * (FlashAttention-2's backward, Dao 2023, Algorithm 2, for one query tile.) One pass:
+ * each step of nt_step keys is read once from memory, its dK and dV rows written once.
+ * The dot products sum as gemm_nt's long-row path (one chain per (row, key), then
+ * V_REDUCE4), dQ as gemm_stream per step, added step by step in increasing j, times
+ * scale at the end; dK, dV in increasing m. Each output row thus depends only on the
+ * inputs and N, not on threads. scratch: the table's bwd_rows_scratch floats. Returns
+ * 0 and does nothing unless 0 < M <= bwd_rows_max_rows, Dk > 0, Dv > 0 and N >= 0;
+ * 1 when done. */
+typedef int (*sdpa_bwd_rows_fn)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
+                                const float *O, ptrdiff_t ldo, const float *dO, ptrdiff_t lddo, const float *lse,
+                                const void *K, ptrdiff_t ldk, const void *V, ptrdiff_t ldv, float *dQ,
+                                ptrdiff_t lddq, void *dK, ptrdiff_t lddk, void *dV, ptrdiff_t lddv, float *scratch);
+
 /* dst[c][r] = src[r][c] for r < rows, c < cols (src row stride lds, dst row stride ldd). */
 typedef void (*sdpa_transpose_fn)(int rows, int cols, const float *src, ptrdiff_t lds, float *dst,
                                   ptrdiff_t ldd);
@@ -250,6 +273,8 @@ typedef struct sdpa_kernels {
     int attend_max_rows;  /* attend_rows takes at most this many query rows */
     int attend_max_vecs;  /* ... query rows of at most this many vectors in registers */
     int attend_scratch;   /* floats of scratch attend_rows needs */
+    int bwd_rows_max_rows; /* bwd_rows takes at most this many query rows (0: no bwd_rows) */
+    int bwd_rows_scratch;  /* floats of scratch bwd_rows needs */
     /* block sizes */
     int block_q; /* query rows per tile (N of the score tile) */
     int block_k; /* key rows per tile (M of the score tile) */
@@ -282,6 +307,9 @@ typedef struct sdpa_kernels {
     sdpa_gemm_stream_fn gemm_stream;
     sdpa_attend_rows_fn attend_rows; /* NULL: not provided */
     sdpa_attend_rows16_fn attend_rows_bf16, attend_rows_f16; /* NULL: not provided */
+    /* NULL: not provided (the backward then widens runs of keys and composes the steps);
+     * K/V of type fp32, bf16, fp16 */
+    sdpa_bwd_rows_fn bwd_rows_f32, bwd_rows_bf16, bwd_rows_f16;
     /* NULL, or attend_rows_bf16 for query rows that hold bf16 values (a bf16 Q): where the
      * ISA takes the shape, the scores Q K^T on its bf16 pair products (AVX512-BF16
      * vdpbf16ps: products exact, summed in the kernel's own fixed order, bf16

@@ -263,6 +263,9 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->gemm_stream = gemm_stream_scalar;
     t->online_softmax_rows = online_softmax_rows_scalar;
     t->attend_rows = NULL; /* the driver composes the steps from the entries above */
+    t->bwd_rows_max_rows = 0;
+    t->bwd_rows_scratch = 0;
+    t->bwd_rows_f32 = t->bwd_rows_bf16 = t->bwd_rows_f16 = NULL; /* likewise (backward_typed.c) */
     t->softcap = softcap_scalar;
     t->alibi_cols = alibi_cols_scalar;
     t->alibi_rows = alibi_rows_scalar;

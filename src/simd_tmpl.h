@@ -4,7 +4,7 @@
  * libdeflate / ggml style: an ISA translation unit includes its vector layer
  * (src/x86/vec_avx2.h, src/x86/vec_avx512.h, src/arm/vec_neon.h) and then this
  * file, which includes one header per kernel family (src/simd/gemm.h,
- * softmax.h, decode.h, attend.h, transpose.h, variants.h, convert.h) and provides tmpl_fill_table(). Only
+ * softmax.h, decode.h, attend.h, bwd_rows.h, transpose.h, variants.h, convert.h) and provides tmpl_fill_table(). Only
  * static (inline) definitions live in these headers, so nothing compiled with
  * one ISA's flags can leak into another translation unit. Every function they
  * instantiate carries the layer's name as a suffix (TMPL_FN(gemm) is gemm_avx2,
@@ -185,6 +185,7 @@ TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
 #include "simd/softmax.h"
 #include "simd/decode.h"
 #include "simd/attend.h"
+#include "simd/bwd_rows.h"
 #include "simd/transpose.h"
 #include "simd/variants.h"
 #include "simd/convert.h"
@@ -211,6 +212,11 @@ TMPL_INLINE void tmpl_fill_table(sdpa_kernels *t)
     t->attend_rows = TMPL_FN(attend_rows);
     t->attend_rows_bf16 = TMPL_FN(attend_rows_bf16);
     t->attend_rows_f16 = TMPL_FN(attend_rows_f16);
+    t->bwd_rows_max_rows = TMPL_BWD_ROWS_MAX;
+    t->bwd_rows_scratch = TMPL_BWD_ROWS_SCRATCH;
+    t->bwd_rows_f32 = TMPL_FN(bwd_rows_f32);
+    t->bwd_rows_bf16 = TMPL_FN(bwd_rows_bf16);
+    t->bwd_rows_f16 = TMPL_FN(bwd_rows_f16);
     t->softcap = TMPL_FN(softcap);
     t->alibi_cols = TMPL_FN(alibi_cols);
     t->alibi_rows = TMPL_FN(alibi_rows);

@@ -2843,6 +2843,198 @@ static void test_pairs(const sdpa_kernels *kt)
     kernel_end();
 }
 
+/* ------------------------------------------------------------- bwd_rows */
+
+/* The value of fp16 bits h (finite). */
+static double half_value(uint16_t h)
+{
+    const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    const double mag = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+    return h >> 15 ? -mag : mag;
+}
+
+/* bwd_rows over K/V of type `type` (fp32, bf16, fp16): against float64 on the same
+ * values (K, V exact in the type; Q, O, dO, LSE fp32; O and LSE those of the same rows,
+ * so that D and P mean what they do in a backward), each output within 4 (M + N + Dk
+ * + Dv) ulps of its terms' magnitude (their sum of absolute values, P's own error from
+ * that of S included) plus the output type's rounding; then, for a 16-bit type, the
+ * bits of the fp32 variant on the widened rows, dK and dV narrowed. Every row length
+ * and stride is padded: nothing outside dQ, dK, dV may change, nothing in Q, O, dO,
+ * LSE, K, V. */
+static void check_bwd_rows(const sdpa_kernels *kt, int type, int M, int N, int Dk, int Dv)
+{
+    const sdpa_bwd_rows_fn f = type == SDPA_DTYPE_BF16 ? kt->bwd_rows_bf16
+                               : type == SDPA_DTYPE_F16 ? kt->bwd_rows_f16
+                                                        : kt->bwd_rows_f32;
+    const int t16 = type != SDPA_DTYPE_F32, f16 = type == SDPA_DTYPE_F16;
+    const float scale = 1.0f / sqrtf((float)Dk);
+    buf q = buf_new(M, Dk, Dk + 3), o = buf_new(M, Dv, Dv + 1), dout = buf_new(M, Dv, Dv + 2), lse = buf_new(1, M, M);
+    buf kf = buf_new(N, Dk, Dk + 5), vf = buf_new(N, Dv, Dv + 3), dq = buf_new(M, Dk, Dk + 1);
+    buf dkf = buf_new(N, Dk, Dk + 2), dvf = buf_new(N, Dv, Dv + 4);
+    hbuf k16 = hbuf_new(N, Dk, Dk + 5), v16 = hbuf_new(N, Dv, Dv + 3), dk16 = hbuf_new(N, Dk, Dk + 2),
+         dv16 = hbuf_new(N, Dv, Dv + 4);
+    float *scratch = malloc((size_t)(kt->bwd_rows_scratch > 0 ? kt->bwd_rows_scratch : 1) * sizeof(float));
+    buf_fill(&q, -2.0f, 2.0f);
+    buf_fill(&kf, -2.0f, 2.0f);
+    buf_fill(&vf, -1.0f, 1.0f);
+    buf_fill(&dout, -1.0f, 1.0f);
+    if (t16 && N > 0) { /* K, V exact in the type: narrowed, then widened back */
+        narrow_fn(kt, f16)(N, Dk, kf.p, kf.ld, k16.p, k16.ld);
+        narrow_fn(kt, f16)(N, Dv, vf.p, vf.ld, v16.p, v16.ld);
+        widen_fn(kt, f16)(N, Dk, k16.p, k16.ld, kf.p, kf.ld);
+        widen_fn(kt, f16)(N, Dv, v16.p, v16.ld, vf.p, vf.ld);
+    }
+    double *S = malloc((size_t)(M * N + 1) * sizeof(double)), *P = malloc((size_t)(M * N + 1) * sizeof(double));
+    double *Sa = malloc((size_t)(M * N + 1) * sizeof(double)), *dS = malloc((size_t)(M * N + 1) * sizeof(double));
+    double *dSa = malloc((size_t)(M * N + 1) * sizeof(double));
+    for (int m = 0; m < M; m++) { /* the forward of row m: LSE and O */
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j < N; j++) {
+            double d = 0.0, a = 0.0;
+            for (int c = 0; c < Dk; c++) {
+                d += (double)*at(&q, m, c) * (double)*at(&kf, j, c);
+                a += fabs((double)*at(&q, m, c) * (double)*at(&kf, j, c));
+            }
+            S[m * N + j] = d * scale;
+            Sa[m * N + j] = a * scale;
+            mx = S[m * N + j] > mx ? S[m * N + j] : mx;
+        }
+        for (int j = 0; j < N; j++)
+            sum += exp(S[m * N + j] - mx);
+        *at(&lse, 0, m) = N > 0 ? (float)(mx + log(sum)) : 0.0f;
+        for (int c = 0; c < Dv; c++) {
+            double acc = 0.0;
+            for (int j = 0; j < N; j++)
+                acc += exp(S[m * N + j] - mx) / sum * (double)*at(&vf, j, c);
+            *at(&o, m, c) = (float)acc;
+        }
+    }
+    for (int m = 0; m < M; m++) { /* P, dS on the fp32 LSE and O, and their magnitudes */
+        double D = 0.0, Da = 0.0;
+        for (int c = 0; c < Dv; c++) {
+            D += (double)*at(&dout, m, c) * (double)*at(&o, m, c);
+            Da += fabs((double)*at(&dout, m, c) * (double)*at(&o, m, c));
+        }
+        for (int j = 0; j < N; j++) {
+            double dP = 0.0, dPa = 0.0;
+            for (int c = 0; c < Dv; c++) {
+                dP += (double)*at(&dout, m, c) * (double)*at(&vf, j, c);
+                dPa += fabs((double)*at(&dout, m, c) * (double)*at(&vf, j, c));
+            }
+            const double p = exp(S[m * N + j] - (double)*at(&lse, 0, m));
+            P[m * N + j] = p;
+            dS[m * N + j] = p * (dP - D);
+            /* P's relative error is about S's absolute one (Sa ulps), plus exp's */
+            dSa[m * N + j] = p * (dPa + Da + fabs(dP - D) * (1.0 + Sa[m * N + j]));
+            Sa[m * N + j] = p * (1.0 + Sa[m * N + j]); /* now P's magnitude, for dV */
+        }
+    }
+    buf_snap(&q), buf_snap(&o), buf_snap(&dout), buf_snap(&lse), buf_snap(&kf), buf_snap(&vf);
+    buf_snap(&dq), buf_snap(&dkf), buf_snap(&dvf);
+    hbuf_snap(&k16), hbuf_snap(&v16), hbuf_snap(&dk16), hbuf_snap(&dv16);
+    const void *K = t16 ? (const void *)k16.p : kf.p, *V = t16 ? (const void *)v16.p : vf.p;
+    void *dK = t16 ? (void *)dk16.p : dkf.p, *dV = t16 ? (void *)dv16.p : dvf.p;
+    const int done = f(M, N, Dk, Dv, scale, q.p, q.ld, o.p, o.ld, dout.p, dout.ld, lse.p, K, kf.ld, V, vf.ld, dq.p,
+                       dq.ld, dK, dkf.ld, dV, dvf.ld, scratch);
+    int ok = 1;
+    const long cin = buf_changed(&q, 0) + buf_changed(&o, 0) + buf_changed(&dout, 0) + buf_changed(&lse, 0) +
+                     buf_changed(&kf, 0) + buf_changed(&vf, 0) + hbuf_changed(&k16, 0) + hbuf_changed(&v16, 0);
+    const long cout = buf_changed(&dq, done) + buf_changed(&dkf, done && !t16) + buf_changed(&dvf, done && !t16) +
+                      hbuf_changed(&dk16, done && t16) + hbuf_changed(&dv16, done && t16);
+    if (cin || cout) {
+        ok = 0;
+        report("M=%d N=%d Dk=%d Dv=%d: %ld input and %ld output elements changed that must not", M, N, Dk, Dv, cin,
+               cout);
+    }
+    if (ok && done != (M <= kt->bwd_rows_max_rows)) {
+        ok = 0;
+        report("M=%d N=%d Dk=%d Dv=%d: returned %d", M, N, Dk, Dv, done);
+    }
+    const double rel_out = type == SDPA_DTYPE_BF16 ? 0x1p-8 : f16 ? 0x1p-11 : 0.0;
+    const double ulps = 4.0 * (M + N + Dk + Dv) * FLT_EPSILON;
+    for (int j = 0; j < N && ok && done; j++) { /* dK, dV */
+        for (int w = 0; w < 2 && ok; w++) {
+            const int len = w ? Dv : Dk;
+            for (int c = 0; c < len && ok; c++) {
+                double ref = 0.0, mag = 0.0;
+                for (int m = 0; m < M; m++) {
+                    const double x = w ? (double)*at(&dout, m, c) : (double)*at(&q, m, c);
+                    ref += (w ? P[m * N + j] : scale * dS[m * N + j]) * x;
+                    mag += (w ? Sa[m * N + j] : scale * dSa[m * N + j]) * fabs(x);
+                }
+                const double got = t16 ? (double)(f16 ? half_value(*hat(w ? &dv16 : &dk16, j, c))
+                                                      : bits_float((uint32_t)*hat(w ? &dv16 : &dk16, j, c) << 16))
+                                       : (double)*at(w ? &dvf : &dkf, j, c);
+                if (!(fabs(got - ref) <= ulps * mag + rel_out * fabs(ref) + (f16 ? 0x1p-24 : 0.0))) {
+                    ok = 0;
+                    report("%s M=%d N=%d Dk=%d Dv=%d: %s(%d,%d) = %.9g, float64 %.9g (terms %.3g)",
+                           t16 ? (f16 ? "fp16" : "bf16") : "fp32", M, N, Dk, Dv, w ? "dV" : "dK", j, c, got, ref,
+                           mag);
+                }
+            }
+        }
+    }
+    for (int m = 0; m < M && ok && done; m++)
+        for (int c = 0; c < Dk && ok; c++) {
+            double ref = 0.0, mag = 0.0;
+            for (int j = 0; j < N; j++) {
+                ref += scale * dS[m * N + j] * (double)*at(&kf, j, c);
+                mag += scale * dSa[m * N + j] * fabs((double)*at(&kf, j, c));
+            }
+            if (!(fabs((double)*at(&dq, m, c) - ref) <= ulps * mag)) {
+                ok = 0;
+                report("M=%d N=%d Dk=%d Dv=%d: dQ(%d,%d) = %.9g, float64 %.9g (terms %.3g)", M, N, Dk, Dv, m, c,
+                       (double)*at(&dq, m, c), ref, mag);
+            }
+        }
+    if (ok && done && t16) { /* the fp32 variant's bits on the widened rows */
+        buf dq2 = buf_new(M, Dk, Dk + 1), dk2 = buf_new(N, Dk, Dk + 2), dv2 = buf_new(N, Dv, Dv + 4);
+        hbuf dkn = hbuf_new(N, Dk, Dk + 2), dvn = hbuf_new(N, Dv, Dv + 4);
+        kt->bwd_rows_f32(M, N, Dk, Dv, scale, q.p, q.ld, o.p, o.ld, dout.p, dout.ld, lse.p, kf.p, kf.ld, vf.p, vf.ld,
+                         dq2.p, dq2.ld, dk2.p, dk2.ld, dv2.p, dv2.ld, scratch);
+        if (N > 0) {
+            narrow_fn(kt, f16)(N, Dk, dk2.p, dk2.ld, dkn.p, dkn.ld);
+            narrow_fn(kt, f16)(N, Dv, dv2.p, dv2.ld, dvn.p, dvn.ld);
+        }
+        for (int m = 0; m < M && ok; m++)
+            ok = memcmp(at(&dq, m, 0), at(&dq2, m, 0), (size_t)Dk * sizeof(float)) == 0;
+        for (int j = 0; j < N && ok; j++)
+            ok = memcmp(hat(&dk16, j, 0), hat(&dkn, j, 0), (size_t)Dk * 2) == 0 &&
+                 memcmp(hat(&dv16, j, 0), hat(&dvn, j, 0), (size_t)Dv * 2) == 0;
+        if (!ok)
+            report("%s M=%d N=%d Dk=%d Dv=%d: not the bits of bwd_rows_f32 on the widened rows",
+                   f16 ? "fp16" : "bf16", M, N, Dk, Dv);
+        buf_free(&dq2), buf_free(&dk2), buf_free(&dv2), hbuf_free(&dkn), hbuf_free(&dvn);
+    }
+    record(ok);
+    free(S), free(P), free(Sa), free(dS), free(dSa), free(scratch);
+    buf_free(&q), buf_free(&o), buf_free(&dout), buf_free(&lse), buf_free(&kf), buf_free(&vf), buf_free(&dq);
+    buf_free(&dkf), buf_free(&dvf);
+    hbuf_free(&k16), hbuf_free(&v16), hbuf_free(&dk16), hbuf_free(&dv16);
+}
+
+static void test_bwd_rows(const sdpa_kernels *kt)
+{
+    static const char *const names[] = {"bwd_rows_f32", "bwd_rows_bf16", "bwd_rows_f16"};
+    const sdpa_bwd_rows_fn fns[] = {kt->bwd_rows_f32, kt->bwd_rows_bf16, kt->bwd_rows_f16};
+    const int types[] = {SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F16};
+    for (int t = 0; t < 3; t++) {
+        if (!fns[t] || !selected(names[t]))
+            continue;
+        kernel_begin(kt->name, names[t]);
+        const int mx = kt->bwd_rows_max_rows, st = kt->nt_step, vl = kt->vec_floats;
+        const int ms[] = {1, 2, 3, 4, 5, 8, mx, mx + 1};
+        const int ns[] = {0, 1, 5, st - 1, st, st + 1, 2 * st + 1, 100};
+        const int ds[] = {1, 7, 8, 15, 16, 17, 33, 64, 100, 128, 129, 4 * vl + 1, 256};
+        int combo = 0;
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+                for (size_t d = 0; d < sizeof ds / sizeof ds[0]; d++, combo++)
+                    check_bwd_rows(kt, types[t], ms[i], ns[j], ds[d], combo % 5 == 0 ? ds[(d + 3) % 13] : ds[d]);
+        kernel_end();
+    }
+}
+
 int main(int argc, char **argv)
 {
     int bench = 0;
@@ -2920,6 +3112,7 @@ int main(int argc, char **argv)
             test_attend16(kt);
         if (selected("attend_rows_bf16_pairs"))
             test_attend_pairs(kt);
+        test_bwd_rows(kt);
         make_variant_sizes(kt);
         if (selected("softcap"))
             test_softcap(kt, ref_kt);
