@@ -14,8 +14,10 @@
  *
  *   sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward] [--isa NAME]
  *           [--threads N] [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]
+ *           [--dtype fp32|bf16|fp16]
  *
- * Inputs are uniform in [-0.5, 0.5), [B, H, T, D] contiguous, Dk = Dv = D; the
+ * Inputs are uniform in [-0.5, 0.5), [B, H, T, D] contiguous, Dk = Dv = D, every
+ * tensor but LSE stored in --dtype's type (16-bit values truncated from fp32); the
  * backward takes dO = Q's values and the forward's O and LSE. Both builds must take
  * this tree's sdpa_problem (a build with another layout refuses it: the error says
  * so). Buffers of more than half the machine's memory are refused. Exit status 0;
@@ -23,6 +25,7 @@
  * bad arguments (with the reason and the usage text). */
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,7 +68,8 @@ static int usage(const char *why)
                     "  --threads N  OpenMP threads per call, 0 = OpenMP's default (default 1)\n"
                     "  --rounds N   rounds, each timing A and B once, in alternating order (default 31, at most 100000)\n"
                     "  --inner N    calls per timing (default 1, at most 100000)\n"
-                    "  --blocks-a / --blocks-b BQ,BK  block_q, block_k of A's / B's calls (default 0,0: the library's)\n");
+                    "  --blocks-a / --blocks-b BQ,BK  block_q, block_k of A's / B's calls (default 0,0: the library's)\n"
+                    "  --dtype T    fp32 (default), bf16 or fp16: the type of Q, K, V, O and the gradients\n");
     return 2;
 }
 
@@ -106,12 +110,28 @@ static float *uniform(size_t n, unsigned *seed)
     return p;
 }
 
+/* x[0..n) rewritten in place as n 16-bit values (bf16: the top half of each fp32;
+ * fp16: sign, exponent and the top 10 fraction bits, |x| < 2^-14 to zero): inputs to
+ * time, not to check. */
+static void to_half(float *x, size_t n, int bf16)
+{
+    uint16_t *h = (uint16_t *)(void *)x;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        const int e = (int)((u >> 23) & 0xff) - 127;
+        h[i] = bf16 ? (uint16_t)(u >> 16)
+                    : (uint16_t)(((u >> 16) & 0x8000u) | (e < -14 ? 0u : ((uint32_t)(e + 15) << 10) | ((u >> 13) & 0x3ffu)));
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3)
         return usage(NULL);
     long long s[6] = {0}, num, blocks[2][2] = {{0, 0}, {0, 0}};
     int causal = 0, backward = 0, threads = 1, rounds = 31, inner = 1, have_shape = 0;
+    sdpa_dtype dtype = SDPA_DTYPE_F32;
     const char *isa_name = NULL;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -123,6 +143,16 @@ int main(int argc, char **argv)
             if (!parse_list(val, 6, 1, 1 << 20, s))
                 return usage("--shape: six whole numbers B,Hq,Hkv,Tq,Tk,D, each in 1..2^20 (Dk = Dv = D)");
             have_shape = 1, i++;
+        } else if (val && !strcmp(a, "--dtype")) {
+            if (!strcmp(val, "fp32"))
+                dtype = SDPA_DTYPE_F32;
+            else if (!strcmp(val, "bf16"))
+                dtype = SDPA_DTYPE_BF16;
+            else if (!strcmp(val, "fp16"))
+                dtype = SDPA_DTYPE_F16;
+            else
+                return usage("--dtype: fp32, bf16 or fp16");
+            i++;
         } else if (val && !strcmp(a, "--threads")) {
             if (!parse_int(val, 0, 4096, &num))
                 return usage("--threads: a whole number in 0..4096");
@@ -189,6 +219,13 @@ int main(int argc, char **argv)
     float *q = uniform(nq, &seed), *k = uniform(nk, &seed), *v = uniform(nk, &seed), *o = uniform(nq, &seed),
           *dq = uniform(nq, &seed), *dk = uniform(nk, &seed), *dv = uniform(nk, &seed),
           *lse = uniform((size_t)(B * Hq * Tq), &seed);
+    if (dtype != SDPA_DTYPE_F32) { /* each buffer's first half now holds its values in 16 bits */
+        float *const bufs[7] = {q, k, v, o, dq, dk, dv};
+        const size_t lens[7] = {nq, nk, nk, nq, nq, nk, nk};
+        for (int b = 0; b < 7; b++)
+            if (bufs[b])
+                to_half(bufs[b], lens[b], dtype == SDPA_DTYPE_BF16);
+    }
     double *t[2] = {malloc(sizeof(double) * (size_t)rounds), malloc(sizeof(double) * (size_t)rounds)},
            *ratio = malloc(sizeof(double) * (size_t)rounds);
     if (!q || !k || !v || !o || !dq || !dk || !dv || !lse || !t[0] || !t[1] || !ratio) {
@@ -207,6 +244,7 @@ int main(int argc, char **argv)
         p[i].batch = B, p[i].q_heads = Hq, p[i].kv_heads = Hkv, p[i].q_len = Tq, p[i].kv_len = Tk;
         p[i].head_dim_qk = p[i].head_dim_v = D;
         p[i].num_threads = threads;
+        p[i].q_dtype = p[i].kv_dtype = p[i].o_dtype = dtype;
         p[i].causal = causal ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
         p[i].block_q = blocks[i][0], p[i].block_k = blocks[i][1];
         if (isa_name && isa_of[i](isa_name, &p[i].isa) != 0) {

@@ -23,7 +23,16 @@
  * dK and dV come from the same single pair either way, so they are the
  * unchunked backward's bits; dQ is summed in another grouping. Groups with
  * ALiBi, sinks, or a row whose LSE needs the statistics pass (its max and sum
- * recomputed over all of the keys) run unchunked. */
+ * recomputed over all of the keys) run unchunked.
+ *
+ * Decode groups over a bf16 / fp16 K/V take the fused path instead where they can
+ * (plan_fused, group_fused: at most bwd_rows_max_rows rows sharing one key range, no
+ * softcap, ALiBi, boolean mask, bias or sinks, every LSE finite and exact): the
+ * table's bwd_rows (simd/bwd_rows.h) reads each K and V row once, widened in
+ * registers, and writes its dK and dV rows once, narrowed, with nothing widened into
+ * buffers but the group's few query rows. Its key chunks (fused_chunk, from Tk alone)
+ * each give a dQ summed from zero; the chunks' dQ are added in chunk order, on one
+ * thread or after the team has shared the chunks: the same bits either way. */
 #include <string.h>
 
 #include "backward.h"
@@ -86,13 +95,14 @@ static int groups_per_thread(const plan *pl)
 
 /* ------------------------------------------------- the fused few-row path */
 
-/* The kernel of the fused path for K/V's type, or NULL. */
+/* The kernel of the fused path for K/V's type, or NULL: 16-bit K/V only (on fp32 K/V
+ * the fp32 backward's tiles are faster than bwd_rows_f32: docs/perf-notes.md). */
 static sdpa_bwd_rows_fn bwd_rows_of(const plan *pl)
 {
     const sdpa_kernels *kt = pl->kt;
     return pl->kv_dtype == SDPA_DTYPE_BF16 ? kt->bwd_rows_bf16
            : pl->kv_dtype == SDPA_DTYPE_F16 ? kt->bwd_rows_f16
-                                            : kt->bwd_rows_f32;
+                                            : NULL;
 }
 
 /* Whether the plan's groups may take the fused path (group_fused says whether one

@@ -307,8 +307,10 @@ typedef struct sdpa_kernels {
     sdpa_gemm_stream_fn gemm_stream;
     sdpa_attend_rows_fn attend_rows; /* NULL: not provided */
     sdpa_attend_rows16_fn attend_rows_bf16, attend_rows_f16; /* NULL: not provided */
-    /* NULL: not provided (the backward then widens runs of keys and composes the steps);
-     * K/V of type fp32, bf16, fp16 */
+    /* NULL: not provided (the backward then widens runs of keys and composes the steps).
+     * K/V of type bf16, fp16 (backward_typed.c's decode groups), fp32 (not used by the
+     * driver, whose fp32 tiles are faster on fp32 K/V: docs/perf-notes.md; checkasm's
+     * reference for the 16-bit variants' bits) */
     sdpa_bwd_rows_fn bwd_rows_f32, bwd_rows_bf16, bwd_rows_f16;
     /* NULL, or attend_rows_bf16 for query rows that hold bf16 values (a bf16 Q): where the
      * ISA takes the shape, the scores Q K^T on its bf16 pair products (AVX512-BF16
