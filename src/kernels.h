@@ -390,6 +390,9 @@ void sdpa_kernels_init_avx512_bf16(sdpa_kernels *table);
 int sdpa_avx512_attend_rows_bf16_pairs(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
                                        const uint16_t *K, ptrdiff_t ldk, const uint16_t *V, ptrdiff_t ldv, float *m,
                                        float *l, float *O, ptrdiff_t ldo, float *scratch);
+/* bwd_rows_bf16 with dK, dV narrowed by vcvtneps2bf16 (x86/bwd_rows_avx512_bf16.c, the
+ * same bits as the AVX-512 table's), installed by sdpa_kernels_init_avx512_bf16. */
+sdpa_bwd_rows_fn sdpa_avx512_bf16_bwd_rows(void);
 /* The amx rung: the AVX512-BF16 packs, gemm_bf16_pairs on AMX tiles, bf16_dot on. */
 void sdpa_kernels_init_amx(sdpa_kernels *table);
 /* The BFDOT pair products (src/arm/kernels_neon_bf16.c) and their packs

@@ -2858,10 +2858,11 @@ static double half_value(uint16_t h)
  * so that D and P mean what they do in a backward), each output within 4 (M + N + Dk
  * + Dv) ulps of its terms' magnitude (their sum of absolute values, P's own error from
  * that of S included) plus the output type's rounding; then, for a 16-bit type, the
- * bits of the fp32 variant on the widened rows, dK and dV narrowed. Every row length
+ * bits of the fp32 variant on the widened rows, dK and dV narrowed (with `tiny`, dO is
+ * subnormal, and so are the gradients: the narrowing of subnormals). Every row length
  * and stride is padded: nothing outside dQ, dK, dV may change, nothing in Q, O, dO,
  * LSE, K, V. */
-static void check_bwd_rows(const sdpa_kernels *kt, int type, int M, int N, int Dk, int Dv)
+static void check_bwd_rows(const sdpa_kernels *kt, int type, int M, int N, int Dk, int Dv, int tiny)
 {
     const sdpa_bwd_rows_fn f = type == SDPA_DTYPE_BF16 ? kt->bwd_rows_bf16
                                : type == SDPA_DTYPE_F16 ? kt->bwd_rows_f16
@@ -2878,6 +2879,9 @@ static void check_bwd_rows(const sdpa_kernels *kt, int type, int M, int N, int D
     buf_fill(&kf, -2.0f, 2.0f);
     buf_fill(&vf, -1.0f, 1.0f);
     buf_fill(&dout, -1.0f, 1.0f);
+    for (int m = 0; m < M && tiny; m++) /* subnormal dO: subnormal gradients to narrow */
+        for (int c = 0; c < Dv; c++)
+            *at(&dout, m, c) *= 0x1p-130f;
     if (t16 && N > 0) { /* K, V exact in the type: narrowed, then widened back */
         narrow_fn(kt, f16)(N, Dk, kf.p, kf.ld, k16.p, k16.ld);
         narrow_fn(kt, f16)(N, Dv, vf.p, vf.ld, v16.p, v16.ld);
@@ -2952,6 +2956,8 @@ static void check_bwd_rows(const sdpa_kernels *kt, int type, int M, int N, int D
     }
     const double rel_out = type == SDPA_DTYPE_BF16 ? 0x1p-8 : f16 ? 0x1p-11 : 0.0;
     const double ulps = 4.0 * (M + N + Dk + Dv) * FLT_EPSILON;
+    /* absolute: the output type's subnormal spacing, and fp32's per operation */
+    const double abs_tol = (type == SDPA_DTYPE_BF16 ? 0x1p-133 : f16 ? 0x1p-24 : 0.0) + (M + N + Dk + Dv) * 0x1p-149;
     for (int j = 0; j < N && ok && done; j++) { /* dK, dV */
         for (int w = 0; w < 2 && ok; w++) {
             const int len = w ? Dv : Dk;
@@ -2965,7 +2971,7 @@ static void check_bwd_rows(const sdpa_kernels *kt, int type, int M, int N, int D
                 const double got = t16 ? (double)(f16 ? half_value(*hat(w ? &dv16 : &dk16, j, c))
                                                       : bits_float((uint32_t)*hat(w ? &dv16 : &dk16, j, c) << 16))
                                        : (double)*at(w ? &dvf : &dkf, j, c);
-                if (!(fabs(got - ref) <= ulps * mag + rel_out * fabs(ref) + (f16 ? 0x1p-24 : 0.0))) {
+                if (!(fabs(got - ref) <= ulps * mag + rel_out * fabs(ref) + abs_tol)) {
                     ok = 0;
                     report("%s M=%d N=%d Dk=%d Dv=%d: %s(%d,%d) = %.9g, float64 %.9g (terms %.3g)",
                            t16 ? (f16 ? "fp16" : "bf16") : "fp32", M, N, Dk, Dv, w ? "dV" : "dK", j, c, got, ref,
@@ -2981,7 +2987,7 @@ static void check_bwd_rows(const sdpa_kernels *kt, int type, int M, int N, int D
                 ref += scale * dS[m * N + j] * (double)*at(&kf, j, c);
                 mag += scale * dSa[m * N + j] * fabs((double)*at(&kf, j, c));
             }
-            if (!(fabs((double)*at(&dq, m, c) - ref) <= ulps * mag)) {
+            if (!(fabs((double)*at(&dq, m, c) - ref) <= ulps * mag + abs_tol)) {
                 ok = 0;
                 report("M=%d N=%d Dk=%d Dv=%d: dQ(%d,%d) = %.9g, float64 %.9g (terms %.3g)", M, N, Dk, Dv, m, c,
                        (double)*at(&dq, m, c), ref, mag);
@@ -3030,7 +3036,8 @@ static void test_bwd_rows(const sdpa_kernels *kt)
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
                 for (size_t d = 0; d < sizeof ds / sizeof ds[0]; d++, combo++)
-                    check_bwd_rows(kt, types[t], ms[i], ns[j], ds[d], combo % 5 == 0 ? ds[(d + 3) % 13] : ds[d]);
+                    check_bwd_rows(kt, types[t], ms[i], ns[j], ds[d], combo % 5 == 0 ? ds[(d + 3) % 13] : ds[d],
+                                   combo % 4 == 1);
         kernel_end();
     }
 }

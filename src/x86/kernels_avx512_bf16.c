@@ -353,4 +353,5 @@ void sdpa_kernels_init_avx512_bf16(sdpa_kernels *t)
     t->transpose_pairs = transpose_pairs;
     t->dot_pairs_cols = dot_pairs_cols;
     t->attend_rows_bf16_pairs = sdpa_avx512_attend_rows_bf16_pairs;
+    t->bwd_rows_bf16 = sdpa_avx512_bf16_bwd_rows(); /* dK, dV narrowed by vcvtneps2bf16 */
 }
