@@ -137,31 +137,19 @@ TMPL_INLINE int tmpl_bwd_rows(const int kvt, int M, int N, int Dk, int Dv, float
     return 1;
 }
 
-static int TMPL_FN(bwd_rows_f32)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
-                                 const float *O, ptrdiff_t ldo, const float *dO, ptrdiff_t lddo, const float *lse,
-                                 const void *K, ptrdiff_t ldk, const void *V, ptrdiff_t ldv, float *dQ,
-                                 ptrdiff_t lddq, void *dK, ptrdiff_t lddk, void *dV, ptrdiff_t lddv, float *scratch)
-{
-    return tmpl_bwd_rows(TMPL_KV_F32, M, N, Dk, Dv, scale, Q, ldq, O, ldo, dO, lddo, lse, K, ldk, V, ldv, dQ, lddq,
-                         dK, lddk, dV, lddv, scratch);
-}
-
-static int TMPL_FN(bwd_rows_bf16)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
-                                  const float *O, ptrdiff_t ldo, const float *dO, ptrdiff_t lddo, const float *lse,
-                                  const void *K, ptrdiff_t ldk, const void *V, ptrdiff_t ldv, float *dQ,
-                                  ptrdiff_t lddq, void *dK, ptrdiff_t lddk, void *dV, ptrdiff_t lddv, float *scratch)
-{
-    return tmpl_bwd_rows(TMPL_KV_BF16, M, N, Dk, Dv, scale, Q, ldq, O, ldo, dO, lddo, lse, K, ldk, V, ldv, dQ,
-                         lddq, dK, lddk, dV, lddv, scratch);
-}
-
-static int TMPL_FN(bwd_rows_f16)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq,
-                                 const float *O, ptrdiff_t ldo, const float *dO, ptrdiff_t lddo, const float *lse,
-                                 const void *K, ptrdiff_t ldk, const void *V, ptrdiff_t ldv, float *dQ,
-                                 ptrdiff_t lddq, void *dK, ptrdiff_t lddk, void *dV, ptrdiff_t lddv, float *scratch)
-{
-    return tmpl_bwd_rows(TMPL_KV_F16, M, N, Dk, Dv, scale, Q, ldq, O, ldo, dO, lddo, lse, K, ldk, V, ldv, dQ, lddq,
-                         dK, lddk, dV, lddv, scratch);
-}
+/* bwd_rows_<type>_<isa>: sdpa_bwd_rows_fn over K/V of that type */
+#define TMPL_BWD_ROWS_T(ty, kvt)                                                                   \
+    static int TMPL_FN(bwd_rows_##ty)(int M, int N, int Dk, int Dv, float scale, const float *Q, ptrdiff_t ldq, \
+                                      const float *O, ptrdiff_t ldo, const float *dO, ptrdiff_t lddo,        \
+                                      const float *lse, const void *K, ptrdiff_t ldk, const void *V,         \
+                                      ptrdiff_t ldv, float *dQ, ptrdiff_t lddq, void *dK, ptrdiff_t lddk,    \
+                                      void *dV, ptrdiff_t lddv, float *scratch)                              \
+    {                                                                                              \
+        return tmpl_bwd_rows(kvt, M, N, Dk, Dv, scale, Q, ldq, O, ldo, dO, lddo, lse, K, ldk, V, ldv, dQ, lddq, dK, \
+                             lddk, dV, lddv, scratch);                                             \
+    }
+TMPL_BWD_ROWS_T(f32, TMPL_KV_F32)
+TMPL_BWD_ROWS_T(bf16, TMPL_KV_BF16)
+TMPL_BWD_ROWS_T(f16, TMPL_KV_F16)
 
 #endif /* SDPA_SIMD_BWD_ROWS_H */
