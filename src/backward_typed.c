@@ -78,7 +78,7 @@ static void group_plan(const plan *pl, int64_t b, int64_t hk, plan *gp)
             gp->bq = kt->bwd_pairs_block_q;
         if (!pl->bk_given)
             gp->bk = kt->bwd_pairs_block_k;
-        gp->ld = plan_ld(gp->bq, kt->col_align);
+        gp->ld = plan_ld(gp->bq, kt);
     }
     gp->q_dtype = gp->kv_dtype = gp->o_dtype = SDPA_DTYPE_F32;
     gp->reduced = 0;

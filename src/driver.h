@@ -107,13 +107,19 @@ void sdpa_view_rows(const plan *pl, int64_t nq[3], int64_t nk[3]);
 
 enum { TILE_SKIP = 0, TILE_FULL = 1, TILE_PARTIAL = 2 };
 
-/* This batch's key length. */
-/* The row stride of a plan's tile buffers: block_q rounded up to the table's col_align. */
-static inline int plan_ld(int bq, int col_align)
+/* The row stride of a plan's tile buffers: block_q rounded up to the table's
+ * col_align, plus the table's tile_pad when that is a multiple of 256 bytes. A
+ * 64-query tile's rows 256 bytes apart put the 128 rows of one 16-column block
+ * (the 8-lane ISAs' gemm panel of Q^T, the P^T rows one P V block broadcasts
+ * from) in 16 of a 64-set L1's sets, where they evict each other and the K rows;
+ * 320 bytes apart they use all 64 (docs/perf-notes.md, "The tile row stride"). */
+static inline int plan_ld(int bq, const sdpa_kernels *kt)
 {
-    return (bq + col_align - 1) / col_align * col_align;
+    const int ld = (bq + kt->col_align - 1) / kt->col_align * kt->col_align;
+    return ld % 64 == 0 ? ld + kt->tile_pad : ld;
 }
 
+/* This batch's key length. */
 static inline int64_t keys_of_batch(const plan *pl, int64_t b)
 {
     return pl->kv_lengths ? pl->kv_lengths[b] : pl->Tk;

@@ -44,7 +44,7 @@ void sdpa_fwd_pairs_blocks(plan *pl)
         pl->bq = kt->pairs_block_q;
     if (!pl->bk_given && kt->pairs_block_k)
         pl->bk = kt->pairs_block_k;
-    pl->ld = plan_ld(pl->bq, kt->col_align);
+    pl->ld = plan_ld(pl->bq, kt);
 }
 
 size_t sdpa_fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp)

@@ -281,6 +281,11 @@ typedef struct sdpa_kernels {
     int band_keys; /* keys per band in the masked runs of a banded tile (driver's products) */
     int nt_max_cols; /* tiles of at most this many query columns use gemm_nt for S (natural
                         layout) and gemm_stream for P V (0: never) */
+    int tile_pad; /* floats added to the row stride (ld) of the tile buffers when block_q rounded
+                     up to col_align is a multiple of 256 bytes (0 or a multiple of col_align,
+                     at most 64): the row stride then spreads a column block's rows over every
+                     L1 set; 16 on avx2, whose 16-column gemm blocks read 128 such rows per
+                     pass (driver.h, plan_ld) */
     int wide_prefetch; /* the wide (prefill) path's software prefetch of the next key tile's K
                           and V rows: SDPA_PREFETCH_NEVER, _ALWAYS, or _STREAMING (only where
                           little of K and V is reused: see forward.c) */

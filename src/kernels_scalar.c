@@ -253,6 +253,7 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->block_k = 32;
     t->band_keys = 16;
     t->wide_prefetch = SDPA_PREFETCH_ALWAYS;
+    t->tile_pad = 0;
     t->gemm = gemm_scalar;
     t->online_softmax = online_softmax_scalar;
     t->scale_rows = scale_rows_scalar;

@@ -7,13 +7,14 @@
  * one context per microarchitecture beside its micro-kernels; docs/perf-notes.md
  * has the measurements behind each entry). Then the SDPA_TUNE environment
  * variable may override them for every ISA, e.g.
- *     SDPA_TUNE=block_q=64,block_k=256,nt_max_cols=8,wide_prefetch=2,bf16_dot=0
+ *     SDPA_TUNE=block_q=64,block_k=256,nt_max_cols=8,wide_prefetch=2,bf16_dot=0,tile_pad=0
  * (keys block_q and block_k in 1..SDPA_MAX_BLOCK, nt_max_cols in 0..64: tiles of
  * at most that many query columns take the decode path; wide_prefetch 0 never,
  * 1 always, 2 streaming: the prefill path's prefetch of the next key tile, see
  * forward.c; bf16_dot 0 or 1: bf16 prefill tiles through the ISA's bf16 pair
  * products, where it has them; bwd_bf16_dot 0 or 1: the same for the backward's
- * products, backward_tile.c); a value that does not parse is recorded and ignored, like
+ * products, backward_tile.c; tile_pad 0, 16, 32, 48 or 64: floats added to a tile
+ * buffer's row stride when it is a multiple of 256 bytes, kernels.h); a value that does not parse is recorded and ignored, like
  * SDPA_ISA's, never printed. A descriptor's own block_q / block_k still win for
  * its call. sdpa_tuning() says what was chosen. */
 #include <stdio.h>
@@ -53,11 +54,11 @@ static const uarch_entry entries[] = {
 
 static const char *const prefetch_names[] = {"never", "always", "streaming"};
 
-static char description[640];
+static char description[1024];
 
-/* Parses "key=value[,key=value..]" into *bq, *bk, *nt, *pf, *bd (left alone when
- * absent); 0 when every pair is known and in range. */
-static int parse_env(const char *s, int *bq, int *bk, int *nt, int *pf, int *bd, int *bbd)
+/* Parses "key=value[,key=value..]" into *bq, *bk, *nt, *pf, *bd, *bbd, *tp (left
+ * alone when absent); 0 when every pair is known and in range. */
+static int parse_env(const char *s, int *bq, int *bk, int *nt, int *pf, int *bd, int *bbd, int *tp)
 {
     char buf[128];
     if (strlen(s) >= sizeof buf)
@@ -84,6 +85,8 @@ static int parse_env(const char *s, int *bq, int *bk, int *nt, int *pf, int *bd,
             *bd = (int)v;
         else if (!strcmp(tok, "bwd_bf16_dot") && (v == 0 || v == 1))
             *bbd = (int)v;
+        else if (!strcmp(tok, "tile_pad") && v >= 0 && v <= 64 && v % 16 == 0)
+            *tp = (int)v;
         else
             return -1;
     }
@@ -120,8 +123,8 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
                 t->bwd_bf16_dot = e->bwd_bf16_dot && t->gemm_bf16_pairs;
         }
     const char *env = getenv("SDPA_TUNE");
-    int bq = 0, bk = 0, nt = -1, pf = -1, bd = -1, bbd = -1, env_ok = 1;
-    if (env && *env && parse_env(env, &bq, &bk, &nt, &pf, &bd, &bbd) != 0)
+    int bq = 0, bk = 0, nt = -1, pf = -1, bd = -1, bbd = -1, tp = -1, env_ok = 1;
+    if (env && *env && parse_env(env, &bq, &bk, &nt, &pf, &bd, &bbd, &tp) != 0)
         env_ok = 0;
     for (int isa = 0; env && *env && env_ok && isa < SDPA_ISA_COUNT; isa++) {
         if (!runnable[isa])
@@ -147,20 +150,24 @@ void sdpa_tuning_apply(sdpa_kernels *tables, const int *runnable)
             t->bf16_dot = bd && t->gemm_bf16_pairs;
         if (bbd >= 0)
             t->bwd_bf16_dot = bbd && t->gemm_bf16_pairs;
+        if (tp >= 0)
+            t->tile_pad = tp;
     }
     size_t n = (size_t)snprintf(description, sizeof description, "uarch %s%s%s%s", uarch_names[u],
                                 *cpu ? " (" : "", cpu, *cpu ? ")" : "");
     for (int isa = 0; isa < SDPA_ISA_COUNT && n < sizeof description; isa++)
         if (runnable[isa])
             n += (size_t)snprintf(description + n, sizeof description - n,
-                                  "; %s block_q %d block_k %d nt_max_cols %d wide_prefetch %s%s%s", tables[isa].name,
+                                  "; %s block_q %d block_k %d nt_max_cols %d wide_prefetch %s%s%s tile_pad %d",
+                                  tables[isa].name,
                                   tables[isa].block_q, tables[isa].block_k, tables[isa].nt_max_cols,
                                   prefetch_names[tables[isa].wide_prefetch],
                                   tables[isa].gemm_bf16_pairs ? (tables[isa].bf16_dot ? " bf16_dot 1" : " bf16_dot 0")
                                                               : "",
                                   tables[isa].gemm_bf16_pairs
                                       ? (tables[isa].bwd_bf16_dot ? " bwd_bf16_dot 1" : " bwd_bf16_dot 0")
-                                      : "");
+                                      : "",
+                                  tables[isa].tile_pad);
     for (int isa = 0; isa < SDPA_ISA_COUNT && n < sizeof description; isa++)
         if (runnable[isa] && tables[isa].pairs_block_q)
             n += (size_t)snprintf(description + n, sizeof description - n,

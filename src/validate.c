@@ -316,7 +316,7 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
     pl->bk = p->block_k ? p->block_k : kt->block_k;
     pl->bq_given = p->block_q != 0;
     pl->bk_given = p->block_k != 0;
-    pl->ld = plan_ld(pl->bq, kt->col_align);
+    pl->ld = plan_ld(pl->bq, kt);
     pl->nthreads = sdpa_threads_for_call(p->num_threads);
     return SDPA_OK;
 }

@@ -2196,10 +2196,13 @@ static void bench_fill(bench_bufs *w)
 }
 
 /* One call of a kernel on its bench shape; returns 0 when the ISA does not take it.
- * variant: softcap with G (1) or without (0). */
+ * variant: softcap with G (1) or without (0); gemm: the P V product (1) or the scores (0). */
 static int bench_call(const sdpa_kernels *kt, const char *name, int variant, bench_bufs *w)
 {
-    if (!strcmp(name, "gemm"))
+    if (!strcmp(name, "gemm") && variant) /* O (+)= P V: A = P^T (keys x queries) read down its columns */
+        kt->gemm(BENCH_BQ, BENCH_D, BENCH_BK, 1.0f, w->a, 1, BENCH_BQ, w->b, BENCH_D, w->c, BENCH_D, SDPA_GEMM_ACCUMULATE,
+                 w->v3);
+    else if (!strcmp(name, "gemm"))
         kt->gemm(BENCH_BK, BENCH_BQ, BENCH_D, 1.0f, w->a, BENCH_D, 1, w->b, BENCH_BQ, w->c, BENCH_BQ, 0, NULL);
     else if (!strcmp(name, "online_softmax"))
         kt->online_softmax(BENCH_BK, BENCH_BQ, w->c, BENCH_BQ, w->v1, w->v2, w->v3);
@@ -2276,6 +2279,7 @@ typedef struct bench_case {
 
 static const bench_case bench_cases[] = {
     {"gemm", "128x64x128 (S^T tile)", 2.0 * BENCH_BK * BENCH_BQ * BENCH_D, 0},
+    {"gemm", "64x128x128 (O += P V)", 2.0 * BENCH_BQ * BENCH_D * BENCH_BK, 1},
     {"online_softmax", "128x64", 0, 0},
     {"online_softmax_rows", "4x256", 0, 0},
     {"scale_rows", "64x128", 0, 0},

@@ -528,15 +528,91 @@ Test(cli, info_tuning_and_sdpa_tune_env)
     cr_assert_eq(r->status, 0);
     cr_assert_eq(strstr(r->out, "bwd_bf16_dot 1") != NULL, has_pairs, "%s", r->out);
     cr_assert_null(strstr(r->out, "bwd_bf16_dot 0"), "%s", r->out);
+    /* tile_pad: printed for every ISA (16 on avx2, 0 elsewhere), set for all by SDPA_TUNE */
+    r = run(args);
+    cr_assert_not_null(strstr(r->out, "wide_prefetch always tile_pad 0"), "%s", r->out); /* scalar */
+    cr_assert_eq(strstr(r->out, "avx2 block_q") != NULL, strstr(r->out, "wide_prefetch always tile_pad 16") != NULL, "%s",
+                 r->out);
+    r = run_env(args, "SDPA_TUNE=tile_pad=48");
+    cr_assert_not_null(strstr(r->out, "' applied"), "%s", r->out);
+    cr_assert_null(strstr(r->out, "tile_pad 0"), "%s", r->out);
+    cr_assert_null(strstr(r->out, "tile_pad 16"), "%s", r->out);
+    cr_assert_not_null(strstr(r->out, "tile_pad 48"), "%s", r->out);
     const char *bad[] = {"SDPA_TUNE=block_q=0", "SDPA_TUNE=block_k=513", "SDPA_TUNE=bogus=1", "SDPA_TUNE=block_q",
                          "SDPA_TUNE=block_q=12x", "SDPA_TUNE=wide_prefetch=3", "SDPA_TUNE=wide_prefetch=-1",
-                         "SDPA_TUNE=bf16_dot=2", "SDPA_TUNE=bf16_dot=-1", "SDPA_TUNE=bwd_bf16_dot=2"};
+                         "SDPA_TUNE=bf16_dot=2", "SDPA_TUNE=bf16_dot=-1", "SDPA_TUNE=bwd_bf16_dot=2",
+                         "SDPA_TUNE=tile_pad=8", "SDPA_TUNE=tile_pad=80", "SDPA_TUNE=tile_pad=-16"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         r = run_env(args, bad[i]);
         cr_assert_eq(r->status, 0);
         cr_expect_not_null(strstr(r->out, "rejected (ignored)"), "%s: %s", bad[i], r->out);
         cr_expect_null(strstr(r->out, "block_q 0 "), "%s: %s", bad[i], r->out);
     }
+}
+
+/* The bytes of a file (NULL if it cannot be read); *len its size. */
+static unsigned char *file_bytes(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char *b = NULL;
+    *len = 0;
+    if (f && fseek(f, 0, SEEK_END) == 0) {
+        const long n = ftell(f);
+        if (n > 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n)) && fread(b, 1, (size_t)n, f) == (size_t)n)
+            *len = (size_t)n;
+    }
+    if (f)
+        fclose(f);
+    return b;
+}
+
+/* tile_pad (SDPA_TUNE) moves the tile buffers' rows apart and nothing else: the
+ * forward's O and LSE and the backward's dQ, dK, dV are the same bytes with 0 and
+ * 64 floats of padding, on every ISA this CPU runs (tiles of 64 query columns, the
+ * padded case, with partial tiles: Tq 150 = 2 x 64 + 22). */
+Test(cli, tile_pad_changes_no_bit)
+{
+    fixture f;
+    fixture_make(&f, 4, 2, 4, 2, 150, 170, 40, 24);
+    static const char *const isas[] = {"scalar", "avx2", "avx512", "amx", "neon"};
+    static const char *const outs[] = {"O.npy", "LSE.npy", "dQ.npy", "dK.npy", "dV.npy"};
+    int ran = 0;
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        sdpa_isa isa;
+        if (sdpa_isa_from_name(isas[i], &isa) != 0 || !sdpa_isa_supported(isa))
+            continue;
+        unsigned char *first[5] = {NULL};
+        size_t first_len[5] = {0};
+        for (int pad = 0; pad <= 64; pad += 64) {
+            char env[32];
+            snprintf(env, sizeof env, "SDPA_TUNE=tile_pad=%d", pad);
+            const char *fa[] = {"forward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                                "--lse", P("LSE.npy"), "--causal", "bottom-right", "--isa", isas[i], NULL};
+            run_result *r = run_env(fa, env);
+            cr_assert_eq(r->status, 0, "%s %s: %s", isas[i], env, r->err);
+            const char *ba[] = {"backward", "-q", P("Q.npy"), "-k", P("K.npy"), "-v", P("V.npy"), "-o", P("O.npy"),
+                                "--lse", P("LSE.npy"), "--do", P("O.npy"), "--dq", P("dQ.npy"), "--dk", P("dK.npy"),
+                                "--dv", P("dV.npy"), "--causal", "bottom-right", "--isa", isas[i], NULL};
+            r = run_env(ba, env);
+            cr_assert_eq(r->status, 0, "%s %s: %s", isas[i], env, r->err);
+            for (int o = 0; o < 5; o++) {
+                size_t len;
+                unsigned char *b = file_bytes(P(outs[o]), &len);
+                cr_assert(b && len > 0, "%s: %s not written", isas[i], outs[o]);
+                if (!pad) {
+                    first[o] = b, first_len[o] = len;
+                    continue;
+                }
+                cr_expect(len == first_len[o] && !memcmp(b, first[o], len), "%s: %s differs with %s", isas[i],
+                          outs[o], env);
+                free(b);
+                free(first[o]);
+            }
+        }
+        ran++;
+    }
+    cr_assert_geq(ran, 1);
+    fixture_free(&f);
 }
 
 Test(cli, help_and_usage)

@@ -21,6 +21,7 @@ void sdpa_kernels_init_neon(sdpa_kernels *t)
     t->block_k = 64;
     t->band_keys = 16;
     t->wide_prefetch = SDPA_PREFETCH_ALWAYS;
+    t->tile_pad = 0; /* not measured on Arm hardware */
 }
 
 #if HAVE_NEON_BF16

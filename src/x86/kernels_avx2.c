@@ -23,6 +23,7 @@ void sdpa_kernels_init_avx2(sdpa_kernels *t)
     t->block_k = 128;    /* fewer per-tile passes than 64 (docs/perf-notes.md) */
     t->band_keys = 16;
     t->wide_prefetch = SDPA_PREFETCH_ALWAYS;
+    t->tile_pad = 16; /* tile rows 320 bytes apart, not 256 (docs/perf-notes.md) */
     t->nt_max_cols = 16; /* decode: up to 16 query columns take gemm_nt and gemm_stream
                             (docs/perf-notes.md) */
 }

@@ -23,6 +23,7 @@ void sdpa_kernels_init_avx512(sdpa_kernels *t)
     t->block_k = 128;    /* fewer per-tile passes than 64 (docs/perf-notes.md) */
     t->band_keys = 16;
     t->wide_prefetch = SDPA_PREFETCH_ALWAYS;
+    t->tile_pad = 0; /* not avx2's: one 64-column block reads whole tile rows (docs/perf-notes.md) */
     t->nt_max_cols = 16; /* decode: up to 16 query columns take gemm_nt and gemm_stream
                             (docs/perf-notes.md) */
 }
