@@ -50,15 +50,28 @@ static int fwd_cvt_rows(const plan *pl)
     return pl->bk > pl->kt->nt_step ? pl->bk : pl->kt->nt_step;
 }
 
-/* Floats of the bf16 / fp16 conversion buffers (0 for fp32 problems). */
+/* Floats added to the row stride of a wide tile's V rows in the V buffer (w->vc): the
+ * table's tile_pad where V rows of Dv floats would lie a multiple of 256 bytes apart, so
+ * that the 8-lane ISAs' P V gemm, whose 16-column panel of a 128-key tile is 128 rows of
+ * one cache line, finds them in every L1 set rather than in 8 or 16 of them; 0 (V used
+ * in place, or widened with stride Dv) otherwise. Same values, same products: the same
+ * bits (docs/perf-notes.md, "The tile row stride"). */
+static int fwd_v_pad(const plan *pl)
+{
+    return pl->Dv > 0 && pl->Dv % 64 == 0 ? pl->kt->tile_pad : 0;
+}
+
+/* Floats of the conversion buffers: K and V widened from bf16 / fp16, or for an fp32
+ * problem with fwd_v_pad the V tile copied with the padded stride (0 otherwise). */
 static size_t fwd_cvt_floats(const plan *pl)
 {
+    const size_t bk = (size_t)fwd_cvt_rows(pl), vrow = (size_t)pl->Dv + (size_t)fwd_v_pad(pl);
     if (!pl->reduced)
-        return 0;
+        return fwd_v_pad(pl) ? round_floats(bk * vrow) : 0;
     size_t qp, pp, vp;
-    const size_t bk = (size_t)fwd_cvt_rows(pl), row = (size_t)(pl->Dk > pl->Dv ? pl->Dk : pl->Dv);
-    return round_floats(bk * (size_t)pl->Dk) + round_floats(bk * (size_t)pl->Dv) +
-           sdpa_fwd_pair_floats(pl, &qp, &pp, &vp) + round_floats(row);
+    const size_t row = (size_t)(pl->Dk > pl->Dv ? pl->Dk : pl->Dv);
+    return round_floats(bk * (size_t)pl->Dk) + round_floats(bk * vrow) + sdpa_fwd_pair_floats(pl, &qp, &pp, &vp) +
+           round_floats(row);
 }
 
 int sdpa_fwd_reuses_tiles(const plan *pl)
@@ -127,9 +140,12 @@ fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base)
     }
     w.kc = w.vc = w.rowc = NULL;
     w.qp = w.pp = w.vp = NULL;
+    const size_t vrow = (size_t)pl->Dv + (size_t)fwd_v_pad(pl);
+    if (!pl->reduced && fwd_v_pad(pl))
+        w.vc = carve(&base, (size_t)fwd_cvt_rows(pl) * vrow);
     if (pl->reduced) {
         w.kc = carve(&base, (size_t)fwd_cvt_rows(pl) * pl->Dk);
-        w.vc = carve(&base, (size_t)fwd_cvt_rows(pl) * pl->Dv);
+        w.vc = carve(&base, (size_t)fwd_cvt_rows(pl) * vrow);
         size_t qp, pp, vp;
         if (sdpa_fwd_pair_floats(pl, &qp, &pp, &vp)) {
             w.qp = (uint32_t *)(void *)carve(&base, qp);
@@ -215,6 +231,28 @@ static const float *kv_rows_f32(const plan *pl, const sdpa_tensor *t, const void
     const sdpa_widen_rows_fn widen = pl->kv_dtype == SDPA_DTYPE_BF16 ? pl->kt->widen_bf16 : pl->kt->widen_f16;
     widen(n, len, src, t->seq_stride, buf, len);
     *ld = len;
+    return buf;
+}
+
+/* The V rows [j, j + n) of a wide tile (one page) as fp32 for its P V gemm: with
+ * fwd_v_pad, widened or copied into buf with row stride Dv + pad unless an fp32 V's
+ * own rows are not a multiple of 256 bytes apart (used in place); else as kv_rows_f32. */
+static const float *wide_v_rows(const plan *pl, const sdpa_tensor *v, const void *head_base, int64_t j, int n,
+                                float *buf, ptrdiff_t *ld)
+{
+    const int Dv = (int)pl->Dv, pad = fwd_v_pad(pl);
+    if (!pad || (pl->kv_dtype == SDPA_DTYPE_F32 && (v->seq_stride * (int64_t)sizeof(float)) % 256 != 0))
+        return kv_rows_f32(pl, v, head_base, j, n, Dv, buf, ld);
+    const void *src = kv_row(pl, v, head_base, j);
+    *ld = Dv + pad;
+    if (pl->kv_dtype == SDPA_DTYPE_F32) {
+        const float *f = src;
+        for (int r = 0; r < n; r++)
+            memcpy(buf + (size_t)r * (size_t)*ld, f + (ptrdiff_t)r * v->seq_stride, (size_t)Dv * sizeof(float));
+    } else {
+        const sdpa_widen_rows_fn widen = pl->kv_dtype == SDPA_DTYPE_BF16 ? pl->kt->widen_bf16 : pl->kt->widen_f16;
+        widen(n, Dv, src, v->seq_stride, buf, *ld);
+    }
     return buf;
 }
 
@@ -439,7 +477,7 @@ static void fwd_wide_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fw
     }
     if (Dv == 0)
         return;
-    const float *vrows = kv_rows_f32(pl, a->v, ft->vb, ks, nk, Dv, w->vc, &ldv); /* a tile lies in one page */
+    const float *vrows = wide_v_rows(pl, a->v, ft->vb, ks, nk, w->vc, &ldv); /* a tile lies in one page */
     if (kind == TILE_FULL) {
         sdpa_gemm_part(kt, KEYS_K_COLS_M, 0, nk, 0, ncol, Dv, 1.0f, w->s, 1, ld, vrows, ldv, w->on, Dv,
                        SDPA_GEMM_ACCUMULATE, w->alpha);
