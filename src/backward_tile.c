@@ -44,25 +44,38 @@ static size_t pair_floats(const plan *pl, size_t n[11])
     return total;
 }
 
+/* Floats added to the row stride of the Q, dO and K rows the products read as their B
+ * operand (dK += dS^T Q, dV += P^T dO, dQ += dS K), copied into qn, don and kc: the
+ * table's tile_pad where rows of D floats would lie a multiple of 256 bytes apart (the
+ * forward's fwd_v_pad, for the same reason), else 0 (rows in place). */
+static int bwd_row_pad(const plan *pl, int64_t D)
+{
+    return D > 0 && D % 64 == 0 ? pl->kt->tile_pad : 0;
+}
+
 size_t sdpa_bwd_ws_floats(const plan *pl)
 {
-    const size_t ld = (size_t)pl->ld;
+    const size_t ld = (size_t)pl->ld, pq = (size_t)bwd_row_pad(pl, pl->Dk), pv = (size_t)bwd_row_pad(pl, pl->Dv);
     const size_t g = pl->softcap != 0.0f ? round_floats(pl->bk * ld) : 0;
-    return 2 * round_floats(pl->Dk * ld) + 2 * round_floats(pl->Dv * ld) + 2 * round_floats(pl->bk * ld) + g +
-           6 * round_floats(ld) + 4 * round_floats(ld) + 3 * round_floats(2 * ld) + pair_floats(pl, NULL);
+    const size_t kc = pq ? round_floats((size_t)pl->bk * ((size_t)pl->Dk + pq)) : 0;
+    return round_floats(pl->Dk * ld) + round_floats(((size_t)pl->Dk + pq) * ld) + round_floats(pl->Dv * ld) +
+           round_floats(((size_t)pl->Dv + pv) * ld) + 2 * round_floats(pl->bk * ld) + g + kc + 6 * round_floats(ld) +
+           4 * round_floats(ld) + 3 * round_floats(2 * ld) + pair_floats(pl, NULL);
 }
 
 bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
 {
     const size_t ld = (size_t)pl->ld;
     bwd_ws w;
+    const size_t pq = (size_t)bwd_row_pad(pl, pl->Dk), pv = (size_t)bwd_row_pad(pl, pl->Dv);
     w.qt = carve(&base, pl->Dk * ld);
-    w.qn = carve(&base, pl->Dk * ld);
+    w.qn = carve(&base, ((size_t)pl->Dk + pq) * ld);
     w.dot = carve(&base, pl->Dv * ld);
-    w.don = carve(&base, pl->Dv * ld);
+    w.don = carve(&base, ((size_t)pl->Dv + pv) * ld);
     w.p = carve(&base, pl->bk * ld);
     w.dp = carve(&base, pl->bk * ld);
     w.g = pl->softcap != 0.0f ? carve(&base, pl->bk * ld) : NULL;
+    w.kc = pq ? carve(&base, (size_t)pl->bk * ((size_t)pl->Dk + pq)) : NULL;
     w.vs = carve(&base, 2 * ld);
     w.lse = carve(&base, ld);
     w.dd = carve(&base, ld);
@@ -89,13 +102,15 @@ bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
     return w;
 }
 
-/* Rows [i0, i0+nr) of heads [h0, h0+nh) packed as [ncol][len] (column g*nr+ii). */
+/* Rows [i0, i0+nr) of heads [h0, h0+nh) packed as [ncol][len], row stride ldd
+ * (column g*nr+ii). */
 static const float *pack_rows(const sdpa_tensor *t, int64_t b, int64_t h0, int nh, int64_t i0, int nr,
-                              int len, float *dst)
+                              int len, ptrdiff_t ldd, float *dst)
 {
     for (int g = 0; g < nh; g++)
         for (int ii = 0; ii < nr; ii++)
-            memcpy(dst + (size_t)(g * nr + ii) * len, row_in(t, b, h0 + g, i0 + ii), (size_t)len * sizeof(float));
+            memcpy(dst + (size_t)(g * nr + ii) * (size_t)ldd, row_in(t, b, h0 + g, i0 + ii),
+                   (size_t)len * sizeof(float));
     return dst;
 }
 
@@ -132,9 +147,11 @@ static const float *bwd_tile_dp(const plan *pl, bwd_ws *w, const bwd_args *a, co
     const int ld = pl->ld, Dv = (int)pl->Dv, ncol = nh * nr;
     const int64_t hk = h0 / pl->G;
     const float *vb = row_in(a->v, b, hk, ks);
-    const float *dob = nh == 1 ? row_in(a->dout, b, h0, i0)
-                               : fresh ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, w->don) : w->don;
-    *lddo = nh == 1 ? a->dout->seq_stride : Dv;
+    const int pv = bwd_row_pad(pl, Dv), in_place = nh == 1 && !pv;
+    const float *dob = in_place ? row_in(a->dout, b, h0, i0)
+                       : fresh  ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, Dv + pv, w->don)
+                                : w->don;
+    *lddo = in_place ? a->dout->seq_stride : Dv + pv;
     if (a->nt) {
         kt->gemm_nt(ncol, nk, Dv, 1.0f, dob, *lddo, vb, a->v->seq_stride, w->dp, 1, ld);
     } else if (a->pairs) { /* dO^T and dO rows in pairs once per tile; the bf16 V rows in place */
@@ -184,11 +201,12 @@ static int bwd_tile_begin(const plan *pl, bwd_ws *w, const bwd_args *a, bwd_tile
     sdpa_tile_keys_init(pl, &pt->tk, w->lo, w->hi, pt->kind, nh, nr, pt->ks, pt->ke);
     pt->kb = Dk > 0 ? row_in(a->k, b, pt->hk, pt->ks) : NULL;
     pt->fresh = w->packed_tile != pt->tile;
-    pt->qsrc = Dk == 0    ? NULL
-               : nh == 1  ? row_in(a->q, b, pt->h0, pt->i0)
-               : pt->fresh ? pack_rows(a->q, b, pt->h0, nh, pt->i0, nr, Dk, w->qn)
-                          : w->qn;
-    pt->ldq = nh == 1 ? a->q->seq_stride : Dk;
+    const int pq = bwd_row_pad(pl, Dk), in_place = nh == 1 && !pq;
+    pt->qsrc = Dk == 0     ? NULL
+               : in_place  ? row_in(a->q, b, pt->h0, pt->i0)
+               : pt->fresh ? pack_rows(a->q, b, pt->h0, nh, pt->i0, nr, Dk, Dk + pq, w->qn)
+                           : w->qn;
+    pt->ldq = in_place ? a->q->seq_stride : Dk + pq;
     for (int g = 0; g < nh && pt->fresh; g++) {
         if (Dk > 0 && !a->nt)
             pl->kt->transpose(nr, Dk, row_in(a->q, b, pt->h0 + g, pt->i0), a->q->seq_stride, w->qt + g * nr, pl->ld);
@@ -375,14 +393,21 @@ static void bwd_tile_dqdk(const plan *pl, bwd_ws *w, const bwd_args *a, const bw
     }
     sdpa_gemm_keys(kt, &pt->tk, KEYS_M_COLS_K, pt->ncol, Dk, pl->scale, w->dp, ld, 1, pt->qsrc, pt->ldq, dkb,
                    a->dk->seq_stride, kv_flags, skip);
+    const float *kb = pt->kb;
+    ptrdiff_t ldk = a->k->seq_stride;
+    if (w->kc && !a->nt && (ldk * (ptrdiff_t)sizeof(float)) % 256 == 0) { /* bwd_row_pad: K rows padded for dQ */
+        const ptrdiff_t ldc = Dk + bwd_row_pad(pl, Dk);
+        for (int jj = 0; jj < pt->nk; jj++)
+            memcpy(w->kc + jj * ldc, kb + jj * ldk, (size_t)Dk * sizeof(float));
+        kb = w->kc, ldk = ldc;
+    }
     if (nr == 1 && nh > 1) /* one row per head (decode): the heads' dQ rows as one C, head_stride apart */
-        sdpa_gemm_keys(kt, &pt->tk, KEYS_K_COLS_M, nh, Dk, pl->scale, w->dp, 1, ld, pt->kb, a->k->seq_stride,
+        sdpa_gemm_keys(kt, &pt->tk, KEYS_K_COLS_M, nh, Dk, pl->scale, w->dp, 1, ld, kb, ldk,
                        row_out(a->dq, pt->b, pt->h0, pt->i0), a->dq->head_stride, SDPA_GEMM_ACCUMULATE, skip);
     else
         for (int h = 0; h < nh; h++)
-            sdpa_gemm_keys(kt, &pt->tk, KEYS_K_COLS_M, nr, Dk, pl->scale, w->dp + h * nr, 1, ld, pt->kb,
-                           a->k->seq_stride, row_out(a->dq, pt->b, pt->h0 + h, pt->i0), a->dq->seq_stride,
-                           SDPA_GEMM_ACCUMULATE, skip);
+            sdpa_gemm_keys(kt, &pt->tk, KEYS_K_COLS_M, nr, Dk, pl->scale, w->dp + h * nr, 1, ld, kb, ldk,
+                           row_out(a->dq, pt->b, pt->h0 + h, pt->i0), a->dq->seq_stride, SDPA_GEMM_ACCUMULATE, skip);
 }
 
 /* Query tile r of (batch, kv head) bh, against key tile from j0. */
