@@ -352,12 +352,16 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * Results are bitwise identical for every thread count (for a given ISA and
  * block sizes). Thread-safety: any number of calls may run at once; the inputs
  * are only read, so they may be shared between concurrent calls.
- * Workspace, allocated per call: per thread about 4 * block_q * (Dk + Dv +
- * block_k + 7) bytes, plus, when the keys are split (fewer than 64 query tiles,
- * e.g. decode), at most 4 * block_q * (Dv + 2) bytes per (tile, split), fewer
- * than 128 of them; failure returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with
- * Tq x Tk. With a bf16 / fp16 tensor, per thread also (max(block_k, 16) (Dk + Dv) +
- * max(Dk, Dv)) floats of conversion buffers, and where bf16 K/V run on the bf16
+ * Workspace, allocated per call: per thread about 4 * ld * (Dk + Dv + block_k + 7)
+ * bytes, where ld is block_q rounded up to 16 plus the ISA's tile_pad when that is
+ * a multiple of 64 (tile_pad: 16 floats on SDPA_ISA_AVX2, 0 elsewhere, sdpa_tuning()
+ * and SDPA_TUNE), and with a tile_pad and Dv a multiple of 64 also
+ * 4 * max(block_k, 16) * (Dv + tile_pad) bytes for a key tile's V rows; plus, when
+ * the keys are split (fewer than 64 query tiles, e.g. decode), at most
+ * 4 * block_q * (Dv + 2) bytes per (tile, split), fewer than 128 of them; failure
+ * returns SDPA_ERR_OUT_OF_MEMORY. Nothing grows with Tq x Tk. With a bf16 / fp16
+ * tensor, per thread also (max(block_k, 16) (Dk + Dv) + max(Dk, Dv)) floats of
+ * conversion buffers (the V rows' counted above where they are padded), and where bf16 K/V run on the bf16
  * pair products (sdpa_isa_bf16_pairs()) about (Dk/2 + block_k/2) block_q +
  * block_k/2 Dv more (on SDPA_ISA_AMX with block_q = block_k = 128 unless the
  * descriptor gives them, for prefill problems), plus, for a prefill of more than one
@@ -424,7 +428,10 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * Thread-safety: as sdpa_forward(); the inputs are only read.
  * Workspace, allocated per call: 4 * B * Hq * Tq floats (D, and the recomputed
  * max, log-sum and D remainder of such rows), plus per thread about
- * 4 * block_q * (2 * Dk + 2 * Dv + 2 * block_k + 14) bytes; with a bf16 / fp16
+ * 4 * ld * (2 * Dk + 2 * Dv + 2 * block_k + 14) bytes (ld as for sdpa_forward()),
+ * and with the ISA's tile_pad 4 * ld * tile_pad bytes more for each of Dk and Dv
+ * that is a multiple of 64, and 4 * block_k * (Dk + tile_pad) bytes for a key tile's
+ * K rows when Dk is; with a bf16 / fp16
  * tensor, per (batch, kv head) group being worked on also 2 (G Tq (Dk + Dv) +
  * Tk (Dk + Dv)) + G Tq Dk floats of fp32 copies (one group per thread, or one at a time),
  * and on the bf16 pair products per thread about (Dk + Dv + 2 block_k) block_q / 2 +
