@@ -352,10 +352,11 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * Results are bitwise identical for every thread count (for a given ISA and
  * block sizes). Thread-safety: any number of calls may run at once; the inputs
  * are only read, so they may be shared between concurrent calls.
- * Workspace, allocated per call: per thread about 4 * ld * (Dk + Dv + block_k + 7)
- * bytes, where ld is block_q rounded up to 16 plus the ISA's tile_pad when that is
- * a multiple of 64 (tile_pad: 16 floats on SDPA_ISA_AVX2, 0 elsewhere, sdpa_tuning()
- * and SDPA_TUNE), and with a tile_pad and Dv a multiple of 64 also
+ * Workspace, allocated per call: per thread about 4 * ld * (Dk + Dv + block_k + 9)
+ * bytes, where ld is block_q rounded up to a multiple of 16, plus the ISA's tile_pad
+ * when that rounded block_q is a multiple of 64 (tile_pad: 16 floats on SDPA_ISA_AVX2,
+ * 0 elsewhere, sdpa_tuning() and SDPA_TUNE), and per call under 1 KiB per sequence (one
+ * for a dense problem, B for packed sequences), and with a tile_pad and Dv a multiple of 64 also
  * 4 * max(block_k, 16) * (Dv + tile_pad) bytes for a key tile's V rows; plus, when
  * the keys are split (fewer than 64 query tiles, e.g. decode), at most
  * 4 * block_q * (Dv + 2) bytes per (tile, split), fewer than 128 of them; failure
@@ -428,7 +429,7 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * Thread-safety: as sdpa_forward(); the inputs are only read.
  * Workspace, allocated per call: 4 * B * Hq * Tq floats (D, and the recomputed
  * max, log-sum and D remainder of such rows), plus per thread about
- * 4 * ld * (2 * Dk + 2 * Dv + 2 * block_k + 14) bytes (ld as for sdpa_forward()),
+ * 4 * ld * (2 * Dk + 2 * Dv + 2 * block_k + 16) bytes (ld as for sdpa_forward()),
  * and with the ISA's tile_pad 4 * ld * tile_pad bytes more for each of Dk and Dv
  * that is a multiple of 64, and 4 * block_k * (Dk + tile_pad) bytes for a key tile's
  * K rows when Dk is; with a bf16 / fp16
@@ -497,8 +498,10 @@ SDPA_API sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, in
  * _with_workspace calls take that memory instead of allocating it. Any
  * alignment (the library aligns inside; the size includes the slack). The
  * workspace is scratch for the duration of the call only: one workspace per
- * concurrent call. The size is at most the one documented for sdpa_forward() /
- * sdpa_backward() plus 64 bytes; 0 is possible (nothing to compute).
+ * concurrent call. The size is about the one documented for sdpa_forward() /
+ * sdpa_backward() (each of its buffers rounded up to 64 bytes, plus 64 bytes of
+ * alignment slack): allocate what the query returns. 0 is possible (nothing to
+ * compute).
  * With more than one thread the OpenMP runtime still creates (and caches) its
  * team, see "Out of memory" at the top of this file.
  * @return the codes of the plain calls, plus SDPA_ERR_WORKSPACE_TOO_SMALL (the
