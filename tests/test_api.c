@@ -711,3 +711,61 @@ Test(api, version)
     cr_assert_eq(SDPA_VERSION_GET_PATCH(sdpa_version_number()), SDPA_VERSION_PATCH);
     cr_assert_eq(SDPA_MAKE_VERSION(1, 2, 3), 0x010203);
 }
+
+/* The value after `key` in sdpa_tuning()'s segment for isa (-1: not listed). */
+static long tuning_value(sdpa_isa isa, const char *key)
+{
+    char seg[32];
+    snprintf(seg, sizeof seg, "; %s block_q ", sdpa_isa_name(isa));
+    const char *e = strstr(sdpa_tuning(), seg);
+    if (!e)
+        return -1;
+    const char *end = strchr(e + 2, ';');
+    const char *n = strstr(e + 2, key);
+    return n && (!end || n < end) ? strtol(n + strlen(key), NULL, 10) : -1;
+}
+
+/* The workspace queries against sdpa.h's formulas (fp32, no mask, enough query
+ * tiles that the keys are not split): at least the terms it lists, at most those
+ * plus the per-call part (the forward's: under 1 KiB for one sequence; the
+ * backward's: 64 bytes of alignment slack). Every buffer here is a multiple of 64
+ * bytes, so no rounding hides a term. ld = block_q rounded up to 16, plus tile_pad
+ * when that is a multiple of 64; the padded V / Q / dO / K rows where head_dim is
+ * a multiple of 64. */
+Test(api, workspace_sizes_follow_the_header)
+{
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int n = util_isas(isas);
+    static const int64_t dims[][2] = {{64, 64}, {128, 128}, {40, 96}};
+    static const int blocks[][2] = {{0, 0}, {48, 96}};
+    for (int ii = 0; ii < n; ii++)
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+            for (size_t bl = 0; bl < sizeof blocks / sizeof blocks[0]; bl++)
+                for (int threads = 1; threads <= 2; threads++) {
+                    const int64_t Dk = dims[d][0], Dv = dims[d][1], H = 16, T = 512;
+                    sdpa_problem p = util_problem(1, H, H, T, T, Dk, Dv);
+                    p.isa = isas[ii];
+                    p.num_threads = threads;
+                    p.block_q = blocks[bl][0];
+                    p.block_k = blocks[bl][1];
+                    const long bq = p.block_q ? p.block_q : tuning_value(isas[ii], " block_q ");
+                    const long bk = p.block_k ? p.block_k : tuning_value(isas[ii], " block_k ");
+                    const long pad = tuning_value(isas[ii], " tile_pad ");
+                    cr_assert(bq > 0 && bk > 0 && pad >= 0, "%s: %s", sdpa_isa_name(isas[ii]), sdpa_tuning());
+                    const long bq16 = (bq + 15) / 16 * 16, ld = bq16 % 64 == 0 ? bq16 + pad : bq16;
+                    const long vpad = Dv % 64 == 0 ? pad : 0, kpad = Dk % 64 == 0 ? pad : 0;
+                    const long bk16 = bk > 16 ? bk : 16;
+                    size_t fwd, bwd;
+                    cr_assert_eq(sdpa_forward_workspace_size(&p, &fwd), SDPA_OK);
+                    cr_assert_eq(sdpa_backward_workspace_size(&p, &bwd), SDPA_OK);
+                    const size_t f_lo = (size_t)threads * (size_t)(4 * ld * (Dk + Dv + bk + 9) +
+                                                                   (vpad ? 4 * bk16 * (Dv + vpad) : 0));
+                    const size_t b_lo = (size_t)(16 * H * T) +
+                                        (size_t)threads * (size_t)(4 * ld * (2 * Dk + 2 * Dv + 2 * bk + 16) +
+                                                                   4 * ld * (kpad + vpad) + (kpad ? 4 * bk * (Dk + kpad) : 0));
+                    cr_expect(fwd >= f_lo && fwd <= f_lo + 1024, "%s Dk %lld Dv %lld blocks %ld x %ld threads %d: forward %zu, header %zu",
+                              sdpa_isa_name(isas[ii]), (long long)Dk, (long long)Dv, bq, bk, threads, fwd, f_lo);
+                    cr_expect(bwd >= b_lo && bwd <= b_lo + 64, "%s Dk %lld Dv %lld blocks %ld x %ld threads %d: backward %zu, header %zu",
+                              sdpa_isa_name(isas[ii]), (long long)Dk, (long long)Dv, bq, bk, threads, bwd, b_lo);
+                }
+}
