@@ -47,7 +47,7 @@ static size_t pair_floats(const plan *pl, size_t n[11])
 /* Floats added to the row stride of the Q, dO and K rows the products read as their B
  * operand (dK += dS^T Q, dV += P^T dO, dQ += dS K), copied into qn, don and kc: the
  * table's tile_pad where rows of D floats would lie a multiple of 256 bytes apart (the
- * forward's fwd_v_pad, for the same reason), else 0 (rows in place). */
+ * forward's sdpa_fwd_v_pad, for the same reason), else 0 (rows in place). */
 static int bwd_row_pad(const plan *pl, int64_t D)
 {
     return D > 0 && D % 64 == 0 ? pl->kt->tile_pad : 0;

@@ -100,6 +100,13 @@ void sdpa_fwd_pairs_pack_q(const plan *pl, fwd_ws *w, const fwd_args *a, const f
  * finishes with the fp32 products, which skip the masked sentinel. */
 int sdpa_fwd_pairs_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int kind, int64_t ks,
                         int nk);
+/* Rows of the K and V conversion buffers (forward_ws.c): a wide tile's block_k keys,
+ * and at least one step of the few-column path. */
+int sdpa_fwd_cvt_rows(const plan *pl);
+/* Floats added to the row stride of a wide tile's V rows in w->vc (0: none). */
+int sdpa_fwd_v_pad(const plan *pl);
+/* Key tiles of the problem (the classification cache's entries). */
+size_t sdpa_fwd_key_tiles(const plan *pl);
 /* Floats of one thread's workspace, and its carving. */
 size_t sdpa_fwd_ws_floats(const plan *pl);
 fwd_ws sdpa_fwd_ws_carve(const plan *pl, float *base);
