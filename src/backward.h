@@ -38,9 +38,9 @@ typedef struct bwd_ws {
                                 shifted; then dd holds D, else the rest of D) */
     int shift;               /* some column of the packed tile is shifted */
     int dshift;              /* some column's dP is shifted */
-    float *qn, *don; /* Q and dO rows packed [ncol][D + pad] (row stride D + bwd_row_pad) when a
-                        tile spans several heads or bwd_row_pad is set */
-    float *kc;       /* with bwd_row_pad(Dk): a pair's K rows [nk][Dk + pad] for dQ += dS K */
+    float *qn, *don; /* Q and dO rows packed [ncol][D + pad] (row stride D + plan_row_pad) when a
+                        tile spans several heads or plan_row_pad is set */
+    float *kc;       /* with plan_row_pad(Dk): a pair's K rows [nk][Dk + pad] for dQ += dS K */
     float *g;        /* with softcap: its derivative 1 - tanh^2 of the pair's scores, like p */
     float *vs;       /* 2 * ld floats: the logit variants' per-column scratch */
     int64_t *lo, *hi;

@@ -44,18 +44,9 @@ static size_t pair_floats(const plan *pl, size_t n[11])
     return total;
 }
 
-/* Floats added to the row stride of the Q, dO and K rows the products read as their B
- * operand (dK += dS^T Q, dV += P^T dO, dQ += dS K), copied into qn, don and kc: the
- * table's tile_pad where rows of D floats would lie a multiple of 256 bytes apart (the
- * forward's sdpa_fwd_v_pad, for the same reason), else 0 (rows in place). */
-static int bwd_row_pad(const plan *pl, int64_t D)
-{
-    return D > 0 && D % 64 == 0 ? pl->kt->tile_pad : 0;
-}
-
 size_t sdpa_bwd_ws_floats(const plan *pl)
 {
-    const size_t ld = (size_t)pl->ld, pq = (size_t)bwd_row_pad(pl, pl->Dk), pv = (size_t)bwd_row_pad(pl, pl->Dv);
+    const size_t ld = (size_t)pl->ld, pq = (size_t)plan_row_pad(pl, pl->Dk), pv = (size_t)plan_row_pad(pl, pl->Dv);
     const size_t g = pl->softcap != 0.0f ? round_floats(pl->bk * ld) : 0;
     const size_t kc = pq ? round_floats((size_t)pl->bk * ((size_t)pl->Dk + pq)) : 0;
     return round_floats(pl->Dk * ld) + round_floats(((size_t)pl->Dk + pq) * ld) + round_floats(pl->Dv * ld) +
@@ -67,7 +58,7 @@ bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
 {
     const size_t ld = (size_t)pl->ld;
     bwd_ws w;
-    const size_t pq = (size_t)bwd_row_pad(pl, pl->Dk), pv = (size_t)bwd_row_pad(pl, pl->Dv);
+    const size_t pq = (size_t)plan_row_pad(pl, pl->Dk), pv = (size_t)plan_row_pad(pl, pl->Dv);
     w.qt = carve(&base, pl->Dk * ld);
     w.qn = carve(&base, ((size_t)pl->Dk + pq) * ld);
     w.dot = carve(&base, pl->Dv * ld);
@@ -103,14 +94,12 @@ bwd_ws sdpa_bwd_ws_carve(const plan *pl, float *base)
 }
 
 /* Rows [i0, i0+nr) of heads [h0, h0+nh) packed as [ncol][len], row stride ldd
- * (column g*nr+ii). */
+ * (column g*nr+ii; ldd = len + plan_row_pad where the products read them padded). */
 static const float *pack_rows(const sdpa_tensor *t, int64_t b, int64_t h0, int nh, int64_t i0, int nr,
                               int len, ptrdiff_t ldd, float *dst)
 {
     for (int g = 0; g < nh; g++)
-        for (int ii = 0; ii < nr; ii++)
-            memcpy(dst + (size_t)(g * nr + ii) * (size_t)ldd, row_in(t, b, h0 + g, i0 + ii),
-                   (size_t)len * sizeof(float));
+        copy_rows(nr, len, row_in(t, b, h0 + g, i0), t->seq_stride, dst + (size_t)(g * nr) * (size_t)ldd, ldd);
     return dst;
 }
 
@@ -147,7 +136,7 @@ static const float *bwd_tile_dp(const plan *pl, bwd_ws *w, const bwd_args *a, co
     const int ld = pl->ld, Dv = (int)pl->Dv, ncol = nh * nr;
     const int64_t hk = h0 / pl->G;
     const float *vb = row_in(a->v, b, hk, ks);
-    const int pv = bwd_row_pad(pl, Dv), in_place = nh == 1 && !pv;
+    const int pv = plan_row_pad(pl, Dv), in_place = nh == 1 && !pv;
     const float *dob = in_place ? row_in(a->dout, b, h0, i0)
                        : fresh  ? pack_rows(a->dout, b, h0, nh, i0, nr, Dv, Dv + pv, w->don)
                                 : w->don;
@@ -201,7 +190,7 @@ static int bwd_tile_begin(const plan *pl, bwd_ws *w, const bwd_args *a, bwd_tile
     sdpa_tile_keys_init(pl, &pt->tk, w->lo, w->hi, pt->kind, nh, nr, pt->ks, pt->ke);
     pt->kb = Dk > 0 ? row_in(a->k, b, pt->hk, pt->ks) : NULL;
     pt->fresh = w->packed_tile != pt->tile;
-    const int pq = bwd_row_pad(pl, Dk), in_place = nh == 1 && !pq;
+    const int pq = plan_row_pad(pl, Dk), in_place = nh == 1 && !pq;
     pt->qsrc = Dk == 0     ? NULL
                : in_place  ? row_in(a->q, b, pt->h0, pt->i0)
                : pt->fresh ? pack_rows(a->q, b, pt->h0, nh, pt->i0, nr, Dk, Dk + pq, w->qn)
@@ -395,10 +384,9 @@ static void bwd_tile_dqdk(const plan *pl, bwd_ws *w, const bwd_args *a, const bw
                    a->dk->seq_stride, kv_flags, skip);
     const float *kb = pt->kb;
     ptrdiff_t ldk = a->k->seq_stride;
-    if (w->kc && !a->nt && (ldk * (ptrdiff_t)sizeof(float)) % 256 == 0) { /* bwd_row_pad: K rows padded for dQ */
-        const ptrdiff_t ldc = Dk + bwd_row_pad(pl, Dk);
-        for (int jj = 0; jj < pt->nk; jj++)
-            memcpy(w->kc + jj * ldc, kb + jj * ldk, (size_t)Dk * sizeof(float));
+    if (w->kc && !a->nt && rows_share_l1_sets(ldk)) { /* plan_row_pad: the pair's K rows padded for dQ */
+        const ptrdiff_t ldc = Dk + plan_row_pad(pl, Dk);
+        copy_rows(pt->nk, Dk, kb, ldk, w->kc, ldc);
         kb = w->kc, ldk = ldc;
     }
     if (nr == 1 && nh > 1) /* one row per head (decode): the heads' dQ rows as one C, head_stride apart */

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -117,6 +118,29 @@ static inline int plan_ld(int bq, const sdpa_kernels *kt)
 {
     const int ld = (bq + kt->col_align - 1) / kt->col_align * kt->col_align;
     return ld % 64 == 0 ? ld + kt->tile_pad : ld;
+}
+
+/* The same reason for rows the 8-lane products read as their B operand from a tensor
+ * (a forward tile's V, the backward's Q, dO and K): floats added to the row stride of
+ * their copy, the table's tile_pad where rows of D floats would lie a multiple of 256
+ * bytes apart (D a multiple of 64), else 0 (no copy). */
+static inline int plan_row_pad(const plan *pl, int64_t D)
+{
+    return D > 0 && D % 64 == 0 ? pl->kt->tile_pad : 0;
+}
+
+/* Whether a tensor's rows, stride floats apart, are a multiple of 256 bytes apart
+ * (those plan_row_pad's copies are for; others are read in place). */
+static inline int rows_share_l1_sets(ptrdiff_t stride)
+{
+    return stride % 64 == 0;
+}
+
+/* n rows of len floats from src (row stride lds) to dst (row stride ldd). */
+static inline void copy_rows(int n, int len, const float *src, ptrdiff_t lds, float *dst, ptrdiff_t ldd)
+{
+    for (int r = 0; r < n; r++)
+        memcpy(dst + (ptrdiff_t)r * ldd, src + (ptrdiff_t)r * lds, (size_t)len * sizeof(float));
 }
 
 /* This batch's key length. */

@@ -98,14 +98,12 @@ static const float *wide_v_rows(const plan *pl, const sdpa_tensor *v, const void
                                 float *buf, ptrdiff_t *ld)
 {
     const int Dv = (int)pl->Dv, pad = sdpa_fwd_v_pad(pl);
-    if (!pad || (pl->kv_dtype == SDPA_DTYPE_F32 && (v->seq_stride * (int64_t)sizeof(float)) % 256 != 0))
+    if (!pad || (pl->kv_dtype == SDPA_DTYPE_F32 && !rows_share_l1_sets(v->seq_stride)))
         return kv_rows_f32(pl, v, head_base, j, n, Dv, buf, ld);
     const void *src = kv_row(pl, v, head_base, j);
     *ld = Dv + pad;
     if (pl->kv_dtype == SDPA_DTYPE_F32) {
-        const float *f = src;
-        for (int r = 0; r < n; r++)
-            memcpy(buf + (size_t)r * (size_t)*ld, f + (ptrdiff_t)r * v->seq_stride, (size_t)Dv * sizeof(float));
+        copy_rows(n, Dv, src, v->seq_stride, buf, *ld);
     } else {
         const sdpa_widen_rows_fn widen = pl->kv_dtype == SDPA_DTYPE_BF16 ? pl->kt->widen_bf16 : pl->kt->widen_f16;
         widen(n, Dv, src, v->seq_stride, buf, *ld);

@@ -34,15 +34,14 @@ int sdpa_fwd_cvt_rows(const plan *pl)
     return pl->bk > pl->kt->nt_step ? pl->bk : pl->kt->nt_step;
 }
 
-/* Floats added to the row stride of a wide tile's V rows in the V buffer (w->vc): the
- * table's tile_pad where V rows of Dv floats would lie a multiple of 256 bytes apart, so
- * that the 8-lane ISAs' P V gemm, whose 16-column panel of a 128-key tile is 128 rows of
- * one cache line, finds them in every L1 set rather than in 8 or 16 of them; 0 (V used
- * in place, or widened with stride Dv) otherwise. Same values, same products: the same
- * bits (docs/perf-notes.md, "The tile row stride"). */
+/* Floats added to the row stride of a wide tile's V rows in the V buffer (w->vc),
+ * plan_row_pad's for Dv: the 8-lane ISAs' P V gemm, whose 16-column panel of a 128-key
+ * tile is 128 rows of one cache line, then finds them in every L1 set rather than in 8
+ * or 16 of them; 0: V used in place, or widened with stride Dv. Same values, same
+ * products: the same bits (docs/perf-notes.md, "The tile row stride"). */
 int sdpa_fwd_v_pad(const plan *pl)
 {
-    return pl->Dv > 0 && pl->Dv % 64 == 0 ? pl->kt->tile_pad : 0;
+    return plan_row_pad(pl, pl->Dv);
 }
 
 /* Floats of the conversion buffers: K and V widened from bf16 / fp16, or for an fp32
