@@ -14,7 +14,13 @@
  *
  *   sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward] [--isa NAME]
  *           [--threads N] [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]
- *           [--dtype fp32|bf16|fp16]
+ *           [--dtype fp32|bf16|fp16] [--flush]
+ *
+ * --flush evicts every buffer of the call from the caches before each timed call (untimed:
+ * clflush on x86, dc civac on aarch64, each line of Q, K, V, O, LSE and, for the
+ * backward, dQ, dK, dV), as `sdpa bench` does before its decode rows: the A/B of a
+ * memory-bound call (decode) as it runs when its K/V come from memory; with it, --inner
+ * must be 1.
  *
  * Inputs are uniform in [-0.5, 0.5), [B, H, T, D] contiguous, Dk = Dv = D, every
  * tensor but LSE stored in --dtype's type (16-bit values truncated from fp32); the
@@ -33,6 +39,34 @@
 #include <unistd.h>
 
 #include "sdpa.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <emmintrin.h>
+#define CACHE_FLUSH_LINE(p) _mm_clflush(p)
+#define CACHE_FLUSH_FENCE() _mm_mfence()
+#elif defined(__aarch64__)
+#define CACHE_FLUSH_LINE(p) __asm__ volatile("dc civac, %0" : : "r"(p) : "memory")
+#define CACHE_FLUSH_FENCE() __asm__ volatile("dsb ish" : : : "memory")
+#endif
+
+/* Every line of the n buffers out of the caches (--flush); 0 where this build has no
+ * cache-line flush (then --flush is refused). */
+static int flush_buffers(int n, void *const *p, const size_t *bytes)
+{
+#ifdef CACHE_FLUSH_LINE
+    for (int i = 0; i < n; i++) {
+        const char *c = (const char *)p[i];
+        for (size_t off = 0; off < bytes[i]; off += 64)
+            CACHE_FLUSH_LINE(c + off);
+        CACHE_FLUSH_LINE(c + bytes[i] - 1);
+    }
+    CACHE_FLUSH_FENCE();
+    return 1;
+#else
+    (void)n, (void)p, (void)bytes;
+    return 0;
+#endif
+}
 
 typedef void (*init_fn)(sdpa_problem *);
 typedef const char *(*status_fn)(sdpa_status);
@@ -63,13 +97,16 @@ static int usage(const char *why)
         fprintf(stderr, "sdpa-ab: %s\n", why);
     fprintf(stderr, "usage: sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward] [--threads N]\n"
                     "               [--isa NAME] [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]\n"
+                    "               [--dtype fp32|bf16|fp16] [--flush]\n"
                     "  --isa NAME   both sides' calls on that ISA (scalar, avx2, avx512, amx, neon; default: each\n"
                     "               library's choice)\n"
                     "  --threads N  OpenMP threads per call, 0 = OpenMP's default (default 1)\n"
                     "  --rounds N   rounds, each timing A and B once, in alternating order (default 31, at most 100000)\n"
                     "  --inner N    calls per timing (default 1, at most 100000)\n"
                     "  --blocks-a / --blocks-b BQ,BK  block_q, block_k of A's / B's calls (default 0,0: the library's)\n"
-                    "  --dtype T    fp32 (default), bf16 or fp16: the type of Q, K, V, O and the gradients\n");
+                    "  --dtype T    fp32 (default), bf16 or fp16: the type of Q, K, V, O and the gradients\n"
+                    "  --flush      every buffer of the call evicted from the caches before each timed call\n"
+                    "               (untimed; with --inner 1 only)\n");
     return 2;
 }
 
@@ -130,7 +167,7 @@ int main(int argc, char **argv)
     if (argc < 3)
         return usage(NULL);
     long long s[6] = {0}, num, blocks[2][2] = {{0, 0}, {0, 0}};
-    int causal = 0, backward = 0, threads = 1, rounds = 31, inner = 1, have_shape = 0;
+    int causal = 0, backward = 0, threads = 1, rounds = 31, inner = 1, have_shape = 0, flush = 0;
     sdpa_dtype dtype = SDPA_DTYPE_F32;
     const char *isa_name = NULL;
     for (int i = 3; i < argc; i++) {
@@ -139,6 +176,8 @@ int main(int argc, char **argv)
             causal = 1;
         } else if (!strcmp(a, "--backward")) {
             backward = 1;
+        } else if (!strcmp(a, "--flush")) {
+            flush = 1;
         } else if (val && !strcmp(a, "--shape")) {
             if (!parse_list(val, 6, 1, 1 << 20, s))
                 return usage("--shape: six whole numbers B,Hq,Hkv,Tq,Tk,D, each in 1..2^20 (Dk = Dv = D)");
@@ -178,6 +217,10 @@ int main(int argc, char **argv)
     }
     if (!have_shape)
         return usage("--shape is required");
+    if (flush && inner != 1)
+        return usage("--flush times one call per timing: --inner must be 1");
+    if (flush && !flush_buffers(0, NULL, NULL))
+        return usage("--flush: this build has no cache-line flush for its CPU");
     if (s[1] % s[2])
         return usage("--shape: Hq must be a multiple of Hkv");
     /* the buffers: Q, O, dQ (B Hq Tq D each), K, V, dK, dV (B Hkv Tk D each), LSE (B Hq Tq) */
@@ -260,9 +303,16 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    /* what a call reads or writes, in bytes (16-bit buffers: their first half) */
+    const size_t eb = dtype == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    void *const bufs[8] = {q, k, v, o, lse, dq, dk, dv};
+    const size_t bytes[8] = {nq * eb, nk * eb, nk * eb, nq * eb, (size_t)(B * Hq * Tq) * sizeof(float),
+                             nq * eb, nk * eb, nk * eb};
     for (int r = 0; r < rounds; r++)
         for (int j = 0; j < 2; j++) {
             const int i = (r & 1) ? 1 - j : j;
+            if (flush)
+                flush_buffers(backward ? 8 : 5, bufs, bytes);
             const double t0 = now();
             for (int n = 0; n < inner; n++)
                 if (backward)
