@@ -286,8 +286,12 @@ TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, cons
         if (live == all) {
             TMPL_UNROLL
             for (int v = 0; v < nv; v++) {
-                const v_f32 bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
-                                                       : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
+                v_f32 bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
+                                                 : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
+#ifdef V_PIN /* one load per V vector for the rb rows (not in gemm_nt's K loop: from memory, 0.94-0.98x there) */
+                if (rb > 1)
+                    V_PIN(bv);
+#endif
                 TMPL_UNROLL
                 for (int i = 0; i < rb; i++)
                     acc[i][v] = V_FMA(p[i], bv, acc[i][v]);
