@@ -40,33 +40,7 @@
 
 #include "sdpa.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <emmintrin.h>
-#define CACHE_FLUSH_LINE(p) _mm_clflush(p)
-#define CACHE_FLUSH_FENCE() _mm_mfence()
-#elif defined(__aarch64__)
-#define CACHE_FLUSH_LINE(p) __asm__ volatile("dc civac, %0" : : "r"(p) : "memory")
-#define CACHE_FLUSH_FENCE() __asm__ volatile("dsb ish" : : : "memory")
-#endif
-
-/* Every line of the n buffers out of the caches (--flush); 0 where this build has no
- * cache-line flush (then --flush is refused). */
-static int flush_buffers(int n, void *const *p, const size_t *bytes)
-{
-#ifdef CACHE_FLUSH_LINE
-    for (int i = 0; i < n; i++) {
-        const char *c = (const char *)p[i];
-        for (size_t off = 0; off < bytes[i]; off += 64)
-            CACHE_FLUSH_LINE(c + off);
-        CACHE_FLUSH_LINE(c + bytes[i] - 1);
-    }
-    CACHE_FLUSH_FENCE();
-    return 1;
-#else
-    (void)n, (void)p, (void)bytes;
-    return 0;
-#endif
-}
+#include "cache_flush.h"
 
 typedef void (*init_fn)(sdpa_problem *);
 typedef const char *(*status_fn)(sdpa_status);
@@ -219,7 +193,7 @@ int main(int argc, char **argv)
         return usage("--shape is required");
     if (flush && inner != 1)
         return usage("--flush times one call per timing: --inner must be 1");
-    if (flush && !flush_buffers(0, NULL, NULL))
+    if (flush && !cache_flush_lines(0, NULL, NULL))
         return usage("--flush: this build has no cache-line flush for its CPU");
     if (s[1] % s[2])
         return usage("--shape: Hq must be a multiple of Hkv");
@@ -305,14 +279,14 @@ int main(int argc, char **argv)
     }
     /* what a call reads or writes, in bytes (16-bit buffers: their first half) */
     const size_t eb = dtype == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
-    void *const bufs[8] = {q, k, v, o, lse, dq, dk, dv};
+    const void *const bufs[8] = {q, k, v, o, lse, dq, dk, dv};
     const size_t bytes[8] = {nq * eb, nk * eb, nk * eb, nq * eb, (size_t)(B * Hq * Tq) * sizeof(float),
                              nq * eb, nk * eb, nk * eb};
     for (int r = 0; r < rounds; r++)
         for (int j = 0; j < 2; j++) {
             const int i = (r & 1) ? 1 - j : j;
             if (flush)
-                flush_buffers(backward ? 8 : 5, bufs, bytes);
+                cache_flush_lines(backward ? 8 : 5, bufs, bytes);
             const double t0 = now();
             for (int n = 0; n < inner; n++)
                 if (backward)

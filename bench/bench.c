@@ -100,6 +100,7 @@
 #include "sdpa.h"
 
 #include "bench.h"
+#include "cache_flush.h"
 #include "dtype.h" /* src/dtype.h: the library's exact fp32 -> bf16 / fp16 rounding */
 #include "peak.h"
 
@@ -925,14 +926,6 @@ static void evict_add(evict_list *e, const void *p, int64_t n, size_t elem)
     }
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <emmintrin.h>
-#define CACHE_FLUSH_LINE(p) _mm_clflush(p)
-#define CACHE_FLUSH_FENCE() _mm_mfence()
-#elif defined(__aarch64__)
-#define CACHE_FLUSH_LINE(p) __asm__ volatile("dc civac, %0" : : "r"(p) : "memory")
-#define CACHE_FLUSH_FENCE() __asm__ volatile("dsb ish" : : : "memory")
-#endif
 
 /* Evicts a row's buffers from every cache level, untimed: clflush (x86) or
  * dc civac (aarch64) on each of their lines, so that the timed run reads them
@@ -945,13 +938,7 @@ static void evict_add(evict_list *e, const void *p, int64_t n, size_t elem)
 static void flush_caches(const evict_list *e)
 {
 #ifdef CACHE_FLUSH_LINE
-    for (int i = 0; i < e->n; i++) {
-        const char *p = (const char *)e->p[i];
-        for (size_t off = 0; off < e->bytes[i]; off += 64)
-            CACHE_FLUSH_LINE(p + off);
-        CACHE_FLUSH_LINE(p + e->bytes[i] - 1);
-    }
-    CACHE_FLUSH_FENCE();
+    cache_flush_lines(e->n, e->p, e->bytes);
 #else
     (void)e;
     enum { BYTES = 256 << 20 };
