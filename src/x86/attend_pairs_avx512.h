@@ -21,6 +21,48 @@
 #define PAIRS_INLINE static inline __attribute__((always_inline, target("avx512bf16")))
 #define PAIRS_MAX_NP (V_NT_QREGS / 2) /* pair vectors of a query row: head_dim up to 256 */
 
+/* Keys n0 .. n0 + TMPL_REDUCE_N / rb - 1 (one at or past N reads row N - 1, never stored)
+ * against the rb query rows: pair products, even and odd vectors in two chains. */
+PAIRS_INLINE void pairs_keys(const int rb, const int np, const __m512bh *qp, int n0, int N, const uint16_t *K,
+                             ptrdiff_t ldk, __m512 acc[TMPL_REDUCE_N][2])
+{
+    TMPL_UNROLL
+    for (int j = 0; j < TMPL_REDUCE_N / rb; j++) {
+        const uint16_t *k = K + (ptrdiff_t)(n0 + j < N ? n0 + j : N - 1) * ldk;
+        TMPL_UNROLL
+        for (int i = 0; i < rb; i++)
+            acc[j * rb + i][0] = acc[j * rb + i][1] = _mm512_setzero_ps();
+        TMPL_UNROLL
+        for (int v = 0; v < np; v++) {
+            const __m512bh kv = (__m512bh)_mm512_loadu_si512((const void *)(k + 32 * v));
+            TMPL_UNROLL
+            for (int i = 0; i < rb; i++)
+                acc[j * rb + i][v & 1] = _mm512_dpbf16_ps(acc[j * rb + i][v & 1], qp[i * PAIRS_MAX_NP + v], kv);
+        }
+    }
+}
+
+/* avx512_reduce4 (vec_avx512.h) of four iterations at once: u[b] is the first half of the
+ * b-th iteration's avx512_reduce4 (per 128-bit lane L, the sums q_L of its four vectors);
+ * lane 4b + j of the result is (q_0 + q_2) + (q_1 + q_3) of u[b]'s vector j, the bits
+ * avx512_reduce4 gives, stored as whole vectors instead of sixteen scalars. */
+PAIRS_INLINE __m512 pairs_reduce_part(__m512 acc[TMPL_REDUCE_N][2])
+{
+    const __m512 a0 = _mm512_add_ps(acc[0][0], acc[0][1]), a1 = _mm512_add_ps(acc[1][0], acc[1][1]),
+                 a2 = _mm512_add_ps(acc[2][0], acc[2][1]), a3 = _mm512_add_ps(acc[3][0], acc[3][1]);
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    return _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));
+}
+
+PAIRS_INLINE __m512 pairs_reduce16(const __m512 u[4])
+{
+    /* [u0 lanes 0 + 2, u0 1 + 3, u1 0 + 2, u1 1 + 3], and the same of u2, u3 */
+    const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+    const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+}
+
 /* S(i, n) = alpha Q_i . K_n for rb (1 or 2) query rows held as np vectors of 32 bf16
  * (qp) against N key rows of np * 32 bf16, four keys (rb = 1) or two (rb = 2) per
  * V_REDUCE4, each key row read whole, front to back, as tmpl_nt_reg reads it. */
@@ -28,22 +70,29 @@ PAIRS_INLINE void pairs_scores(const int rb, const int np, int mr, int N, float 
                                const uint16_t *K, ptrdiff_t ldk, float *C, ptrdiff_t rs_c)
 {
     const int kpi = TMPL_REDUCE_N / rb;
-    for (int n0 = 0; n0 < N; n0 += kpi) {
-        __m512 acc[TMPL_REDUCE_N][2];
+    int n0 = 0;
+    for (; n0 + 4 * kpi <= N; n0 += 4 * kpi) { /* 16 sums: keys n0 + b kpi + j of row i in lane 4b + j rb + i */
+        __m512 u[4];
         TMPL_UNROLL
-        for (int j = 0; j < kpi; j++) {
-            const uint16_t *k = K + (ptrdiff_t)(n0 + j < N ? n0 + j : N - 1) * ldk;
-            TMPL_UNROLL
-            for (int i = 0; i < rb; i++)
-                acc[j * rb + i][0] = acc[j * rb + i][1] = _mm512_setzero_ps();
-            TMPL_UNROLL
-            for (int v = 0; v < np; v++) {
-                const __m512bh kv = (__m512bh)_mm512_loadu_si512((const void *)(k + 32 * v));
-                TMPL_UNROLL
-                for (int i = 0; i < rb; i++)
-                    acc[j * rb + i][v & 1] = _mm512_dpbf16_ps(acc[j * rb + i][v & 1], qp[i * PAIRS_MAX_NP + v], kv);
-            }
+        for (int b = 0; b < 4; b++) {
+            __m512 acc[TMPL_REDUCE_N][2];
+            pairs_keys(rb, np, qp, n0 + b * kpi, N, K, ldk, acc);
+            u[b] = pairs_reduce_part(acc);
         }
+        const __m512 r = _mm512_mul_ps(_mm512_set1_ps(alpha), pairs_reduce16(u));
+        if (rb == 1) {
+            _mm512_storeu_ps(C + n0, r);
+        } else { /* rows 0 and 1: the even and the odd lanes */
+            const __m512 d = _mm512_permutexvar_ps(
+                _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), r);
+            _mm256_storeu_ps(C + n0, _mm512_castps512_ps256(d));
+            if (mr > 1)
+                _mm256_storeu_ps(C + rs_c + n0, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1)));
+        }
+    }
+    for (; n0 < N; n0 += kpi) {
+        __m512 acc[TMPL_REDUCE_N][2];
+        pairs_keys(rb, np, qp, n0, N, K, ldk, acc);
         tmpl_nt_reduce_store(rb, kpi, mr, N, n0, alpha, acc, C, rs_c, 1);
     }
 }
