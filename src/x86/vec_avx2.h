@@ -123,6 +123,7 @@ static inline float avx2_hmax(__m256 a)
 #define V_SUB(a, b) _mm256_sub_ps((a), (b))
 #define V_MUL(a, b) _mm256_mul_ps((a), (b))
 #define V_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define V_PIN(x) __asm__("" : "+v"(x)) /* see vec_avx512.h */
 #define V_DIV(a, b) _mm256_div_ps((a), (b))
 #define V_ABS(a) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), (a)) /* clears the sign bit */
 /* a > b ? a : b: the result is b when either is NaN (x86 max semantics) */
