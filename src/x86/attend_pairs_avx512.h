@@ -42,10 +42,9 @@ PAIRS_INLINE void pairs_keys(const int rb, const int np, const __m512bh *qp, int
     }
 }
 
-/* avx512_reduce4 (vec_avx512.h) of four iterations at once: u[b] is the first half of the
- * b-th iteration's avx512_reduce4 (per 128-bit lane L, the sums q_L of its four vectors);
- * lane 4b + j of the result is (q_0 + q_2) + (q_1 + q_3) of u[b]'s vector j, the bits
- * avx512_reduce4 gives, stored as whole vectors instead of sixteen scalars. */
+/* avx512_reduce4 (vec_avx512.h) of four iterations at once, in two halves. This first
+ * half, of one iteration's four (row, key) accumulator pairs: per 128-bit lane L, the sums
+ * q_L of its four vectors (avx512_reduce4's u). */
 PAIRS_INLINE __m512 pairs_reduce_part(__m512 acc[TMPL_REDUCE_N][2])
 {
     const __m512 a0 = _mm512_add_ps(acc[0][0], acc[0][1]), a1 = _mm512_add_ps(acc[1][0], acc[1][1]),
@@ -55,6 +54,9 @@ PAIRS_INLINE __m512 pairs_reduce_part(__m512 acc[TMPL_REDUCE_N][2])
     return _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xEE));
 }
 
+/* The second half, of four iterations' u[b]: lane 4b + j of the result is (q_0 + q_2) +
+ * (q_1 + q_3) of u[b]'s vector j, the bits avx512_reduce4 gives, in one vector instead of
+ * sixteen scalars. */
 PAIRS_INLINE __m512 pairs_reduce16(const __m512 u[4])
 {
     /* [u0 lanes 0 + 2, u0 1 + 3, u1 0 + 2, u1 1 + 3], and the same of u2, u3 */

@@ -98,8 +98,9 @@ static inline void avx512_transpose16x16(const float *src, ptrdiff_t lds, float 
 #define V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 /* x held in a register from here on: a vector loaded once for several FMAs is not
  * folded into each of them as a memory operand (the compiler's choice, one load per FMA;
- * Zen 4 loads one zmm per cycle, as many as it issues FMAs). gemm_stream's rows of V
- * (simd/decode.h) */
+ * Zen 4 loads one zmm per cycle, as many as it issues FMAs): each V vector of
+ * tmpl_stream_reg (simd/decode.h; the few-column P V of gemm_stream and of every
+ * attend_rows variant) when it serves two query rows */
 #define V_PIN(x) __asm__("" : "+v"(x))
 #define V_DIV(a, b) _mm512_div_ps((a), (b))
 #define V_ABS(a) _mm512_abs_ps(a) /* clears the sign bit */
