@@ -28,6 +28,8 @@
  *   V_TAIL_INIT(n) V_LOAD_T(p,t) V_STORE_T(p,v,t)   touch only the n leading
  *                       elements (the loaded vector's other lanes are 0)
  *   V_ADD V_SUB V_MUL V_DIV, V_FMA(a,b,c) = a*b + c (fused)
+ *   V_PIN(x)            (optional) keeps the vector x in a register, so that a load that
+ *                       feeds several FMAs is not repeated as each one's memory operand
  *   V_ABS(a)            a with its sign bit cleared (NaN stays NaN)
  *   V_MAX(a,b)          a > b ? a : b (so b when either is NaN, as x86 max)
  *   V_NEZ(a)            a != 0, true for NaN;  V_EQ, V_LT (ordered: false for NaN)
