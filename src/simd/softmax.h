@@ -88,7 +88,15 @@ static void TMPL_FN(online_softmax_rows)(int M, int N, float *S, ptrdiff_t lds, 
         }
         V_REDUCE4(sums[0], sums[1], sums[2], sums[3], tot);
 #if TMPL_VL >= TMPL_REDUCE_N
-        V_STORE(al, tmpl_exp(V_LOAD(dm)));
+        /* no row's max moved (the common case after a decode's first steps): alpha = exp(0)
+         * = 1 exactly, without the call */
+        int moved = 0;
+        for (int q = 0; q < TMPL_REDUCE_N; q++)
+            moved |= dm[q] != 0.0f; /* a NaN counts as moved */
+        if (!moved)
+            V_STORE(al, V_SET1(1.0f));
+        else
+            V_STORE(al, tmpl_exp(V_LOAD(dm)));
 #else
 #error "the row softmax needs at least TMPL_REDUCE_N lanes"
 #endif
