@@ -926,7 +926,6 @@ static void evict_add(evict_list *e, const void *p, int64_t n, size_t elem)
     }
 }
 
-
 /* Evicts a row's buffers from every cache level, untimed: clflush (x86) or
  * dc civac (aarch64) on each of their lines, so that the timed run reads them
  * from memory and the caches hold no dirty line of them; elsewhere, a read of
