@@ -53,6 +53,9 @@
  *   V_WIDEN_BF16(p) V_WIDEN_F16(p)        VL uint16 (bf16 / fp16 bits) at p to a v_f32
  *   V_NARROW_BF16(p,v) V_NARROW_F16(p,v)  v to VL uint16 at p; all four with the bits of
  *                       src/dtype.h for every input (simd/convert.h)
+ *   V_WIDEN_BF16_EO(p,e,o), V_INTERLEAVE(e,o)  (optional) 2 VL bf16 at p in one load: e the
+ *                       even elements widened, o the odd; V_INTERLEAVE puts such a pair of
+ *                       vectors back in element order (e the first VL, o the next)
  *   V_WIDEN_BF16_T(p,t) V_WIDEN_F16_T(p,t) V_NARROW_BF16_T(p,v,t) V_NARROW_F16_T(p,v,t)
  *                       (optional) the same for the leading lanes of a V_TAIL_INIT tail
  *

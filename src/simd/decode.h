@@ -246,14 +246,32 @@ static void TMPL_FN(gemm_nt)(int M, int N, int K, float alpha, const float *A, p
 
 /* ----------------------------------------------------------- gemm_stream */
 
+/* A bf16 row of B read two vectors at a time (eo: whole rows of an even number of
+ * vectors): at even v, the even elements of vectors v, v + 1 to *bv and the odd ones
+ * to *odd (one load, a shift and an and, against two loads, two zero-extensions and
+ * two shifts); at odd v, *odd. Each element meets the same A values in the same order,
+ * only in another lane: V_INTERLEAVE puts the accumulators back before the store. */
+TMPL_INLINE void tmpl_stream_eo_load(const void *B, ptrdiff_t off, int v, v_f32 *bv, v_f32 *odd)
+{
+#ifdef V_WIDEN_BF16_EO
+    if (v % 2 == 0)
+        V_WIDEN_BF16_EO((const uint16_t *)B + off, *bv, *odd);
+    else
+        *bv = *odd;
+#else
+    (void)B, (void)off, (void)v, (void)odd;
+    *bv = V_ZERO();
+#endif
+}
+
 /* rb (1 or 2) rows of accumulators, nv vectors each, in registers for the
  * whole call; per key, the row of B is read whole before the next. A term whose A(i,k)
  * is the sentinel leaves the accumulator alone (skip_masked); a key whose
  * terms are all skipped is not read. The last vector is partial when
  * N % VL != 0. rb, nv compile-time. */
-TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, const int skip_masked, int mr, int N,
-                                 int K, const float *A, ptrdiff_t lda, const void *B, ptrdiff_t ldb, float *C,
-                                 ptrdiff_t ldc, const float *row_scale)
+TMPL_INLINE void tmpl_stream_reg_body(const int kvt, const int eo, const int rb, const int nv,
+                                      const int skip_masked, int mr, int N, int K, const float *A, ptrdiff_t lda,
+                                      const void *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, const float *row_scale)
 {
     const int tailn = N - (nv - 1) * TMPL_VL;
     const v_tail t = V_TAIL_INIT(tailn);
@@ -284,10 +302,15 @@ TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, cons
             }
         }
         if (live == all) {
+            v_f32 odd = V_ZERO();
             TMPL_UNROLL
             for (int v = 0; v < nv; v++) {
-                v_f32 bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
-                                                 : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
+                v_f32 bv;
+                if (eo)
+                    tmpl_stream_eo_load(B, b + v * TMPL_VL, v, &bv, &odd);
+                else
+                    bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
+                                               : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
 #ifdef V_PIN /* one load per V vector for the rb rows (not in gemm_nt's K loop: from memory, 0.94-0.98x there) */
                 if (rb > 1)
                     V_PIN(bv);
@@ -297,10 +320,15 @@ TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, cons
                     acc[i][v] = V_FMA(p[i], bv, acc[i][v]);
             }
         } else if (live) {
+            v_f32 odd = V_ZERO();
             TMPL_UNROLL
             for (int v = 0; v < nv; v++) {
-                const v_f32 bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
-                                                       : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
+                v_f32 bv;
+                if (eo)
+                    tmpl_stream_eo_load(B, b + v * TMPL_VL, v, &bv, &odd);
+                else
+                    bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
+                                               : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
                 TMPL_UNROLL
                 for (int i = 0; i < rb; i++)
                     if (live >> i & 1u)
@@ -310,6 +338,16 @@ TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, cons
     }
     /* C = row_scale * C + acc: the step's products are summed on their own
      * first (as the gemm does), then added with one rounding */
+#ifdef V_WIDEN_BF16_EO
+    if (eo) {
+        TMPL_UNROLL
+        for (int i = 0; i < rb; i++) {
+            TMPL_UNROLL
+            for (int v = 0; v < nv; v += 2)
+                V_INTERLEAVE(acc[i][v], acc[i][v + 1]);
+        }
+    }
+#endif
     TMPL_UNROLL
     for (int i = 0; i < rb; i++)
         if (i < mr) {
@@ -323,6 +361,19 @@ TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, cons
                     V_STORE(c + v * TMPL_VL, V_FMA(sc, V_LOAD(c + v * TMPL_VL), acc[i][v]));
             }
         }
+}
+
+TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, const int skip_masked, int mr, int N,
+                                 int K, const float *A, ptrdiff_t lda, const void *B, ptrdiff_t ldb, float *C,
+                                 ptrdiff_t ldc, const float *row_scale)
+{
+#ifdef V_WIDEN_BF16_EO
+    if (kvt == TMPL_KV_BF16 && nv % 2 == 0 && N == nv * TMPL_VL) {
+        tmpl_stream_reg_body(kvt, 1, rb, nv, skip_masked, mr, N, K, A, lda, B, ldb, C, ldc, row_scale);
+        return;
+    }
+#endif
+    tmpl_stream_reg_body(kvt, 0, rb, nv, skip_masked, mr, N, K, A, lda, B, ldb, C, ldc, row_scale);
 }
 
 typedef void (*tmpl_stream_fn)(int mr, int N, int K, const float *A, ptrdiff_t lda, const void *B,

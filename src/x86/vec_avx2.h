@@ -173,6 +173,21 @@ static inline void avx2_store_bf16(uint16_t *p, __m256 v)
 #define V_WIDEN_BF16(p)                                                                            \
     _mm256_castsi256_ps(                                                                           \
         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))), 16))
+/* Two vectors of bf16 in one load (optional; see vec_avx512.h): e the even elements
+ * widened, o the odd ones; V_INTERLEAVE(e, o) back to element order. */
+#define V_WIDEN_BF16_EO(p, e, o)                                                                   \
+    do {                                                                                           \
+        const __m256i w_ = _mm256_loadu_si256((const __m256i *)(const void *)(p));                 \
+        (e) = _mm256_castsi256_ps(_mm256_slli_epi32(w_, 16));                                      \
+        (o) = _mm256_castsi256_ps(_mm256_and_si256(w_, _mm256_set1_epi32((int)0xffff0000u)));      \
+    } while (0)
+static inline void avx2_interleave(__m256 *e, __m256 *o)
+{
+    const __m256 a = _mm256_unpacklo_ps(*e, *o), b = _mm256_unpackhi_ps(*e, *o); /* elements 0-3, 8-11; 4-7, 12-15 */
+    *e = _mm256_permute2f128_ps(a, b, 0x20);
+    *o = _mm256_permute2f128_ps(a, b, 0x31);
+}
+#define V_INTERLEAVE(e, o) avx2_interleave(&(e), &(o))
 #define V_WIDEN_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
 #define V_NARROW_BF16(p, v) avx2_store_bf16((p), (v))
 #define V_NARROW_F16(p, v)                                                                         \

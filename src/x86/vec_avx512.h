@@ -152,6 +152,25 @@ static inline __m512 avx512_widen_bf16(__m256i h)
 #define V_WIDEN_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
 #define V_NARROW_BF16(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), avx512_f32_to_bf16(v))
 #define V_NARROW_F16(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), AVX512_CVTPS_PH(v))
+/* Two vectors of bf16 in one load (optional, simd/decode.h's tmpl_stream_reg): e the
+ * even elements 0, 2, .. 30 widened (each dword shifted left 16), o the odd ones (each
+ * dword's upper word, the lower cleared); V_INTERLEAVE(e, o) puts a pair so split back
+ * in element order, e the first 16 elements and o the last. */
+#define V_WIDEN_BF16_EO(p, e, o)                                                                   \
+    do {                                                                                           \
+        const __m512i w_ = _mm512_loadu_si512((const void *)(p));                                  \
+        (e) = _mm512_castsi512_ps(_mm512_slli_epi32(w_, 16));                                      \
+        (o) = _mm512_castsi512_ps(_mm512_and_si512(w_, _mm512_set1_epi32((int)0xffff0000u)));      \
+    } while (0)
+static inline void avx512_interleave(__m512 *e, __m512 *o)
+{
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const __m512 a = _mm512_permutex2var_ps(*e, lo, *o), b = _mm512_permutex2var_ps(*e, hi, *o);
+    *e = a;
+    *o = b;
+}
+#define V_INTERLEAVE(e, o) avx512_interleave(&(e), &(o))
 #define V_WIDEN_BF16_T(p, t) avx512_widen_bf16(_mm256_maskz_loadu_epi16((t), (p)))
 #define V_WIDEN_F16_T(p, t) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((t), (p)))
 #define V_NARROW_BF16_T(p, v, t) _mm256_mask_storeu_epi16((p), (t), avx512_f32_to_bf16(v))
