@@ -14,7 +14,7 @@
  *
  *   sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward] [--isa NAME]
  *           [--threads N] [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]
- *           [--dtype fp32|bf16|fp16] [--flush]
+ *           [--dtype fp32|bf16|fp16] [--kv-dtype fp32|bf16|fp16] [--flush]
  *
  * --flush evicts every buffer of the call from the caches before each timed call (untimed:
  * clflush on x86, dc civac on aarch64, each line of Q, K, V, O, LSE and, for the
@@ -23,7 +23,8 @@
  * must be 1.
  *
  * Inputs are uniform in [-0.5, 0.5), [B, H, T, D] contiguous, Dk = Dv = D, every
- * tensor but LSE stored in --dtype's type (16-bit values truncated from fp32); the
+ * tensor but LSE stored in --dtype's type, K and V (and dK, dV) in --kv-dtype's where
+ * given (a float32 model over a 16-bit cache; 16-bit values truncated from fp32); the
  * backward takes dO = Q's values and the forward's O and LSE. Both builds must take
  * this tree's sdpa_problem (a build with another layout refuses it: the error says
  * so). Buffers of more than half the machine's memory are refused. Exit status 0;
@@ -71,7 +72,7 @@ static int usage(const char *why)
         fprintf(stderr, "sdpa-ab: %s\n", why);
     fprintf(stderr, "usage: sdpa-ab LIB_A LIB_B --shape B,Hq,Hkv,Tq,Tk,D [--causal] [--backward] [--threads N]\n"
                     "               [--isa NAME] [--rounds N] [--inner N] [--blocks-a BQ,BK] [--blocks-b BQ,BK]\n"
-                    "               [--dtype fp32|bf16|fp16] [--flush]\n"
+                    "               [--dtype fp32|bf16|fp16] [--kv-dtype fp32|bf16|fp16] [--flush]\n"
                     "  --isa NAME   both sides' calls on that ISA (scalar, avx2, avx512, amx, neon; default: each\n"
                     "               library's choice)\n"
                     "  --threads N  OpenMP threads per call, 0 = OpenMP's default (default 1)\n"
@@ -79,6 +80,8 @@ static int usage(const char *why)
                     "  --inner N    calls per timing (default 1, at most 100000)\n"
                     "  --blocks-a / --blocks-b BQ,BK  block_q, block_k of A's / B's calls (default 0,0: the library's)\n"
                     "  --dtype T    fp32 (default), bf16 or fp16: the type of Q, K, V, O and the gradients\n"
+                    "  --kv-dtype T the type of K and V (and dK, dV) alone (default: --dtype's), as a\n"
+                    "               float32 model over a bf16 or fp16 cache\n"
                     "  --flush      every buffer of the call evicted from the caches before each timed call\n"
                     "               (untimed; with --inner 1 only)\n");
     return 2;
@@ -142,7 +145,8 @@ int main(int argc, char **argv)
         return usage(NULL);
     long long s[6] = {0}, num, blocks[2][2] = {{0, 0}, {0, 0}};
     int causal = 0, backward = 0, threads = 1, rounds = 31, inner = 1, have_shape = 0, flush = 0;
-    sdpa_dtype dtype = SDPA_DTYPE_F32;
+    sdpa_dtype dtype = SDPA_DTYPE_F32, kv_dtype = SDPA_DTYPE_F32;
+    int have_kv_dtype = 0;
     const char *isa_name = NULL;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -156,16 +160,18 @@ int main(int argc, char **argv)
             if (!parse_list(val, 6, 1, 1 << 20, s))
                 return usage("--shape: six whole numbers B,Hq,Hkv,Tq,Tk,D, each in 1..2^20 (Dk = Dv = D)");
             have_shape = 1, i++;
-        } else if (val && !strcmp(a, "--dtype")) {
+        } else if (val && (!strcmp(a, "--dtype") || !strcmp(a, "--kv-dtype"))) {
+            const int kv = a[2] == 'k';
+            sdpa_dtype *d = kv ? &kv_dtype : &dtype;
             if (!strcmp(val, "fp32"))
-                dtype = SDPA_DTYPE_F32;
+                *d = SDPA_DTYPE_F32;
             else if (!strcmp(val, "bf16"))
-                dtype = SDPA_DTYPE_BF16;
+                *d = SDPA_DTYPE_BF16;
             else if (!strcmp(val, "fp16"))
-                dtype = SDPA_DTYPE_F16;
+                *d = SDPA_DTYPE_F16;
             else
-                return usage("--dtype: fp32, bf16 or fp16");
-            i++;
+                return usage(kv ? "--kv-dtype: fp32, bf16 or fp16" : "--dtype: fp32, bf16 or fp16");
+            have_kv_dtype |= kv, i++;
         } else if (val && !strcmp(a, "--threads")) {
             if (!parse_int(val, 0, 4096, &num))
                 return usage("--threads: a whole number in 0..4096");
@@ -191,6 +197,8 @@ int main(int argc, char **argv)
     }
     if (!have_shape)
         return usage("--shape is required");
+    if (!have_kv_dtype)
+        kv_dtype = dtype;
     if (flush && inner != 1)
         return usage("--flush times one call per timing: --inner must be 1");
     if (flush && !cache_flush_lines(0, NULL, NULL))
@@ -236,12 +244,14 @@ int main(int argc, char **argv)
     float *q = uniform(nq, &seed), *k = uniform(nk, &seed), *v = uniform(nk, &seed), *o = uniform(nq, &seed),
           *dq = uniform(nq, &seed), *dk = uniform(nk, &seed), *dv = uniform(nk, &seed),
           *lse = uniform((size_t)(B * Hq * Tq), &seed);
-    if (dtype != SDPA_DTYPE_F32) { /* each buffer's first half now holds its values in 16 bits */
+    { /* a 16-bit buffer's first half now holds its values */
         float *const bufs[7] = {q, k, v, o, dq, dk, dv};
         const size_t lens[7] = {nq, nk, nk, nq, nq, nk, nk};
-        for (int b = 0; b < 7; b++)
-            if (bufs[b])
-                to_half(bufs[b], lens[b], dtype == SDPA_DTYPE_BF16);
+        for (int b = 0; b < 7; b++) {
+            const sdpa_dtype d = (b == 1 || b == 2 || b == 5 || b == 6) ? kv_dtype : dtype;
+            if (bufs[b] && d != SDPA_DTYPE_F32)
+                to_half(bufs[b], lens[b], d == SDPA_DTYPE_BF16);
+        }
     }
     double *t[2] = {malloc(sizeof(double) * (size_t)rounds), malloc(sizeof(double) * (size_t)rounds)},
            *ratio = malloc(sizeof(double) * (size_t)rounds);
@@ -261,7 +271,8 @@ int main(int argc, char **argv)
         p[i].batch = B, p[i].q_heads = Hq, p[i].kv_heads = Hkv, p[i].q_len = Tq, p[i].kv_len = Tk;
         p[i].head_dim_qk = p[i].head_dim_v = D;
         p[i].num_threads = threads;
-        p[i].q_dtype = p[i].kv_dtype = p[i].o_dtype = dtype;
+        p[i].q_dtype = p[i].o_dtype = dtype;
+        p[i].kv_dtype = kv_dtype;
         p[i].causal = causal ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
         p[i].block_q = blocks[i][0], p[i].block_k = blocks[i][1];
         if (isa_name && isa_of[i](isa_name, &p[i].isa) != 0) {
@@ -278,10 +289,11 @@ int main(int argc, char **argv)
         }
     }
     /* what a call reads or writes, in bytes (16-bit buffers: their first half) */
-    const size_t eb = dtype == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    const size_t eb = dtype == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t),
+                 ekv = kv_dtype == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
     const void *const bufs[8] = {q, k, v, o, lse, dq, dk, dv};
-    const size_t bytes[8] = {nq * eb, nk * eb, nk * eb, nq * eb, (size_t)(B * Hq * Tq) * sizeof(float),
-                             nq * eb, nk * eb, nk * eb};
+    const size_t bytes[8] = {nq * eb, nk * ekv, nk * ekv, nq * eb, (size_t)(B * Hq * Tq) * sizeof(float),
+                             nq * eb, nk * ekv, nk * ekv};
     for (int r = 0; r < rounds; r++)
         for (int j = 0; j < 2; j++) {
             const int i = (r & 1) ? 1 - j : j;
