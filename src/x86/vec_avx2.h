@@ -146,7 +146,7 @@ static inline float avx2_hmax(__m256 a)
 #define V_HMAX(a) avx2_hmax(a)
 
 /* The 16-bit storage types (simd/convert.h; the bits of src/dtype.h). bf16 is
- * integer work: widen = zero-extend and shift left 16; narrow = the rounding of
+ * integer work: widen = each word to its dword's upper half; narrow = the rounding of
  * sdpa_f32_to_bf16 (u + 0x7fff + lsb, upper half; a NaN keeps its upper half
  * with the quiet bit set), not vcvtneps2bf16, which flushes denormals. fp16 is
  * F16C (vcvtph2ps, vcvtps2ph with round to nearest even from the immediate):
@@ -170,9 +170,16 @@ static inline void avx2_store_bf16(uint16_t *p, __m256 v)
                      _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
 }
 
-#define V_WIDEN_BF16(p)                                                                            \
-    _mm256_castsi256_ps(                                                                           \
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))), 16))
+/* widen: the eight words in both 128-bit lanes (one broadcast load), each moved to the
+ * upper half of its dword by one vpshufb that zeroes the lower halves */
+static inline __m256 avx2_widen_bf16(const void *p)
+{
+    const __m256i idx = _mm256_setr_epi8(-128, -128, 0, 1, -128, -128, 2, 3, -128, -128, 4, 5, -128, -128, 6, 7,
+                                         -128, -128, 8, 9, -128, -128, 10, 11, -128, -128, 12, 13, -128, -128, 14, 15);
+    return _mm256_castsi256_ps(
+        _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), idx));
+}
+#define V_WIDEN_BF16(p) avx2_widen_bf16((const void *)(p))
 /* Two vectors of bf16 in one load (optional; see vec_avx512.h): e the even elements
  * widened, o the odd ones; V_INTERLEAVE(e, o) back to element order. */
 #define V_WIDEN_BF16_EO(p, e, o)                                                                   \
