@@ -63,28 +63,51 @@ static void TMPL_FN(online_softmax_rows)(int M, int N, float *S, ptrdiff_t lds, 
         v_f32 sums[TMPL_REDUCE_N];
         float mxs[TMPL_REDUCE_N], dm[TMPL_VL > TMPL_REDUCE_N ? TMPL_VL : TMPL_REDUCE_N] = {0}, tot[TMPL_REDUCE_N],
               al[TMPL_VL > TMPL_REDUCE_N ? TMPL_VL : TMPL_REDUCE_N];
-        for (int q = 0; q < TMPL_REDUCE_N; q++) {
-            sums[q] = V_ZERO();
-            if (q >= rn)
-                continue;
-            const int r = r0 + q;
-            float *s = S + (ptrdiff_t)r * lds;
-            v_f32 mxv = V_SET1(m[r]);
-            for (int n = 0; n < N; n += TMPL_VL)
-                mxv = V_MAX(V_LOAD(s + n), mxv); /* NaN scores are skipped here, as fmaxf does */
-            const float mx = V_HMAX(mxv);        /* m[r] is one of the candidates */
-            const float mu = (mx == -INFINITY) ? 0.0f : mx;
-            const v_f32 muv = V_SET1(mu);
-            v_f32 sum = V_ZERO();
-            for (int n = 0; n < N; n += TMPL_VL) {
-                const v_f32 sv = V_LOAD(s + n);
-                const v_f32 p = V_SEL(V_EQ(sv, V_SET1(-INFINITY)), V_SET1(SDPA_MASKED_SENTINEL), tmpl_exp(V_SUB(sv, muv)));
-                V_STORE(s + n, p);
-                sum = V_ADD(sum, p);
+        if (N == TMPL_VL && rn == TMPL_REDUCE_N) {
+            /* one vector per row (a decode step of VL keys): the same operations per row
+             * as below, phase by phase across the rows, so that their exps do not wait
+             * on one another */
+            v_f32 sv[TMPL_REDUCE_N], p[TMPL_REDUCE_N];
+            float mu[TMPL_REDUCE_N];
+            for (int q = 0; q < TMPL_REDUCE_N; q++) {
+                const int r = r0 + q;
+                sv[q] = V_LOAD(S + (ptrdiff_t)r * lds);
+                mxs[q] = V_HMAX(V_MAX(sv[q], V_SET1(m[r])));
+                mu[q] = (mxs[q] == -INFINITY) ? 0.0f : mxs[q];
+                dm[q] = m[r] - mu[q];
             }
-            sums[q] = sum;
-            mxs[q] = mx;
-            dm[q] = m[r] - mu; /* m[r] = -inf: exp gives exactly 0 */
+            for (int q = 0; q < TMPL_REDUCE_N; q++)
+                p[q] = tmpl_exp(V_SUB(sv[q], V_SET1(mu[q])));
+            for (int q = 0; q < TMPL_REDUCE_N; q++) {
+                p[q] = V_SEL(V_EQ(sv[q], V_SET1(-INFINITY)), V_SET1(SDPA_MASKED_SENTINEL), p[q]);
+                V_STORE(S + (ptrdiff_t)(r0 + q) * lds, p[q]);
+                sums[q] = V_ADD(V_ZERO(), p[q]);
+            }
+        } else {
+            for (int q = 0; q < TMPL_REDUCE_N; q++) {
+                sums[q] = V_ZERO();
+                if (q >= rn)
+                    continue;
+                const int r = r0 + q;
+                float *s = S + (ptrdiff_t)r * lds;
+                v_f32 mxv = V_SET1(m[r]);
+                for (int n = 0; n < N; n += TMPL_VL)
+                    mxv = V_MAX(V_LOAD(s + n), mxv); /* NaN scores are skipped here, as fmaxf does */
+                const float mx = V_HMAX(mxv);        /* m[r] is one of the candidates */
+                const float mu = (mx == -INFINITY) ? 0.0f : mx;
+                const v_f32 muv = V_SET1(mu);
+                v_f32 sum = V_ZERO();
+                for (int n = 0; n < N; n += TMPL_VL) {
+                    const v_f32 sv = V_LOAD(s + n);
+                    const v_f32 p =
+                        V_SEL(V_EQ(sv, V_SET1(-INFINITY)), V_SET1(SDPA_MASKED_SENTINEL), tmpl_exp(V_SUB(sv, muv)));
+                    V_STORE(s + n, p);
+                    sum = V_ADD(sum, p);
+                }
+                sums[q] = sum;
+                mxs[q] = mx;
+                dm[q] = m[r] - mu; /* m[r] = -inf: exp gives exactly 0 */
+            }
         }
         V_REDUCE4(sums[0], sums[1], sums[2], sums[3], tot);
 #if TMPL_VL >= TMPL_REDUCE_N
