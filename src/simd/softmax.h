@@ -55,6 +55,9 @@ static void TMPL_FN(online_softmax)(int M, int N, float *S, ptrdiff_t lds, float
  * vector max and sum along the keys; the VL lanes are then combined by V_HMAX
  * and V_REDUCE4 (TMPL_REDUCE_N rows at a time, a fixed order), and those rows'
  * alpha come from one vector exp. */
+/* vectors per row in a decode step of V_NT_STEP keys (at least one) */
+#define TMPL_STEP_NV (V_NT_STEP > TMPL_VL ? V_NT_STEP / TMPL_VL : 1)
+
 static void TMPL_FN(online_softmax_rows)(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
                                      float *alpha)
 {
@@ -63,25 +66,33 @@ static void TMPL_FN(online_softmax_rows)(int M, int N, float *S, ptrdiff_t lds, 
         v_f32 sums[TMPL_REDUCE_N];
         float mxs[TMPL_REDUCE_N], dm[TMPL_VL > TMPL_REDUCE_N ? TMPL_VL : TMPL_REDUCE_N] = {0}, tot[TMPL_REDUCE_N],
               al[TMPL_VL > TMPL_REDUCE_N ? TMPL_VL : TMPL_REDUCE_N];
-        if (N == TMPL_VL && rn == TMPL_REDUCE_N) {
-            /* one vector per row (a decode step of VL keys): the same operations per row
-             * as below, phase by phase across the rows, so that their exps do not wait
-             * on one another */
-            v_f32 sv[TMPL_REDUCE_N], p[TMPL_REDUCE_N];
+        if (N == TMPL_STEP_NV * TMPL_VL && rn == TMPL_REDUCE_N) {
+            /* a decode step (TMPL_STEP_NV vectors per row): the same operations per row
+             * as below, phase by phase across the rows, so that the rows' exps do not
+             * wait on one another's maxima */
+            v_f32 sv[TMPL_REDUCE_N][TMPL_STEP_NV], p[TMPL_REDUCE_N][TMPL_STEP_NV];
             float mu[TMPL_REDUCE_N];
             for (int q = 0; q < TMPL_REDUCE_N; q++) {
                 const int r = r0 + q;
-                sv[q] = V_LOAD(S + (ptrdiff_t)r * lds);
-                mxs[q] = V_HMAX(V_MAX(sv[q], V_SET1(m[r])));
+                v_f32 mxv = V_SET1(m[r]);
+                for (int v = 0; v < TMPL_STEP_NV; v++) {
+                    sv[q][v] = V_LOAD(S + (ptrdiff_t)r * lds + v * TMPL_VL);
+                    mxv = V_MAX(sv[q][v], mxv);
+                }
+                mxs[q] = V_HMAX(mxv);
                 mu[q] = (mxs[q] == -INFINITY) ? 0.0f : mxs[q];
                 dm[q] = m[r] - mu[q];
             }
             for (int q = 0; q < TMPL_REDUCE_N; q++)
-                p[q] = tmpl_exp(V_SUB(sv[q], V_SET1(mu[q])));
+                for (int v = 0; v < TMPL_STEP_NV; v++)
+                    p[q][v] = tmpl_exp(V_SUB(sv[q][v], V_SET1(mu[q])));
             for (int q = 0; q < TMPL_REDUCE_N; q++) {
-                p[q] = V_SEL(V_EQ(sv[q], V_SET1(-INFINITY)), V_SET1(SDPA_MASKED_SENTINEL), p[q]);
-                V_STORE(S + (ptrdiff_t)(r0 + q) * lds, p[q]);
-                sums[q] = V_ADD(V_ZERO(), p[q]);
+                sums[q] = V_ZERO();
+                for (int v = 0; v < TMPL_STEP_NV; v++) {
+                    p[q][v] = V_SEL(V_EQ(sv[q][v], V_SET1(-INFINITY)), V_SET1(SDPA_MASKED_SENTINEL), p[q][v]);
+                    V_STORE(S + (ptrdiff_t)(r0 + q) * lds + v * TMPL_VL, p[q][v]);
+                    sums[q] = V_ADD(sums[q], p[q][v]);
+                }
             }
         } else {
             for (int q = 0; q < TMPL_REDUCE_N; q++) {
