@@ -248,9 +248,9 @@ static void TMPL_FN(gemm_nt)(int M, int N, int K, float alpha, const float *A, p
 
 /* A bf16 row of B read two vectors at a time (eo: whole rows of an even number of
  * vectors): at even v, the even elements of vectors v, v + 1 to *bv and the odd ones
- * to *odd (one load, a shift and an and, against two loads, two zero-extensions and
- * two shifts); at odd v, *odd. Each element meets the same A values in the same order,
- * only in another lane: V_INTERLEAVE puts the accumulators back before the store. */
+ * to *odd (one load, a shift and an and, against two loads and two widenings); at odd
+ * v, *odd. Each element meets the same A values in the same order, only in another
+ * lane: V_INTERLEAVE puts the accumulators back before the store. */
 TMPL_INLINE void tmpl_stream_eo_load(const void *B, ptrdiff_t off, int v, v_f32 *bv, v_f32 *odd)
 {
 #ifdef V_WIDEN_BF16_EO
