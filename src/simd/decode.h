@@ -264,6 +264,20 @@ TMPL_INLINE void tmpl_stream_eo_load(const void *B, ptrdiff_t off, int v, v_f32 
 #endif
 }
 
+/* Vector v of the row of B at element b: even / odd (eo), else as it is, the last one
+ * masked when the row's last vector is partial. */
+TMPL_INLINE v_f32 tmpl_stream_b(const int kvt, const int eo, const int nv, int part, const void *B, ptrdiff_t b,
+                                int v, int tailn, v_tail t, v_f32 *odd)
+{
+    v_f32 bv;
+    if (eo)
+        tmpl_stream_eo_load(B, b + v * TMPL_VL, v, &bv, odd);
+    else
+        bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
+                                   : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
+    return bv;
+}
+
 /* rb (1 or 2) rows of accumulators, nv vectors each, in registers for the
  * whole call; per key, the row of B is read whole before the next. A term whose A(i,k)
  * is the sentinel leaves the accumulator alone (skip_masked); a key whose
@@ -305,12 +319,7 @@ TMPL_INLINE void tmpl_stream_reg_body(const int kvt, const int eo, const int rb,
             v_f32 odd = V_ZERO();
             TMPL_UNROLL
             for (int v = 0; v < nv; v++) {
-                v_f32 bv;
-                if (eo)
-                    tmpl_stream_eo_load(B, b + v * TMPL_VL, v, &bv, &odd);
-                else
-                    bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
-                                               : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
+                v_f32 bv = tmpl_stream_b(kvt, eo, nv, part, B, b, v, tailn, t, &odd);
 #ifdef V_PIN /* one load per V vector for the rb rows (not in gemm_nt's K loop: from memory, 0.94-0.98x there) */
                 if (rb > 1)
                     V_PIN(bv);
@@ -323,12 +332,7 @@ TMPL_INLINE void tmpl_stream_reg_body(const int kvt, const int eo, const int rb,
             v_f32 odd = V_ZERO();
             TMPL_UNROLL
             for (int v = 0; v < nv; v++) {
-                v_f32 bv;
-                if (eo)
-                    tmpl_stream_eo_load(B, b + v * TMPL_VL, v, &bv, &odd);
-                else
-                    bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
-                                               : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
+                const v_f32 bv = tmpl_stream_b(kvt, eo, nv, part, B, b, v, tailn, t, &odd);
                 TMPL_UNROLL
                 for (int i = 0; i < rb; i++)
                     if (live >> i & 1u)
