@@ -79,12 +79,19 @@ static int usage(const char *why)
                     "  --rounds N   rounds, each timing A and B once, in alternating order (default 31, at most 100000)\n"
                     "  --inner N    calls per timing (default 1, at most 100000)\n"
                     "  --blocks-a / --blocks-b BQ,BK  block_q, block_k of A's / B's calls (default 0,0: the library's)\n"
-                    "  --dtype T    fp32 (default), bf16 or fp16: the type of Q, K, V, O and the gradients\n"
-                    "  --kv-dtype T the type of K and V (and dK, dV) alone (default: --dtype's), as a\n"
-                    "               float32 model over a bf16 or fp16 cache\n"
+                    "  --dtype T    fp32 (default), bf16 or fp16: the type of Q, O, dO, dQ, and of K, V,\n"
+                    "               dK, dV unless --kv-dtype is given\n"
+                    "  --kv-dtype T the type of K and V (and dK, dV) alone (default: --dtype's): a float32\n"
+                    "               model over a bf16 or fp16 cache, or 16-bit queries over another cache type\n"
                     "  --flush      every buffer of the call evicted from the caches before each timed call\n"
                     "               (untimed; with --inner 1 only)\n");
     return 2;
+}
+
+/* The --dtype spelling of a type. */
+static const char *dtype_name(sdpa_dtype d)
+{
+    return d == SDPA_DTYPE_BF16 ? "bf16" : d == SDPA_DTYPE_F16 ? "fp16" : "fp32";
 }
 
 /* A whole decimal integer in [lo, hi]; 0 when it is not. */
@@ -318,8 +325,9 @@ int main(int argc, char **argv)
     pairs *= (double)(B * Hq);
     const double flops = 2.0 * pairs * (double)D * (backward ? 5.0 : 2.0);
     printf("A %.4g ms (%.4g GFLOP/s)  B %.4g ms (%.4g GFLOP/s)  A/B per round: median %.3f [q1 %.3f, q3 %.3f], "
-           "%d rounds\n",
+           "%d rounds, dtype %s, kv-dtype %s\n",
            t[0][rounds / 2] * 1e3, flops / t[0][rounds / 2] * 1e-9, t[1][rounds / 2] * 1e3,
-           flops / t[1][rounds / 2] * 1e-9, ratio[rounds / 2], ratio[rounds / 4], ratio[3 * rounds / 4], rounds);
+           flops / t[1][rounds / 2] * 1e-9, ratio[rounds / 2], ratio[rounds / 4], ratio[3 * rounds / 4], rounds,
+           dtype_name(dtype), dtype_name(kv_dtype));
     return 0;
 }

@@ -906,6 +906,7 @@ Test(variants, large_sink_takes_the_lse_256_path)
     run_all_isas(p, &in, 0, "sinks near 300, bias +300", NULL);
     p.softcap = 1.0f;
     run_all_isas(p, &in, 0, "sinks near 300, bias +300, softcap", NULL);
+    util_inputs_free(&in);
 }
 
 /* ---------------------------------------------------------------- refusals */

@@ -246,23 +246,21 @@ static void TMPL_FN(gemm_nt)(int M, int N, int K, float alpha, const float *A, p
 
 /* ----------------------------------------------------------- gemm_stream */
 
+#ifdef V_WIDEN_BF16_EO
 /* A bf16 row of B read two vectors at a time (eo: whole rows of an even number of
  * vectors): at even v, the even elements of vectors v, v + 1 to *bv and the odd ones
  * to *odd (one load, a shift and an and, against two loads and two widenings); at odd
  * v, *odd. Each element meets the same A values in the same order, only in another
- * lane: V_INTERLEAVE puts the accumulators back before the store. */
+ * lane: V_INTERLEAVE puts the accumulators back before the store. Only a layer that
+ * defines V_WIDEN_BF16_EO has it; elsewhere eo is never set (tmpl_stream_reg). */
 TMPL_INLINE void tmpl_stream_eo_load(const void *B, ptrdiff_t off, int v, v_f32 *bv, v_f32 *odd)
 {
-#ifdef V_WIDEN_BF16_EO
     if (v % 2 == 0)
         V_WIDEN_BF16_EO((const uint16_t *)B + off, *bv, *odd);
     else
         *bv = *odd;
-#else
-    (void)B, (void)off, (void)v, (void)odd;
-    *bv = V_ZERO();
-#endif
 }
+#endif
 
 /* Vector v of the row of B at element b: even / odd (eo), else as it is, the last one
  * masked when the row's last vector is partial. */
@@ -270,11 +268,16 @@ TMPL_INLINE v_f32 tmpl_stream_b(const int kvt, const int eo, const int nv, int p
                                 int v, int tailn, v_tail t, v_f32 *odd)
 {
     v_f32 bv;
-    if (eo)
+#ifdef V_WIDEN_BF16_EO
+    if (eo) {
         tmpl_stream_eo_load(B, b + v * TMPL_VL, v, &bv, odd);
-    else
-        bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
-                                   : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
+        return bv;
+    }
+#else
+    (void)eo, (void)odd;
+#endif
+    bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
+                               : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
     return bv;
 }
 
@@ -282,7 +285,9 @@ TMPL_INLINE v_f32 tmpl_stream_b(const int kvt, const int eo, const int nv, int p
  * whole call; per key, the row of B is read whole before the next. A term whose A(i,k)
  * is the sentinel leaves the accumulator alone (skip_masked); a key whose
  * terms are all skipped is not read. The last vector is partial when
- * N % VL != 0. rb, nv compile-time. */
+ * N % VL != 0. eo (bf16 B, whole rows of an even number of vectors, only where the
+ * layer defines V_WIDEN_BF16_EO): B read even / odd (tmpl_stream_eo_load) and the
+ * accumulators interleaved back before the store. eo, rb, nv compile-time. */
 TMPL_INLINE void tmpl_stream_reg_body(const int kvt, const int eo, const int rb, const int nv,
                                       const int skip_masked, int mr, int N, int K, const float *A, ptrdiff_t lda,
                                       const void *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, const float *row_scale)

@@ -57,6 +57,10 @@ static void TMPL_FN(online_softmax)(int M, int N, float *S, ptrdiff_t lds, float
  * alpha come from one vector exp. */
 /* vectors per row in a decode step of V_NT_STEP keys (at least one) */
 #define TMPL_STEP_NV (V_NT_STEP > TMPL_VL ? V_NT_STEP / TMPL_VL : 1)
+/* The phase-by-phase branch below holds 2 * TMPL_REDUCE_N * TMPL_STEP_NV vectors: 8 on
+ * AVX-512, 16 on AVX2 (both timed, docs/perf-notes.md session 26); NEON's 32 would
+ * take every register and spill, untimed on Arm hardware, so NEON keeps the row loop. */
+#define TMPL_SOFTMAX_PHASED (TMPL_STEP_NV <= 2)
 
 static void TMPL_FN(online_softmax_rows)(int M, int N, float *S, ptrdiff_t lds, float *m, float *l,
                                      float *alpha)
@@ -66,10 +70,12 @@ static void TMPL_FN(online_softmax_rows)(int M, int N, float *S, ptrdiff_t lds, 
         v_f32 sums[TMPL_REDUCE_N];
         float mxs[TMPL_REDUCE_N], dm[TMPL_VL > TMPL_REDUCE_N ? TMPL_VL : TMPL_REDUCE_N] = {0}, tot[TMPL_REDUCE_N],
               al[TMPL_VL > TMPL_REDUCE_N ? TMPL_VL : TMPL_REDUCE_N];
-        if (N == TMPL_STEP_NV * TMPL_VL && rn == TMPL_REDUCE_N) {
+        if (TMPL_SOFTMAX_PHASED && N == TMPL_STEP_NV * TMPL_VL && rn == TMPL_REDUCE_N) {
             /* a decode step (TMPL_STEP_NV vectors per row): the same operations per row
-             * as below, phase by phase across the rows, so that the rows' exps do not
-             * wait on one another's maxima */
+             * as the loop below, in the same order per row (so the same bits), phase by
+             * phase across the rows, so that the rows' exps do not wait on one another's
+             * maxima. NaN scores are skipped by the maximum, as fmaxf does; m[r] is one
+             * of the candidates; m[r] = -inf gives dm = -inf and exp exactly 0. */
             v_f32 sv[TMPL_REDUCE_N][TMPL_STEP_NV], p[TMPL_REDUCE_N][TMPL_STEP_NV];
             float mu[TMPL_REDUCE_N];
             for (int q = 0; q < TMPL_REDUCE_N; q++) {
