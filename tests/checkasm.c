@@ -434,6 +434,50 @@ static void check_gemm_stream_c(const sdpa_kernels *kt, int M, int N, int K, int
         free(c[x]);
 }
 
+/* The first index at which two float arrays differ in their bits (SIZE_MAX: none). */
+static size_t buf_first_diff(const float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (float_bits(x[i]) != float_bits(y[i]))
+            return i;
+    return SIZE_MAX;
+}
+
+/* A row of C must not depend on how many rows the call has: M rows at once (for a
+ * depth of at most 8, B's rows held in registers while A's rows stream past) and the
+ * same rows one call each (the row-block micro-kernels) give the same bits, with NaN,
+ * infinities, zeros of both signs and denormals among the inputs. */
+static void check_gemm_row_bits(const sdpa_kernels *kt, int M, int N, int K, int layout, int flags, float alpha)
+{
+    const ptrdiff_t rs_a = layout == 0 ? K + 3 : 1, cs_a = layout == 0 ? 1 : M + 2;
+    const size_t na = layout == 0 ? (size_t)M * (size_t)rs_a : (size_t)K * (size_t)cs_a;
+    const ptrdiff_t ldc = (N + kt->col_align - 1) / kt->col_align * kt->col_align;
+    const size_t nc = (size_t)M * (size_t)ldc + (size_t)kt->col_align;
+    float *a = malloc((na + 1) * sizeof(float)), *b = malloc(((size_t)K * N + 1) * sizeof(float)), *c[2];
+    static const float odd[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, 3e38f};
+    for (size_t i = 0; i < na; i++)
+        a[i] = chance(4) ? odd[rnd() % 7] : frand(-1.0f, 1.0f);
+    for (int i = 0; i < K * N; i++)
+        b[i] = chance(4) ? odd[rnd() % 7] : frand(-1.0f, 1.0f);
+    for (int x = 0; x < 2; x++) {
+        c[x] = aligned_alloc((size_t)kt->col_align * sizeof(float), nc * sizeof(float));
+        for (size_t i = 0; i < nc; i++)
+            c[x][i] = (float)(i % 13) * 0.25f - 1.0f;
+    }
+    kt->gemm(M, N, K, alpha, a, rs_a, cs_a, b, N, c[0], ldc, flags, NULL);
+    for (int m = 0; m < M; m++)
+        kt->gemm(1, N, K, alpha, a + m * rs_a, rs_a, cs_a, b, N, c[1] + (ptrdiff_t)m * ldc, ldc, flags, NULL);
+    const size_t bad = buf_first_diff(c[0], c[1], nc);
+    if (bad != SIZE_MAX)
+        report("M=%d N=%d K=%d layout=%d flags=%d alpha=%g: C[%zu] = %08x whole, %08x row by row", M, N, K, layout,
+               flags, (double)alpha, bad, float_bits(c[0][bad]), float_bits(c[1][bad]));
+    record(bad == SIZE_MAX);
+    free(a);
+    free(b);
+    free(c[0]);
+    free(c[1]);
+}
+
 static void test_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
 {
     kernel_begin(kt->name, "gemm");
@@ -461,6 +505,14 @@ static void test_gemm(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)
     for (size_t q = 0; q < sizeof st / sizeof st[0]; q++)
         for (int f = 0; f < 2; f++)
             check_gemm_stream_c(kt, st[q][0], st[q][1], st[q][2], f ? SDPA_GEMM_SKIP_ZERO_A : 0);
+    /* rows whole and one by one, the depths of few query columns and one past them */
+    static const int rm[] = {6, 7, 13, 128}, rn_[] = {1, 17, 64, 100, 129};
+    static const int rf[] = {0, SDPA_GEMM_ACCUMULATE, SDPA_GEMM_STREAM_C};
+    for (int K = 1; K <= 9; K++)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 5; j++)
+                check_gemm_row_bits(kt, rm[i], rn_[j] == 64 ? kt->vec_floats * 4 : rn_[j], K, (i + j) % 2, rf[(K + j) % 3],
+                                    (K + i) % 2 ? 1.0f : 0.125f);
     kernel_end();
 }
 

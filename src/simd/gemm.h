@@ -179,6 +179,79 @@ TMPL_UKR_MODE(zab, 1, 1)
 static const tmpl_ukr_fn TMPL_FN(gemm_ukr_tab)[4][3][TMPL_NV + 1] = {
     TMPL_UKR_ROWS(plain), TMPL_UKR_ROWS(za), TMPL_UKR_ROWS(zb), TMPL_UKR_ROWS(zab)};
 
+/* ------------------------------------------------------------ small depth */
+
+/* C (+)= alpha A B for a depth K of at most TMPL_SMALLK_MAX (the dK, dV of a decode
+ * backward: keys x head_dim, the inner dimension the few query columns): B's K rows
+ * of a block of nv vectors stay in registers while every row of A streams past them,
+ * instead of reloading the K x NB panel and paying a micro-kernel call per TMPL_MR
+ * rows (49% of the FMA peak at M = N = 128, K = 4 on Zen 4). Per element of C the
+ * same operations in the same order as tmpl_gemm_rows (FMAs in increasing k from 0,
+ * then alpha * acc or alpha * acc + C), so the same bits. No skip modes, no row
+ * scale. Only whole blocks of nv full vectors: returns the columns done, a multiple
+ * of nv * VL; the caller does the rest. */
+#define TMPL_SMALLK_MAX 8
+#define TMPL_SMALLK_NV(K) (V_NT_QREGS / (K) >= 4 ? 4 : V_NT_QREGS / (K) >= 2 ? 2 : 1)
+TMPL_INLINE int tmpl_gemm_smallk(const int K, int M, int N, float alpha, const float *A, ptrdiff_t rs_a,
+                                 ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
+                                 int accumulate)
+{
+    const int nv = TMPL_SMALLK_NV(K), cols = nv * TMPL_VL;
+    const v_f32 va = V_SET1(alpha);
+    const int unit = alpha == 1.0f; /* 1 * acc is acc, bit for bit: the multiply is left out */
+    int n0 = 0;
+    for (; n0 + cols <= N; n0 += cols) {
+        v_f32 b[TMPL_SMALLK_MAX][4];
+        TMPL_UNROLL
+        for (int k = 0; k < K; k++) {
+            TMPL_UNROLL
+            for (int j = 0; j < nv; j++)
+                b[k][j] = V_LOAD(B + (ptrdiff_t)k * ldb + n0 + j * TMPL_VL);
+        }
+        for (int m = 0; m < M; m++) {
+            const float *a = A + (ptrdiff_t)m * rs_a;
+            float *c = C + (ptrdiff_t)m * ldc + n0;
+            v_f32 acc[4];
+            TMPL_UNROLL
+            for (int j = 0; j < nv; j++)
+                acc[j] = V_ZERO();
+            TMPL_UNROLL
+            for (int k = 0; k < K; k++) {
+                const v_f32 av = V_BCAST(a + (ptrdiff_t)k * cs_a);
+                TMPL_UNROLL
+                for (int j = 0; j < nv; j++)
+                    acc[j] = V_FMA(av, b[k][j], acc[j]);
+            }
+            TMPL_UNROLL
+            for (int j = 0; j < nv; j++) {
+                if (accumulate == 1)
+                    V_STORE(c + j * TMPL_VL, V_FMA(va, acc[j], V_LOAD(c + j * TMPL_VL)));
+#ifdef V_STREAM
+                else if (accumulate == TMPL_STORE_STREAM)
+                    V_STREAM(c + j * TMPL_VL, unit ? acc[j] : V_MUL(va, acc[j]));
+#endif
+                else
+                    V_STORE(c + j * TMPL_VL, unit ? acc[j] : V_MUL(va, acc[j]));
+            }
+        }
+    }
+    return n0;
+}
+
+typedef int (*tmpl_smallk_fn)(int M, int N, float alpha, const float *A, ptrdiff_t rs_a, ptrdiff_t cs_a,
+                              const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int accumulate);
+#define TMPL_SMALLK_FN(K, unused)                                                                  \
+    static int TMPL_FN(gemm_smallk_##K)(int M, int N, float alpha, const float *A, ptrdiff_t rs_a,     \
+                                        ptrdiff_t cs_a, const float *B, ptrdiff_t ldb, float *C,       \
+                                        ptrdiff_t ldc, int accumulate)                                 \
+    {                                                                                              \
+        return tmpl_gemm_smallk(K, M, N, alpha, A, rs_a, cs_a, B, ldb, C, ldc, accumulate);        \
+    }
+#define TMPL_SMALLK_PTR(K, unused) TMPL_FN(gemm_smallk_##K),
+TMPL_UPTO(TMPL_SMALLK_MAX, TMPL_SMALLK_FN, 0)
+static const tmpl_smallk_fn TMPL_FN(gemm_smallk_tab)[TMPL_SMALLK_MAX] = {
+    TMPL_UPTO(TMPL_SMALLK_MAX, TMPL_SMALLK_PTR, 0)};
+
 /* C = alpha A B (or C += with ACCUMULATE), see sdpa_gemm_fn. Column blocks of
  * NB = NV*VL outside, MR-row blocks inside: one K x NB panel of B serves every
  * row block. */
@@ -202,7 +275,10 @@ static void TMPL_FN(gemm)(int M, int N, int K, float alpha, const float *A, ptrd
     if (stream)
         accumulate = TMPL_STORE_STREAM;
 #endif
-    for (int n0 = 0; n0 < N; n0 += TMPL_NB) {
+    int n_first = 0;
+    if (mode == 0 && !c_row_scale && K >= 1 && K <= TMPL_SMALLK_MAX && M >= TMPL_MR)
+        n_first = TMPL_FN(gemm_smallk_tab)[K - 1](M, N, alpha, A, rs_a, cs_a, B, ldb, C, ldc, accumulate);
+    for (int n0 = n_first; n0 < N; n0 += TMPL_NB) {
         const int nb = N - n0 < TMPL_NB ? N - n0 : TMPL_NB;
         int nv = 0; /* 0: full block */
         v_tail t = V_TAIL_INIT(TMPL_VL);
