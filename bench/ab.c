@@ -121,9 +121,12 @@ static int parse_list(const char *s, int n, long long lo, long long hi, long lon
     return k == n;
 }
 
+/* 64-byte aligned, as PyTorch's and NumPy's allocators give (the library's
+ * non-temporal dK, dV stores need it; glibc's malloc of a large buffer is 16 bytes
+ * off a line). */
 static float *uniform(size_t n, unsigned *seed)
 {
-    float *p = malloc((n ? n : 1) * sizeof(float));
+    float *p = aligned_alloc(64, ((n ? n : 1) * sizeof(float) + 63) / 64 * 64);
     for (size_t i = 0; p && i < n; i++) {
         *seed = *seed * 1664525u + 1013904223u;
         p[i] = (float)(*seed >> 8) * 0x1p-24f - 0.5f;

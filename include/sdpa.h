@@ -404,7 +404,12 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  *   prefill tiles' products are bf16 pair products with P and dS rounded to bf16):
  *   overwritten in full (rows of masked keys get exactly 0). None of them may
  *   share an element with any input or each other (SDPA_ERR_ALIASING); dQ, dK,
- *   dV interleaved in one packed [B, T, 3, H, D] buffer are fine.
+ *   dV interleaved in one packed [B, T, 3, H, D] buffer are fine. Any alignment
+ *   works; speed: a decode backward (one query tile per kv head) whose fp32 dK + dV
+ *   are 16 MiB or more writes them with non-temporal stores where their data and
+ *   row strides are multiples of 64 bytes (AVX-512; 32 on AVX2), else with plain
+ *   stores, which read each line first (slower from memory, docs/perf-notes.md:
+ *   allocate them line-aligned, as PyTorch and the Python package do).
  * Rows with LSE = -inf (fully masked) contribute exactly 0; NaN in the dO or O
  * of such a row, or in masked K/V rows, never reaches a gradient. NaN/Inf in
  * allowed inputs propagates (O excepted for the rows with |LSE| >= 256 below,

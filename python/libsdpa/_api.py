@@ -591,10 +591,26 @@ def _tp(ptr, st, rank):
 _lse_tp = _tp
 
 
+_ALIGNED_OUT_BYTES = 1 << 20
+
+
+def _empty_aligned(shape, dt):
+    """np.empty(shape, dt), but a large one starts on a 64-byte line: numpy's allocator
+    puts large arrays 16 or 48 bytes off a line, and the library writes the dK, dV of a
+    long decode backward with non-temporal stores only into line-aligned rows (plain
+    stores also read every line first: slower from memory, docs/perf-notes.md)."""
+    n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+    if n < _ALIGNED_OUT_BYTES:
+        return _empty(shape, dt)
+    raw = _empty(n + 64, np.uint8)
+    off = -raw.ctypes.data % 64
+    return raw[off:off + n].view(dt).reshape(shape)
+
+
 def _new_out(shape, dt, item, rank, H, T, D):
     """A new C-order array [.., T, D] (shape, in a rank-`rank` call whose sizes are H, T, D)
     and its packed sdpa_tensor_out: the strides numpy gives it, in elements."""
-    a = _empty(shape, dt)
+    a = _empty_aligned(shape, dt)
     if a.size:
         return a, _pack_t(_data_ptr(a), H * T * D if rank == 4 else 0, T * D if rank > 2 else 0, D)
     return a, _tp(_data_ptr(a), [s // item for s in a.strides], rank)

@@ -125,6 +125,23 @@ def test_backward_masks(name):
         close(g, w, rtol=5e-4, atol=5e-5)
 
 
+def test_backward_large_gradients_are_line_aligned():
+    """dK, dV of 1 MiB or more start on a 64-byte line (the library streams a long decode
+    backward's dK, dV with non-temporal stores only into aligned rows) and are ordinary
+    C-order, writeable arrays with the right values."""
+    rng = np.random.default_rng(64)
+    q, k, v = qkv(rng, B=1, Hq=4, Hkv=2, Tq=1, Tk=1200, Dk=128, Dv=128)
+    o, lse = libsdpa.attention(q, k, v, return_lse=True)
+    do = rnd(rng, *o.shape)
+    dq, dk, dv = libsdpa.attention_backward(q, k, v, o, lse, do)
+    for g, a in ((dk, k), (dv, v)):
+        assert g.nbytes >= 1 << 20 and g.ctypes.data % 64 == 0
+        assert g.shape == a.shape and g.dtype == np.float32 and g.flags.c_contiguous and g.flags.writeable
+    want = ref.backward(q, k, v, do)
+    for g, w in zip((dq, dk, dv), want):
+        close(g, w, rtol=5e-4, atol=5e-5)
+
+
 @pytest.mark.parametrize("rank", [2, 3, 4])
 def test_ranks(rank):
     rng = np.random.default_rng(rank)
