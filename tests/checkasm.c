@@ -445,7 +445,8 @@ static size_t buf_first_diff(const float *x, const float *y, size_t n)
 
 /* A row of C must not depend on how many rows the call has: M rows at once (for a
  * depth of at most 8, B's rows held in registers while A's rows stream past) and the
- * same rows one call each (the row-block micro-kernels) give the same bits, with NaN,
+ * same rows one call each (the row-block micro-kernels) give the same bits, with the
+ * default NaN (one payload: which of two payloads survives is not promised),
  * infinities, zeros of both signs and denormals among the inputs. */
 static void check_gemm_row_bits(const sdpa_kernels *kt, int M, int N, int K, int layout, int flags, float alpha)
 {

@@ -598,7 +598,9 @@ def _empty_aligned(shape, dt):
     """np.empty(shape, dt), but a large one starts on a 64-byte line: numpy's allocator
     puts large arrays 16 or 48 bytes off a line, and the library writes the dK, dV of a
     long decode backward with non-temporal stores only into line-aligned rows (plain
-    stores also read every line first: slower from memory, docs/perf-notes.md)."""
+    stores also read every line first: slower from memory, docs/perf-notes.md). Such
+    an array is a view of a slightly larger buffer (owndata False: ndarray.resize refuses
+    it; np.resize and copies work)."""
     n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
     if n < _ALIGNED_OUT_BYTES:
         return _empty(shape, dt)
@@ -845,7 +847,7 @@ def _seqs_call(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seq_lens_k, pag
 
 def _token_out(shape, dt):
     """A new C-order token list (total, H, D) and its packed sdpa_tensor_out."""
-    a = _empty(shape, dt)
+    a = _empty_aligned(shape, dt)
     _, H, D = shape
     return a, _pack_t(_data_ptr(a), 0, D, H * D)
 

@@ -187,7 +187,9 @@ static const tmpl_ukr_fn TMPL_FN(gemm_ukr_tab)[4][3][TMPL_NV + 1] = {
  * instead of reloading the K x NB panel and paying a micro-kernel call per TMPL_MR
  * rows (49% of the FMA peak at M = N = 128, K = 4 on Zen 4). Per element of C the
  * same operations in the same order as tmpl_gemm_rows (FMAs in increasing k from 0,
- * then alpha * acc or alpha * acc + C), so the same bits. No skip modes, no row
+ * then alpha * acc or alpha * acc + C), so the same bits for inputs without NaN
+ * (two NaNs of different payloads: the columns after the blocks take another tail
+ * kernel, whose operand order may keep the other payload). No skip modes, no row
  * scale. Only whole blocks of nv full vectors: returns the columns done, a multiple
  * of nv * VL; the caller does the rest. */
 #define TMPL_SMALLK_MAX 8
@@ -198,7 +200,9 @@ TMPL_INLINE int tmpl_gemm_smallk(const int K, int M, int N, float alpha, const f
 {
     const int nv = TMPL_SMALLK_NV(K), cols = nv * TMPL_VL;
     const v_f32 va = V_SET1(alpha);
-    const int unit = alpha == 1.0f; /* 1 * acc is acc, bit for bit: the multiply is left out */
+    /* 1 * acc is acc, bit for bit in the default environment (a caller's DAZ without FTZ
+     * would flush a denormal acc in the multiply): the multiply is left out */
+    const int unit = alpha == 1.0f;
     int n0 = 0;
     for (; n0 + cols <= N; n0 += cols) {
         v_f32 b[TMPL_SMALLK_MAX][4];
