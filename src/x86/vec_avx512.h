@@ -146,9 +146,8 @@ static inline __m512 avx512_widen_bf16(__m256i h)
 {
     /* word i to the upper half of dword i, the lower halves zeroed: one vpermw. The
      * indices select words 0-15 only, so the upper half of the cast (undefined) is never
-     * read. Measured on Zen 4 only (docs/perf-notes.md, session 26): there it runs free
-     * beside the FMAs; on Intel cores vpermw zmm is documented as 2 uops on port 5,
-     * not timed here. */
+     * read. Measured on Zen 4 only (docs/perf-notes.md, session 26), where it runs free
+     * beside the FMAs; not timed on Intel cores, whose shuffle port it shares. */
     const __m512i idx = _mm512_setr_epi32(0x00000, 0x10001, 0x20002, 0x30003, 0x40004, 0x50005, 0x60006, 0x70007,
                                           0x80008, 0x90009, 0xa000a, 0xb000b, 0xc000c, 0xd000d, 0xe000e, 0xf000f);
     return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16((__mmask32)0xaaaaaaaau, idx, _mm512_castsi256_si512(h)));
