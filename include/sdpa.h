@@ -558,8 +558,8 @@ SDPA_API const char *sdpa_tuning(void);
 /** 1 when a forward on `isa` (SDPA_ISA_AUTO: the process-wide default) runs the
  *  prefill key tiles of bf16 K/V with a bf16 or fp32 Q (head_dim_qk even) on bf16 pair
  *  products (AVX512-BF16 `vdpbf16ps` where the tuning for this CPU turns them on,
- *  AMX `tdpbf16ps` on SDPA_ISA_AMX, and Arm BFDOT on SDPA_ISA_NEON where the OS reports
- *  BF16, whose fp32 additions round to odd: "bf16_dot 1" in sdpa_tuning(),
+ *  AMX `tdpbf16ps` on SDPA_ISA_AMX, and Arm BFMMLA and BFDOT (the same bits) on SDPA_ISA_NEON
+ *  where the OS reports BF16, whose fp32 additions round to odd: "bf16_dot 1" in sdpa_tuning(),
  *  SDPA_TUNE=bf16_dot=0|1), which round each
  *  probability P to bf16 before P V, round an fp32 Q to bf16 (nearest even; in every
  *  tile of a problem with more than nt_max_cols / G query rows per kv head, and in its
@@ -577,7 +577,7 @@ SDPA_API int sdpa_isa_bf16_pairs(sdpa_isa isa);
  *  dQ = dS K; FlashAttention-2 backward, Dao 2023, Alg. 2) on bf16 pair products: AMX
  *  `tdpbf16ps` on SDPA_ISA_AMX ("bwd_bf16_dot 1" in sdpa_tuning()), AVX512-BF16
  *  `vdpbf16ps` on SDPA_ISA_AVX512 on Zen 4 (where it issues at the FMA rate); elsewhere
- *  AVX512-BF16 and Arm BFDOT only where SDPA_TUNE=bwd_bf16_dot=1 asks (measured slower
+ *  AVX512-BF16 and Arm BFMMLA / BFDOT only where SDPA_TUNE=bwd_bf16_dot=1 asks (measured slower
  *  than the fp32 products where vdpbf16ps runs at half rate). These round P to bf16 before dV and dS before dK and
  *  dQ (nearest even, bf16 subnormals read as 0; docs/design.md, "What is rounded"); a
  *  (batch, kv head) group or key chunk with an inf or NaN in Q, K, V or dO keeps the fp32

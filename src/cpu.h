@@ -16,7 +16,7 @@ enum {
     SDPA_ARM_CPU_FLAG_DOTPROD = 1u << 9,/* reserved for later kernels */
     SDPA_ARM_CPU_FLAG_FP16 = 1u << 10,  /* reserved for later kernels */
     SDPA_ARM_CPU_FLAG_SVE = 1u << 11,   /* reserved for later kernels */
-    SDPA_ARM_CPU_FLAG_BF16 = 1u << 12   /* FEAT_BF16 (BFDOT): the NEON table's bf16 pair products */
+    SDPA_ARM_CPU_FLAG_BF16 = 1u << 12   /* FEAT_BF16 (BFMMLA, BFDOT): the NEON table's bf16 pair products */
 };
 
 /* Appends a feature name to the space-separated list names[cap] (dropped if it

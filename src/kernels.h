@@ -217,7 +217,7 @@ typedef void (*sdpa_widen_rows_fn)(int rows, int cols, const uint16_t *src, ptrd
 typedef void (*sdpa_narrow_rows_fn)(int rows, int cols, const float *src, ptrdiff_t lds, uint16_t *dst,
                                     ptrdiff_t ldd);
 
-/* bf16 pair products (AVX512-BF16 `vdpbf16ps`, AMX `tdpbf16ps`, NEON BFDOT; optional per ISA, NULL:
+/* bf16 pair products (AVX512-BF16 `vdpbf16ps`, AMX `tdpbf16ps`, NEON BFMMLA / BFDOT; optional per ISA, NULL:
  * not provided; where the table has tiles_begin, only between tiles_begin and
  * tiles_end on the calling thread).
  * The reduction dimension runs in pairs of adjacent bf16, one pair per 32-bit word
@@ -229,7 +229,7 @@ typedef void (*sdpa_narrow_rows_fn)(int rows, int cols, const float *src, ptrdif
  * elements; any alignment) and dot2 adds the two products of a pair to the lane's
  * sum with the instruction's arithmetic: bf16 subnormals count as zero (so a
  * subnormal times inf is NaN), each step rounds (to nearest even on x86; to odd on
- * Arm's BFDOT), a subnormal sum is flushed to zero (docs/design.md, "What is rounded"). Sums run over p in
+ * Arm's BFDOT and BFMMLA), a subnormal sum is flushed to zero (docs/design.md, "What is rounded"). Sums run over p in
  * increasing order (AMX: 16-pair steps in increasing order, each added in the
  * instruction's own order), one fixed order per (m,n), whatever the caller's threading.
  * Only SDPA_GEMM_ACCUMULATE is a valid flag (no masked sentinels in its inputs). */
@@ -291,8 +291,9 @@ typedef struct sdpa_kernels {
                           little of K and V is reused: see forward.c) */
     int bf16_dot; /* 1: bf16 problems (Q and K/V bf16) run their prefill key tiles through the
                      pair products below (set per microarchitecture where they are faster than
-                     the fp32 products on widened tiles; NEON: wherever the CPU has BFDOT, not
-                     yet measured on Arm hardware; 0 where the kernels are NULL) */
+                     the fp32 products on widened tiles; NEON: wherever the CPU has BF16
+                     (BFMMLA, BFDOT), not yet measured on Arm hardware; 0 where the kernels
+                     are NULL) */
     int bwd_bf16_dot; /* 1: a backward of bf16 Q, K/V and O runs the five products of its wide
                          tiles through the pair products (backward_tile.c): amx, where the tile
                          products pay for the extra packing, and Zen 4's avx512 (tuning.c);
@@ -400,12 +401,18 @@ int sdpa_avx512_attend_rows_bf16_pairs(int M, int N, int Dk, int Dv, float scale
 sdpa_bwd_rows_fn sdpa_avx512_bf16_bwd_rows(void);
 /* The amx rung: the AVX512-BF16 packs, gemm_bf16_pairs on AMX tiles, bf16_dot on. */
 void sdpa_kernels_init_amx(sdpa_kernels *table);
-/* The BFDOT pair products (src/arm/kernels_neon_bf16.c) and their packs
- * (src/arm/kernels_neon.c), added to the NEON table when the OS reports BF16; bf16_dot on. */
+/* The BF16 pair products (src/arm/kernels_neon_bf16.c: BFMMLA for whole 8 x 8 blocks,
+ * BFDOT for the rest) and their packs (src/arm/kernels_neon.c), added to the NEON table
+ * when the OS reports BF16; bf16_dot on. */
 void sdpa_kernels_init_neon_bf16(sdpa_kernels *table);
 void sdpa_neon_gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A, ptrdiff_t rs_a, ptrdiff_t cs_a,
                                const uint32_t *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int flags,
                                const float *c_row_scale);
+/* The same products on BFMMLA (the table's gemm_bf16_pairs where the OS reports BF16),
+ * the same bits as sdpa_neon_gemm_bf16_pairs (BFDOT) by the instructions' definitions. */
+void sdpa_neon_gemm_bf16_pairs_mmla(int M, int N, int P, float alpha, const uint16_t *A, ptrdiff_t rs_a,
+                                    ptrdiff_t cs_a, const uint32_t *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc,
+                                    int flags, const float *c_row_scale);
 void sdpa_neon_dot_pairs_cols(int P, int N, const uint32_t *A, ptrdiff_t lda, const uint32_t *B, ptrdiff_t ldb,
                               float *out);
 

@@ -40,6 +40,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "config.h"
 #include "kernels.h"
 #include "sdpa.h"
 
@@ -2529,6 +2530,65 @@ static void check_pairs_gemm(const sdpa_kernels *kt, int M, int N, int P, int la
     free(A), free(B), free(scale);
 }
 
+#if ARCH_AARCH64 && HAVE_NEON_BF16
+/* A bf16 for the bit comparison below: mostly random normal values, sometimes a zero of
+ * either sign, an inf, a NaN or a value large enough that sums overflow. */
+static uint16_t rand_bf16_special(void)
+{
+    static const uint16_t special[] = {0x0000u, 0x8000u, 0x7F80u, 0xFF80u, 0x7FC1u, 0x7F7Fu, 0xFF7Fu};
+    return chance(6) ? special[rnd() % (sizeof special / sizeof special[0])] : rand_bf16();
+}
+
+/* The table's gemm_bf16_pairs (BFMMLA for whole 8 x 8 blocks) against the BFDOT kernel,
+ * bit for bit over all of C's buffer (padding included): BFMMLA is two BFDotAdd steps per
+ * element, the lower pair first (Arm ARM), so the two must agree on every input, infs,
+ * NaNs and overflow included (a NaN's payload aside, which the contract leaves open: GCC
+ * may swap the operands of C's final vaddq_f32, and Arm returns the first NaN). layout 0:
+ * pairs along A's rows (cs = 2), 1: down its columns (rs = 2), 2: neither (element-wise
+ * loads); `shift` puts A's words off their 4-byte alignment; `specials` mixes zeros, infs,
+ * NaNs and huge values into A, B and C (without it every input is finite, so that long
+ * depths compare finite sums rather than NaNs). */
+static void check_pairs_mmla_bits(const sdpa_kernels *kt, int M, int N, int P, int layout, int shift, int flags,
+                                  int row_scale, int specials)
+{
+    const ptrdiff_t ldb = N + 3, ldc = N + 5;
+    const ptrdiff_t rs = layout == 1 ? 2 : layout == 0 ? 2 * (ptrdiff_t)P + 6 : 4 * (ptrdiff_t)P + 2;
+    const ptrdiff_t cs = layout == 1 ? 2 * (ptrdiff_t)M + 4 : layout == 0 ? 2 : 4;
+    const size_t na = (M > 0 && P > 0 ? (size_t)((M - 1) * rs + (P - 1) * cs + 2) : 1) + 1;
+    const size_t nb = P > 0 && N > 0 ? (size_t)((P - 1) * ldb + N) : 1;
+    const size_t nc = (size_t)(M > 0 ? M : 1) * (size_t)ldc;
+    uint16_t *A = malloc(na * sizeof *A);
+    uint32_t *B = malloc(nb * sizeof *B);
+    float *scale = malloc((size_t)(M > 0 ? M : 1) * sizeof *scale), *c1 = malloc(nc * sizeof *c1),
+          *c2 = malloc(nc * sizeof *c2);
+    if (!A || !B || !scale || !c1 || !c2) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < na; i++)
+        A[i] = specials ? rand_bf16_special() : rand_bf16();
+    for (size_t i = 0; i < nb; i++)
+        B[i] = specials ? (uint32_t)rand_bf16_special() | (uint32_t)rand_bf16_special() << 16
+                        : (uint32_t)rand_bf16() | (uint32_t)rand_bf16() << 16;
+    for (int m = 0; m < M; m++)
+        scale[m] = chance(20) ? 1.0f : frand(0.0f, 1.5f);
+    for (size_t i = 0; i < nc; i++)
+        c1[i] = c2[i] = specials && chance(3) ? bf16_value(rand_bf16_special()) : frand(-3.0f, 3.0f);
+    const float alpha = layout == 0 ? 0.125f : layout == 1 ? 1.0f : 0.0883883f; /* 0.0883883 ~ 1/sqrt(128) */
+    kt->gemm_bf16_pairs(M, N, P, alpha, A + shift, rs, cs, B, ldb, c1, ldc, flags, row_scale ? scale : NULL);
+    sdpa_neon_gemm_bf16_pairs(M, N, P, alpha, A + shift, rs, cs, B, ldb, c2, ldc, flags, row_scale ? scale : NULL);
+    int ok = 1;
+    for (size_t i = 0; i < nc && ok; i++)
+        if (float_bits(c1[i]) != float_bits(c2[i]) && !(isnan(c1[i]) && isnan(c2[i]))) {
+            ok = 0;
+            report("M=%d N=%d P=%d layout=%d shift=%d flags=%d row_scale=%d: C[%zu] = 0x%08x, BFDOT's 0x%08x", M, N, P,
+                   layout, shift, flags, row_scale, i, (unsigned)float_bits(c1[i]), (unsigned)float_bits(c2[i]));
+        }
+    record(ok);
+    free(A), free(B), free(scale), free(c1), free(c2);
+}
+#endif
+
 static void check_pack_pairs(const sdpa_kernels *kt, int from_f32, int rows, int cols)
 {
     const ptrdiff_t lds = cols + 2, ldd = cols + 1;
@@ -2847,6 +2907,25 @@ static void test_pairs(const sdpa_kernels *kt)
                     check_pairs_gemm(kt, ms[i], ns[j], ps[k], layout, SDPA_GEMM_ACCUMULATE, layout);
                 }
     kernel_end();
+#if ARCH_AARCH64 && HAVE_NEON_BF16
+    if (kt->gemm_bf16_pairs == sdpa_neon_gemm_bf16_pairs_mmla) {
+        static const int bm[] = {0, 1, 7, 8, 9, 16, 23, 64, 65};
+        static const int bn[] = {0, 1, 7, 8, 9, 16, 17, 64, 130};
+        static const int bp[] = {0, 1, 2, 3, 9, 64, 65};
+        kernel_begin(kt->name, "gemm_bf16_pairs (BFMMLA against BFDOT, bits)");
+        for (size_t i = 0; i < sizeof bm / sizeof bm[0]; i++)
+            for (size_t j = 0; j < sizeof bn / sizeof bn[0]; j++)
+                for (size_t k = 0; k < sizeof bp / sizeof bp[0]; k++)
+                    for (int layout = 0; layout < 3; layout++) {
+                        /* specials in 3 calls of 8: the others compare finite sums */
+                        const int special = (int)(i + j + k + (size_t)layout) % 2 == 0;
+                        check_pairs_mmla_bits(kt, bm[i], bn[j], bp[k], layout, (int)(i + j + k) % 2, 0, 0, special);
+                        check_pairs_mmla_bits(kt, bm[i], bn[j], bp[k], layout, (int)(i + k) % 2,
+                                              SDPA_GEMM_ACCUMULATE, (int)(j + k) % 2, special && (j % 2 == 0));
+                    }
+        kernel_end();
+    }
+#endif
     static const int rows[] = {0, 1, 2, 3, 16, 127, 128, 129};
     static const int cols[] = {1, 15, 16, 17, 40, 64, 65, 130};
     for (int f32 = 1; f32 >= 0; f32--) {

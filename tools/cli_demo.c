@@ -74,15 +74,15 @@ int cmd_info(int argc, char **argv)
                                                                         : "C";
         const int pairs = sdpa_isa_bf16_pairs(a), bwd = sdpa_isa_bf16_pairs_backward(a), used = pairs || bwd;
         const char *products = a == SDPA_ISA_AMX    ? "AMX tdpbf16ps tile products"
-                               : a == SDPA_ISA_NEON ? "BFDOT pair products"
+                               : a == SDPA_ISA_NEON ? "BFMMLA pair products (whole 8 x 8 blocks; BFDOT the rest)"
                                                     : "AVX512-BF16 vdpbf16ps pair products";
         const int arm = sdpa_isa_compiled(SDPA_ISA_NEON);
-        const char *unused = arm ? (used ? "BFMMLA is" : "BFDOT and BFMMLA are")
+        const char *unused = arm ? (used ? NULL : "BFDOT and BFMMLA are")
                              : a == SDPA_ISA_AMX && used ? "AMX-FP16 is"
                              : used                      ? "AMX is"
                                                          : "AVX512-BF16 and AMX are";
         printf("types: fp32 %s; bf16 %s (%s%s%swidened by integer shifts, fp32 products); fp16 %s (widened by %s, "
-               "fp32 products); %s%s%s%s not used\n",
+               "fp32 products)%s%s%s%s%s%s\n",
                sdpa_isa_name(vec), sdpa_isa_name(pairs ? a : vec),
                pairs ? "bf16 K/V with a bf16 or fp32 Q, prefill tiles: " : "", pairs ? products : "",
                pairs ? (a == SDPA_ISA_AVX512 ? ", P and an fp32 Q rounded to bf16; decode tiles of a bf16 Q: "
@@ -90,8 +90,9 @@ int cmd_info(int argc, char **argv)
                                              : ", P and an fp32 Q rounded to bf16; otherwise ")
                      : "",
                sdpa_isa_name(vec), f16,
-               bwd ? "bf16 backward (bf16 Q, K/V and O), prefill tiles: " : "", bwd ? products : "",
-               bwd ? ", P and dS rounded to bf16; " : "", unused);
+               bwd ? "; bf16 backward (bf16 Q, K/V and O), prefill tiles: " : "", bwd ? products : "",
+               bwd ? ", P and dS rounded to bf16" : "", unused ? "; " : "", unused ? unused : "",
+               unused ? " not used" : "");
     }
     rej = sdpa_isa_env_rejected();
     if (rej)

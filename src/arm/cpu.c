@@ -4,7 +4,7 @@
  * Advanced SIMD (NEON) is part of the AArch64 base architecture, so it is
  * always present; the OS probes below exist for the optional extensions that
  * later kernels may use (dot product, fp16 arithmetic, SVE), and confirm
- * ASIMD where the OS reports it; BF16 (BFDOT) installs the NEON table's bf16 pair
+ * ASIMD where the OS reports it; BF16 (BFMMLA, BFDOT) installs the NEON table's bf16 pair
  * products (src/arm/kernels_neon_bf16.c). Linux: getauxval(AT_HWCAP) (see the kernel's
  * Documentation/arch/arm64/elf_hwcaps.rst). Apple: sysctlbyname("hw.optional.*").
  * Other systems: baseline only. */

@@ -25,9 +25,9 @@ void sdpa_kernels_init_neon(sdpa_kernels *t)
 }
 
 #if HAVE_NEON_BF16
-/* ------------------------------------------------ the BFDOT path's packs
+/* ------------------------------------------- the BF16 path's packs
  *
- * The pair layout of kernels.h ("bf16 pair products") for the BFDOT gemm of
+ * The pair layout of kernels.h ("bf16 pair products") for the BFMMLA / BFDOT gemm of
  * src/arm/kernels_neon_bf16.c. Integer work and this table's own online softmax, no
  * BF16 instruction, so built here with the base flags; installed only beside that
  * gemm (HWCAP2_BF16). Rounding of pack_pairs_f32 (kernels.h): nearest even, a
@@ -169,7 +169,7 @@ static void online_softmax_pairs_neon(int M, int N, const float *S, ptrdiff_t ld
 
 void sdpa_kernels_init_neon_bf16(sdpa_kernels *t)
 {
-    t->gemm_bf16_pairs = sdpa_neon_gemm_bf16_pairs;
+    t->gemm_bf16_pairs = sdpa_neon_gemm_bf16_pairs_mmla;
     t->dot_pairs_cols = sdpa_neon_dot_pairs_cols;
     t->pack_pairs_f32 = pack_pairs_f32_neon;
     t->pack_pairs_bf16 = pack_pairs_bf16_neon;
