@@ -136,7 +136,7 @@ def main():
     version = next((r["version"] for r in rows if "version" in r), None)
     any_decode = any(r.get("Tq", DECODE_MAX_TQ + 1) <= DECODE_MAX_TQ for r in rows)
     note = f" (hollow: decode, Tq <= {DECODE_MAX_TQ})" if any_decode else ""
-    fig.suptitle(args.title or f"libsdpa {version or ''} attention throughput{note}", fontsize=11)
+    fig.suptitle(args.title or f"libsdpa{' ' + version if version else ''} attention throughput{note}", fontsize=11)
     legend_rows = (len(handles) + ncol - 1) // ncol
     fig.tight_layout(rect=(0, min(0.4, 0.2 * legend_rows / fig.get_figheight()), 1, 0.96))
     fig.savefig(args.output, dpi=120)
