@@ -2917,7 +2917,7 @@ static void test_pairs(const sdpa_kernels *kt)
             for (size_t j = 0; j < sizeof bn / sizeof bn[0]; j++)
                 for (size_t k = 0; k < sizeof bp / sizeof bp[0]; k++)
                     for (int layout = 0; layout < 3; layout++) {
-                        /* specials in 3 calls of 8: the others compare finite sums */
+                        /* specials in 1,326 of the 3,402 calls: the others compare finite sums */
                         const int special = (int)(i + j + k + (size_t)layout) % 2 == 0;
                         check_pairs_mmla_bits(kt, bm[i], bn[j], bp[k], layout, (int)(i + j + k) % 2, 0, 0, special);
                         check_pairs_mmla_bits(kt, bm[i], bn[j], bp[k], layout, (int)(i + k) % 2,

@@ -1,15 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* arm/kernels_neon_bf16.c - the bf16 pair products on BFMMLA and BFDOT (FEAT_BF16: Neoverse V1/V2/N2,
- * Graviton 3 and 4, Apple M2 and later; HWCAP2_BF16).
+/* arm/kernels_neon_bf16.c - the bf16 pair products on BFMMLA and BFDOT (FEAT_BF16:
+ * Neoverse V1/V2/N2, Graviton 3 and 4, Apple M2 and later; HWCAP2_BF16).
  *
  * `BFDOT Vd.4S, Vn.8H, Vm.8H` adds to each fp32 lane the two products of one pair of bf16
  * from each operand: twice the multiply-adds of an fp32 FMLA per instruction. The pair
  * layout is kernels.h's (the reduction dimension in pairs of adjacent bf16, one pair per
  * 32-bit word), the same as the AVX512-BF16 and AMX kernels': gemm_bf16_pairs broadcasts
  * A's pairs (any strides, any alignment) and loads B's as vectors along N, a register
- * block of 4 rows x 4 q (16 accumulators of the 32 registers). The table's gemm_bf16_pairs
- * is the BFMMLA kernel further down (whole 8 x 8 blocks of C), which hands the edge rows and
- * columns to this BFDOT kernel.
+ * block of 4 rows x 4 q (16 accumulators of the 32 registers).
  *
  * Arithmetic (Arm ARM, BFDotAdd with FEAT_EBF16 absent or FPCR.EBF = 0, which the library
  * never sets): bf16 subnormal inputs count as zero, the two products are added and then
@@ -229,8 +227,9 @@ static inline __attribute__((always_inline)) void mmla_block(const int mode, int
     if (p < P) { /* the odd last pair: one BFDOT step per element, lanes laid out as acc's */
         bfloat16x8_t an[4], bm[4];
         for (int h = 0; h < 2; h++) {
-            const uint32x4_t w = mode == A_DOWN_COLS ? vreinterpretq_u32_u16(vld1q_u16(A + (ptrdiff_t)p * cs_a + 8 * h))
-                                                     : mmla_column_words(A, rs_a, cs_a, p, h);
+            const uint32x4_t w = mode == A_DOWN_COLS
+                                     ? vreinterpretq_u32_u16(vld1q_u16(A + (ptrdiff_t)p * cs_a + 8 * h))
+                                     : mmla_column_words(A, rs_a, cs_a, p, h);
             an[2 * h] = vreinterpretq_bf16_u32(vzip1q_u32(w, w)); /* (r,p), (r,p), (r+1,p), (r+1,p) */
             an[2 * h + 1] = vreinterpretq_bf16_u32(vzip2q_u32(w, w));
             const uint64x2_t x = vreinterpretq_u64_u32(vld1q_u32(B + (ptrdiff_t)p * ldb + 4 * h));
@@ -247,7 +246,8 @@ static inline __attribute__((always_inline)) void mmla_block(const int mode, int
             const int r = 2 * i + half;
             float *c = C + (ptrdiff_t)r * ldc;
             for (int h = 0; h < 2; h++) {
-                const float64x2_t lo = vreinterpretq_f64_f32(acc[i][2 * h]), hi = vreinterpretq_f64_f32(acc[i][2 * h + 1]);
+                const float64x2_t lo = vreinterpretq_f64_f32(acc[i][2 * h]),
+                                  hi = vreinterpretq_f64_f32(acc[i][2 * h + 1]);
                 const float32x4_t row = vreinterpretq_f32_f64(half ? vzip2q_f64(lo, hi) : vzip1q_f64(lo, hi));
                 float32x4_t out = vmulq_f32(va, row); /* as pairs_block: the same operations per element */
                 if (flags & SDPA_GEMM_ACCUMULATE) {
