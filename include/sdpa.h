@@ -378,7 +378,9 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_BAD_WINDOW, SDPA_ERR_BAD_KV_LENGTH,
  *   SDPA_ERR_ALIASING, SDPA_ERR_BAD_THREADS, SDPA_ERR_ISA_UNAVAILABLE,
  *   SDPA_ERR_BAD_BLOCK_SIZE, SDPA_ERR_BAD_SOFTCAP, SDPA_ERR_BAD_ALIBI, SDPA_ERR_BAD_SINKS,
- *   SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_OUT_OF_MEMORY.
+ *   SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_OUT_OF_MEMORY; with problem->seqs set also
+ *   SDPA_ERR_BAD_SEQLENS, SDPA_ERR_BAD_BLOCK_TABLE and SDPA_ERR_UNSUPPORTED (kv_lengths,
+ *   bool_mask or bias given with seqs).
  *   On error nothing is written.
  */
 SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor *q,
@@ -444,7 +446,8 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * (block_k / 2) (Dk + block_q) more floats of packed operands (the blocks 128 x 128 on
  * SDPA_ISA_AMX for problems with more than nt_max_cols / G query rows, unless given);
  * failure returns SDPA_ERR_OUT_OF_MEMORY before any output is written.
- * @return the same codes as sdpa_forward(); on error nothing is written.
+ * @return the same codes as sdpa_forward(), and SDPA_ERR_UNSUPPORTED also for a paged
+ *   K/V (seqs with a block table: no paged backward); on error nothing is written.
  */
 SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tensor *q,
                                    const sdpa_tensor *k, const sdpa_tensor *v,
