@@ -95,13 +95,16 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_WINDOW = -7,       /**< a window bound is negative and not SDPA_WINDOW_UNBOUNDED,
                                          or |diagonal_offset| > SDPA_MAX_DIAGONAL_OFFSET */
     SDPA_ERR_BAD_KV_LENGTH = -8,    /**< kv_lengths[b] is negative or larger than Tk */
-    SDPA_ERR_ALIASING = -9,         /**< an output overlaps an input, another output or a mask operand */
+    SDPA_ERR_ALIASING = -9,         /**< an output overlaps an input, another output or an operand
+                                         (mask, bias, kv_lengths, ALiBi slopes, sinks, the sdpa_seqs
+                                         struct and its arrays), or a caller's workspace overlaps any
+                                         of them */
     SDPA_ERR_BAD_THREADS = -10,     /**< num_threads is negative */
     SDPA_ERR_ISA_UNAVAILABLE = -11, /**< the ISA asked for is not compiled in or the CPU/OS cannot run it */
     SDPA_ERR_OUT_OF_MEMORY = -12,   /**< the workspace could not be allocated */
     SDPA_ERR_SIZE_OVERFLOW = -13,   /**< a tensor or mask extent overflows the address space, head_dim >
-                                         INT32_MAX, B*Hq*Tq or B*Hkv*Tk > INT64_MAX, or the workspace
-                                         size > SIZE_MAX */
+                                         INT32_MAX, q_len or kv_len > SDPA_MAX_SEQ_LEN, B*Hq*Tq or
+                                         B*Hkv*Tk > INT64_MAX, or the workspace size > SIZE_MAX */
     SDPA_ERR_BAD_BLOCK_SIZE = -14,  /**< block_q or block_k is outside [0, SDPA_MAX_BLOCK] */
     SDPA_ERR_BAD_SOFTCAP = -15,     /**< softcap is negative, NaN or infinite (0 = off) */
     SDPA_ERR_BAD_ALIBI = -16,       /**< an ALiBi slope is NaN or infinite */
@@ -112,8 +115,11 @@ typedef enum sdpa_status {
                                          block table row */
     SDPA_ERR_BAD_BLOCK_TABLE = -20, /**< a page id a sequence uses is outside [0, num_blocks), or
                                          block_size / max_blocks_per_seq / num_blocks out of range */
-    SDPA_ERR_UNSUPPORTED = -21      /**< a combination this version does not compute: kv_lengths,
+    SDPA_ERR_UNSUPPORTED = -21,     /**< a combination this version does not compute: kv_lengths,
                                          bool_mask or bias with seqs, or a paged backward */
+    SDPA_ERR_MISALIGNED = -22       /**< a data pointer of a tensor that is not empty, or of an int32 /
+                                         float operand array, is not a multiple of its element's size
+                                         (4 bytes for fp32 and int32, 2 for bf16 / fp16) */
 } sdpa_status;
 
 /** Instruction sets. Order within an architecture is "better is larger" (x86-64:
@@ -151,6 +157,8 @@ typedef enum sdpa_alignment {
 #define SDPA_WINDOW_UNBOUNDED (-1)
 /** Largest |diagonal_offset| accepted (2^48). */
 #define SDPA_MAX_DIAGONAL_OFFSET ((int64_t)1 << 48)
+/** Largest q_len / kv_len accepted (2^60: positions, windows and offsets add up in int64). */
+#define SDPA_MAX_SEQ_LEN ((int64_t)1 << 60)
 /** Largest block_q / block_k accepted. */
 #define SDPA_MAX_BLOCK 512
 
@@ -171,8 +179,9 @@ typedef enum sdpa_dtype {
  *  descriptor gives it (fp32 unless q_dtype / kv_dtype / o_dtype say otherwise),
  *  or of the [B, H, T] fp32 LSE passed to sdpa_backward (seq_stride between
  *  rows). data points to its first element (const float * for fp32, uint16_t
- *  storage for bf16 and fp16; any pointer converts). Strides are in elements of
- *  the tensor's own type; 0 broadcasts. The caller owns the memory. */
+ *  storage for bf16 and fp16; any pointer converts, aligned to its element: 4 bytes
+ *  for fp32, 2 for bf16 / fp16, else SDPA_ERR_MISALIGNED). Strides are in elements
+ *  of the tensor's own type; 0 broadcasts. The caller owns the memory. */
 typedef struct sdpa_tensor {
     const void *data;
     int64_t batch_stride;
@@ -378,9 +387,9 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_BAD_WINDOW, SDPA_ERR_BAD_KV_LENGTH,
  *   SDPA_ERR_ALIASING, SDPA_ERR_BAD_THREADS, SDPA_ERR_ISA_UNAVAILABLE,
  *   SDPA_ERR_BAD_BLOCK_SIZE, SDPA_ERR_BAD_SOFTCAP, SDPA_ERR_BAD_ALIBI, SDPA_ERR_BAD_SINKS,
- *   SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_OUT_OF_MEMORY; with problem->seqs set also
- *   SDPA_ERR_BAD_SEQLENS, SDPA_ERR_BAD_BLOCK_TABLE and SDPA_ERR_UNSUPPORTED (kv_lengths,
- *   bool_mask or bias given with seqs).
+ *   SDPA_ERR_SIZE_OVERFLOW, SDPA_ERR_MISALIGNED, SDPA_ERR_OUT_OF_MEMORY; with
+ *   problem->seqs set also SDPA_ERR_BAD_SEQLENS, SDPA_ERR_BAD_BLOCK_TABLE and
+ *   SDPA_ERR_UNSUPPORTED (kv_lengths, bool_mask or bias given with seqs).
  *   On error nothing is written.
  */
 SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor *q,
@@ -407,7 +416,7 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  *   overwritten in full (rows of masked keys get exactly 0). None of them may
  *   share an element with any input or each other (SDPA_ERR_ALIASING); dQ, dK,
  *   dV interleaved in one packed [B, T, 3, H, D] buffer are fine. Any alignment
- *   works; speed: a decode backward (one query tile per kv head) whose fp32 dK + dV
+ *   of the element's size works (SDPA_ERR_MISALIGNED otherwise); speed: a decode backward (one query tile per kv head) whose fp32 dK + dV
  *   are 16 MiB or more writes them with non-temporal stores where their data and
  *   row strides are multiples of 64 bytes (AVX-512; 32 on AVX2), else with plain
  *   stores, which read each line first (slower from memory, docs/perf-notes.md:
@@ -479,7 +488,7 @@ SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tenso
  * calling thread; allocates n floats and n pointers (one small block).
  * @return SDPA_OK, or SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_NEGATIVE_SIZE,
  *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_ALIASING, SDPA_ERR_SIZE_OVERFLOW,
- *   SDPA_ERR_OUT_OF_MEMORY; on error nothing is written.
+ *   SDPA_ERR_MISALIGNED, SDPA_ERR_OUT_OF_MEMORY; on error nothing is written.
  */
 SDPA_API sdpa_status sdpa_merge_states(int64_t batch, int64_t heads, int64_t len, int64_t head_dim_v,
                                        const sdpa_tensor *o_a, const sdpa_tensor *lse_a,
@@ -506,7 +515,8 @@ SDPA_API sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, in
  * _with_workspace calls take that memory instead of allocating it. Any
  * alignment (the library aligns inside; the size includes the slack). The
  * workspace is scratch for the duration of the call only: one workspace per
- * concurrent call. The size is about the one documented for sdpa_forward() /
+ * concurrent call; its workspace_bytes must not overlap any tensor or operand
+ * of the call (SDPA_ERR_ALIASING). The size is about the one documented for sdpa_forward() /
  * sdpa_backward() (each of its buffers rounded up to 64 bytes, plus 64 bytes of
  * alignment slack): allocate what the query returns. 0 is possible (nothing to
  * compute).

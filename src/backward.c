@@ -203,7 +203,7 @@ static void bwd_team_body(void *ctx, int tid, int team)
 }
 
 /* Validation of a call and its tensors. */
-static sdpa_status bwd_check(const bwd_views *x, const plan *pl)
+static sdpa_status bwd_check(const bwd_views *x, const plan *pl, const void *workspace, size_t workspace_bytes)
 {
     if (!x->q || !x->k || !x->v || !x->o || !x->lse || !x->dout || !x->dq || !x->dk || !x->dv)
         return SDPA_ERR_NULL_ARGUMENT;
@@ -223,7 +223,7 @@ static sdpa_status bwd_check(const bwd_views *x, const plan *pl)
         {x->dq->data, sdq, {B, Hq, Tq}, pl->Dk, eq, 1, 1},    {x->dk->data, sdk, {Bk, Hkv, Tk}, pl->Dk, ekv, 1, 1},
         {x->dv->data, sdv, {Bk, Hkv, Tk}, pl->Dv, ekv, 1, 1}, {pl->dsinks, s_vec, {1, 1, pl->Hq}, 1, 4, 1, pl->dsinks != NULL},
     };
-    return sdpa_check_tensors(pl, t, 10);
+    return sdpa_check_tensors(pl, t, 10, workspace, workspace_bytes);
 }
 
 /* With Dv = 0 nothing flows back (dS = P * (0 - 0) = 0): the gradients are
@@ -477,7 +477,8 @@ sdpa_status sdpa_backward_with_workspace(const sdpa_problem *p, const sdpa_tenso
         return SDPA_ERR_UNSUPPORTED; /* no paged backward */
     const bwd_views x = {q, k, v, o, lse, dout, dq, dk, dv, NULL, NULL, 0, 0};
     size_t floats;
-    if ((st = bwd_check(&x, &pl)) != SDPA_OK || (st = bwd_call_floats(&pl, &floats)) != SDPA_OK)
+    if ((st = bwd_check(&x, &pl, workspace, workspace_bytes)) != SDPA_OK ||
+        (st = bwd_call_floats(&pl, &floats)) != SDPA_OK)
         return st;
     if (floats == 0) { /* every problem trivial, no dsinks */
         bwd_call(&pl, &x, NULL, 0);

@@ -76,7 +76,8 @@ typedef struct tensor_desc {
 sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl);
 /* Checks every tensor (NULL, strides, overflow, self-overlap) and aliasing
  * between outputs and inputs, other outputs and the mask operands. */
-sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt);
+sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt, const void *workspace,
+                               size_t workspace_bytes);
 
 /* One sequence's plan of a packed call (B = 1, its own Tq, Tk and windows; its
  * block table row and page-sized key tiles when paged). */

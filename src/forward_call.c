@@ -209,8 +209,8 @@ static void fwd_job_init(const plan *pl, const fwd_args *a, const fwd_sizes *s, 
 /* Validation of a call and its tensors; *nothing = 1 when there is nothing to
  * compute (no rows, or Dv = 0 without LSE). */
 static sdpa_status fwd_prepare(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
-                               const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse, plan *pl,
-                               fwd_args *a, int *nothing)
+                               const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse,
+                               const void *workspace, size_t workspace_bytes, plan *pl, fwd_args *a, int *nothing)
 {
     sdpa_status st = sdpa_make_plan(p, pl);
     if (st != SDPA_OK)
@@ -231,7 +231,7 @@ static sdpa_status fwd_prepare(const sdpa_problem *p, const sdpa_tensor *q, cons
         {o->data, so, {nq[0], nq[1], nq[2]}, pl->Dv, dtype_bytes(pl->o_dtype), 1, 1},
         {lse ? lse->data : NULL, sl, {nq[0], nq[1], nq[2]}, 1, 4, 1, lse && lse->data},
     };
-    if ((st = sdpa_check_tensors(pl, t, 5)) != SDPA_OK)
+    if ((st = sdpa_check_tensors(pl, t, 5, workspace, workspace_bytes)) != SDPA_OK)
         return st;
     const fwd_args args = {q, k, v, o, lse, {0}, NULL};
     *a = args;
@@ -278,7 +278,7 @@ sdpa_status sdpa_forward_with_workspace(const sdpa_problem *p, const sdpa_tensor
     fwd_args a;
     fwd_sizes s;
     int nothing;
-    sdpa_status st = fwd_prepare(p, q, k, v, o, lse, &pl, &a, &nothing);
+    sdpa_status st = fwd_prepare(p, q, k, v, o, lse, workspace, workspace_bytes, &pl, &a, &nothing);
     if (st != SDPA_OK || nothing)
         return st;
     if ((st = fwd_sizes_of(&pl, &s)) != SDPA_OK || s.items == 0)

@@ -65,7 +65,7 @@ static sdpa_status merge_check(const merge_job *j)
     const int64_t sl[3] = {j->lse->batch_stride, j->lse->head_stride, j->lse->seq_stride};
     tensor_desc out[2] = {{j->o->data, so, {j->B, j->H, j->T}, j->Dv, 4, 1, 1},
                           {j->lse->data, sl, {j->B, j->H, j->T}, 1, 4, 1, 1}};
-    sdpa_status st = sdpa_check_tensors(&pl, out, 2);
+    sdpa_status st = sdpa_check_tensors(&pl, out, 2, NULL, 0);
     if (st != SDPA_OK)
         return st;
     for (int s = 0; s < j->n; s++) {
@@ -77,7 +77,7 @@ static sdpa_status merge_check(const merge_job *j)
         /* an input that is not the output itself must not overlap either output */
         tensor_desc t[4] = {out[0], out[1], {po->data, spo, {j->B, j->H, j->T}, j->Dv, 4, 0, !same_o},
                             {pls->data, spl, {j->B, j->H, j->T}, 1, 4, 0, !same_l}};
-        if ((st = sdpa_check_tensors(&pl, t, 4)) != SDPA_OK)
+        if ((st = sdpa_check_tensors(&pl, t, 4, NULL, 0)) != SDPA_OK)
             return st;
     }
     return SDPA_OK;

@@ -85,6 +85,8 @@ static sdpa_status check_tensor(const tensor_desc *t, span *sp)
     const int empty = t->n[0] == 0 || t->n[1] == 0 || t->n[2] == 0 || t->len == 0;
     if (!empty && !t->data)
         return SDPA_ERR_NULL_ARGUMENT;
+    if (!empty && (uintptr_t)t->data % t->elem)
+        return SDPA_ERR_MISALIGNED;
     if (tensor_span(t->data, t->elem, t->n, s, t->len, sp))
         return SDPA_ERR_SIZE_OVERFLOW;
     if (t->is_output && !empty && output_self_overlaps(t->n, s, t->len))
@@ -217,6 +219,22 @@ void sdpa_view_rows(const plan *pl, int64_t nq[3], int64_t nk[3])
     }
 }
 
+/* 1 if an operand array the descriptor points to is not aligned to its element
+ * (4 bytes: kv_lengths, bias, alibi_slopes, sinks, dsinks and the seqs arrays; the
+ * bool mask is bytes): the kernels read them as int32 / float. */
+static int operands_misaligned(const sdpa_problem *p)
+{
+    const void *a[] = {p->kv_lengths, p->bias.data, p->alibi_slopes, p->sinks, p->dsinks,
+                       p->seqs ? (const void *)p->seqs->cu_seqlens_q : NULL,
+                       p->seqs ? (const void *)p->seqs->cu_seqlens_k : NULL,
+                       p->seqs ? (const void *)p->seqs->block_table : NULL,
+                       p->seqs ? (const void *)p->seqs->seq_lens_k : NULL};
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++)
+        if ((uintptr_t)a[i] % 4)
+            return 1;
+    return 0;
+}
+
 /* The descriptor's own checks (no tensors, no kernels). */
 static sdpa_status check_descriptor(const sdpa_problem *p)
 {
@@ -241,6 +259,10 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
     if (__builtin_mul_overflow(p->batch, p->q_heads, &rows) || __builtin_mul_overflow(rows, p->q_len, &rows) ||
         __builtin_mul_overflow(p->batch, p->kv_heads, &rows) || __builtin_mul_overflow(rows, p->kv_len, &rows))
         return SDPA_ERR_SIZE_OVERFLOW;
+    /* Query and key positions, windows and diagonal offsets are added as int64
+     * (row_range: i + d + window_right <= 2 Tq + 2 Tk + 2 |offset|, under 2^63). */
+    if (p->q_len > SDPA_MAX_SEQ_LEN || p->kv_len > SDPA_MAX_SEQ_LEN)
+        return SDPA_ERR_SIZE_OVERFLOW;
     /* Never divide by kv_heads before this check (Hq = Hkv = 0 is legal). */
     if ((p->kv_heads == 0 && p->q_heads > 0) || (p->kv_heads > 0 && p->q_heads % p->kv_heads))
         return SDPA_ERR_HEAD_GROUPING;
@@ -263,6 +285,8 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
     if (p->bias.data && (p->bias.batch_stride < 0 || p->bias.head_stride < 0 ||
                          p->bias.query_stride < 0 || p->bias.key_stride < 0))
         return SDPA_ERR_BAD_STRIDE;
+    if (operands_misaligned(p))
+        return SDPA_ERR_MISALIGNED;
     if (p->kv_lengths && !p->seqs) /* with seqs: refused below, whatever the values */
         for (int64_t b = 0; b < p->batch; b++)
             if (p->kv_lengths[b] < 0 || p->kv_lengths[b] > p->kv_len)
@@ -321,8 +345,8 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
     return SDPA_OK;
 }
 
-/* Mask operands as tensor descriptors, for overflow and aliasing checks. */
-#define N_OPERAND_SPANS 5
+/* Mask, variant and sequence operands as byte spans, for overflow and aliasing checks. */
+#define N_OPERAND_SPANS 10
 
 /* The byte span of n elements of elem bytes at data (empty for NULL or n = 0). */
 static span array_span(const void *data, int64_t n, size_t elem)
@@ -335,14 +359,44 @@ static span array_span(const void *data, int64_t n, size_t elem)
     return s;
 }
 
-/* The mask and variant operands (kv_lengths, bool_mask, bias, alibi_slopes,
- * sinks), for overflow and aliasing checks. */
-static sdpa_status mask_spans(const plan *pl, span sp[N_OPERAND_SPANS])
+/* The sequence operands (sdpa_seqs: the struct itself, read during the call, and its
+ * arrays: cu_seqlens_q, cu_seqlens_k, seq_lens_k, and the block table up to the last
+ * entry a sequence uses) into sp[0..4]; already validated by check_seqs. */
+static sdpa_status seqs_spans(const plan *pl, span sp[5])
+{
+    const sdpa_seqs *s = pl->seqs;
+    if (!s)
+        return SDPA_OK;
+    sp[0] = array_span(s, 1, sizeof *s);
+    sp[1] = array_span(s->cu_seqlens_q, pl->B + 1, sizeof(int32_t));
+    if (s->cu_seqlens_k) {
+        sp[2] = array_span(s->cu_seqlens_k, pl->B + 1, sizeof(int32_t));
+        return SDPA_OK;
+    }
+    sp[3] = array_span(s->seq_lens_k, pl->B, sizeof(int32_t));
+    int64_t end = 0; /* entries up to the last one read: b * M + pages used by b, B * M at most */
+    for (int64_t b = 0; b < pl->B; b++) {
+        const int64_t used = (s->seq_lens_k[b] + s->block_size - 1) / s->block_size;
+        if (used > 0 && b * s->max_blocks_per_seq + used > end)
+            end = b * s->max_blocks_per_seq + used;
+    }
+    if (end > PTRDIFF_MAX / (int64_t)sizeof(int32_t))
+        return SDPA_ERR_SIZE_OVERFLOW;
+    sp[4] = array_span(s->block_table, end, sizeof(int32_t));
+    return SDPA_OK;
+}
+
+/* The mask, variant and sequence operands (kv_lengths, bool_mask, bias,
+ * alibi_slopes, sinks, seqs_spans'), for overflow and aliasing checks. */
+static sdpa_status operand_spans(const plan *pl, span sp[N_OPERAND_SPANS])
 {
     memset(sp, 0, N_OPERAND_SPANS * sizeof(span));
     sp[0] = array_span(pl->kv_lengths, pl->B, sizeof(int32_t));
     sp[3] = array_span(pl->slopes, pl->Hq, sizeof(float));
     sp[4] = array_span(pl->sinks, pl->Hq, sizeof(float));
+    const sdpa_status st = seqs_spans(pl, sp + 5);
+    if (st != SDPA_OK)
+        return st;
     const int64_t n4[4] = {pl->B, pl->Hq, pl->Tq, pl->Tk};
     for (int which = 0; which < 2; which++) {
         const void *data = which ? (const void *)pl->bias.data : (const void *)pl->bm.data;
@@ -410,7 +464,8 @@ static int interleaved_disjoint(const tensor_desc *x, const tensor_desc *y)
     return !layout_reaches((int64_t)(bytes / (intptr_t)x->elem), (const int64_t(*)[2])dims, nd - 1, x->len);
 }
 
-sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt)
+sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt, const void *workspace,
+                               size_t workspace_bytes)
 {
     span sp[16];
     sdpa_status st;
@@ -423,8 +478,17 @@ sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt)
             return st;
     }
     span ms[N_OPERAND_SPANS];
-    if ((st = mask_spans(pl, ms)) != SDPA_OK)
+    if ((st = operand_spans(pl, ms)) != SDPA_OK)
         return st;
+    /* A caller's workspace is written during the call: it must not overlap any
+     * tensor or operand (as an output must not). */
+    const span ws = array_span(workspace, (int64_t)(workspace_bytes > PTRDIFF_MAX ? PTRDIFF_MAX : workspace_bytes), 1);
+    for (int i = 0; i < nt; i++)
+        if (spans_overlap(ws, sp[i]))
+            return SDPA_ERR_ALIASING;
+    for (int j = 0; j < N_OPERAND_SPANS; j++)
+        if (spans_overlap(ws, ms[j]))
+            return SDPA_ERR_ALIASING;
     for (int i = 0; i < nt; i++) {
         if (!t[i].is_output)
             continue;

@@ -675,11 +675,111 @@ Test(api, size_overflow)
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }
 
+/* --- pointers not aligned to their element (regression, session 29: UBSan reported
+ * misaligned float loads and stores; now SDPA_ERR_MISALIGNED before anything is read) --- */
+static int32_t kvl_store[FB + 1];
+static float slope_store[FHQ + 1];
+#define BYTE_OFF(ptr, n) ((void *)((char *)(ptr) + (n)))
+MUT(q_misaligned, f->tq.data = BYTE_OFF(f->buf[BUF_Q], 1))
+MUT(k_misaligned, f->tk.data = BYTE_OFF(f->buf[BUF_K], 2))
+MUT(v_misaligned, f->tv.data = BYTE_OFF(f->buf[BUF_V], 3))
+MUT(o_misaligned, f->to.data = BYTE_OFF(f->buf[BUF_O], 1))
+MUT(lse_misaligned, f->tlse.data = BYTE_OFF(f->buf[BUF_LSE], 2))
+MUT(oin_misaligned, f->toin.data = BYTE_OFF(f->buf[BUF_OIN], 1))
+MUT(lsein_misaligned, f->tlsein.data = BYTE_OFF(f->buf[BUF_LSEIN], 3))
+MUT(dout_misaligned, f->tdo.data = BYTE_OFF(f->buf[BUF_DO], 2))
+MUT(dq_misaligned, f->tdq.data = BYTE_OFF(f->buf[BUF_DQ], 1))
+MUT(dk_misaligned, f->tdk.data = BYTE_OFF(f->buf[BUF_DK], 2))
+MUT(dv_misaligned, f->tdv.data = BYTE_OFF(f->buf[BUF_DV], 3))
+MUT(bias_misaligned, (fx_masks(f), f->p.bias.data = BYTE_OFF(f->buf[BUF_BIAS], 2)))
+MUT(kvl_misaligned, (fx_masks(f), memcpy(BYTE_OFF(kvl_store, 1), f->kvl, sizeof f->kvl),
+                     f->p.kv_lengths = BYTE_OFF(kvl_store, 1)))
+MUT(slopes_misaligned, (memset(slope_store, 0, sizeof slope_store), f->p.alibi_slopes = BYTE_OFF(slope_store, 2)))
+MUT(sinks_misaligned, (memset(slope_store, 0, sizeof slope_store), f->p.sinks = BYTE_OFF(slope_store, 1)))
+/* an empty tensor's pointer is never read: any value is fine */
+MUT(empty_q_misaligned, (f->p.q_len = 0, f->tq.data = BYTE_OFF(f->buf[BUF_Q], 1)))
+
+Test(api, misaligned_pointers)
+{
+    const api_case cases[] = {
+        {"Q one byte off", mut_q_misaligned, BOTH, SDPA_ERR_MISALIGNED},
+        {"K two bytes off", mut_k_misaligned, BOTH, SDPA_ERR_MISALIGNED},
+        {"V three bytes off", mut_v_misaligned, BOTH, SDPA_ERR_MISALIGNED},
+        {"O one byte off", mut_o_misaligned, FWD, SDPA_ERR_MISALIGNED},
+        {"LSE two bytes off", mut_lse_misaligned, FWD, SDPA_ERR_MISALIGNED},
+        {"O (input) one byte off", mut_oin_misaligned, BWD, SDPA_ERR_MISALIGNED},
+        {"LSE (input) three bytes off", mut_lsein_misaligned, BWD, SDPA_ERR_MISALIGNED},
+        {"dO two bytes off", mut_dout_misaligned, BWD, SDPA_ERR_MISALIGNED},
+        {"dQ one byte off", mut_dq_misaligned, BWD, SDPA_ERR_MISALIGNED},
+        {"dK two bytes off", mut_dk_misaligned, BWD, SDPA_ERR_MISALIGNED},
+        {"dV three bytes off", mut_dv_misaligned, BWD, SDPA_ERR_MISALIGNED},
+        {"bias two bytes off", mut_bias_misaligned, BOTH, SDPA_ERR_MISALIGNED},
+        {"kv_lengths one byte off", mut_kvl_misaligned, BOTH, SDPA_ERR_MISALIGNED},
+        {"alibi_slopes two bytes off", mut_slopes_misaligned, BOTH, SDPA_ERR_MISALIGNED},
+        {"sinks one byte off", mut_sinks_misaligned, BOTH, SDPA_ERR_MISALIGNED},
+        {"empty Q one byte off", mut_empty_q_misaligned, BOTH, SDPA_OK},
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* Regression (session 29): with Dk = 0 (Q, K empty) and V broadcast, nothing bounded
+ * kv_len, and a window of Tk around a bottom-right diagonal overflowed int64 in the
+ * row's key interval (UBSan), which came out empty: O = 0, LSE = -inf instead of the
+ * last key's V. q_len, kv_len up to SDPA_MAX_SEQ_LEN (2^60) are computed; beyond is
+ * SDPA_ERR_SIZE_OVERFLOW with nothing written. */
+Test(api, sequence_lengths_up_to_the_limit)
+{
+    for (int over = 0; over <= 1; over++)
+        for (int which = 0; which < 2; which++) {
+            float v[1] = {2.0f}, o[1] = {-7.0f}, lse[1] = {-7.0f};
+            sdpa_problem p;
+            sdpa_problem_init(&p);
+            p.batch = p.q_heads = p.kv_heads = 1;
+            p.q_len = 1;
+            p.kv_len = SDPA_MAX_SEQ_LEN + over;
+            p.head_dim_qk = 0;
+            p.head_dim_v = 1;
+            p.use_default_scale = 0;
+            p.scale = 1.0f;
+            p.num_threads = 1;
+            if (which == 0) { /* the last key only: window [i + d, i + d + Tk] bottom-right */
+                p.window_alignment = SDPA_ALIGN_BOTTOM_RIGHT;
+                p.window_left = 0;
+                p.window_right = p.kv_len;
+            } else { /* the same key through causal bottom-right and a window of 0 on the left */
+                p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+                p.window_left = 0;
+            }
+            const sdpa_tensor tq = {NULL, 0, 0, 0}, tk = {NULL, 0, 0, 0}, tv = {v, 0, 0, 0};
+            const sdpa_tensor_out to = {o, 0, 0, 1}, tl = {lse, 0, 0, 1};
+            const sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
+            if (over) {
+                cr_expect_eq(st, SDPA_ERR_SIZE_OVERFLOW, "kv_len 2^60 + 1 (%d): %s", which, sdpa_status_string(st));
+                cr_expect(o[0] == -7.0f && lse[0] == -7.0f, "kv_len 2^60 + 1: written");
+            } else {
+                cr_expect_eq(st, SDPA_OK, "kv_len 2^60 (%d): %s", which, sdpa_status_string(st));
+                cr_expect(o[0] == 2.0f && lse[0] == 0.0f, "kv_len 2^60 (%d): O %g LSE %g, want 2 and 0", which,
+                          (double)o[0], (double)lse[0]);
+            }
+        }
+    sdpa_problem p; /* q_len beyond the limit, everything empty */
+    sdpa_problem_init(&p);
+    p.batch = p.q_heads = p.kv_heads = 1;
+    p.q_len = SDPA_MAX_SEQ_LEN + 1;
+    p.kv_len = 1;
+    p.head_dim_qk = 1;
+    const sdpa_tensor t0 = {NULL, 0, 0, 0};
+    const sdpa_tensor_out o0 = {NULL, 0, 0, 0};
+    size_t bytes;
+    cr_expect_eq(sdpa_forward(&p, &t0, &t0, &t0, &o0, NULL), SDPA_ERR_SIZE_OVERFLOW);
+    cr_expect_eq(sdpa_forward_workspace_size(&p, &bytes), SDPA_ERR_SIZE_OVERFLOW);
+}
+
 /* ------------------------------------------------------ strings, version -- */
 
 Test(api, status_strings)
 {
-    const int lo = SDPA_ERR_UNSUPPORTED; /* the most negative code */
+    const int lo = SDPA_ERR_MISALIGNED; /* the most negative code */
     const char *seen[32];
     int n = 0;
     for (int s = 0; s >= lo; s--) {

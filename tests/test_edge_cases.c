@@ -119,17 +119,28 @@ Test(edge_cases, ec05_thread_count_bitwise)
     run_group("threads");
 }
 
-/* REGRESSION (a bug found by the adversarial review, now fixed): Tk near INT64_MAX is legal with
+/* REGRESSION (a bug found by the adversarial review, now fixed): a huge Tk is legal with
  * broadcast K/V (seq_stride 0) and a small allowed range (kv_lengths, causal,
- * or a window), but src/sdpa.c fwd_make_layout computes
- * L.nkt = (Tk + bk - 1) / bk, which overflows: the forward then sees no key
- * tile and returns O = 0, LSE = -inf for rows that have allowed keys. */
+ * or a window), but src/sdpa.c fwd_make_layout computed
+ * L.nkt = (Tk + bk - 1) / bk, which overflowed near INT64_MAX: the forward then saw no
+ * key tile and returned O = 0, LSE = -inf for rows that have allowed keys. Since
+ * session 29 kv_len is at most SDPA_MAX_SEQ_LEN (2^60; beyond: SDPA_ERR_SIZE_OVERFLOW,
+ * as INT64_MAX is), where every such sum fits int64: the largest legal Tk computes. */
 Test(edge_cases, bug_kv_len_int64_max_with_broadcast_keys)
 {
     const float q[1] = {1.0f}, k[1] = {2.0f}, v[1] = {3.0f};
     int32_t kvl[1] = {3};
     for (int mode = 0; mode < 3; mode++) {
         sdpa_problem p = util_problem(1, 1, 1, 2, INT64_MAX, 1, 1);
+        if (mode == 0) {
+            float o[2] = {-7, -7};
+            const sdpa_tensor t = {q, 0, 0, 0};
+            const sdpa_tensor_out to = {o, 2, 2, 1};
+            p.kv_lengths = kvl;
+            cr_expect_eq(sdpa_forward(&p, &t, &t, &t, &to, NULL), SDPA_ERR_SIZE_OVERFLOW, "Tk INT64_MAX");
+            cr_expect(o[0] == -7 && o[1] == -7);
+        }
+        p.kv_len = SDPA_MAX_SEQ_LEN;
         p.use_default_scale = 0;
         p.scale = 1.0f;
         p.isa = SDPA_ISA_SCALAR;

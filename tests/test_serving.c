@@ -1577,3 +1577,212 @@ Test(serving, workspace_mixed_paged_step, .timeout = 120)
     step_free(&st);
     seqs_free(s, n);
 }
+
+/* ======================== 6. operands inside outputs, workspaces over operands */
+
+/* A two-sequence step small enough to place its operands by hand: H = 1, D = 4,
+ * Q 8 tokens (4 + 4), packed K/V of 8 tokens, or a paged cache of 2 pages of 4. */
+enum { OP_D = 4, OP_T = 8, OP_PAGE = 4 };
+
+typedef struct op_step {
+    float q[OP_T * OP_D], k[OP_T * OP_D], v[OP_T * OP_D], o[OP_T * OP_D], lse[OP_T], dout[OP_T * OP_D];
+    sdpa_seqs s;
+    sdpa_problem p;
+} op_step;
+
+static void op_make(op_step *x, int paged, const int32_t *cu_q, const int32_t *cu_k, const int32_t *table,
+                    const int32_t *lens)
+{
+    for (int i = 0; i < OP_T * OP_D; i++) {
+        x->q[i] = 0.1f * (float)(i % 7);
+        x->k[i] = 0.2f * (float)(i % 5);
+        x->v[i] = 1.0f + (float)(i % 3);
+        x->dout[i] = 0.5f;
+    }
+    memset(&x->s, 0, sizeof x->s);
+    x->s.cu_seqlens_q = cu_q;
+    if (paged) {
+        x->s.block_table = table;
+        x->s.max_blocks_per_seq = 1;
+        x->s.seq_lens_k = lens;
+        x->s.block_size = OP_PAGE;
+        x->s.num_blocks = 2;
+    } else {
+        x->s.cu_seqlens_k = cu_k;
+    }
+    sdpa_problem_init(&x->p);
+    x->p.batch = 2;
+    x->p.q_heads = x->p.kv_heads = 1;
+    x->p.q_len = OP_T;
+    x->p.kv_len = paged ? 0 : OP_T;
+    x->p.head_dim_qk = x->p.head_dim_v = OP_D;
+    x->p.num_threads = 1;
+    x->p.seqs = &x->s;
+}
+
+static sdpa_status op_forward(op_step *x, int paged, float *o, float *lse, void *ws, size_t ws_bytes)
+{
+    const sdpa_tensor q = {x->q, 0, OP_D, OP_D};
+    const sdpa_tensor k = {x->k, paged ? OP_PAGE * OP_D : 0, paged ? OP_PAGE * OP_D : OP_D, OP_D};
+    const sdpa_tensor v = {x->v, k.batch_stride, k.head_stride, OP_D};
+    const sdpa_tensor_out to = {o, 0, OP_D, OP_D}, tl = {lse, 0, 1, 1};
+    return ws ? sdpa_forward_with_workspace(&x->p, &q, &k, &v, &to, &tl, ws, ws_bytes)
+              : sdpa_forward(&x->p, &q, &k, &v, &to, &tl);
+}
+
+static sdpa_status op_backward(op_step *x, float *dq, float *dk, float *dv, void *ws, size_t ws_bytes)
+{
+    const sdpa_tensor q = {x->q, 0, OP_D, OP_D}, k = {x->k, 0, OP_D, OP_D}, v = {x->v, 0, OP_D, OP_D},
+                      o = {x->o, 0, OP_D, OP_D}, l = {x->lse, 0, 1, 1}, dout = {x->dout, 0, OP_D, OP_D};
+    const sdpa_tensor_out tdq = {dq, 0, OP_D, OP_D}, tdk = {dk, 0, OP_D, OP_D}, tdv = {dv, 0, OP_D, OP_D};
+    return ws ? sdpa_backward_with_workspace(&x->p, &q, &k, &v, &o, &l, &dout, &tdq, &tdk, &tdv, ws, ws_bytes)
+              : sdpa_backward(&x->p, &q, &k, &v, &o, &l, &dout, &tdq, &tdk, &tdv);
+}
+
+static void op_fill_sentinel(float *buf, int n)
+{
+    for (int i = 0; i < n; i++)
+        buf[i] = util_sentinel();
+}
+
+/* buf[0..n) holds the sentinel except the int32 words [at, at + words), which hold w */
+static int op_only_operand(const float *buf, int n, int at, int words, const int32_t *w)
+{
+    for (int i = 0; i < n; i++) {
+        if (i >= at && i < at + words) {
+            int32_t x;
+            memcpy(&x, buf + i, sizeof x);
+            if (x != w[i - at])
+                return 0;
+        } else if (!util_is_sentinel(buf[i])) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Regression (found by an adversarial review, session 29): the sequence arrays and the
+ * sdpa_seqs struct were not in the aliasing check, so an output over them was accepted
+ * and rewrote them mid-call: a block table inside O sent the forward to a page id made
+ * of float bits (a wild read), cu_seqlens_q inside dQ sent the backward out of bounds. */
+Test(serving, sequence_operands_inside_outputs_are_refused)
+{
+    static const int32_t cu[3] = {0, 4, OP_T}, table[2] = {0, 1}, lens[2] = {4, 4};
+    enum { N = OP_T * OP_D, AT = 5 };
+    float *o = util_galloc(N), *lse = util_galloc(OP_T), *g = util_galloc(3 * N);
+    op_step x;
+    /* controls: the same operands elsewhere are accepted */
+    op_make(&x, 1, cu, NULL, table, lens);
+    cr_assert_eq(op_forward(&x, 1, o, lse, NULL, 0), SDPA_OK, "paged control");
+    op_make(&x, 0, cu, cu, NULL, NULL);
+    cr_assert_eq(op_forward(&x, 0, x.o, x.lse, NULL, 0), SDPA_OK, "packed control");
+    cr_assert_eq(op_backward(&x, g, g + N, g + 2 * N, NULL, 0), SDPA_OK, "packed backward control");
+    struct {
+        const char *what;
+        int paged, which; /* which: 0 cu_seqlens_q, 1 cu_seqlens_k, 2 block_table, 3 seq_lens_k, 4 the struct */
+    } cases[] = {
+        {"block_table inside O", 1, 2}, {"seq_lens_k inside O", 1, 3},  {"cu_seqlens_q inside O (paged)", 1, 0},
+        {"cu_seqlens_q inside O", 0, 0}, {"cu_seqlens_k inside O", 0, 1}, {"the sdpa_seqs struct inside O", 1, 4},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        op_fill_sentinel(o, N);
+        op_fill_sentinel(lse, OP_T);
+        op_make(&x, cases[c].paged, cu, cu, table, lens);
+        const int32_t *src = cases[c].which == 2 ? table : cases[c].which == 3 ? lens : cu;
+        const int words = cases[c].which >= 2 ? 2 : 3;
+        if (cases[c].which == 4) {
+            const sdpa_seqs s = x.s;
+            /* float index AT + 1 of a 16-byte-aligned buffer: 8-byte aligned for the struct's pointers */
+            memcpy(o + AT + 1, &s, sizeof s);
+            x.p.seqs = (const sdpa_seqs *)(void *)(o + AT + 1);
+            const size_t fl = (sizeof s + sizeof(float) - 1) / sizeof(float);
+            float keep[16];
+            cr_assert(fl <= 16);
+            memcpy(keep, o + AT + 1, fl * sizeof(float));
+            cr_expect_eq(op_forward(&x, 1, o, lse, NULL, 0), SDPA_ERR_ALIASING, "%s", cases[c].what);
+            cr_expect(memcmp(keep, o + AT + 1, fl * sizeof(float)) == 0, "%s: the struct was written", cases[c].what);
+            cr_expect(util_gintact(o, "O"));
+            continue;
+        }
+        memcpy(o + AT, src, (size_t)words * sizeof(int32_t));
+        const int32_t *in_o = (const int32_t *)(void *)(o + AT);
+        if (cases[c].which == 0)
+            x.s.cu_seqlens_q = in_o;
+        else if (cases[c].which == 1)
+            x.s.cu_seqlens_k = in_o;
+        else if (cases[c].which == 2)
+            x.s.block_table = in_o;
+        else
+            x.s.seq_lens_k = in_o;
+        cr_expect_eq(op_forward(&x, cases[c].paged, o, lse, NULL, 0), SDPA_ERR_ALIASING, "%s", cases[c].what);
+        cr_expect(op_only_operand(o, N, AT, words, src), "%s: O written by a refused call", cases[c].what);
+        cr_expect(util_is_sentinel(lse[0]) && util_is_sentinel(lse[OP_T - 1]), "%s: LSE written", cases[c].what);
+    }
+    /* the packed backward: cu_seqlens_q inside dQ, cu_seqlens_k inside dK */
+    for (int side = 0; side < 2; side++) {
+        op_make(&x, 0, cu, cu, NULL, NULL);
+        cr_assert_eq(op_forward(&x, 0, x.o, x.lse, NULL, 0), SDPA_OK);
+        op_fill_sentinel(g, 3 * N);
+        float *host = g + side * N;
+        memcpy(host + AT, cu, sizeof cu);
+        if (side == 0)
+            x.s.cu_seqlens_q = (const int32_t *)(void *)(host + AT);
+        else
+            x.s.cu_seqlens_k = (const int32_t *)(void *)(host + AT);
+        cr_expect_eq(op_backward(&x, g, g + N, g + 2 * N, NULL, 0), SDPA_ERR_ALIASING, "cu_seqlens_%c inside d%c",
+                     side ? 'k' : 'q', side ? 'K' : 'Q');
+        cr_expect(op_only_operand(host, N, AT, 3, cu) && op_only_operand(g + (1 - side) * N, N, 0, 0, NULL) &&
+                      op_only_operand(g + 2 * N, N, 0, 0, NULL),
+                  "backward: a gradient written by a refused call");
+    }
+    util_gfree(o), util_gfree(lse), util_gfree(g);
+}
+
+/* Regression (session 29): a caller's workspace over the call's own tensors or
+ * operands was accepted; the call then overwrote its inputs and returned a wrong O.
+ * Now SDPA_ERR_ALIASING, nothing written; a workspace beside them is fine. */
+Test(serving, workspace_over_tensors_or_operands_is_refused)
+{
+    static const int32_t cu[3] = {0, 4, OP_T}, lens[2] = {4, 4};
+    enum { N = OP_T * OP_D };
+    op_step x;
+    int32_t *table = (int32_t *)util_galloc(64);
+    table[0] = 0, table[1] = 1;
+    op_make(&x, 1, cu, NULL, table, lens);
+    size_t bytes = 0;
+    cr_assert_eq(sdpa_forward_workspace_size(&x.p, &bytes), SDPA_OK);
+    cr_assert(bytes > 0);
+    char *arena = malloc(bytes + 64 * sizeof(float));
+    cr_assert_not_null(arena);
+    float *o = util_galloc(N), *lse = util_galloc(OP_T);
+    float qkeep[N];
+    memcpy(qkeep, x.q, sizeof qkeep);
+    /* the workspace over Q, over the block table, over O (an output) */
+    cr_expect_eq(op_forward(&x, 1, o, lse, x.q, bytes), SDPA_ERR_ALIASING, "workspace over Q");
+    cr_expect(memcmp(qkeep, x.q, sizeof qkeep) == 0, "Q written");
+    cr_expect_eq(op_forward(&x, 1, o, lse, table, bytes), SDPA_ERR_ALIASING, "workspace over the block table");
+    cr_expect(table[0] == 0 && table[1] == 1, "the block table written");
+    cr_expect_eq(op_forward(&x, 1, o, lse, (char *)o + 4, bytes), SDPA_ERR_ALIASING, "workspace over O");
+    cr_expect(util_gintact(o, "O") && util_gintact(lse, "LSE"));
+    for (int i = 0; i < N; i++)
+        cr_expect(util_is_sentinel(o[i]), "O[%d] written by a refused call", i);
+    /* beside everything: accepted, the bits of the call without a workspace */
+    float *o2 = util_galloc(N), *lse2 = util_galloc(OP_T);
+    cr_expect_eq(op_forward(&x, 1, o2, lse2, arena, bytes), SDPA_OK);
+    cr_expect_eq(op_forward(&x, 1, o, lse, NULL, 0), SDPA_OK);
+    cr_expect(util_same_bits(o, o2, N) && util_same_bits(lse, lse2, OP_T));
+    /* the backward: a workspace over dO or over dK */
+    op_make(&x, 0, cu, cu, NULL, NULL);
+    cr_assert_eq(op_forward(&x, 0, x.o, x.lse, NULL, 0), SDPA_OK);
+    cr_assert_eq(sdpa_backward_workspace_size(&x.p, &bytes), SDPA_OK);
+    float *g = util_galloc(3 * N);
+    char *bws = malloc(bytes);
+    cr_assert_not_null(bws);
+    cr_expect_eq(op_backward(&x, g, g + N, g + 2 * N, x.dout, bytes), SDPA_ERR_ALIASING, "workspace over dO");
+    cr_expect_eq(op_backward(&x, g, g + N, g + 2 * N, g + N + 3, bytes), SDPA_ERR_ALIASING, "workspace over dK");
+    for (int i = 0; i < 3 * N; i++)
+        cr_expect(util_is_sentinel(g[i]), "gradient %d written by a refused call", i);
+    cr_expect_eq(op_backward(&x, g, g + N, g + 2 * N, bws, bytes), SDPA_OK);
+    free(bws), free(arena);
+    util_gfree(g), util_gfree(o), util_gfree(lse), util_gfree(o2), util_gfree(lse2), util_gfree((float *)table);
+}
