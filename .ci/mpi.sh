@@ -26,7 +26,8 @@ stamp "build with -Dmpi=enabled (build-mpi-ci)"
 if [ ! -d build-mpi-ci ]; then
   meson setup build-mpi-ci -Dbuildtype=release -Dmpi=enabled >/dev/null || { echo "meson setup failed"; echo "0 passed, 1 failed"; exit 1; }
 fi
-ninja -C build-mpi-ci tests/mpi/test_ring tests/mpi/ring_attention_mpi tools/sdpa-ring tools/sdpa >/dev/null \
+ninja -C build-mpi-ci tests/mpi/test_ring tests/mpi/test_ring_small_messages tests/mpi/ring_attention_mpi \
+  tools/sdpa-ring tools/sdpa >/dev/null \
   || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
 
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
@@ -42,6 +43,14 @@ for n in 1 2 3 4; do
   fi
   echo "$out" | grep -E "^mpi ring" || echo "test_ring N = $n: no summary (rc != 0)"
 done
+stamp "test_ring over 7-float message blocks, N = 3"
+if out=$(timeout 300 "${MPIRUN[@]}" -np 3 build-mpi-ci/tests/mpi/test_ring_small_messages 2>&1); then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1))
+  echo "$out" | grep -E "FAIL|error" | head -20
+fi
+echo "$out" | grep -E "^mpi ring" || echo "test_ring_small_messages: no summary (rc != 0)"
 
 stamp "example, 4 ranks"
 if timeout 120 "${MPIRUN[@]}" -np 4 build-mpi-ci/tests/mpi/ring_attention_mpi 1024 32 2 1; then

@@ -23,16 +23,34 @@ typedef struct msgs {
     int n;
 } msgs;
 
+/* One message of count floats as at most two requests (whatever count): the whole
+ * blocks of MSG_FLOATS floats as one count of a contiguous datatype (freed at once:
+ * a pending operation completes normally, MPI 4.0 sec. 5.1.8), then the remainder
+ * (or an empty message when count is 0, so that sends and receives still pair). The
+ * receiver splits the same count the same way, and messages of one tag between two
+ * ranks do not overtake each other. count is a packed K/V block's floats, so
+ * count / MSG_FLOATS stays far below INT_MAX. (Until session 29 every block was a
+ * request of its own in a fixed array of 64: a slice of more than 2^33 floats wrote
+ * past it.) */
 static void post(msgs *m, int send, float *buf, int64_t count, int peer, int tag, MPI_Comm comm)
 {
-    for (int64_t off = 0; off < count || (off == 0 && count == 0); off += MSG_FLOATS) {
-        const int64_t n = count - off < MSG_FLOATS ? count - off : MSG_FLOATS;
+    const int64_t blocks = count / MSG_FLOATS, rest = count % MSG_FLOATS;
+    if (blocks > 0) {
+        MPI_Datatype block;
+        MPI_Type_contiguous((int)MSG_FLOATS, MPI_FLOAT, &block);
+        MPI_Type_commit(&block);
         if (send)
-            MPI_Isend(buf + off, (int)n, MPI_FLOAT, peer, tag, comm, &m->req[m->n++]);
+            MPI_Isend(buf, (int)blocks, block, peer, tag, comm, &m->req[m->n++]);
         else
-            MPI_Irecv(buf + off, (int)n, MPI_FLOAT, peer, tag, comm, &m->req[m->n++]);
-        if (count == 0)
-            break;
+            MPI_Irecv(buf, (int)blocks, block, peer, tag, comm, &m->req[m->n++]);
+        MPI_Type_free(&block);
+    }
+    if (rest > 0 || blocks == 0) {
+        float *at = buf + blocks * MSG_FLOATS;
+        if (send)
+            MPI_Isend(at, (int)rest, MPI_FLOAT, peer, tag, comm, &m->req[m->n++]);
+        else
+            MPI_Irecv(at, (int)rest, MPI_FLOAT, peer, tag, comm, &m->req[m->n++]);
     }
 }
 

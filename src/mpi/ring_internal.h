@@ -13,8 +13,17 @@
 
 enum { MASK_SKIP = 0, MASK_FULL = 1, MASK_DIAG = 2 };
 enum { TAG_KV = 100, TAG_DKV = 200 };
-#define MSG_FLOATS ((int64_t)1 << 28) /* a message's element count stays an int */
-#define MAX_MSGS 64
+/* Floats per block of a message (an MPI count is an int: a block is one element of a
+ * contiguous datatype of MSG_FLOATS floats). The MPI tests also build the ring with a
+ * small value (-DSDPA_RING_MSG_FLOATS=7) so that messages of several blocks and a
+ * remainder are exercised. */
+#ifdef SDPA_RING_MSG_FLOATS
+#define MSG_FLOATS ((int64_t)SDPA_RING_MSG_FLOATS)
+#else
+#define MSG_FLOATS ((int64_t)1 << 28)
+#endif
+/* Requests of one set (post() adds at most 2 per call; a set takes at most 2 posts) */
+#define MAX_MSGS 8
 
 typedef struct sub_call {
     int64_t q0, nq, k0, nk; /* local rows of the query slice and of the K/V block */

@@ -250,19 +250,66 @@ sdpa_status ring_probe_status(sdpa_status st)
     return st == SDPA_ERR_WORKSPACE_TOO_SMALL ? SDPA_OK : st;
 }
 
+/* Whether every rank holds the same n values x[i] (the same n on every rank): MIN over
+ * the values and their negations, in rounds of a fixed size (no allocation, so no rank
+ * can leave the collective early); 1 if all equal. */
+static int ring_same_values(MPI_Comm comm, int64_t n, int64_t (*value)(const ring *, const sdpa_problem *, int64_t),
+                            const ring *R, const sdpa_problem *p)
+{
+    enum { ROUND = 128 };
+    int same = 1;
+    for (int64_t i0 = 0; i0 < n; i0 += ROUND) {
+        const int m = (int)(n - i0 < ROUND ? n - i0 : ROUND);
+        int64_t in[2 * ROUND], out[2 * ROUND];
+        for (int i = 0; i < m; i++) {
+            in[i] = value(R, p, i0 + i);
+            in[m + i] = -in[i]; /* the values are int32 or float bits: no overflow */
+        }
+        MPI_Allreduce(in, out, 2 * m, MPI_INT64_T, MPI_MIN, comm);
+        for (int i = 0; i < m; i++)
+            same &= out[i] == -out[m + i];
+    }
+    return same;
+}
+
+/* The per-batch and per-head operands that are present, value by value: kv_lengths (B),
+ * then alibi_slopes and sinks (Hq each) as their bits (their presence is compared
+ * before, so every rank counts the same values). */
+static int64_t ring_operand_count(const ring *R, const sdpa_problem *p)
+{
+    return (R->kvlen ? R->B : 0) + (p->alibi_slopes ? R->Hq : 0) + (R->sinks ? R->Hq : 0);
+}
+
+static int64_t ring_operand_value(const ring *R, const sdpa_problem *p, int64_t i)
+{
+    if (R->kvlen) {
+        if (i < R->B)
+            return R->kvlen[i];
+        i -= R->B;
+    }
+    const float *x = p->alibi_slopes && i < R->Hq ? p->alibi_slopes : R->sinks;
+    uint32_t u;
+    memcpy(&u, &x[p->alibi_slopes && i >= R->Hq ? i - R->Hq : i], 4);
+    return u;
+}
+
 /* The agreement: every rank's status and the global sizes, with one MPI_Allreduce
- * (MIN over the values and their negations). */
+ * (MIN over the values and their negations), then the operands exactly (until
+ * session 29 through a hash, which chosen values could collide, and without the
+ * causal corner and the window alignment). */
 static sdpa_status ring_agree(ring *R, sdpa_status st, const sdpa_problem *p, sdpa_ring_layout layout)
 {
-    enum { NF = 14 };
+    enum { NF = 17 };
     int64_t f[NF] = {0};
     if (p && st == SDPA_OK) {
         uint32_t sc, cap;
         memcpy(&sc, &p->scale, 4);
         memcpy(&cap, &p->softcap, 4);
+        const int64_t present = (int64_t)(R->kvlen != NULL) | (int64_t)(p->alibi_slopes != NULL) << 1 |
+                                (int64_t)(R->sinks != NULL) << 2 | (int64_t)(R->dsinks != NULL) << 3;
         const int64_t v[NF] = {p->batch, p->q_heads, p->kv_heads, p->q_len, p->kv_len, p->head_dim_qk,
-                               p->head_dim_v, R->causal, (int64_t)layout, p->use_default_scale, (int64_t)sc * 2 + 0,
-                               (int64_t)cap * 2 + (p->kv_lengths != NULL), R->wl, R->wr};
+                               p->head_dim_v, (int64_t)p->causal, (int64_t)layout, p->use_default_scale, (int64_t)sc,
+                               (int64_t)cap, R->wl, R->wr, (int64_t)p->window_alignment, present, R->causal};
         memcpy(f, v, sizeof f);
     }
     int64_t in[1 + 2 * NF], out[1 + 2 * NF];
@@ -277,24 +324,9 @@ static sdpa_status ring_agree(ring *R, sdpa_status st, const sdpa_problem *p, sd
     for (int i = 0; i < NF; i++)
         if (out[1 + i] != -out[1 + NF + i])
             return SDPA_ERR_BAD_DESCRIPTOR;
-    /* the key lengths, ALiBi slopes and sinks too (their presence and a hash of their
-     * values; every rank has B and Hq by now) */
-    uint64_t s = (uint64_t)(R->kvlen != NULL) | (uint64_t)(p->alibi_slopes != NULL) << 1 |
-                 (uint64_t)(R->sinks != NULL) << 2 | (uint64_t)(R->dsinks != NULL) << 3;
-    for (int64_t b = 0; R->kvlen && b < R->B; b++)
-        s = s * 1000003u + (uint32_t)R->kvlen[b];
-    for (int a = 0; a < 2; a++) {
-        const float *x = a == 0 ? p->alibi_slopes : R->sinks;
-        for (int64_t h = 0; x && h < R->Hq; h++) {
-            uint32_t u;
-            memcpy(&u, &x[h], 4);
-            s = s * 1000003u + u;
-        }
-    }
-    const int64_t hs = (int64_t)(s & (uint64_t)INT64_MAX);
-    int64_t mm[2] = {hs, -hs}, rr[2];
-    MPI_Allreduce(mm, rr, 2, MPI_INT64_T, MPI_MIN, R->comm);
-    if (rr[0] != -rr[1])
+    /* the key lengths, ALiBi slopes and sinks too, value by value (every rank has the same
+     * B, Hq and presence flags by now, so the same number of rounds) */
+    if (!ring_same_values(R->comm, ring_operand_count(R, p), ring_operand_value, R, p))
         return SDPA_ERR_BAD_DESCRIPTOR;
     return SDPA_OK;
 }

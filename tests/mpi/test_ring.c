@@ -440,6 +440,39 @@ static void bad_case(const char *name, int which)
             p.window_alignment = (sdpa_alignment)9;
         expect = SDPA_ERR_BAD_DESCRIPTOR;
         break;
+    /* Regressions (an adversarial review, session 29): the agreement compared whether
+     * causal was on but not its corner, nor the window alignment, and the sinks, ALiBi
+     * slopes and key lengths only through a hash, which chosen values collide. */
+    case 12: /* causal corners that disagree */
+        p.causal = me ? SDPA_CAUSAL_BOTTOM_RIGHT : SDPA_CAUSAL_TOP_LEFT;
+        expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
+        break;
+    case 13: /* window alignments that disagree */
+        p.causal = SDPA_CAUSAL_NONE;
+        p.window_left = 3;
+        p.window_alignment = me ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+        expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
+        break;
+    case 14: { /* dsinks on all ranks but the last, whose first sink makes the old hash collide */
+        static float sinks_a[2] = {1.0f, -0.5f}, sinks_b[2], ds[2] = {7.0f, 7.0f};
+        uint32_t u;
+        memcpy(&u, &sinks_a[0], 4);
+        u += 8u * 1000003u; /* the dsinks flag (8) times the hash's multiplier, moved into the sink */
+        memcpy(&sinks_b[0], &u, 4);
+        sinks_b[1] = sinks_a[1];
+        p.sinks = me ? sinks_b : sinks_a;
+        p.dsinks = me ? NULL : ds;
+        expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
+        break;
+    }
+    case 15: /* one sink one ulp apart */
+    {
+        static float sinks_a[2] = {0.25f, -0.5f}, sinks_b[2] = {0.25f, -0.5f};
+        sinks_b[1] = nextafterf(sinks_b[1], 0.0f);
+        p.sinks = me ? sinks_b : sinks_a;
+        expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
+        break;
+    }
     }
     for (int pass = 0; pass < 2; pass++) {
         sdpa_status st = pass == 0 ? sdpa_ring_forward(MPI_COMM_WORLD, layout, &p, &tq, &t, &t, &to, &tl)
@@ -618,8 +651,9 @@ int main(int argc, char **argv)
     const char *bad[] = {"NULL Q", "negative stride", "descriptor disagrees", "bias (unsupported)",
                          "T not a multiple of 2P", "NaN scale", "O aliases Q", "negative window",
                          "windows that disagree", "bottom-right window with kv_lengths", "causal = 7",
-                         "window_alignment = 9"};
-    for (int i = 0; i < 12; i++)
+                         "window_alignment = 9", "causal corners that disagree", "window alignments that disagree",
+                         "dsinks on some ranks (a hash collision)", "a sink one ulp apart"};
+    for (int i = 0; i < 16; i++)
         bad_case(bad[i], i);
     kvlen_alias_case();
     if (R == 0) {
