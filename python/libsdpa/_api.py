@@ -370,11 +370,17 @@ if _OFF["head_dim_v"] != _O_DIMS + 48 or any(
     raise ImportError("libsdpa: sdpa_problem's layout or defaults are not what _api expects")
 
 
-def _f32(x):
+def _f32(x, name):
     """float(x) for a float field: what a C float conversion (ctypes.c_float) stores, without
     struct's OverflowError for finite values beyond FLT_MAX (they become +-inf, which the
-    library rejects with its own status, as it did through ctypes)."""
-    x = float(x)
+    library rejects with its own status, as it did through ctypes). A real number only
+    (not a string, not a bool); an int beyond a double's range is +-inf likewise."""
+    if isinstance(x, (str, bytes, bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name}: expected a real number, got {x!r}")
+    try:
+        x = float(x)
+    except OverflowError:
+        x = float("inf") if x > 0 else float("-inf")
     if -_FLT_MAX <= x <= _FLT_MAX or x != x:
         return x
     return ctypes.c_float(x).value
@@ -436,9 +442,11 @@ class _Call:
             _I32.pack_into(pb, _O_KVDT, kc)
         if scale is not None:
             _I32.pack_into(pb, _O_UDS, 0)
-            _FLT.pack_into(pb, _O_SCALE, _f32(scale))
+            _FLT.pack_into(pb, _O_SCALE, _f32(scale, "scale"))
         if causal is not None and causal is not False:
             try:
+                if not isinstance(causal, (str, bool, np.bool_)):
+                    raise TypeError  # 1 or 1.0 would find True's entry
                 _I32.pack_into(pb, _O_CAUSAL, _CAUSAL[causal])
             except (KeyError, TypeError):
                 raise ValueError(f"causal: expected None, False, True (top-left), 'top-left' or "
@@ -468,9 +476,9 @@ class _Call:
                 raise ValueError(f"kv_lengths: dtype {kl.dtype} is not an integer type")
             if kl.shape != (B,):
                 raise ValueError(f"kv_lengths: shape {kl.shape}, expected ({B},) (one per batch)")
-            if B and (int(kl.min()) < 0 or int(kl.max()) > Tk):
-                raise ValueError(f"kv_lengths: values must be in [0, {Tk}] (the key length), got "
-                                 f"min {int(kl.min())}, max {int(kl.max())}")
+            if B and (int(kl.min()) < 0 or int(kl.max()) > min(Tk, _INT_MAX)):
+                raise ValueError(f"kv_lengths: values must be in [0, {min(Tk, _INT_MAX)}] (the key length, "
+                                 f"and int32), got min {int(kl.min())}, max {int(kl.max())}")
             kl = np.ascontiguousarray(kl, dtype=np.int32)
             keep.append(kl)
             _PTR.pack_into(pb, _O_KVL, _data_ptr(kl))
@@ -485,7 +493,11 @@ class _Call:
                 _b.MASK.pack_into(pb, _O_BIAS, *fields)
                 keep.append(m)
         if softcap is not None:
-            _FLT.pack_into(pb, _O_SOFTCAP, _f32(softcap))
+            cap = _f32(softcap, "softcap")
+            if cap != 0.0 and _FLT.unpack(_FLT.pack(cap))[0] == 0.0:
+                raise ValueError(f"softcap: {softcap!r} rounds to 0 in float32, which turns it off "
+                                 f"(give 0 or None for off)")
+            _FLT.pack_into(pb, _O_SOFTCAP, cap)
         if alibi_slopes is not None:
             a = _head_vector(alibi_slopes, "alibi_slopes", Hq)
             keep.append(a)
@@ -641,7 +653,7 @@ def _fast_problem(B, Hq, Hkv, Tq, Tk, Dk, Dv, qc, kc, oc, scale, causal, threads
     _DIMS.pack_into(pb, _O_DIMS, B, Hq, Hkv, Tq, Tk, Dk, Dv)
     if scale is not None:
         _I32.pack_into(pb, _O_UDS, 0)
-        _FLT.pack_into(pb, _O_SCALE, _f32(scale))
+        _FLT.pack_into(pb, _O_SCALE, _f32(scale, "scale"))
     if causal:
         _I32.pack_into(pb, _O_CAUSAL, causal)
     if threads:
@@ -694,6 +706,8 @@ def _fast_forward(q, k, v, scale, causal, threads, return_lse):
         return None
     if causal is None or causal is False:
         causal = 0
+    elif type(causal) is not bool and type(causal) is not str:
+        return None  # 1 or 1.0 would find True's entry: the general path refuses them
     else:
         try:
             causal = _CAUSAL[causal]
@@ -1131,10 +1145,14 @@ def merge_states(outs, lses, *, out=None, lse_out=None):
     (B, H, T, D), _ = _split(shape, [0] * rank, rank)
     if out is None:
         out = np.empty(shape, dtype=_F32)
+    elif not isinstance(out, np.ndarray):
+        raise ValueError(f"out: expected a NumPy array to write into, got {type(out).__name__}")
     elif out.shape != shape:
         raise ValueError(f"out: shape {out.shape}, expected {shape}")
     if lse_out is None:
         lse_out = np.empty(shape[:-1], dtype=_F32)
+    elif not isinstance(lse_out, np.ndarray):
+        raise ValueError(f"lse_out: expected a NumPy array to write into, got {type(lse_out).__name__}")
     elif lse_out.shape != shape[:-1]:
         raise ValueError(f"lse_out: shape {lse_out.shape}, expected {shape[:-1]}")
     p, s, _ = _view(out, "out", rank, writable=True)

@@ -122,6 +122,8 @@ static int prepare(PyObject *const *args, operand ops[3], sdpa_problem *p, sdpa_
     long nthreads = 0;
     if (scale != Py_None && !PyFloat_CheckExact(scale))
         ok = 0;
+    if (ok && causal != Py_None && causal != Py_False && causal != Py_True && !PyUnicode_CheckExact(causal))
+        ok = 0; /* 1 or 1.0 would find True's entry: the general path refuses them */
     if (ok && causal != Py_None && causal != Py_False) {
         PyObject *c = PyDict_GetItemWithError(g_causal, causal);
         long code = c ? PyLong_AsLong(c) : -1;

@@ -373,6 +373,8 @@ def _attention(query, key, value, scale, causal, window, window_align, kv_length
         wl = -1 if window[0] is None else int(window[0])
         wr = -1 if window[1] is None else int(window[1])
     try:
+        if causal is not None and not isinstance(causal, (bool, str)):
+            raise TypeError  # 1 or 1.0 would find True's entry (as in libsdpa.attention)
         cz = _CAUSAL[causal]
     except (KeyError, TypeError):
         raise ValueError(f"causal: expected None, True, 'top-left' or 'bottom-right', got "

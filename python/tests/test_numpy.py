@@ -309,6 +309,13 @@ def bad_cases(rng):
         ("sinks +inf", (q, k, v), {"sinks": np.array([np.inf, 1, 1, 1])}, "SDPA_ERR_BAD_SINKS"),
         ("threads", (q, k, v), {"threads": -1}, "threads"),
         ("isa name", (q, k, v), {"isa": "sse9"}, "isa"),
+        # regressions (an adversarial review, session 29): accepted before, or another exception
+        ("causal 1 (not True)", (q, k, v), {"causal": 1}, "causal"),
+        ("causal 1.0", (q, k, v), {"causal": 1.0}, "causal"),
+        ("scale as a string", (q, k, v), {"scale": "2"}, "scale"),
+        ("scale bool", (q, k, v), {"scale": True}, "scale"),
+        ("scale beyond a double (an int)", (q, k, v), {"scale": 10**400}, "SDPA_ERR_BAD_SCALE"),
+        ("softcap rounds to 0 in float32", (q, k, v), {"softcap": 1e-46}, "softcap"),
     ]
 
 
@@ -355,6 +362,25 @@ def test_aliasing_out_untouched():
     with pytest.raises(libsdpa.SdpaError, match="BAD_STRIDE"):
         libsdpa.attention(q, k, v, out=overlap)
     assert np.all(out == 3.0)
+
+
+def test_kv_lengths_beyond_int32_raise():
+    """Regression (session 29): with Tk > 2^31 - 1 (broadcast keys), a length in (2^31 - 1,
+    Tk] passed the range check and wrapped to int32 on its way to the library."""
+    q = np.ones((1, 1, 1, 8), np.float32)
+    kv = np.lib.stride_tricks.as_strided(np.ones(8, np.float32), (1, 1, 2**32 + 2, 8), (0, 0, 0, 4))
+    with pytest.raises(ValueError, match="kv_lengths"):
+        libsdpa.attention(q, kv, kv, kv_lengths=np.array([2**32 + 1]))
+
+
+def test_merge_states_out_not_an_array():
+    """Regression (session 29): out= / lse_out= of another type raised AttributeError."""
+    o = np.ones((1, 1, 4, 8), np.float32)
+    lse = np.zeros((1, 1, 4), np.float32)
+    with pytest.raises(ValueError, match="out"):
+        libsdpa.merge_states([o], [lse], out=[0])
+    with pytest.raises(ValueError, match="lse_out"):
+        libsdpa.merge_states([o], [lse], lse_out=[[0, 0, 0, 0]])
 
 
 def test_backward_bad_input():
@@ -524,22 +550,40 @@ def test_fast_c_declines_what_python_declines():
 
 def test_fast_c_causal_that_reshapes_q():
     """A causal= object whose __eq__ reshapes q (numpy frees the old shape storage) and
-    allocates over it: the call still sees q's shape as it was (the keywords are read
-    before the arrays, whose shapes are copied)."""
+    allocates over it. causal= takes None, a bool or a name only (since session 29: 1 and
+    1.0 had been taken as True through the dict lookup), so such an object is refused
+    with ValueError; the fast path declines it without running its __eq__, and a str
+    subclass with the same __eq__ gets the general path's lookup (Python code only)."""
     _fast_c_or_skip()
     rng = np.random.default_rng(5)
     q, k, v = rnd(rng, 1, 1, 2, 64), rnd(rng, 1, 1, 1, 64), rnd(rng, 1, 1, 1, 4)
+    calls = []
 
     class Causal:
         def __hash__(self):
             return hash(True)
 
         def __eq__(self, other):
+            calls.append(other)
             q.shape = q.shape
             np.empty((3, 5, 7, 9), np.uint8)
             return other is True
 
-    o = libsdpa.attention(q, k, v, causal=Causal())
+    with pytest.raises(ValueError, match="causal"):
+        libsdpa.attention(q, k, v, causal=Causal())
+    assert not calls
+
+    class Name(str):
+        def __hash__(self):
+            return hash("top-left")
+
+        def __eq__(self, other):
+            calls.append(other)
+            q.shape = q.shape
+            np.empty((3, 5, 7, 9), np.uint8)
+            return str.__eq__(self, other)
+
+    o = libsdpa.attention(q, k, v, causal=Name("top-left"))
     assert o.shape == (1, 1, 2, 4)
     assert np.array_equal(o, libsdpa.attention(q, k, v, causal=True, out=np.empty_like(o)))
 
