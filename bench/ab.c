@@ -197,8 +197,9 @@ int main(int argc, char **argv)
                 return usage("--inner: a whole number in 1..100000");
             inner = (int)num, i++;
         } else if (val && (!strcmp(a, "--blocks-a") || !strcmp(a, "--blocks-b"))) {
-            if (!parse_list(val, 2, 0, 1 << 20, blocks[a[9] == 'b']))
-                return usage("--blocks-a / --blocks-b: BQ,BK, two whole numbers (0: the library's)");
+            if (!parse_list(val, 2, 0, SDPA_MAX_BLOCK, blocks[a[9] == 'b']))
+                return usage("--blocks-a / --blocks-b: BQ,BK, two whole numbers in [0, SDPA_MAX_BLOCK] "
+                             "(0: the library's)");
             i++;
         } else {
             fprintf(stderr, "sdpa-ab: unknown or incomplete option '%s'\n", a);
@@ -265,9 +266,16 @@ int main(int argc, char **argv)
     }
     double *t[2] = {malloc(sizeof(double) * (size_t)rounds), malloc(sizeof(double) * (size_t)rounds)},
            *ratio = malloc(sizeof(double) * (size_t)rounds);
+    void *const owned[] = {q, k, v, o, dq, dk, dv, lse, t[0], t[1], ratio};
+#define AB_RETURN(rc)                                                                              \
+    do {                                                                                           \
+        for (size_t b_ = 0; b_ < sizeof owned / sizeof owned[0]; b_++)                             \
+            free(owned[b_]);                                                                       \
+        return (rc);                                                                               \
+    } while (0)
     if (!q || !k || !v || !o || !dq || !dk || !dv || !lse || !t[0] || !t[1] || !ratio) {
         fprintf(stderr, "sdpa-ab: out of memory\n");
-        return 1;
+        AB_RETURN(1);
     }
     const sdpa_tensor tq = {q, Hq * Tq * D, Tq * D, D}, tk = {k, Hkv * Tk * D, Tk * D, D},
                       tv = {v, Hkv * Tk * D, Tk * D, D}, co = {o, Hq * Tq * D, Tq * D, D},
@@ -286,8 +294,11 @@ int main(int argc, char **argv)
         p[i].causal = causal ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
         p[i].block_q = blocks[i][0], p[i].block_k = blocks[i][1];
         if (isa_name && isa_of[i](isa_name, &p[i].isa) != 0) {
-            fprintf(stderr, "sdpa-ab: --isa '%s': not an ISA name (scalar, avx2, avx512, amx, neon)\n", isa_name);
-            return 2;
+            char why_isa[128];
+            snprintf(why_isa, sizeof why_isa, "--isa '%.40s': not an ISA name (scalar, avx2, avx512, amx, neon)",
+                     isa_name);
+            usage(why_isa);
+            AB_RETURN(2);
         }
         sdpa_status st = fwd[i](&p[i], &tq, &tk, &tv, &to, &tl); /* warm-up; O and LSE for the backward */
         if (st == SDPA_OK && backward)
@@ -295,7 +306,7 @@ int main(int argc, char **argv)
         if (st != SDPA_OK) {
             fprintf(stderr, "sdpa-ab: %s refused the problem: %s%s\n", argv[1 + i], why[i](st),
                     st == SDPA_ERR_BAD_DESCRIPTOR ? " (a build whose sdpa_problem differs from this tool's header?)" : "");
-            return 1;
+            AB_RETURN(1);
         }
     }
     /* what a call reads or writes, in bytes (16-bit buffers: their first half) */
@@ -332,5 +343,6 @@ int main(int argc, char **argv)
            t[0][rounds / 2] * 1e3, flops / t[0][rounds / 2] * 1e-9, t[1][rounds / 2] * 1e3,
            flops / t[1][rounds / 2] * 1e-9, ratio[rounds / 2], ratio[rounds / 4], ratio[3 * rounds / 4], rounds,
            dtype_name(dtype), dtype_name(kv_dtype));
-    return 0;
+    AB_RETURN(0);
+#undef AB_RETURN
 }

@@ -415,10 +415,18 @@ static int parse_mask(const char *name, bench_mask *m)
     return -1;
 }
 
+/* 1 if a comma list has an empty item (a leading, trailing or doubled comma), which
+ * strtok would skip. */
+static int list_has_empty_item(const char *list)
+{
+    const size_t n = strlen(list);
+    return n == 0 || list[0] == ',' || list[n - 1] == ',' || strstr(list, ",,") != NULL;
+}
+
 static int parse_masks(const char *list, options *o)
 {
     char buf[256];
-    if (strlen(list) >= sizeof buf)
+    if (strlen(list) >= sizeof buf || list_has_empty_item(list))
         return -1;
     strcpy(buf, list);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
@@ -441,6 +449,8 @@ static int parse_isas(const char *list, options *o)
     }
     if (strlen(list) >= sizeof buf)
         return usage("--isa '%s': too long", list);
+    if (list_has_empty_item(list))
+        return usage("--isa '%s': an empty name in the list", list);
     strcpy(buf, list);
     o->all_isas = 0;
     o->n_isas = 0;
@@ -474,10 +484,11 @@ static int parse_isas(const char *list, options *o)
 static int parse_dtypes(const char *list, options *o)
 {
     char buf[64];
-    if (strlen(list) >= sizeof buf)
+    if (strlen(list) >= sizeof buf || list_has_empty_item(list))
         return usage("--dtype '%s': expected fp32, bf16 or fp16, or a comma list of them", list);
+    if (o->n_dtypes > 0)
+        return usage("option '%s' given twice (give a comma list: --dtype fp32,bf16)", "--dtype");
     strcpy(buf, list);
-    o->n_dtypes = 0;
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         int dt = -1;
         for (int i = 0; i < N_DTYPES; i++)
@@ -696,7 +707,16 @@ static int parse_options(int argc, char **argv, options *o)
                 return usage("--shape '%s': every size must be >= 1", val);
             if (s.Hq % s.Hkv != 0)
                 return usage("--shape '%s': Hq must be a multiple of Hkv", val);
-            if (s.Tk > INT32_MAX || s.Dk > 65536 || s.Dv > 65536)
+            /* every buffer's element count (Q, O, K, V, a (B, 1, Tq, Tk) mask) must fit
+             * int64 with room for its bytes; the allocation then fails or succeeds cleanly */
+            int64_t nq, nkv, nm;
+            const int64_t dmax = s.Dk > s.Dv ? s.Dk : s.Dv;
+            if (s.Tk > INT32_MAX || s.Dk > 65536 || s.Dv > 65536 || __builtin_mul_overflow(s.B, s.Hq, &nq) ||
+                __builtin_mul_overflow(nq, s.Tq, &nq) || __builtin_mul_overflow(nq, dmax, &nq) ||
+                __builtin_mul_overflow(s.B, s.Hkv, &nkv) || __builtin_mul_overflow(nkv, s.Tk, &nkv) ||
+                __builtin_mul_overflow(nkv, dmax, &nkv) || __builtin_mul_overflow(s.B, s.Tq, &nm) ||
+                __builtin_mul_overflow(nm, s.Tk, &nm) || nq > INT64_MAX / 16 || nkv > INT64_MAX / 16 ||
+                nm > INT64_MAX / 16)
                 return usage("--shape '%s': too large", val);
             if (o->n_shapes == MAX_LIST)
                 return usage("too many --shape options (at most %s)", "32");

@@ -563,7 +563,8 @@ SDPA_API const char *sdpa_cpu_features(void);
 /** The microarchitecture detected at load (vendor, family, model) and the block
  *  sizes each runnable ISA's table uses for it (a descriptor's block_q / block_k
  *  override them per call; the SDPA_TUNE environment variable, e.g.
- *  "block_q=64,block_k=256,nt_max_cols=8,wide_prefetch=2,bf16_dot=0", for the process, and whether it was
+ *  "block_q=64,block_k=256,nt_max_cols=8,wide_prefetch=2,bf16_dot=0", for the process: decimal
+ *  values, no empty item, at most 1023 bytes, else rejected as a whole; and whether it was
  *  applied or rejected), e.g. "uarch zen4 (AuthenticAMD family 25 model 97);
  *  scalar block_q 64 ...". Static string, valid for the life of the process;
  *  thread-safe. */
@@ -598,7 +599,8 @@ SDPA_API int sdpa_isa_bf16_pairs(sdpa_isa isa);
  *  run. Fixed at load; thread-safe; no errors. */
 SDPA_API int sdpa_isa_bf16_pairs_backward(sdpa_isa isa);
 /** The raw SDPA_ISA value seen at load if it was ignored (not an ISA name, or an
- *  ISA of another architecture), else NULL. */
+ *  ISA of another architecture; at most its first 255 bytes), else NULL. An empty
+ *  SDPA_ISA is the same as unset. */
 SDPA_API const char *sdpa_isa_env_rejected(void);
 
 /** The library's version string, e.g. "0.1.0". */

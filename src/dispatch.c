@@ -67,7 +67,7 @@ static int runnable[SDPA_ISA_COUNT];
 static sdpa_isa load_choice = SDPA_ISA_SCALAR;
 static _Atomic(const sdpa_kernels *) active_table;
 static char cpu_names[256];
-static char env_rejected[64];
+static char env_rejected[256]; /* its first 255 bytes (sdpa.h) */
 static int env_was_rejected;
 
 /* The rung of an ISA on this architecture's ladder, or -1. */

@@ -57,21 +57,31 @@ static const char *const prefetch_names[] = {"never", "always", "streaming"};
 static char description[1024];
 
 /* Parses "key=value[,key=value..]" into *bq, *bk, *nt, *pf, *bd, *bbd, *tp (left
- * alone when absent); 0 when every pair is known and in range. */
+ * alone when absent); 0 when every pair is known and in range: decimal digits only (no
+ * sign, no space), no empty pair, at most SDPA_TUNE_MAX_LEN bytes in all. (Until
+ * session 29 the string had to fit 128 bytes, and strtol's leading spaces and '+' and
+ * strtok's empty pairs were taken.) */
+#define SDPA_TUNE_MAX_LEN 1023
 static int parse_env(const char *s, int *bq, int *bk, int *nt, int *pf, int *bd, int *bbd, int *tp)
 {
-    char buf[128];
-    if (strlen(s) >= sizeof buf)
+    char buf[SDPA_TUNE_MAX_LEN + 1];
+    if (strlen(s) > SDPA_TUNE_MAX_LEN)
         return -1;
     strcpy(buf, s);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    for (char *tok = buf, *next; tok; tok = next) {
+        next = strchr(tok, ',');
+        if (next)
+            *next++ = '\0';
         char *eq = strchr(tok, '=');
-        if (!eq)
+        if (!eq || eq == tok)
             return -1;
         *eq = '\0';
+        const char *d = eq + 1;
+        if (*d < '0' || *d > '9' || strlen(d) > 6)
+            return -1;
         char *end;
-        const long v = strtol(eq + 1, &end, 10);
-        if (end == eq + 1 || *end)
+        const long v = strtol(d, &end, 10);
+        if (*end)
             return -1;
         if (!strcmp(tok, "block_q") && v >= 1 && v <= SDPA_MAX_BLOCK)
             *bq = (int)v;

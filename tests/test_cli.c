@@ -541,12 +541,52 @@ Test(cli, info_tuning_and_sdpa_tune_env)
     const char *bad[] = {"SDPA_TUNE=block_q=0", "SDPA_TUNE=block_k=513", "SDPA_TUNE=bogus=1", "SDPA_TUNE=block_q",
                          "SDPA_TUNE=block_q=12x", "SDPA_TUNE=wide_prefetch=3", "SDPA_TUNE=wide_prefetch=-1",
                          "SDPA_TUNE=bf16_dot=2", "SDPA_TUNE=bf16_dot=-1", "SDPA_TUNE=bwd_bf16_dot=2",
-                         "SDPA_TUNE=tile_pad=8", "SDPA_TUNE=tile_pad=80", "SDPA_TUNE=tile_pad=-16"};
+                         "SDPA_TUNE=tile_pad=8", "SDPA_TUNE=tile_pad=80", "SDPA_TUNE=tile_pad=-16",
+                         /* regressions (session 29): strtol's space and sign, strtok's empty items */
+                         "SDPA_TUNE=block_q= +32", "SDPA_TUNE=block_q=+32", "SDPA_TUNE=block_q=32,,,",
+                         "SDPA_TUNE=block_q=32,", "SDPA_TUNE=,block_q=32", "SDPA_TUNE==32"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         r = run_env(args, bad[i]);
         cr_assert_eq(r->status, 0);
         cr_expect_not_null(strstr(r->out, "rejected (ignored)"), "%s: %s", bad[i], r->out);
         cr_expect_null(strstr(r->out, "block_q 0 "), "%s: %s", bad[i], r->out);
+    }
+    /* regression (session 29): a valid string of 128 bytes or more was rejected; 1023
+     * bytes are taken, 1024 (every item valid) are not */
+    char env[1100] = "SDPA_TUNE=";
+    for (int i = 0; i < 92; i++)
+        strcat(env, "block_q=48,"); /* 1012 bytes */
+    strcat(env, "block_q=048");     /* 1023 */
+    cr_assert_eq(strlen(env) - 10, 1023);
+    r = run_env(args, env);
+    cr_expect_not_null(strstr(r->out, "' applied"), "1023 bytes: %s", r->out);
+    cr_expect_not_null(strstr(r->out, "block_q 48"), "%s", r->out);
+    env[strlen(env) - 3] = '\0';
+    strcat(env, "0048");            /* 1024 */
+    cr_assert_eq(strlen(env) - 10, 1024);
+    r = run_env(args, env);
+    cr_expect_not_null(strstr(r->out, "rejected (ignored)"), "1024 bytes: %s", r->out);
+}
+
+/* Regressions (an adversarial review, session 29): sdpa bench took B, Hq, Hkv, Tq without
+ * a bound (int64 overflow in its buffer sizes, an abort in the allocator), and list
+ * options with an empty item; both are usage errors now (exit 2, nothing timed). */
+Test(cli, bench_bad_lists_and_huge_shapes)
+{
+    const char *cases[][8] = {
+        {"bench", "--no-limits", "--shape", "1,1,1,4611686018427387904,4,8,8", NULL},
+        {"bench", "--no-limits", "--shape", "4611686018427387904,1,1,4,4,8,8", NULL},
+        {"bench", "--no-limits", "--shape", "1,1,1,1152921504606846976,4,16,16", NULL},
+        {"bench", "--no-limits", "--shape", "1,4611686018427387904,4611686018427387904,4,4,8,8", NULL},
+        {"bench", "--no-limits", "--mask", "none,", NULL},
+        {"bench", "--no-limits", "--dtype", "fp32,,bf16", NULL},
+        {"bench", "--no-limits", "--isa", ",scalar", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_result *r = run(cases[i]);
+        cr_expect_eq(r->status, 2, "%s %s: exit %d; stderr: %s", cases[i][2], cases[i][3], r->status, r->err);
+        cr_expect_not_null(strstr(r->err, "sdpa bench: error:"), "%s: stderr: %s", cases[i][3], r->err);
+        cr_expect_eq(r->out[0], '\0', "%s: stdout: %s", cases[i][3], r->out);
     }
 }
 

@@ -596,10 +596,13 @@ Test(cli_dtype, bad_dtype_rejected)
     run_result *r = run((const char *const[]){"demo", "--dtype", "bf16", NULL});
     cr_assert_eq(r->status, 2);
     cr_assert_not_null(strstr(r->err, "unknown option '--dtype' for 'sdpa demo'"), "%s", r->err);
+    r = run((const char *const[]){"bench", "--dtype", "bf16", "--dtype", "fp16", NULL});
+    cr_assert_eq(r->status, 2); /* regression (session 29): the last one silently won */
+    cr_assert_not_null(strstr(r->err, "option '--dtype' given twice"), "%s", r->err);
     r = run((const char *const[]){"bench", "--dtype", "fp8", NULL});
     cr_assert_eq(r->status, 2);
     cr_assert_not_null(strstr(r->err, "--dtype 'fp8': expected fp32, bf16 or fp16"), "%s", r->err);
-    r = run((const char *const[]){"bench", "--dtype", "bf16,", "--serve", NULL});
+    r = run((const char *const[]){"bench", "--dtype", "bf16", "--serve", NULL});
     cr_assert_eq(r->status, 2);
     cr_assert_not_null(strstr(r->err, "--serve"), "%s", r->err);
 #undef FWD

@@ -97,8 +97,10 @@ int cmd_info(int argc, char **argv)
     rej = sdpa_isa_env_rejected();
     if (rej)
         printf("SDPA_ISA: '%s' rejected (not an ISA name for this architecture; ignored)\n", rej);
-    else if (getenv("SDPA_ISA"))
+    else if (getenv("SDPA_ISA") && *getenv("SDPA_ISA"))
         printf("SDPA_ISA: '%s' (caps the choice)\n", getenv("SDPA_ISA"));
+    else if (getenv("SDPA_ISA"))
+        printf("SDPA_ISA: empty (as if not set)\n");
     else
         printf("SDPA_ISA: not set\n");
 #if HAVE_OPENMP
