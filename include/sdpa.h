@@ -416,9 +416,9 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  *   overwritten in full (rows of masked keys get exactly 0). None of them may
  *   share an element with any input or each other (SDPA_ERR_ALIASING); dQ, dK,
  *   dV interleaved in one packed [B, T, 3, H, D] buffer are fine. Any alignment
- *   of the element's size works (SDPA_ERR_MISALIGNED otherwise); speed: a decode backward (one query tile per kv head) whose fp32 dK + dV
- *   are 16 MiB or more writes them with non-temporal stores where their data and
- *   row strides are multiples of 64 bytes (AVX-512; 32 on AVX2), else with plain
+ *   of the element's size works (SDPA_ERR_MISALIGNED otherwise); speed: a decode
+ *   backward (one query tile per kv head) whose fp32 dK + dV are 16 MiB or more
+ *   writes them with non-temporal stores where their data and row strides are multiples of 64 bytes (AVX-512; 32 on AVX2), else with plain
  *   stores, which read each line first (slower from memory, docs/perf-notes.md:
  *   allocate them line-aligned, as PyTorch and the Python package do).
  * Rows with LSE = -inf (fully masked) contribute exactly 0; NaN in the dO or O

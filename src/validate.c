@@ -142,6 +142,12 @@ static sdpa_status check_cu(const int32_t *cu, int64_t B, int64_t total)
     return cu[B] == total ? SDPA_OK : SDPA_ERR_BAD_SEQLENS;
 }
 
+/* Pages sequence b of a paged cache uses (its block table entries read). */
+static int64_t pages_used(const sdpa_seqs *s, int64_t b)
+{
+    return (s->seq_lens_k[b] + s->block_size - 1) / s->block_size;
+}
+
 static sdpa_status check_pages(const sdpa_problem *p, const sdpa_seqs *s)
 {
     if (!s->block_table || !s->seq_lens_k)
@@ -158,7 +164,7 @@ static sdpa_status check_pages(const sdpa_problem *p, const sdpa_seqs *s)
     for (int64_t b = 0; b < p->batch; b++) {
         if (s->seq_lens_k[b] < 0 || s->seq_lens_k[b] > cap)
             return SDPA_ERR_BAD_SEQLENS;
-        const int64_t used = (s->seq_lens_k[b] + s->block_size - 1) / s->block_size;
+        const int64_t used = pages_used(s, b);
         for (int64_t j = 0; j < used; j++) {
             const int32_t page = s->block_table[b * s->max_blocks_per_seq + j];
             if (page < 0 || page >= s->num_blocks)
@@ -376,7 +382,7 @@ static sdpa_status seqs_spans(const plan *pl, span sp[5])
     sp[3] = array_span(s->seq_lens_k, pl->B, sizeof(int32_t));
     int64_t end = 0; /* entries up to the last one read: b * M + pages used by b, B * M at most */
     for (int64_t b = 0; b < pl->B; b++) {
-        const int64_t used = (s->seq_lens_k[b] + s->block_size - 1) / s->block_size;
+        const int64_t used = pages_used(s, b);
         if (used > 0 && b * s->max_blocks_per_seq + used > end)
             end = b * s->max_blocks_per_seq + used;
     }

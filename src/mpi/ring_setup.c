@@ -250,28 +250,6 @@ sdpa_status ring_probe_status(sdpa_status st)
     return st == SDPA_ERR_WORKSPACE_TOO_SMALL ? SDPA_OK : st;
 }
 
-/* Whether every rank holds the same n values x[i] (the same n on every rank): MIN over
- * the values and their negations, in rounds of a fixed size (no allocation, so no rank
- * can leave the collective early); 1 if all equal. */
-static int ring_same_values(MPI_Comm comm, int64_t n, int64_t (*value)(const ring *, const sdpa_problem *, int64_t),
-                            const ring *R, const sdpa_problem *p)
-{
-    enum { ROUND = 128 };
-    int same = 1;
-    for (int64_t i0 = 0; i0 < n; i0 += ROUND) {
-        const int m = (int)(n - i0 < ROUND ? n - i0 : ROUND);
-        int64_t in[2 * ROUND], out[2 * ROUND];
-        for (int i = 0; i < m; i++) {
-            in[i] = value(R, p, i0 + i);
-            in[m + i] = -in[i]; /* the values are int32 or float bits: no overflow */
-        }
-        MPI_Allreduce(in, out, 2 * m, MPI_INT64_T, MPI_MIN, comm);
-        for (int i = 0; i < m; i++)
-            same &= out[i] == -out[m + i];
-    }
-    return same;
-}
-
 /* The per-batch and per-head operands that are present, value by value: kv_lengths (B),
  * then alibi_slopes and sinks (Hq each) as their bits (their presence is compared
  * before, so every rank counts the same values). */
@@ -291,6 +269,28 @@ static int64_t ring_operand_value(const ring *R, const sdpa_problem *p, int64_t 
     uint32_t u;
     memcpy(&u, &x[p->alibi_slopes && i >= R->Hq ? i - R->Hq : i], 4);
     return u;
+}
+
+/* Whether every rank holds the same operand values (ring_operand_value, as many on every
+ * rank): MIN over the values and their negations, in rounds of a fixed size (no
+ * allocation, so no rank can leave the collective early); 1 if all equal. */
+static int ring_same_operands(const ring *R, const sdpa_problem *p)
+{
+    enum { ROUND = 128 };
+    const int64_t n = ring_operand_count(R, p);
+    int same = 1;
+    for (int64_t i0 = 0; i0 < n; i0 += ROUND) {
+        const int m = (int)(n - i0 < ROUND ? n - i0 : ROUND);
+        int64_t in[2 * ROUND], out[2 * ROUND];
+        for (int i = 0; i < m; i++) {
+            in[i] = ring_operand_value(R, p, i0 + i);
+            in[m + i] = -in[i]; /* the values are int32 or float bits: no overflow */
+        }
+        MPI_Allreduce(in, out, 2 * m, MPI_INT64_T, MPI_MIN, R->comm);
+        for (int i = 0; i < m; i++)
+            same &= out[i] == -out[m + i];
+    }
+    return same;
 }
 
 /* The agreement: every rank's status and the global sizes, with one MPI_Allreduce
@@ -326,7 +326,7 @@ static sdpa_status ring_agree(ring *R, sdpa_status st, const sdpa_problem *p, sd
             return SDPA_ERR_BAD_DESCRIPTOR;
     /* the key lengths, ALiBi slopes and sinks too, value by value (every rank has the same
      * B, Hq and presence flags by now, so the same number of rounds) */
-    if (!ring_same_values(R->comm, ring_operand_count(R, p), ring_operand_value, R, p))
+    if (!ring_same_operands(R, p))
         return SDPA_ERR_BAD_DESCRIPTOR;
     return SDPA_OK;
 }
