@@ -84,7 +84,8 @@ typedef enum sdpa_status {
     SDPA_ERR_NULL_ARGUMENT = -1,    /**< a required pointer is NULL (the problem, a tensor view, or a
                                          data pointer whose tensor is not empty) */
     SDPA_ERR_BAD_DESCRIPTOR = -2,   /**< problem not set up by sdpa_problem_init(): wrong struct_size,
-                                         nonzero reserved field, or unknown enum value */
+                                         nonzero reserved field, unknown enum value, or
+                                         use_default_scale other than 0 or 1 */
     SDPA_ERR_NEGATIVE_SIZE = -3,    /**< a size (B, Hq, Hkv, Tq, Tk, Dk, Dv) is negative */
     SDPA_ERR_HEAD_GROUPING = -4,    /**< Hq is not a multiple of Hkv (or Hkv = 0 while Hq > 0) */
     SDPA_ERR_BAD_SCALE = -5,        /**< scale is NaN or infinite; or the default 1/sqrt(Dk) with Dk = 0;
@@ -111,10 +112,11 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_SINKS = -17,       /**< a sink is NaN or +inf, or dsinks is set without sinks */
     SDPA_ERR_WORKSPACE_TOO_SMALL = -18, /**< a caller's workspace is smaller than the size query says */
     SDPA_ERR_BAD_SEQLENS = -19,     /**< cu_seqlens not 0-based and nondecreasing, their last entry not
-                                         q_len / kv_len, or a seq_lens_k entry negative or beyond its
-                                         block table row */
-    SDPA_ERR_BAD_BLOCK_TABLE = -20, /**< a page id a sequence uses is outside [0, num_blocks), or
-                                         block_size / max_blocks_per_seq / num_blocks out of range */
+                                         q_len / kv_len, a seq_lens_k entry negative or beyond its
+                                         block table row, or kv_len not 0 with a block table */
+    SDPA_ERR_BAD_BLOCK_TABLE = -20, /**< a page id a sequence uses is outside [0, num_blocks),
+                                         block_size / max_blocks_per_seq / num_blocks out of range, or
+                                         a block table given with cu_seqlens_k (one or the other) */
     SDPA_ERR_UNSUPPORTED = -21,     /**< a combination this version does not compute: kv_lengths,
                                          bool_mask or bias with seqs, or a paged backward */
     SDPA_ERR_MISALIGNED = -22       /**< a data pointer of a tensor that is not empty, or of an int32 /
@@ -239,7 +241,7 @@ typedef struct sdpa_problem {
     int64_t head_dim_qk;   /**< Dk: head_dim of Q and K */
     int64_t head_dim_v;    /**< Dv: head_dim of V, O */
     int use_default_scale; /**< 1 (default): scale = 1/sqrt(Dk), and .scale must stay 0;
-                                0: use .scale as given */
+                                0: use .scale as given; other values: SDPA_ERR_BAD_DESCRIPTOR */
     float scale;           /**< with use_default_scale = 0: any finite value, 0 and negative
                                 included (multiplies Q K^T; the bias is not scaled) */
     sdpa_causal causal;    /**< default SDPA_CAUSAL_NONE */
@@ -485,7 +487,7 @@ SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tenso
  *   place); otherwise an output must not overlap any input or the other output
  *   (SDPA_ERR_ALIASING) nor itself (SDPA_ERR_BAD_STRIDE).
  * Ownership: the caller owns every buffer. Thread-safety: reentrant; runs on the
- * calling thread; allocates n floats and n pointers (one small block).
+ * calling thread; allocates n pointers and 2n floats (one small block).
  * @return SDPA_OK, or SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_NEGATIVE_SIZE,
  *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_ALIASING, SDPA_ERR_SIZE_OVERFLOW,
  *   SDPA_ERR_MISALIGNED, SDPA_ERR_OUT_OF_MEMORY; on error nothing is written.
@@ -519,12 +521,15 @@ SDPA_API sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, in
  * of the call (SDPA_ERR_ALIASING). The size is about the one documented for sdpa_forward() /
  * sdpa_backward() (each of its buffers rounded up to 64 bytes, plus 64 bytes of
  * alignment slack): allocate what the query returns. 0 is possible (nothing to
- * compute).
+ * compute: no rows; then workspace may be NULL). The _with_workspace calls never
+ * allocate a workspace of their own, whatever workspace and workspace_bytes are.
  * With more than one thread the OpenMP runtime still creates (and caches) its
  * team, see "Out of memory" at the top of this file.
  * @return the codes of the plain calls, plus SDPA_ERR_WORKSPACE_TOO_SMALL (the
  *   workspace is smaller than the size query says; nothing written) and
- *   SDPA_ERR_NULL_ARGUMENT (workspace NULL, or bytes NULL for the queries);
+ *   SDPA_ERR_NULL_ARGUMENT (workspace NULL, whatever workspace_bytes, where the call
+ *   needs one; bytes NULL for the queries); sdpa_backward_workspace_size() says
+ *   SDPA_ERR_UNSUPPORTED for a paged problem, as sdpa_backward() does;
  *   never SDPA_ERR_OUT_OF_MEMORY. Thread-safety: as the plain calls.
  */
 SDPA_API sdpa_status sdpa_forward_workspace_size(const sdpa_problem *problem, size_t *bytes);

@@ -440,58 +440,66 @@ static void bwd_call(const plan *pl, const bwd_views *x, float *ws, size_t float
     }
 }
 
+/* The call on the caller's workspace, or (own: sdpa_backward) on one it allocates. */
+static sdpa_status bwd_entry(const sdpa_problem *p, const bwd_views *x, void *workspace, size_t workspace_bytes,
+                             int own)
+{
+    plan pl;
+    sdpa_status st = sdpa_make_plan(p, &pl, 1);
+    if (st != SDPA_OK)
+        return st;
+    if (pl.seqs && !pl.seqs->cu_seqlens_k)
+        return SDPA_ERR_UNSUPPORTED; /* no paged backward */
+    size_t floats;
+    if ((st = bwd_check(x, &pl, workspace, workspace_bytes)) != SDPA_OK ||
+        (st = bwd_call_floats(&pl, &floats)) != SDPA_OK)
+        return st;
+    if (floats == 0) { /* every problem trivial, no dsinks */
+        bwd_call(&pl, x, NULL, 0);
+        return SDPA_OK;
+    }
+    float *ws = NULL;
+    if (own && !(ws = sdpa_alloc_floats(floats)))
+        return SDPA_ERR_OUT_OF_MEMORY;
+    if (!own && (st = sdpa_workspace_take(workspace, workspace_bytes, floats, &ws)) != SDPA_OK)
+        return st; /* a NULL workspace: SDPA_ERR_NULL_ARGUMENT, never an allocation of our own */
+    bwd_call(&pl, x, ws, floats);
+    if (own)
+        free(ws);
+    return SDPA_OK;
+}
+
 sdpa_status sdpa_backward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
                           const sdpa_tensor *v, const sdpa_tensor *o, const sdpa_tensor *lse,
                           const sdpa_tensor *dout, const sdpa_tensor_out *dq, const sdpa_tensor_out *dk,
                           const sdpa_tensor_out *dv)
 {
-    return sdpa_backward_with_workspace(p, q, k, v, o, lse, dout, dq, dk, dv, NULL, 0);
+    const bwd_views x = {q, k, v, o, lse, dout, dq, dk, dv, NULL, NULL, 0, 0};
+    return bwd_entry(p, &x, NULL, 0, 1);
 }
 
 sdpa_status sdpa_backward_workspace_size(const sdpa_problem *p, size_t *bytes)
 {
     plan pl;
-    sdpa_status st = sdpa_make_plan(p, &pl);
+    sdpa_status st = sdpa_make_plan(p, &pl, 1);
     if (st != SDPA_OK)
         return st;
     if (!bytes)
         return SDPA_ERR_NULL_ARGUMENT;
+    if (pl.seqs && !pl.seqs->cu_seqlens_k)
+        return SDPA_ERR_UNSUPPORTED; /* as sdpa_backward: no paged backward */
     size_t floats;
     if ((st = bwd_call_floats(&pl, &floats)) != SDPA_OK)
         return st;
     return sdpa_workspace_bytes(floats, bytes);
 }
 
-/* workspace == NULL and workspace_bytes == 0: the call allocates its own (sdpa_backward). */
 sdpa_status sdpa_backward_with_workspace(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
                                          const sdpa_tensor *v, const sdpa_tensor *o, const sdpa_tensor *lse,
                                          const sdpa_tensor *dout, const sdpa_tensor_out *dq,
                                          const sdpa_tensor_out *dk, const sdpa_tensor_out *dv, void *workspace,
                                          size_t workspace_bytes)
 {
-    plan pl;
-    sdpa_status st = sdpa_make_plan(p, &pl);
-    if (st != SDPA_OK)
-        return st;
-    if (pl.seqs && !pl.seqs->cu_seqlens_k)
-        return SDPA_ERR_UNSUPPORTED; /* no paged backward */
     const bwd_views x = {q, k, v, o, lse, dout, dq, dk, dv, NULL, NULL, 0, 0};
-    size_t floats;
-    if ((st = bwd_check(&x, &pl, workspace, workspace_bytes)) != SDPA_OK ||
-        (st = bwd_call_floats(&pl, &floats)) != SDPA_OK)
-        return st;
-    if (floats == 0) { /* every problem trivial, no dsinks */
-        bwd_call(&pl, &x, NULL, 0);
-        return SDPA_OK;
-    }
-    const int own = !workspace && workspace_bytes == 0;
-    float *ws = NULL;
-    if (own && !(ws = sdpa_alloc_floats(floats)))
-        return SDPA_ERR_OUT_OF_MEMORY;
-    if (!own && (st = sdpa_workspace_take(workspace, workspace_bytes, floats, &ws)) != SDPA_OK)
-        return st;
-    bwd_call(&pl, &x, ws, floats);
-    if (own)
-        free(ws);
-    return SDPA_OK;
+    return bwd_entry(p, &x, workspace, workspace_bytes, 0);
 }

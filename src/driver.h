@@ -72,8 +72,9 @@ typedef struct tensor_desc {
     int present;
 } tensor_desc;
 
-/* Validates the descriptor and fills the plan (does not look at tensors). */
-sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl);
+/* Validates the descriptor and fills the plan (does not look at tensors); a
+ * forward's plan (backward = 0) ignores the descriptor's dsinks, as sdpa.h says. */
+sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl, int backward);
 /* Checks every tensor (NULL, strides, overflow, self-overlap) and aliasing
  * between outputs and inputs, other outputs and the mask operands. */
 sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt, const void *workspace,
@@ -82,6 +83,10 @@ sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt, const voi
 /* One sequence's plan of a packed call (B = 1, its own Tq, Tk and windows; its
  * block table row and page-sized key tiles when paged). */
 void sdpa_seq_plan(const plan *pl, int64_t b, plan *sub);
+/* A paged plan's key tiles inside one page: bk becomes the largest divisor of the
+ * page size <= bk (every tile the driver reads lies in one page); others unchanged.
+ * Again after any later change of bk (the pair products' own blocks). */
+void sdpa_page_tiles(plan *pl);
 /* Whether the problem has wide (prefill) tiles, tiles of more query columns than the
  * decode path takes: more than nt_max_cols / G query rows per kv head (a packed
  * sequence's own plan: its Tq). The bf16 pair products run on those only. */
@@ -305,7 +310,7 @@ static inline int64_t *carve_i64(float **base, size_t n)
  * overflows or the allocation fails. Free with free(). */
 float *sdpa_alloc_floats(size_t floats);
 /* The bytes a caller-owned workspace of `floats` floats needs (with room to
- * align any pointer), or SDPA_ERR_SIZE_OVERFLOW. */
+ * align any pointer; 0 for 0 floats), or SDPA_ERR_SIZE_OVERFLOW. */
 sdpa_status sdpa_workspace_bytes(size_t floats, size_t *bytes);
 /* The aligned start of a caller's workspace of `bytes` bytes for `floats` floats:
  * SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_WORKSPACE_TOO_SMALL or SDPA_ERR_SIZE_OVERFLOW

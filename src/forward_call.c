@@ -123,6 +123,7 @@ static void unit_plan(const plan *pl, int64_t u, plan *out)
     else
         *out = *pl;
     sdpa_fwd_pairs_blocks(out); /* per problem: a packed sequence's bits are its dense call's */
+    sdpa_page_tiles(out);       /* the pair products' block_k too (amx: 128) within a page */
 }
 
 /* What the workspace holds, in floats: the problems, their cumulative counts,
@@ -212,7 +213,7 @@ static sdpa_status fwd_prepare(const sdpa_problem *p, const sdpa_tensor *q, cons
                                const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse,
                                const void *workspace, size_t workspace_bytes, plan *pl, fwd_args *a, int *nothing)
 {
-    sdpa_status st = sdpa_make_plan(p, pl);
+    sdpa_status st = sdpa_make_plan(p, pl, 0);
     if (st != SDPA_OK)
         return st;
     if (!q || !k || !v || !o)
@@ -249,30 +250,10 @@ static void fwd_run(const plan *pl, const fwd_args *a, const fwd_sizes *s, float
     sdpa_parallel(s->nthreads, fwd_team_body, &job);
 }
 
-sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
-                         const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
-{
-    return sdpa_forward_with_workspace(p, q, k, v, o, lse, NULL, 0);
-}
-
-sdpa_status sdpa_forward_workspace_size(const sdpa_problem *p, size_t *bytes)
-{
-    plan pl;
-    fwd_sizes s;
-    sdpa_status st = sdpa_make_plan(p, &pl);
-    if (st != SDPA_OK)
-        return st;
-    if (!bytes)
-        return SDPA_ERR_NULL_ARGUMENT;
-    if ((st = fwd_sizes_of(&pl, &s)) != SDPA_OK)
-        return st;
-    return sdpa_workspace_bytes(s.items ? s.total : 0, bytes);
-}
-
-/* workspace == NULL and workspace_bytes == 0: the call allocates its own (sdpa_forward). */
-sdpa_status sdpa_forward_with_workspace(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
-                                        const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse,
-                                        void *workspace, size_t workspace_bytes)
+/* The call on the caller's workspace, or (own: sdpa_forward) on one it allocates. */
+static sdpa_status fwd_call(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                            const sdpa_tensor_out *o, const sdpa_tensor_out *lse, void *workspace,
+                            size_t workspace_bytes, int own)
 {
     plan pl;
     fwd_args a;
@@ -283,14 +264,40 @@ sdpa_status sdpa_forward_with_workspace(const sdpa_problem *p, const sdpa_tensor
         return st;
     if ((st = fwd_sizes_of(&pl, &s)) != SDPA_OK || s.items == 0)
         return st;
-    const int own = !workspace && workspace_bytes == 0;
     float *ws = NULL;
     if (own && !(ws = sdpa_alloc_floats(s.total)))
         return SDPA_ERR_OUT_OF_MEMORY;
     if (!own && (st = sdpa_workspace_take(workspace, workspace_bytes, s.total, &ws)) != SDPA_OK)
-        return st;
+        return st; /* a NULL workspace: SDPA_ERR_NULL_ARGUMENT, never an allocation of our own */
     fwd_run(&pl, &a, &s, ws);
     if (own)
         free(ws);
     return SDPA_OK;
+}
+
+sdpa_status sdpa_forward(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                         const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
+{
+    return fwd_call(p, q, k, v, o, lse, NULL, 0, 1);
+}
+
+sdpa_status sdpa_forward_workspace_size(const sdpa_problem *p, size_t *bytes)
+{
+    plan pl;
+    fwd_sizes s;
+    sdpa_status st = sdpa_make_plan(p, &pl, 0);
+    if (st != SDPA_OK)
+        return st;
+    if (!bytes)
+        return SDPA_ERR_NULL_ARGUMENT;
+    if ((st = fwd_sizes_of(&pl, &s)) != SDPA_OK)
+        return st;
+    return sdpa_workspace_bytes(s.items ? s.total : 0, bytes);
+}
+
+sdpa_status sdpa_forward_with_workspace(const sdpa_problem *p, const sdpa_tensor *q, const sdpa_tensor *k,
+                                        const sdpa_tensor *v, const sdpa_tensor_out *o, const sdpa_tensor_out *lse,
+                                        void *workspace, size_t workspace_bytes)
+{
+    return fwd_call(p, q, k, v, o, lse, workspace, workspace_bytes, 0);
 }

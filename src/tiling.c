@@ -66,7 +66,8 @@ sdpa_status sdpa_workspace_bytes(size_t floats, size_t *bytes)
 {
     if (floats > (SIZE_MAX - SDPA_ALIGN_BYTES) / sizeof(float))
         return SDPA_ERR_SIZE_OVERFLOW;
-    *bytes = floats * sizeof(float) + SDPA_ALIGN_BYTES; /* room to align any pointer */
+    /* room to align any pointer; nothing to compute needs no workspace at all */
+    *bytes = floats ? floats * sizeof(float) + SDPA_ALIGN_BYTES : 0;
     return SDPA_OK;
 }
 

@@ -200,14 +200,21 @@ void sdpa_seq_plan(const plan *pl, int64_t b, plan *sub)
     sub->Tq = s->cu_seqlens_q[b + 1] - s->cu_seqlens_q[b];
     sub->Tk = s->cu_seqlens_k ? s->cu_seqlens_k[b + 1] - s->cu_seqlens_k[b] : s->seq_lens_k[b];
     plan_windows(sub);
-    if (!s->cu_seqlens_k) { /* paged: key tiles inside one page (the largest divisor of the page size <= bk) */
+    if (!s->cu_seqlens_k) { /* paged */
         sub->pages = s->block_table + b * s->max_blocks_per_seq;
         sub->page_size = s->block_size;
-        int bk = sub->bk;
-        while (s->block_size % bk)
-            bk--;
-        sub->bk = bk;
+        sdpa_page_tiles(sub);
     }
+}
+
+void sdpa_page_tiles(plan *pl)
+{
+    if (!pl->pages)
+        return;
+    int bk = pl->bk;
+    while (pl->page_size % bk)
+        bk--;
+    pl->bk = bk;
 }
 
 void sdpa_view_rows(const plan *pl, int64_t nq[3], int64_t nk[3])
@@ -301,8 +308,14 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
     return st != SDPA_OK ? st : check_seqs(p);
 }
 
-sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl)
+sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl, int backward)
 {
+    sdpa_problem own;
+    if (!backward && p && p->struct_size == sizeof *p && p->dsinks) { /* the forward ignores dsinks */
+        own = *p;
+        own.dsinks = NULL;
+        p = &own;
+    }
     const sdpa_status st = check_descriptor(p);
     if (st != SDPA_OK)
         return st;

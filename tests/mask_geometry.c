@@ -286,7 +286,7 @@ static void check_problem(int elem)
     problem pr;
     make_problem(&pr, elem);
     plan pl;
-    const sdpa_status st = sdpa_make_plan(&pr.p, &pl);
+    const sdpa_status st = sdpa_make_plan(&pr.p, &pl, 0);
     CHECK(st == SDPA_OK, "make_plan: %s", sdpa_status_string(st));
     if (st != SDPA_OK)
         return;

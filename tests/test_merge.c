@@ -219,6 +219,57 @@ static void check_workspace(int64_t Tq, int64_t Tk, int threads)
     free(ws), free(q), free(k), free(v), free(dO);
 }
 
+/* The _with_workspace calls never allocate (sdpa.h: "never SDPA_ERR_OUT_OF_MEMORY"):
+ * a NULL workspace of 0 bytes is SDPA_ERR_NULL_ARGUMENT, outputs untouched, where the
+ * call needs one; the size query says 0 where there is nothing to compute, and then
+ * NULL, 0 runs. Before (contract audit, session 30): NULL, 0 made the calls allocate
+ * their own workspace like sdpa_forward / sdpa_backward, and the query never said 0. */
+Test(workspace, null_workspace_is_never_replaced_by_an_allocation)
+{
+    enum { H = 2, T = 64, D = 16 };
+    const size_t n = (size_t)H * T * D, nl = (size_t)H * T;
+    float *q = malloc(n * 4), *k = malloc(n * 4), *v = malloc(n * 4), *dO = malloc(n * 4), *o = util_galloc(n),
+          *lse = util_galloc(nl);
+    util_rng r;
+    util_rng_seed(&r, "null workspace", 30);
+    util_fill_uniform(&r, q, n, -1.0f, 1.0f);
+    util_fill_uniform(&r, k, n, -1.0f, 1.0f);
+    util_fill_uniform(&r, v, n, -1.0f, 1.0f);
+    util_fill_uniform(&r, dO, n, -1.0f, 1.0f);
+    sdpa_problem p = util_problem(1, H, H, T, T, D, D);
+    p.num_threads = 1;
+    const sdpa_tensor tq = util_cview(q, H, T, D), tk = util_cview(k, H, T, D), tv = util_cview(v, H, T, D),
+                      tdo = util_cview(dO, H, T, D);
+    const sdpa_tensor_out to = util_cview_out(o, H, T, D), tl = util_lse_view_out(lse, H, T);
+    size_t fb = 0, bb = 0;
+    cr_assert_eq(sdpa_forward_workspace_size(&p, &fb), SDPA_OK);
+    cr_assert_eq(sdpa_backward_workspace_size(&p, &bb), SDPA_OK);
+    cr_assert(fb > 0 && bb > 0);
+    cr_expect_eq(sdpa_forward_with_workspace(&p, &tq, &tk, &tv, &to, &tl, NULL, 0), SDPA_ERR_NULL_ARGUMENT);
+    cr_expect(util_is_sentinel(o[0]) && util_is_sentinel(lse[0]), "a refused forward wrote its outputs");
+    float *g[3] = {util_galloc(n), util_galloc(n), util_galloc(n)};
+    const sdpa_tensor_out d[3] = {util_cview_out(g[0], H, T, D), util_cview_out(g[1], H, T, D),
+                                  util_cview_out(g[2], H, T, D)};
+    const sdpa_tensor ot = util_cview(q, H, T, D), lt = util_lse_view(q, H, T); /* any finite values */
+    cr_expect_eq(sdpa_backward_with_workspace(&p, &tq, &tk, &tv, &ot, &lt, &tdo, &d[0], &d[1], &d[2], NULL, 0),
+                 SDPA_ERR_NULL_ARGUMENT);
+    cr_expect(util_is_sentinel(g[0][0]) && util_is_sentinel(g[1][0]) && util_is_sentinel(g[2][0]),
+              "a refused backward wrote its outputs");
+    /* nothing to compute (no batch): the queries say 0 bytes, and NULL, 0 is a workspace */
+    sdpa_problem p0 = util_problem(0, H, H, T, T, D, D);
+    cr_expect_eq(sdpa_forward_workspace_size(&p0, &fb), SDPA_OK);
+    cr_expect_eq(fb, 0, "forward size %zu for an empty problem", fb);
+    cr_expect_eq(sdpa_backward_workspace_size(&p0, &bb), SDPA_OK);
+    cr_expect_eq(bb, 0, "backward size %zu for an empty problem", bb);
+    cr_expect_eq(sdpa_forward_with_workspace(&p0, &tq, &tk, &tv, &to, &tl, NULL, 0), SDPA_OK);
+    cr_expect_eq(sdpa_backward_with_workspace(&p0, &tq, &tk, &tv, &ot, &lt, &tdo, &d[0], &d[1], &d[2], NULL, 0),
+                 SDPA_OK);
+    for (int i = 0; i < 3; i++)
+        util_gfree(g[i]);
+    util_gfree(o), util_gfree(lse);
+    free(q), free(k), free(v), free(dO);
+}
+
 Test(workspace, decode_split_kv_one_thread)
 {
     check_workspace(1, 900, 1);

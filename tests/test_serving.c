@@ -1468,6 +1468,10 @@ Test(serving, bad_backward)
     cr_expect_eq(sdpa_backward(&pg, &q, &x.pg.k, &x.pg.v, &o, &l, &dout, &dq, &dkc, &dvc), SDPA_ERR_UNSUPPORTED,
                  "paged backward");
     cr_expect(toks_untouched(&dQ) && toks_untouched(&dKc) && toks_untouched(&dVc), "paged backward wrote");
+    size_t bytes = 123;
+    cr_expect_eq(sdpa_backward_workspace_size(&pg, &bytes), SDPA_ERR_UNSUPPORTED,
+                 "the size query of a paged backward (it said OK and a size before, session 30)");
+    cr_expect_eq(bytes, 123, "a refused size query wrote its size");
     toks_free(&dKc), toks_free(&dVc);
     /* bad cu_seqlens */
     sdpa_seqs b = sq;

@@ -1044,6 +1044,36 @@ Test(variants, bad_values_refused)
     refusal_free(&f);
 }
 
+/* sdpa.h: dsinks is "sdpa_backward only (sdpa_forward ignores it)". Before (contract
+ * audit, session 30) the forward refused dsinks without sinks (BAD_SINKS) and a
+ * misaligned dsinks (MISALIGNED); now any dsinks, sinks or not, misaligned or over the
+ * forward's own outputs, gives the bits of the same call without it. */
+Test(variants, forward_ignores_dsinks)
+{
+    refusal f;
+    refusal_init(&f);
+    const sdpa_tensor tq = util_cview(f.q, 2, 5, 4), tk = util_cview(f.k, 1, 6, 4), tv = util_cview(f.v, 1, 6, 3);
+    const sdpa_tensor_out to = util_cview_out(f.o, 2, 5, 3), tl = util_lse_view_out(f.lse, 2, 5);
+    const float sinks[2] = {0.5f, -1.0f};
+    float o_ref[30], lse_ref[10];
+    for (int with_sinks = 0; with_sinks < 2; with_sinks++) {
+        sdpa_problem p = f.p;
+        p.sinks = with_sinks ? sinks : NULL;
+        cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+        memcpy(o_ref, f.o, sizeof o_ref);
+        memcpy(lse_ref, f.lse, sizeof lse_ref);
+        float *const at[] = {f.ds, (float *)((char *)f.ds + 1), f.o + 2, f.lse};
+        for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+            p.dsinks = at[i];
+            const sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, &tl);
+            cr_expect_eq(st, SDPA_OK, "sinks %d, dsinks placement %zu: %s", with_sinks, i, sdpa_status_string(st));
+            cr_expect(memcmp(f.o, o_ref, sizeof o_ref) == 0 && memcmp(f.lse, lse_ref, sizeof lse_ref) == 0,
+                      "sinks %d, dsinks placement %zu: other bits than without dsinks", with_sinks, i);
+        }
+    }
+    refusal_free(&f);
+}
+
 Test(variants, accepted_values)
 {
     /* -inf sinks, zero and negative slopes, tiny and huge finite softcaps are valid. */

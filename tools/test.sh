@@ -14,5 +14,7 @@ echo "== conformance: every ISA end to end against the float64 reference =="
 "$builddir/tests/conformance" | grep -E "^\[|^FAIL|passed, .* failed"
 echo "== mask geometry: the driver's masks against the contract, without kernels =="
 "$builddir/tests/mask_geometry" | tail -n 1
+echo "== paged tiles: a paged prefill's key tiles inside its pages (the pair products' blocks) =="
+"$builddir/tests/paged_pair_tiles" | tail -n 2
 echo "== Criterion suite =="
 exec "$builddir/tests/sdpa_tests" "$@"

@@ -8,7 +8,7 @@
  * Step s of P: rank r holds the K/V block of rank src = r - s (mod P), packed
  * contiguously [B, Hkv, Tkl, Dk] then [B, Hkv, Tkl, Dv]. It posts the send of that
  * block to r + 1 and the receive of the next one from r - 1, runs the local calls
- * of its query chunks against the key chunks of src (ring_plan_calls), merges or
+ * of its query chunks against the key chunks of src (sdpa_ring_plan_calls), merges or
  * accumulates, then waits. */
 #include <math.h>
 #include <stdlib.h>
@@ -189,22 +189,22 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                               const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
 {
     ring R;
-    sdpa_status st = ring_begin(&R, comm, problem, layout);
+    sdpa_status st = sdpa_ring_begin(&R, comm, problem, layout);
     if (st == SDPA_OK) {
         if (!q || !k || !v || !o)
             st = SDPA_ERR_NULL_ARGUMENT;
         else {
-            sdpa_problem sp = ring_slice_problem(&R);
+            sdpa_problem sp = sdpa_ring_slice_problem(&R);
             char dummy[1];
-            st = ring_probe_status(sdpa_forward_with_workspace(&sp, q, k, v, o, lse, dummy, 1));
+            st = sdpa_ring_probe_status(sdpa_forward_with_workspace(&sp, q, k, v, o, lse, dummy, 1));
             const size_t kb = R.kvlen ? (size_t)R.B * sizeof(int32_t) : 0;
-            if (st == SDPA_OK && (ring_overlaps(R.kvlen, kb, o, R.B, R.Hq, R.Tql, R.Dv) ||
-                                  ring_overlaps(R.kvlen, kb, lse, R.B, R.Hq, R.Tql, 1)))
+            if (st == SDPA_OK && (sdpa_ring_overlaps(R.kvlen, kb, o, R.B, R.Hq, R.Tql, R.Dv) ||
+                                  sdpa_ring_overlaps(R.kvlen, kb, lse, R.B, R.Hq, R.Tql, 1)))
                 st = SDPA_ERR_ALIASING;
         }
     }
     size_t ws_bytes;
-    if ((st = ring_checked(&R, st, 0, problem, layout, &ws_bytes)) != SDPA_OK)
+    if ((st = sdpa_ring_checked(&R, st, 0, problem, layout, &ws_bytes)) != SDPA_OK)
         return st;
     const int64_t B = R.B, Hq = R.Hq, Hkv = R.Hkv, Tql = R.Tql, Tkl = R.Tkl, Dk = R.Dk, Dv = R.Dv;
     const int64_t kvn = B * Hkv * Tkl * (Dk + Dv);
@@ -226,9 +226,9 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                 post(&m, 1, kv[cur], kvn, (R.r + 1) % R.P, TAG_KV, comm);
             }
             sub_call c[4];
-            const int n = ring_plan_calls(&R, src, c);
+            const int n = sdpa_ring_plan_calls(&R, src, c);
             for (int i = 0; i < n && st == SDPA_OK; i++) {
-                const sdpa_problem p = ring_call_problem(&R, src, &c[i]);
+                const sdpa_problem p = sdpa_ring_call_problem(&R, src, &c[i]);
                 const float *kb = kv[cur], *vb = kv[cur] + B * Hkv * Tkl * Dk;
                 const sdpa_tensor kk = tv(kb + c[i].k0 * Dk, Hkv * Tkl * Dk, Tkl * Dk, Dk);
                 const sdpa_tensor vv = tv(vb + c[i].k0 * Dv, Hkv * Tkl * Dv, Tkl * Dv, Dv);
@@ -300,29 +300,29 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
                                const sdpa_tensor_out *dq, const sdpa_tensor_out *dk, const sdpa_tensor_out *dv)
 {
     ring R;
-    sdpa_status st = ring_begin(&R, comm, problem, layout);
+    sdpa_status st = sdpa_ring_begin(&R, comm, problem, layout);
     if (st == SDPA_OK) {
         if (!q || !k || !v || !o || !lse || !dout || !dq || !dk || !dv)
             st = SDPA_ERR_NULL_ARGUMENT;
         else {
-            sdpa_problem sp = ring_slice_problem(&R);
+            sdpa_problem sp = sdpa_ring_slice_problem(&R);
             char dummy[1];
-            st = ring_probe_status(sdpa_backward_with_workspace(&sp, q, k, v, o, lse, dout, dq, dk, dv, dummy, 1));
+            st = sdpa_ring_probe_status(sdpa_backward_with_workspace(&sp, q, k, v, o, lse, dout, dq, dk, dv, dummy, 1));
             const size_t kb = R.kvlen ? (size_t)R.B * sizeof(int32_t) : 0;
             const sdpa_tensor_out ds = {R.dsinks, 0, 0, 1};
-            if (st == SDPA_OK && (ring_overlaps(R.kvlen, kb, dq, R.B, R.Hq, R.Tql, R.Dk) ||
-                                  ring_overlaps(R.kvlen, kb, dk, R.B, R.Hkv, R.Tkl, R.Dk) ||
-                                  ring_overlaps(R.kvlen, kb, dv, R.B, R.Hkv, R.Tkl, R.Dv) ||
-                                  ring_overlaps(R.kvlen, kb, &ds, 1, 1, 1, R.Hq)))
+            if (st == SDPA_OK && (sdpa_ring_overlaps(R.kvlen, kb, dq, R.B, R.Hq, R.Tql, R.Dk) ||
+                                  sdpa_ring_overlaps(R.kvlen, kb, dk, R.B, R.Hkv, R.Tkl, R.Dk) ||
+                                  sdpa_ring_overlaps(R.kvlen, kb, dv, R.B, R.Hkv, R.Tkl, R.Dv) ||
+                                  sdpa_ring_overlaps(R.kvlen, kb, &ds, 1, 1, 1, R.Hq)))
                 st = SDPA_ERR_ALIASING;
             if (R.P == 1 && R.nc == 1) /* one call sees every key: the sinks go into it, so that */
                 R.base.sinks = R.sinks; /* a row with |LSE| >= 256 has them in its recomputed sum */
-            if (st == SDPA_OK && ring_frame_rows(&R, lse) < 0)
+            if (st == SDPA_OK && sdpa_ring_frame_rows(&R, lse) < 0)
                 st = SDPA_ERR_OUT_OF_MEMORY;
         }
     }
     size_t ws_bytes;
-    if ((st = ring_checked(&R, st, 1, problem, layout, &ws_bytes)) != SDPA_OK) {
+    if ((st = sdpa_ring_checked(&R, st, 1, problem, layout, &ws_bytes)) != SDPA_OK) {
         free(R.frame_bias);
         free(R.frame_lse);
         return st;
@@ -352,9 +352,9 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
             /* this rank's share of dK/dV of block src (dkv_c), and of its own dQ */
             memset(dkv_c, 0, (size_t)kvn * sizeof(float));
             sub_call c[4];
-            const int n = ring_plan_calls(&R, src, c);
+            const int n = sdpa_ring_plan_calls(&R, src, c);
             for (int i = 0; i < n && st == SDPA_OK; i++) {
-                const sdpa_problem p = ring_call_problem(&R, src, &c[i]);
+                const sdpa_problem p = sdpa_ring_call_problem(&R, src, &c[i]);
                 const int64_t nq = c[i].nq, nk = c[i].nk;
                 const float *kb = kv[cur], *vb = kv[cur] + kn;
                 const sdpa_tensor kk = tv(kb + c[i].k0 * Dk, Hkv * Tkl * Dk, Tkl * Dk, Dk);

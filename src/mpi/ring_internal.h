@@ -70,22 +70,22 @@ static inline sdpa_tensor_out rows_out(const sdpa_tensor_out *t, int64_t r0)
 }
 
 /* The calls of step `src` (the K/V block of rank src), in a fixed order. */
-int ring_plan_calls(const ring *R, int src, sub_call out[4]);
+int sdpa_ring_plan_calls(const ring *R, int src, sub_call out[4]);
 /* Descriptor of one call (its key lengths mapped onto the call's key rows). */
-sdpa_problem ring_call_problem(ring *R, int src, const sub_call *c);
+sdpa_problem sdpa_ring_call_problem(ring *R, int src, const sub_call *c);
 /* The whole-slice descriptor the library validates the local views against. */
-sdpa_problem ring_slice_problem(ring *R);
+sdpa_problem sdpa_ring_slice_problem(ring *R);
 /* Whether bytes [p, p + n) overlap a valid output view [B, H, T, D]. */
-int ring_overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, int64_t H, int64_t T, int64_t D);
+int sdpa_ring_overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, int64_t H, int64_t T, int64_t D);
 /* SDPA_OK for the probe's WORKSPACE_TOO_SMALL (everything else validated). */
-sdpa_status ring_probe_status(sdpa_status st);
+sdpa_status sdpa_ring_probe_status(sdpa_status st);
 /* The start of both entry points: this rank's own checks, the key-length buffer. */
-sdpa_status ring_begin(ring *R, MPI_Comm comm, const sdpa_problem *problem, sdpa_ring_layout layout);
+sdpa_status sdpa_ring_begin(ring *R, MPI_Comm comm, const sdpa_problem *problem, sdpa_ring_layout layout);
 /* The workspace the calls need, then every rank's agreement on one status. */
-sdpa_status ring_checked(ring *R, sdpa_status st, int backward, const sdpa_problem *problem, sdpa_ring_layout layout,
+sdpa_status sdpa_ring_checked(ring *R, sdpa_status st, int backward, const sdpa_problem *problem, sdpa_ring_layout layout,
                          size_t *ws_bytes);
 /* Backward with rows of |LSE| >= 256: the per-row bias and LSE frame (0: none needed,
  * 1: set, -1: out of memory). */
-int ring_frame_rows(ring *R, const sdpa_tensor *lse);
+int sdpa_ring_frame_rows(ring *R, const sdpa_tensor *lse);
 
 #endif /* SDPA_MPI_RING_INTERNAL_H */

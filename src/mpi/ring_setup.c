@@ -7,6 +7,7 @@
  * themselves are in ring.c. */
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,7 +64,7 @@ static int plan_pair_calls(const ring *R, int src, sub_call out[4])
 
 /* The calls of step `src` (the K/V block of rank src), in a fixed order: the
  * diagonal chunks first, then the unmasked rectangle(s). Returns their number. */
-int ring_plan_calls(const ring *R, int src, sub_call out[4])
+int sdpa_ring_plan_calls(const ring *R, int src, sub_call out[4])
 {
     int m[2][2], n = 0;
     if (R->Cq == 0 || R->Ck == 0)
@@ -111,7 +112,7 @@ int ring_plan_calls(const ring *R, int src, sub_call out[4])
 /* Descriptor of one call; its key lengths (global, if any) mapped onto the local
  * key rows [k0, k0 + nk) of block src. The local chunks of a block are in
  * increasing global order, so the allowed keys stay a prefix. */
-sdpa_problem ring_call_problem(ring *R, int src, const sub_call *c)
+sdpa_problem sdpa_ring_call_problem(ring *R, int src, const sub_call *c)
 {
     sdpa_problem p = R->base;
     p.q_len = c->nq;
@@ -159,8 +160,10 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     if (p->window_left < SDPA_WINDOW_UNBOUNDED || p->window_right < SDPA_WINDOW_UNBOUNDED)
         return SDPA_ERR_BAD_WINDOW;
     /* the enums as the library checks them (the ring rewrites both fields of its calls) */
-    if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT || (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT)
-        return SDPA_ERR_BAD_DESCRIPTOR;
+    if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT || (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT ||
+        (unsigned)p->q_dtype > SDPA_DTYPE_F16 || (unsigned)p->kv_dtype > SDPA_DTYPE_F16 ||
+        (unsigned)p->o_dtype > SDPA_DTYPE_F16)
+        return SDPA_ERR_BAD_DESCRIPTOR; /* a type the library does not know (a known 16-bit one: UNSUPPORTED below) */
     /* the global diagonal: bottom-right is Tk - Tq (one value for every batch: key
      * lengths would move it per batch, refused with a diagonal that matters) */
     const int bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
@@ -172,6 +175,9 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
         (bottom_right && diagonal_used && p->kv_lengths) || sdpa_ring_local_len(p->q_len, R->P, layout) < 0 ||
         sdpa_ring_local_len(p->kv_len, R->P, layout) < 0)
         return SDPA_ERR_UNSUPPORTED;
+    if ((uintptr_t)p->kv_lengths % 4 || (uintptr_t)p->alibi_slopes % 4 || (uintptr_t)p->sinks % 4)
+        return SDPA_ERR_MISALIGNED; /* as the library: the ring reads them as int32 / float (dsinks: the
+                                       backward's probe checks it, the forward ignores it) */
     if (p->kv_lengths)
         for (int64_t b = 0; b < p->batch; b++)
             if (p->kv_lengths[b] < 0 || p->kv_lengths[b] > p->kv_len)
@@ -215,7 +221,7 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
 
 /* The whole-slice descriptor the library validates the local views against
  * (key lengths clamped to the slice: their global range was checked above). */
-sdpa_problem ring_slice_problem(ring *R)
+sdpa_problem sdpa_ring_slice_problem(ring *R)
 {
     sdpa_problem p = R->base;
     p.q_len = R->Tql;
@@ -234,7 +240,7 @@ sdpa_problem ring_slice_problem(ring *R)
 /* Whether bytes [p, p + n) overlap the memory of a valid output view [B, H, T, D]
  * (non-negative strides: the library's probe has checked them). The probe sees the
  * ring's own copy of the key lengths, so the caller's array is checked here. */
-int ring_overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, int64_t H, int64_t T, int64_t D)
+int sdpa_ring_overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, int64_t H, int64_t T, int64_t D)
 {
     if (!p || !n || !t || !t->data || B <= 0 || H <= 0 || T <= 0 || D <= 0)
         return 0;
@@ -245,7 +251,7 @@ int ring_overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, 
 }
 
 /* A library call with a workspace too small to run validates everything and writes nothing. */
-sdpa_status ring_probe_status(sdpa_status st)
+sdpa_status sdpa_ring_probe_status(sdpa_status st)
 {
     return st == SDPA_ERR_WORKSPACE_TOO_SMALL ? SDPA_OK : st;
 }
@@ -346,9 +352,9 @@ static sdpa_status max_workspace(ring *R, int backward, size_t *bytes)
     *bytes = 0;
     for (int s = 0; s < R->P; s++) {
         sub_call c[4];
-        const int src = (R->r - s + R->P) % R->P, n = ring_plan_calls(R, src, c);
+        const int src = (R->r - s + R->P) % R->P, n = sdpa_ring_plan_calls(R, src, c);
         for (int i = 0; i < n; i++) {
-            sdpa_problem p = ring_call_problem(R, src, &c[i]);
+            sdpa_problem p = sdpa_ring_call_problem(R, src, &c[i]);
             size_t b;
             sdpa_status st = backward ? sdpa_backward_workspace_size(&p, &b) : sdpa_forward_workspace_size(&p, &b);
             if (st != SDPA_OK)
@@ -362,7 +368,7 @@ static sdpa_status max_workspace(ring *R, int backward, size_t *bytes)
 
 /* The start of both entry points: this rank's own checks, and the buffer of the
  * key lengths. */
-sdpa_status ring_begin(ring *R, MPI_Comm comm, const sdpa_problem *problem, sdpa_ring_layout layout)
+sdpa_status sdpa_ring_begin(ring *R, MPI_Comm comm, const sdpa_problem *problem, sdpa_ring_layout layout)
 {
     ring_init(R, comm);
     sdpa_status st = ring_local_checks(R, problem, layout);
@@ -373,7 +379,7 @@ sdpa_status ring_begin(ring *R, MPI_Comm comm, const sdpa_problem *problem, sdpa
 
 /* After this rank's checks (st): the workspace the blocks need, then every rank's
  * agreement (one status for all). On an error the key-length buffer is freed. */
-sdpa_status ring_checked(ring *R, sdpa_status st, int backward, const sdpa_problem *problem,
+sdpa_status sdpa_ring_checked(ring *R, sdpa_status st, int backward, const sdpa_problem *problem,
                                 sdpa_ring_layout layout, size_t *ws_bytes)
 {
     *ws_bytes = 0;
@@ -395,7 +401,7 @@ sdpa_status ring_checked(ring *R, sdpa_status st, int backward, const sdpa_probl
  * D = rowsum(dO * O) in float, not its float64 statistics pass.) Returns 0 when no row
  * needs it or one call covers every key, 1 when the buffers are set, -1 when they could
  * not be allocated. */
-int ring_frame_rows(ring *R, const sdpa_tensor *lse)
+int sdpa_ring_frame_rows(ring *R, const sdpa_tensor *lse)
 {
     if (R->P == 1 && R->nc == 1) /* one call per row sees every key: the library's own path */
         return 0;

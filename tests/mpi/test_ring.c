@@ -473,6 +473,20 @@ static void bad_case(const char *name, int which)
         expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
         break;
     }
+    /* Regressions (a contract audit, session 30): a q_dtype the library does not know
+     * was UNSUPPORTED (sdpa_forward says BAD_DESCRIPTOR); misaligned key lengths were
+     * read as int32 before the library's MISALIGNED check. */
+    case 16: /* q_dtype out of its enum on one rank */
+        if (me)
+            p.q_dtype = (sdpa_dtype)7;
+        expect = SDPA_ERR_BAD_DESCRIPTOR;
+        break;
+    case 17: { /* misaligned kv_lengths on one rank */
+        static int32_t lens[3] = {24, 24, 24};
+        p.kv_lengths = me ? (const int32_t *)(const void *)((const char *)lens + 2) : lens;
+        expect = SDPA_ERR_MISALIGNED;
+        break;
+    }
     }
     for (int pass = 0; pass < 2; pass++) {
         sdpa_status st = pass == 0 ? sdpa_ring_forward(MPI_COMM_WORLD, layout, &p, &tq, &t, &t, &to, &tl)
@@ -652,8 +666,9 @@ int main(int argc, char **argv)
                          "T not a multiple of 2P", "NaN scale", "O aliases Q", "negative window",
                          "windows that disagree", "bottom-right window with kv_lengths", "causal = 7",
                          "window_alignment = 9", "causal corners that disagree", "window alignments that disagree",
-                         "dsinks on some ranks (a hash collision)", "a sink one ulp apart"};
-    for (int i = 0; i < 16; i++)
+                         "dsinks on some ranks (a hash collision)", "a sink one ulp apart", "q_dtype = 7",
+                         "misaligned kv_lengths"};
+    for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++)
         bad_case(bad[i], i);
     kvlen_alias_case();
     if (R == 0) {
