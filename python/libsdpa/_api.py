@@ -309,12 +309,16 @@ def _mask_view(m, name, rank, full, dtype_ok):
 
 
 def _head_vector(x, name, H):
+    """One float32 per query head (float16, bfloat16 and float64 arrays converted: the
+    first two exactly; a float64 beyond float32's range becomes +-inf, which the library
+    refuses with its own status, without NumPy's overflow warning)."""
     x = _as_array(x, name)
-    if x.dtype.kind != "f":
+    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":   # ml_dtypes' bfloat16: kind 'V'
         raise ValueError(f"{name}: dtype {x.dtype} is not supported (expected a float array of shape ({H},))")
     if x.shape != (H,):
         raise ValueError(f"{name}: shape {x.shape}, expected ({H},) (one per query head)")
-    return np.ascontiguousarray(x, dtype=_F32)
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(x, dtype=_F32)
 
 
 _CAUSAL = {None: 0, False: 0, "none": 0, True: 1, "top-left": 1, "top_left": 1,
@@ -386,6 +390,39 @@ def _f32(x, name):
     return ctypes.c_float(x).value
 
 
+def _window(window):
+    """(left, right) of a window argument as the descriptor's int64 bounds (-1, the
+    library's SDPA_WINDOW_UNBOUNDED, for None); ValueError for anything but a pair of
+    integers or None."""
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window: expected (left, right), None for an unbounded side, "
+                         f"got {window!r}") from None
+    lim = 2**63 - 1
+    return (-1 if left is None else _int_arg(left, "window left", -lim, lim),
+            -1 if right is None else _int_arg(right, "window right", -lim, lim))
+
+
+def _window_align(window_align):
+    """sdpa_alignment of a window_align argument; ValueError for other spellings."""
+    try:
+        return _ALIGN[window_align]
+    except (KeyError, TypeError):
+        raise ValueError(f"window_align: expected 'top-left' or 'bottom-right', got "
+                         f"{window_align!r}") from None
+
+
+def _softcap(softcap):
+    """The float32 softcap of a softcap argument (0: off); ValueError for a non-number or a
+    nonzero value that rounds to 0 (which would turn the softcap off)."""
+    cap = _f32(softcap, "softcap")
+    if cap != 0.0 and _FLT.unpack(_FLT.pack(cap))[0] == 0.0:
+        raise ValueError(f"softcap: {softcap!r} rounds to 0 in float32, which turns it off "
+                         f"(give 0 or None for off)")
+    return cap
+
+
 class _Call:
     """Everything a forward/backward call shares: the descriptor (pb: sdpa_problem_init()'s
     bytes, the fields that differ written in place) and the packed sdpa_tensor views of
@@ -452,21 +489,11 @@ class _Call:
                 raise ValueError(f"causal: expected None, False, True (top-left), 'top-left' or "
                                  f"'bottom-right', got {causal!r}") from None
         if window_align is not None:
-            try:
-                _I32.pack_into(pb, _O_WALIGN, _ALIGN[window_align])
-            except (KeyError, TypeError):
-                raise ValueError(f"window_align: expected 'top-left' or 'bottom-right', got "
-                                 f"{window_align!r}") from None
+            _I32.pack_into(pb, _O_WALIGN, _window_align(window_align))
         if window is not None:
-            try:
-                left, right = window
-            except (TypeError, ValueError):
-                raise ValueError(f"window: expected (left, right), None for an unbounded side, "
-                                 f"got {window!r}") from None
-            lim = 2**63 - 1
-            _I64.pack_into(pb, _O_WL, -1 if left is None else _int_arg(left, "window left", -lim, lim))
-            _I64.pack_into(pb, _O_WR,
-                           -1 if right is None else _int_arg(right, "window right", -lim, lim))
+            left, right = _window(window)
+            _I64.pack_into(pb, _O_WL, left)
+            _I64.pack_into(pb, _O_WR, right)
         if diagonal_offset is not None and (type(diagonal_offset) is not int or diagonal_offset):
             _I64.pack_into(pb, _O_DOFF, _int_arg(diagonal_offset, "diagonal_offset",
                                                  -_MAX_DIAGONAL_OFFSET, _MAX_DIAGONAL_OFFSET))
@@ -493,11 +520,7 @@ class _Call:
                 _b.MASK.pack_into(pb, _O_BIAS, *fields)
                 keep.append(m)
         if softcap is not None:
-            cap = _f32(softcap, "softcap")
-            if cap != 0.0 and _FLT.unpack(_FLT.pack(cap))[0] == 0.0:
-                raise ValueError(f"softcap: {softcap!r} rounds to 0 in float32, which turns it off "
-                                 f"(give 0 or None for off)")
-            _FLT.pack_into(pb, _O_SOFTCAP, cap)
+            _FLT.pack_into(pb, _O_SOFTCAP, _softcap(softcap))
         if alibi_slopes is not None:
             a = _head_vector(alibi_slopes, "alibi_slopes", Hq)
             keep.append(a)

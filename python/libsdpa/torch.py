@@ -27,8 +27,7 @@ from . import _binding as _b
 
 __all__ = ["scaled_dot_product_attention", "attention", "patch"]
 
-_CAUSAL = {None: 0, False: 0, True: 1, "top-left": 1, "top_left": 1, "bottom-right": 2,
-           "bottom_right": 2}
+_CAUSAL = _api._CAUSAL   # the NumPy API's spellings
 _CAUSAL_NAME = {0: None, 1: "top-left", 2: "bottom-right"}
 # sdpa_dtype of the tensor types the library stores (include/sdpa.h)
 _DTYPE_CODE = {torch.float32: _api.DTYPE_F32, torch.bfloat16: _api.DTYPE_BF16,
@@ -59,6 +58,7 @@ def _raw(t, name):
 
 _CPU = torch.device("cpu")
 _NAN = float("nan")   # the op's scale when the default is wanted
+_BAD_SCALE = -5       # SDPA_ERR_BAD_SCALE
 
 
 def _out(shape, dtype):
@@ -70,7 +70,12 @@ def _out(shape, dtype):
 
 
 def _np(t):
-    return None if t is None else t.detach().numpy()
+    """A tensor operand as a NumPy array (a bfloat16 one, which NumPy lacks, widened exactly
+    to float32 first: gpt-oss keeps its sinks in bfloat16)."""
+    if t is None:
+        return None
+    t = t.detach()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def _call(q, k, v, mask, bias, kv_lengths, alibi, sinks, scale, causal, wl, wr, walign,
@@ -301,6 +306,16 @@ _DIRECT = None not in (_modes_dispatch, _modes_function, _functorch_stack, _trac
 _PlainTensor = torch.Tensor
 
 
+def _tangents(tensors):
+    """Whether a forward-mode AD level is open (torch.func.jvp, torch.autograd.forward_ad)
+    and one of the tensors carries a tangent at it: torch gives a custom op without a jvp
+    rule a tangent of zeros, silently, so such calls are refused (patch(): PyTorch's)."""
+    if getattr(_fwd_ad, "_current_level", -1) < 0:
+        return False
+    return any(isinstance(t, torch.Tensor) and _fwd_ad.unpack_dual(t).tangent is not None
+               for t in tensors)
+
+
 def _direct(tensors):
     """Whether attention() may run the op's kernel itself instead of calling the custom op
     (whose dispatch costs tens of microseconds a call, most of a small call's time): only in
@@ -368,26 +383,33 @@ def _attention(query, key, value, scale, causal, window, window_align, kv_length
         if kvl.dtype.is_floating_point or kvl.dtype == torch.bool or kvl.dtype.is_complex:
             raise ValueError(f"kv_lengths: dtype {kvl.dtype} is not an integer type")
         kvl = kvl.detach()
-    wl, wr = -1, -1
-    if window is not None:
-        wl = -1 if window[0] is None else int(window[0])
-        wr = -1 if window[1] is None else int(window[1])
+    # the keywords checked as the NumPy API checks them (same errors)
+    wl, wr = (-1, -1) if window is None else _api._window(window)
+    walign = 0 if window_align is None else _api._window_align(window_align)
     try:
-        if causal is not None and not isinstance(causal, (bool, str)):
+        if causal is not None and not isinstance(causal, (bool, str, _api.np.bool_)):
             raise TypeError  # 1 or 1.0 would find True's entry (as in libsdpa.attention)
         cz = _CAUSAL[causal]
     except (KeyError, TypeError):
-        raise ValueError(f"causal: expected None, True, 'top-left' or 'bottom-right', got "
-                         f"{causal!r}") from None
+        raise ValueError(f"causal: expected None, False, True (top-left), 'top-left' or "
+                         f"'bottom-right', got {causal!r}") from None
+    if scale is not None:
+        scale = _api._f32(scale, "scale")
+        if scale != scale:   # the op's NaN means the default: a caller's NaN is the library's error
+            raise _api.SdpaError("sdpa_forward", _BAD_SCALE)
+    cap = 0.0 if softcap is None else _api._softcap(softcap)
     al = None if alibi_slopes is None else torch.as_tensor(alibi_slopes, dtype=torch.float32)
     sk = None if sinks is None else (sinks if isinstance(sinks, torch.Tensor)
                                      else torch.as_tensor(sinks, dtype=torch.float32))
     args = (q, k, v, None if mask is None else m4(mask, "mask", torch.bool),
             None if bias is None else m4(bias, "bias", torch.float32), kvl, al, sk,
-            _NAN if scale is None else float(scale), cz, wl, wr,
-            1 if window_align in ("bottom-right", "bottom_right") else 0, float(softcap or 0.0),
+            _NAN if scale is None else scale, cz, wl, wr, walign, cap,
             _api._int_arg(diagonal_offset, "diagonal_offset", -_api._MAX_DIAGONAL_OFFSET,
                           _api._MAX_DIAGONAL_OFFSET) if diagonal_offset is not None else 0)
+    if _tangents(args[:8]):
+        raise NotImplementedError(
+            "libsdpa.torch: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not "
+            "supported (a custom op's tangent would silently be 0)")
     if _direct(args[:8]):
         o, _ = _forward_kernel(*args, want_lse=False)
     else:
@@ -462,6 +484,8 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
         return f"{query.dtype} with autograd (this libsdpa's backward is float32 only)"
     if dropout_p != 0.0:
         return "dropout_p != 0"
+    if _tangents((query, key, value, attn_mask)):
+        return "forward-mode AD"
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
         return "ranks differ"
     if attn_mask is not None:
@@ -496,6 +520,11 @@ def _patched(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
                        is_causal=is_causal, scale=scale, **kw)
 
 
+_patch_lock = threading.Lock()
+_patch_depth = 0        # patch() blocks open in the process (every thread)
+_patch_saved = None     # the function the first of them replaced
+
+
 @contextlib.contextmanager
 def patch():
     """Routes torch.nn.functional.scaled_dot_product_attention through libsdpa inside the
@@ -504,11 +533,21 @@ def patch():
     PyTorch, with one warning per reason). Code that looks the function up at call time
     (torch.nn.functional.<name>, F.<name>, transformers' "sdpa" attention) is affected; a
     name imported before the block with `from torch.nn.functional import
-    scaled_dot_product_attention` is not."""
+    scaled_dot_product_attention` is not. The patch is process-wide: while any thread is
+    inside a block, every thread's calls go through libsdpa; blocks may nest and overlap
+    across threads, and the function is restored when the last open block ends."""
+    global _patch_depth, _patch_saved
     F = torch.nn.functional
-    saved = F.scaled_dot_product_attention
-    F.scaled_dot_product_attention = _patched
+    with _patch_lock:   # blocks of several threads may overlap: the last one out restores
+        if _patch_depth == 0:
+            _patch_saved = F.scaled_dot_product_attention
+            F.scaled_dot_product_attention = _patched
+        _patch_depth += 1
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = saved
+        with _patch_lock:
+            _patch_depth -= 1
+            if _patch_depth == 0:
+                F.scaled_dot_product_attention = _patch_saved
+                _patch_saved = None

@@ -509,3 +509,24 @@ def test_fp32_backward_unchanged():
     assert o.dtype == F32
     dq, dk, dv = libsdpa.attention_backward(q, k, v, o, lse, o)
     assert dq.dtype == dk.dtype == dv.dtype == F32
+
+
+@needs_bf16
+def test_bfloat16_sinks_and_slopes_are_widened():
+    """Sinks and ALiBi slopes as ml_dtypes bfloat16 arrays (the models' storage): widened
+    exactly, the bits of the float32 call (before: ValueError "dtype bfloat16 is not
+    supported"). Out-of-range float64 values become inf and the library's status, with no
+    NumPy overflow warning on the way (the library prints nothing)."""
+    import warnings
+    rng = np.random.default_rng(30)
+    q, k, v = (rng.standard_normal((1, 2, 5, 8)).astype(F32) for _ in range(3))
+    s, a = np.array([0.5, -1.25], dtype=BF16), np.array([0.25, 0.5], dtype=BF16)
+    o16 = libsdpa.attention(q, k, v, sinks=s, alibi_slopes=a)
+    o32 = libsdpa.attention(q, k, v, sinks=s.astype(F32), alibi_slopes=a.astype(F32))
+    assert np.array_equal(o16, o32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(libsdpa.SdpaError):
+            libsdpa.attention(q, k, v, sinks=np.array([1e39, 0.0]))
+        with pytest.raises(libsdpa.SdpaError):
+            libsdpa.attention(q, k, v, alibi_slopes=np.array([0.5, -1e39]))

@@ -250,12 +250,11 @@ def test_direct_call_only_in_plain_eager(monkeypatch):
     assert len(ops) >= 4
     import torch.autograd.forward_ad as fwAD
     n = len(ops)
-    with fwAD.dual_level(), warnings.catch_warnings():   # forward-mode AD: the op
+    with fwAD.dual_level(), warnings.catch_warnings():   # a forward-mode AD level: the op
         warnings.simplefilter("ignore")   # (torch's own deprecation notes inside)
-        try:   # (the op has no forward-mode formula: torch may refuse it)
+        lt.scaled_dot_product_attention(q, k, v)
+        with pytest.raises(NotImplementedError):   # a tangent: refused before the op
             lt.scaled_dot_product_attention(fwAD.make_dual(q, torch.ones_like(q)), k, v)
-        except (RuntimeError, NotImplementedError):
-            pass
     assert len(ops) == n + 1
     torch.testing.assert_close(ov, lt.scaled_dot_product_attention(q, k[:1], v[:1]))
 
@@ -304,3 +303,108 @@ def test_diagonal_offset_with_autograd():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError):
         lt.attention(q, k, v, causal=True, diagonal_offset=2**49)
+
+
+# Regressions of an adversarial review (session 30).
+
+def test_patch_blocks_overlapping_across_threads_restore_torch():
+    """Thread A enters patch(), B enters, A leaves, B leaves: torch's function is back.
+    Before, B saved the patched function at entry and restored it: every later call in
+    the process went through libsdpa with no block open."""
+    import threading
+    orig = F.scaled_dot_product_attention
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with lt.patch():
+            a_in.set()
+            b_in.wait()
+        a_out.set()
+
+    def b():
+        a_in.wait()
+        with lt.patch():
+            b_in.set()
+            a_out.wait()
+            seen["inside_after_a"] = F.scaled_dot_product_attention is lt._patched
+
+    ts = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert seen["inside_after_a"], "B's block lost the patch when A's ended"
+    assert F.scaled_dot_product_attention is orig
+    with lt.patch():
+        with lt.patch():
+            pass
+        assert F.scaled_dot_product_attention is lt._patched
+    assert F.scaled_dot_product_attention is orig
+
+
+def test_bfloat16_sinks_and_slopes():
+    """Sinks and ALiBi slopes in bfloat16 (gpt-oss keeps its sinks so): widened exactly,
+    the same O and sink gradient as their float32 values. Before: TypeError from .numpy()."""
+    g = torch.Generator().manual_seed(30)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(3))
+    s16 = torch.tensor([0.5, -1.25], dtype=torch.bfloat16, requires_grad=True)
+    a16 = torch.tensor([0.25, 0.5], dtype=torch.bfloat16)
+    s32 = s16.detach().float().requires_grad_()
+    o16 = lt.attention(q, k, v, sinks=s16, alibi_slopes=a16)
+    o32 = lt.attention(q, k, v, sinks=s32, alibi_slopes=a16.float())
+    assert torch.equal(o16, o32)
+    (g16,) = torch.autograd.grad(o16.sum(), (s16,))
+    (g32,) = torch.autograd.grad(o32.sum(), (s32,))
+    assert g16.dtype == torch.bfloat16 and torch.equal(g16, g32.to(torch.bfloat16))
+
+
+def test_forward_mode_ad_is_refused_not_zero():
+    """torch.func.jvp and forward_ad through the custom op gave a tangent of zeros without
+    a word; now NotImplementedError (under patch(): PyTorch's own function takes the call)."""
+    import torch.autograd.forward_ad as fwAD
+    q, k, v = rn(1, 2, 4, 8), rn(1, 2, 6, 8), rn(1, 2, 6, 8)
+    for f in (lambda x: lt.scaled_dot_product_attention(x, k, v),
+              lambda x: lt.attention(x, k, v, causal=True)):
+        with pytest.raises(NotImplementedError):
+            torch.func.jvp(f, (q,), (torch.ones_like(q),))
+        with fwAD.dual_level(), pytest.raises(NotImplementedError):
+            f(fwAD.make_dual(q, torch.ones_like(q)))
+    # a forward-AD level whose tangents are elsewhere does not concern the call
+    with fwAD.dual_level():
+        fwAD.make_dual(rn(3), rn(3))
+        torch.testing.assert_close(lt.attention(q, k, v), lt.attention(q, k, v))
+    lt._warned.clear()
+    with lt.patch(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            _, t = torch.func.jvp(lambda x: F.scaled_dot_product_attention(x, k, v), (q,),
+                                  (torch.ones_like(q),))
+        except NotImplementedError:
+            pass   # PyTorch's own refusal
+        else:
+            assert t.abs().sum() > 0, "a zero tangent under patch()"
+
+
+def test_torch_keywords_are_checked_like_the_numpy_api():
+    """attention()'s keywords: the NumPy API's checks and errors (before: a misspelled
+    window_align became top-left silently, window=(1.5, 0) was truncated, window=[3]
+    raised IndexError, scale="0.5" and softcap="2" were accepted, a NaN scale became the
+    default scale, causal=np.True_ and 'none' were refused)."""
+    q = rn(1, 2, 4, 8)
+    bad = [dict(window=(1, 1), window_align="bottom_rigth"), dict(window=(1, 1), window_align=True),
+           dict(window=(1.5, 0)), dict(window=(True, 0)), dict(window=(1, 2, 3)), dict(window=[3]),
+           dict(window=5), dict(scale="0.5"), dict(softcap="2"), dict(softcap=1e-46),
+           dict(causal=1), dict(causal="bottom-rigth")]
+    for kw in bad:
+        with pytest.raises(ValueError):
+            lt.attention(q, q, q, **kw)
+    with pytest.raises(lt._api.SdpaError) as e:
+        lt.attention(q, q, q, scale=float("nan"))
+    assert e.value.name == "SDPA_ERR_BAD_SCALE"
+    with pytest.raises(lt._api.SdpaError):
+        lt.scaled_dot_product_attention(q, q, q, scale=float("nan"))
+    torch.testing.assert_close(lt.attention(q, q, q, causal=np.True_), lt.attention(q, q, q, causal=True))
+    torch.testing.assert_close(lt.attention(q, q, q, causal="none"), lt.attention(q, q, q))
+    torch.testing.assert_close(lt.attention(q, q, q, window=(np.int64(1), None), window_align="bottom_right"),
+                               lt.attention(q, q, q, window=(1, None), window_align="bottom-right"))
