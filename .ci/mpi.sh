@@ -27,12 +27,14 @@ if [ ! -d build-mpi-ci ]; then
   meson setup build-mpi-ci -Dbuildtype=release -Dmpi=enabled >/dev/null || { echo "meson setup failed"; echo "0 passed, 1 failed"; exit 1; }
 fi
 ninja -C build-mpi-ci tests/mpi/test_ring tests/mpi/test_ring_small_messages tests/mpi/ring_attention_mpi \
-  tools/sdpa-ring tools/sdpa >/dev/null \
+  tests/mpi/header_alone_mpi tools/sdpa-ring tools/sdpa >/dev/null \
   || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
 
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
 export OMP_NUM_THREADS=1
 pass=0 fail=0
+stamp "include/sdpa_mpi.h alone as strict C99 (built above with -Werror), linked"
+if build-mpi-ci/tests/mpi/header_alone_mpi; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "header_alone_mpi failed"; fi
 for n in 1 2 3 4; do
   stamp "test_ring, N = $n"
   if out=$(timeout 300 "${MPIRUN[@]}" -np "$n" build-mpi-ci/tests/mpi/test_ring 2>&1); then
