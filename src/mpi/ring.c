@@ -190,6 +190,7 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
 {
     ring R;
     sdpa_status st = sdpa_ring_begin(&R, comm, problem, layout);
+    R.dsinks = NULL; /* the forward ignores dsinks, as sdpa_forward (and the ranks' agreement) */
     if (st == SDPA_OK) {
         if (!q || !k || !v || !o)
             st = SDPA_ERR_NULL_ARGUMENT;

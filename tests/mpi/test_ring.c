@@ -372,7 +372,7 @@ static void bad_case(const char *name, int which)
     const int32_t kvl[1] = {20};
     const int me = R == P - 1; /* the last rank gets the bad argument */
     sdpa_tensor tq = t;
-    sdpa_status expect = SDPA_OK;
+    sdpa_status expect = SDPA_OK, expect_fwd = (sdpa_status)1; /* 1: as expect */
     sdpa_ring_layout layout = SDPA_RING_ZIGZAG;
     switch (which) {
     case 0: /* NULL Q data */
@@ -487,8 +487,24 @@ static void bad_case(const char *name, int which)
         expect = SDPA_ERR_MISALIGNED;
         break;
     }
+    case 18: { /* dsinks on some ranks only, the same sinks everywhere: the forward ignores
+                  dsinks (as sdpa_forward), the backward's ranks disagree */
+        static float sinks[2] = {0.25f, -0.5f}, ds[2] = {7.0f, 7.0f};
+        p.sinks = sinks;
+        p.dsinks = me ? NULL : ds;
+        expect_fwd = SDPA_OK;
+        expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
+        break;
+    }
     }
     for (int pass = 0; pass < 2; pass++) {
+        const sdpa_status want = pass == 0 && expect_fwd != (sdpa_status)1 ? expect_fwd : expect;
+        if (pass == 1 && expect_fwd == SDPA_OK && expect != SDPA_OK) { /* O, LSE written by the forward */
+            for (size_t i = 0; i < n; i++)
+                o[i] = 12345.0f;
+            for (int64_t i = 0; i < B * H * Tl; i++)
+                l[i] = 0.25f;
+        }
         sdpa_status st = pass == 0 ? sdpa_ring_forward(MPI_COMM_WORLD, layout, &p, &tq, &t, &t, &to, &tl)
                                    : sdpa_ring_backward(MPI_COMM_WORLD, layout, &p, &tq, &t, &t, &tO, &tL, &tg,
                                                         which == 6 && me ? &(sdpa_tensor_out){x, H * Tl * D, Tl * D, D} : &tdq,
@@ -497,17 +513,17 @@ static void bad_case(const char *name, int which)
         MPI_Allreduce(sts, r, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         const int agree = r[0] == -r[1];
         int untouched = 1;
-        if (expect != SDPA_OK)
+        if (want != SDPA_OK)
             for (size_t i = 0; i < n; i++)
                 if (o[i] != 12345.0f || dq[i] != 12345.0f || dk[i] != 12345.0f || dv[i] != 12345.0f)
                     untouched = 0;
-        for (int64_t i = 0; expect != SDPA_OK && i < B * H * Tl; i++)
+        for (int64_t i = 0; want != SDPA_OK && i < B * H * Tl; i++)
             if (l[i] != 0.25f)
                 untouched = 0;
         char msg[160];
         snprintf(msg, sizeof msg, "bad argument on rank %d: %s (%s): same status on every rank, nothing written",
                  P - 1, name, pass ? "backward" : "forward");
-        check(agree && st == expect && untouched, msg, "status vs expected", st, expect);
+        check(agree && st == want && untouched, msg, "status vs expected", st, want);
     }
     free(x); free(o); free(l); free(g); free(dq); free(dk); free(dv);
 }
@@ -667,7 +683,7 @@ int main(int argc, char **argv)
                          "windows that disagree", "bottom-right window with kv_lengths", "causal = 7",
                          "window_alignment = 9", "causal corners that disagree", "window alignments that disagree",
                          "dsinks on some ranks (a hash collision)", "a sink one ulp apart", "q_dtype = 7",
-                         "misaligned kv_lengths"};
+                         "misaligned kv_lengths", "dsinks on some ranks, same sinks"};
     for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++)
         bad_case(bad[i], i);
     kvlen_alias_case();
