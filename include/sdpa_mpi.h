@@ -58,7 +58,10 @@
  * differ from the single-process sdpa_forward/sdpa_backward in the last bits
  * (the key blocks are merged through their LSE, and dK/dV summed block by block),
  * within the FlashAttention rule against float64. With P = 1 and the contiguous
- * layout the call is one sdpa_forward/sdpa_backward on the whole problem.
+ * layout the call is one sdpa_forward/sdpa_backward on the whole problem: the same
+ * O, LSE, dQ and dV bits, dK's up to the sign of zeros (the ring sums dK into a
+ * zeroed buffer: +0 where the call gives -0), and dsinks from the ring's own sum in
+ * double, which can differ from the call's in the last bits.
  *
  * Large logits: the backward recomputes P from the global LSE. Where a rank has a
  * row with |LSE| >= 256 (for which sdpa_backward would recompute the row's max and
