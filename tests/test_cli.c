@@ -696,6 +696,80 @@ Test(cli, demo_bad_data_dir)
     cr_assert_eq(count_lines(r->err), 1, "%s", r->err);
 }
 
+/* demo --data with Dv > 64: the float64 check runs (a review, session 30: it was
+ * skipped above 64 columns and printed "= 0"). Random values: the float32 O differs
+ * from float64 somewhere, so the printed error is not 0; O_expected is the float64 O. */
+Test(cli, demo_data_checks_float64_beyond_64_columns)
+{
+    enum { TQ = 3, TK = 5, D = 4, DV = 70 };
+    float q[TQ * D], k[TK * D], v[TK * DV], oe[TQ * DV];
+    uint32_t x = 30;
+    for (size_t i = 0; i < sizeof q / 4 + sizeof k / 4 + sizeof v / 4; i++) {
+        x = x * 1664525u + 1013904223u;
+        const float r = (float)(x >> 8) / 16777216.0f * 2.0f - 1.0f;
+        if (i < TQ * D)
+            q[i] = r;
+        else if (i < TQ * D + TK * D)
+            k[i - TQ * D] = r;
+        else
+            v[i - TQ * D - TK * D] = r;
+    }
+    for (int i = 0; i < TQ; i++) {
+        double s[TK], m = -INFINITY, l = 0;
+        for (int j = 0; j < TK; j++) {
+            s[j] = 0;
+            for (int d = 0; d < D; d++)
+                s[j] += (double)q[i * D + d] * k[j * D + d];
+            s[j] /= 2.0; /* 1 / sqrt(D) */
+            m = s[j] > m ? s[j] : m;
+        }
+        for (int j = 0; j < TK; j++)
+            l += exp(s[j] - m);
+        for (int c = 0; c < DV; c++) {
+            double a = 0;
+            for (int j = 0; j < TK; j++)
+                a += exp(s[j] - m) / l * v[j * DV + c];
+            oe[i * DV + c] = (float)a;
+        }
+    }
+    cr_assert_eq(mkdir(P("demo70"), 0755), 0);
+    cr_assert_eq(mkdir(P("demo70/worked_example"), 0755), 0);
+    const int64_t sq[2] = {TQ, D}, sk[2] = {TK, D}, sv[2] = {TK, DV}, so[2] = {TQ, DV};
+    write_f32(P("demo70/worked_example/Q.npy"), 2, sq, q);
+    write_f32(P("demo70/worked_example/K.npy"), 2, sk, k);
+    write_f32(P("demo70/worked_example/V.npy"), 2, sv, v);
+    write_f32(P("demo70/worked_example/O_expected.npy"), 2, so, oe);
+    const char *args[] = {"demo", "--data", P("demo70"), "--threads", "1", NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "%s\n%s", r->out, r->err);
+    const char *line = strstr(r->out, "max |O - float64 reference| = ");
+    cr_assert_not_null(line, "%s", r->out);
+    const double e64 = strtod(line + strlen("max |O - float64 reference| = "), NULL);
+    cr_expect(e64 > 0 && e64 <= 1e-6, "float64 error %g over 70 columns: %s", e64, line);
+}
+
+/* An ISA this machine cannot run is a bad value: one error line and the usage (README),
+ * exit 2 (a review, session 30: the usage was missing, and the line said "not compiled
+ * in on this machine"). */
+Test(cli, unavailable_isa_is_a_usage_error)
+{
+    static const char *const isas[] = {"scalar", "avx2", "avx512", "amx", "neon"};
+    int seen = 0;
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        sdpa_isa isa;
+        if (sdpa_isa_from_name(isas[i], &isa) != 0 || sdpa_isa_supported(isa))
+            continue;
+        seen++;
+        const char *args[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("o.npy"),
+                              "--isa", isas[i], NULL};
+        run_result *r = run(args);
+        cr_expect_eq(r->status, 2, "%s", isas[i]);
+        cr_expect_not_null(strstr(r->err, "not available here"), "%s: %s", isas[i], r->err);
+        cr_expect_not_null(strstr(r->err, "usage:"), "%s: no usage: %s", isas[i], r->err);
+    }
+    cr_expect(seen > 0, "every ISA runs here: nothing checked (x86 cannot run neon, Arm cannot run avx2)");
+}
+
 /* ------------------------------------------------------------ worked example */
 
 Test(cli, worked_example_forward)

@@ -288,11 +288,10 @@ static int parse_isa(int cmd, const char *val, cli_opts *o)
     sdpa_isa isa;
     if (sdpa_isa_from_name(val, &isa) != 0)
         return usage_error(cmd, "--isa '%s': expected scalar, avx2, avx512, amx, neon or auto", val);
-    if (isa != SDPA_ISA_AUTO && !sdpa_isa_supported(isa)) {
-        plain_error("--isa %s: %s on this machine", val,
-                    sdpa_isa_compiled(isa) ? "not supported by the CPU/OS" : "not compiled in");
-        return EXIT_BAD;
-    }
+    if (isa != SDPA_ISA_AUTO && !sdpa_isa_supported(isa)) /* a bad value: the line and the usage */
+        return usage_error(cmd, "--isa %s: not available here (%s)", val,
+                           sdpa_isa_compiled(isa) ? "this CPU or OS cannot run it"
+                                                  : "this build has no kernels for it");
     o->isa = isa;
     return 0;
 }
