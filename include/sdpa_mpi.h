@@ -43,8 +43,10 @@
  * Tq or Tk not a multiple of P (2P for zig-zag), bool_mask and bias (a dense mask
  * per rank would be Tq/P x Tk and undo the ring's memory bound), bf16/fp16 tensors,
  * packed/paged sequences (seqs), a nonzero diagonal_offset, bottom-right causal, a
- * bottom-right window or bottom-right ALiBi with kv_lengths. A window bound below
- * SDPA_WINDOW_UNBOUNDED: SDPA_ERR_BAD_WINDOW.
+ * bottom-right window or bottom-right ALiBi with kv_lengths, Tq + Tk beyond
+ * SDPA_MAX_DIAGONAL_OFFSET (2^48; only empty outputs can be that long). A window bound
+ * below SDPA_WINDOW_UNBOUNDED: SDPA_ERR_BAD_WINDOW; Tq or Tk beyond SDPA_MAX_SEQ_LEN:
+ * SDPA_ERR_SIZE_OVERFLOW, as sdpa_forward().
  *
  * Errors: every rank validates its own arguments and the ranks agree (one
  * MPI_Allreduce of the status and of the global sizes) before any data moves.

@@ -157,8 +157,14 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     if (p->batch < 0 || p->q_heads < 0 || p->kv_heads < 0 || p->q_len < 0 || p->kv_len < 0 ||
         p->head_dim_qk < 0 || p->head_dim_v < 0)
         return SDPA_ERR_NEGATIVE_SIZE;
+    if (p->q_len > SDPA_MAX_SEQ_LEN || p->kv_len > SDPA_MAX_SEQ_LEN)
+        return SDPA_ERR_SIZE_OVERFLOW; /* as sdpa_forward (the slices alone would pass) */
     if (p->window_left < SDPA_WINDOW_UNBOUNDED || p->window_right < SDPA_WINDOW_UNBOUNDED)
         return SDPA_ERR_BAD_WINDOW;
+    /* a block pair's diagonal_offset reaches Tq + Tk: beyond SDPA_MAX_DIAGONAL_OFFSET its
+       calls would be refused (BAD_WINDOW); only empty outputs can be that long */
+    if (p->q_len + p->kv_len > SDPA_MAX_DIAGONAL_OFFSET)
+        return SDPA_ERR_UNSUPPORTED;
     /* the enums as the library checks them (the ring rewrites both fields of its calls) */
     if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT || (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT ||
         (unsigned)p->q_dtype > SDPA_DTYPE_F16 || (unsigned)p->kv_dtype > SDPA_DTYPE_F16 ||

@@ -496,6 +496,19 @@ static void bad_case(const char *name, int which)
         expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
         break;
     }
+    /* Regressions (a ring fuzz, session 30): lengths beyond the library's limits, with
+     * empty outputs (batch 0), gave BAD_WINDOW from a block pair's diagonal offset */
+    case 19: /* Tq = Tk = 2^52 (every rank): beyond SDPA_MAX_DIAGONAL_OFFSET together */
+        p.batch = 0;
+        p.q_len = p.kv_len = (int64_t)1 << 52;
+        p.window_left = 3;
+        expect = SDPA_ERR_UNSUPPORTED;
+        break;
+    case 20: /* Tk = 2^61 (every rank): sdpa_forward's SIZE_OVERFLOW */
+        p.batch = 0;
+        p.kv_len = (int64_t)1 << 61;
+        expect = SDPA_ERR_SIZE_OVERFLOW;
+        break;
     }
     for (int pass = 0; pass < 2; pass++) {
         const sdpa_status want = pass == 0 && expect_fwd != (sdpa_status)1 ? expect_fwd : expect;
@@ -683,7 +696,8 @@ int main(int argc, char **argv)
                          "windows that disagree", "bottom-right window with kv_lengths", "causal = 7",
                          "window_alignment = 9", "causal corners that disagree", "window alignments that disagree",
                          "dsinks on some ranks (a hash collision)", "a sink one ulp apart", "q_dtype = 7",
-                         "misaligned kv_lengths", "dsinks on some ranks, same sinks"};
+                         "misaligned kv_lengths", "dsinks on some ranks, same sinks",
+                         "Tq = Tk = 2^52, batch 0", "Tk = 2^61, batch 0"};
     for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++)
         bad_case(bad[i], i);
     kvlen_alias_case();
