@@ -478,3 +478,138 @@ Test(cli, cli_header_only_huge_shapes_overflow, .init = cli_setup, .fini = cli_t
         cr_expect_eq(count_files("out"), 0, "%s: an output was written", what);
     }
 }
+
+/* The bytes of a file equal buf (len bytes). */
+static int file_is(const char *path, const char *buf, size_t len)
+{
+    size_t n = 0;
+    char *now = util_read_file(path, &n);
+    const int same = now && n == len && memcmp(now, buf, len) == 0;
+    free(now);
+    return same;
+}
+
+/* REGRESSION (found in session 30's review of the CLI's file handling, fixed in
+ * session 31): out_commit renamed the finished outputs into place one by one,
+ * so when a later rename failed (a name too long for its file system, a file
+ * of another user in a sticky directory) the earlier outputs had already been
+ * replaced or created although the run reported an error. Now a failing rename
+ * puts back the files replaced before it (hard links made before the commit)
+ * and removes the ones created. rename_fault.so (preloaded) makes the rename
+ * onto "fail-rename*" fail with EACCES; every output before it must be as it
+ * was, and no temporary or backup file may remain. Skipped under ASan (a
+ * preloaded library would precede its runtime). */
+Test(cli, output_commit_is_all_or_nothing, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    if (UTIL_ASAN)
+        cr_skip_test("LD_PRELOAD cannot precede the AddressSanitizer runtime");
+    cli_inputs();
+    const float old[3] = {1.f, 2.f, 3.f};
+    write_f32(P("out_dq.npy"), "(3,)", old, 3);
+    write_f32(P("out.npy"), "(3,)", old, 3);
+    size_t oldlen = 0;
+    char *oldbytes = util_read_file(P("out.npy"), &oldlen);
+    cr_assert_not_null(oldbytes);
+    cr_assert_eq(setenv("LD_PRELOAD", SDPA_RENAME_FAULT_PATH, 1), 0);
+
+    /* the shim itself: renames onto other names work */
+    const char *ok[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("ok.npy"), NULL};
+    cli_res r0 = cli_run(ok);
+    cr_expect_eq(r0.status, 0, "a run under rename_fault.so with no failing name: %s", r0.err);
+
+    const char *bwd[] = {"backward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "--do", P("q.npy"),
+                         "--dq", P("out_dq.npy"), "--dk", P("out_dk.npy"), "--dv", P("fail-rename_dv.npy"), NULL};
+    cli_res r1 = cli_run(bwd);
+    cr_expect_eq(r1.status, 2, "backward, dV's rename failing: exit %d, %s", r1.status, r1.err);
+    cr_expect_eq(r1.err_lines, 1, "%s", r1.err);
+    cr_expect(strstr(r1.err, "fail-rename_dv.npy") != NULL, "%s", r1.err);
+    cr_expect(file_is(P("out_dq.npy"), oldbytes, oldlen), "dQ's file was replaced although dV's rename failed");
+    cr_expect(access(P("out_dk.npy"), F_OK) != 0, "dK's file was created although dV's rename failed");
+
+    const char *fwd[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"),
+                         "--lse", P("fail-rename_lse.npy"), NULL};
+    cli_res r2 = cli_run(fwd);
+    cr_expect_eq(r2.status, 2, "forward, LSE's rename failing: exit %d, %s", r2.status, r2.err);
+    cr_expect(file_is(P("out.npy"), oldbytes, oldlen), "O's file was replaced although LSE's rename failed");
+    unsetenv("LD_PRELOAD");
+    cr_expect_eq(count_files(".sdpa-"), 0, "a temporary or backup file was left behind");
+    cr_expect_eq(count_files("fail-rename"), 0);
+    free(oldbytes);
+}
+
+/* An output name longer than NAME_MAX is refused before anything is written
+ * (it used to fail at its rename, after the outputs before it were in place). */
+Test(cli, output_name_beyond_name_max_refused_first, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    cli_inputs();
+    const float old[3] = {1.f, 2.f, 3.f};
+    write_f32(P("out_dq.npy"), "(3,)", old, 3);
+    size_t oldlen = 0;
+    char *oldbytes = util_read_file(P("out_dq.npy"), &oldlen);
+    char name[320];
+    memset(name, 'v', 300);
+    strcpy(name + 300, ".npy");
+    const char *bwd[] = {"backward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "--do", P("q.npy"),
+                         "--dq", P("out_dq.npy"), "--dk", P("out_dk.npy"), "--dv", P(name), NULL};
+    cli_res r = cli_run(bwd);
+    cr_expect_eq(r.status, 2, "exit %d, %s", r.status, r.err);
+    cr_expect_eq(r.err_lines, 1, "%s", r.err);
+    cr_expect(strstr(r.err, "File name too long") != NULL, "%s", r.err);
+    cr_expect(file_is(P("out_dq.npy"), oldbytes, oldlen), "dQ's file was replaced");
+    cr_expect(access(P("out_dk.npy"), F_OK) != 0, "dK's file was created");
+    cr_expect_eq(count_files(".sdpa-"), 0, "a temporary file was left behind");
+    free(oldbytes);
+}
+
+/* REGRESSION (found in session 30, fixed in session 31): an output that is a
+ * symbolic link was replaced by a regular file (the temporary renamed over the
+ * link). Now it is written through: the file it names gets the output, the link
+ * stays; a link to a missing file, or to a directory, is refused (exit 2,
+ * nothing created); a link to the file another output names is the same file. */
+Test(cli, output_symlink_is_written_through, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    cli_inputs();
+    const float old[3] = {1.f, 2.f, 3.f};
+    write_f32(P("real.npy"), "(3,)", old, 3);
+    cr_assert_eq(symlink(P("real.npy"), P("link.npy")), 0);
+    cr_assert_eq(symlink("link.npy", P("link2.npy")), 0); /* relative, and a chain */
+    const char *plain[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("plain.npy"),
+                           NULL};
+    cr_assert_eq(cli_run(plain).status, 0);
+    size_t want_len = 0;
+    char *want = util_read_file(P("plain.npy"), &want_len);
+    cr_assert_not_null(want);
+
+    const char *through[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("link2.npy"),
+                             NULL};
+    cli_res r = cli_run(through);
+    cr_expect_eq(r.status, 0, "-o <link to a link to a file>: %s", r.err);
+    struct stat st;
+    cr_expect(lstat(P("link2.npy"), &st) == 0 && S_ISLNK(st.st_mode), "link2.npy is no longer a symbolic link");
+    cr_expect(lstat(P("link.npy"), &st) == 0 && S_ISLNK(st.st_mode), "link.npy is no longer a symbolic link");
+    cr_expect(file_is(P("real.npy"), want, want_len), "the file the links name did not get the output");
+    free(want);
+
+    cr_assert_eq(symlink("missing.npy", P("out_dangling.npy")), 0);
+    const char *dangling[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o",
+                              P("out_dangling.npy"), NULL};
+    cli_res r2 = cli_run(dangling);
+    cr_expect_eq(r2.status, 2, "-o <dangling link>: exit %d", r2.status);
+    cr_expect(strstr(r2.err, "symbolic link to a missing file") != NULL, "%s", r2.err);
+    cr_expect(access(P("missing.npy"), F_OK) != 0, "the dangling link's target was created");
+    cr_expect(lstat(P("out_dangling.npy"), &st) == 0 && S_ISLNK(st.st_mode));
+
+    mkdir(P("adir"), 0755);
+    cr_assert_eq(symlink("adir", P("out_dirlink.npy")), 0);
+    const char *todir[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o",
+                           P("out_dirlink.npy"), NULL};
+    cli_res r3 = cli_run(todir);
+    cr_expect_eq(r3.status, 2, "-o <link to a directory>: exit %d", r3.status);
+    cr_expect(strstr(r3.err, "is a directory") != NULL, "%s", r3.err);
+
+    const char *alias[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("link.npy"),
+                           "--lse", P("real.npy"), NULL};
+    cli_res r4 = cli_run(alias);
+    cr_expect_eq(r4.status, 2, "-o <link to X> --lse X: exit %d", r4.status);
+    cr_expect_eq(count_files(".sdpa-"), 0, "a temporary file was left behind");
+}

@@ -270,12 +270,12 @@ int cmd_backward(int argc, char **argv)
     const char *paths[3] = {j.opt.dq, j.opt.dk, j.opt.dv};
     const void *data[3] = {dq, dk, dv};
     for (int i = 0; i < 3; i++) {
-        outs[i] = (out_file){paths[i], NULL, data[i], in[i]->a.ndim, {0}, in[i]->dt};
+        outs[i] = (out_file){.path = paths[i], .data = data[i], .ndim = in[i]->a.ndim, .dt = in[i]->dt};
         memcpy(outs[i].shape, in[i]->a.shape, (size_t)in[i]->a.ndim * sizeof(int64_t));
     }
     nout = 3;
     if (j.opt.dsinks) /* float32 (Hq,), like the sinks */
-        outs[nout++] = (out_file){j.opt.dsinks, NULL, dsinks, 1, {j.p.q_heads}, SDPA_DTYPE_F32};
+        outs[nout++] = (out_file){.path = j.opt.dsinks, .data = dsinks, .ndim = 1, .shape = {j.p.q_heads}, .dt = SDPA_DTYPE_F32};
     for (int i = 0; i < nout; i++)
         if ((rc = out_prepare(&outs[i])))
             goto done;

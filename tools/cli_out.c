@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* tools/cli_out.c - outputs of the sdpa tool: every output is written to a
- * temporary file in its own directory and renamed over the destination only
- * after all of them were written, so a failure never leaves a half-written or
- * changed output; temporary files are removed on SIGINT/SIGTERM/SIGHUP. Also
- * the checks that two paths name the same file. */
+ * temporary file in its target's directory (an output that is a symbolic link
+ * is written through to the file it names) and renamed over the target only
+ * after all of them were written; a rename that fails undoes the ones before
+ * it, so a failure never leaves a half-written or changed output. Temporary
+ * files are removed on SIGINT/SIGTERM/SIGHUP. Also the checks that two paths
+ * name the same file. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -18,7 +20,7 @@
 
 /* Temporary files alive right now, removed if SIGINT/SIGTERM/SIGHUP arrives
  * (unlink() is async-signal-safe), so an interrupted run leaves nothing. */
-#define MAX_TEMPS 8
+#define MAX_TEMPS 16
 static char *volatile live_temps[MAX_TEMPS];
 
 static void temps_track(char *tmp, int on)
@@ -51,32 +53,81 @@ void install_signal_cleanup(void)
     }
 }
 
+/* The directory part of path ("." when it has none, "/" for "/x"): malloc'ed. */
+static char *dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return strdup(".");
+    const size_t len = slash == path ? 1 : (size_t)(slash - path);
+    char *dir = malloc(len + 1);
+    if (dir) {
+        memcpy(dir, path, len);
+        dir[len] = '\0';
+    }
+    return dir;
+}
+
 int out_prepare(out_file *of)
 {
     struct stat st;
     int fd;
     mode_t mask;
-    if (stat(of->path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    /* An output that is a symbolic link is written through: the file it names
+     * is replaced and the link stays (a dangling link is refused, as GNU cp
+     * does: creating a file where it points is rarely what was meant). */
+    if (lstat(of->path, &st) == 0 && S_ISLNK(st.st_mode)) {
+        of->target = realpath(of->path, NULL);
+        if (!of->target) {
+            const int err = errno;
+            if (stat(of->path, &st) == 0 && !S_ISREG(st.st_mode)) /* e.g. /dev/stdout on a pipe */
+                file_error(of->path, "exists and is not a regular file");
+            else if (err == ENOENT)
+                file_error(of->path, "is a symbolic link to a missing file");
+            else
+                file_error(of->path, "is a symbolic link that cannot be resolved: %s", strerror(err));
+            return EXIT_BAD;
+        }
+    } else if (!(of->target = strdup(of->path))) {
+        file_error(of->path, "out of memory");
+        return EXIT_BAD;
+    }
+    const char *target = of->target;
+    if (stat(target, &st) == 0 && S_ISDIR(st.st_mode)) {
         file_error(of->path, "is a directory");
         return EXIT_BAD;
     }
     /* Only regular files are replaced: renaming over a FIFO or a device node
      * (e.g. /dev/null, as root) would destroy it. */
-    if (stat(of->path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (stat(target, &st) == 0 && !S_ISREG(st.st_mode)) {
         file_error(of->path, "exists and is not a regular file");
         return EXIT_BAD;
     }
-    /* The temporary file lives in the output's directory (rename() stays on one
+    /* A name its file system cannot hold would make the rename fail after the
+     * other outputs were written: refused here, before anything is. */
+    const char *slash = strrchr(target, '/');
+    const char *base = slash ? slash + 1 : target;
+    char *dir = dir_of(target);
+    if (!dir) {
+        file_error(of->path, "out of memory");
+        return EXIT_BAD;
+    }
+    const long name_max = pathconf(dir, _PC_NAME_MAX), path_max = pathconf(dir, _PC_PATH_MAX);
+    free(dir);
+    if ((name_max > 0 && strlen(base) > (size_t)name_max) || (path_max > 0 && strlen(target) >= (size_t)path_max)) {
+        file_error(of->path, "cannot create: %s", strerror(ENAMETOOLONG));
+        return EXIT_BAD;
+    }
+    /* The temporary file lives in the target's directory (rename() stays on one
      * file system) under a short name, so long output names still fit. */
-    const char *slash = strrchr(of->path, '/');
-    const size_t dirlen = slash ? (size_t)(slash - of->path) + 1 : 0;
+    const size_t dirlen = slash ? (size_t)(slash - target) + 1 : 0;
     const size_t n = dirlen + 32;
     of->tmp = malloc(n);
     if (!of->tmp) {
         file_error(of->path, "out of memory");
         return EXIT_BAD;
     }
-    snprintf(of->tmp, n, "%.*s.sdpa-out.XXXXXX", (int)dirlen, of->path);
+    snprintf(of->tmp, n, "%.*s.sdpa-out.XXXXXX", (int)dirlen, target);
     temps_track(of->tmp, 1);
     fd = mkstemp(of->tmp);
     if (fd < 0) {
@@ -93,15 +144,25 @@ int out_prepare(out_file *of)
     return 0;
 }
 
+static void forget(char **name, int remove)
+{
+    if (*name) {
+        if (remove)
+            unlink(*name);
+        temps_track(*name, 0);
+        free(*name);
+        *name = NULL;
+    }
+}
+
 void out_discard(out_file *outs, int n)
 {
-    for (int i = 0; i < n; i++)
-        if (outs[i].tmp) {
-            unlink(outs[i].tmp);
-            temps_track(outs[i].tmp, 0);
-            free(outs[i].tmp);
-            outs[i].tmp = NULL;
-        }
+    for (int i = 0; i < n; i++) {
+        forget(&outs[i].tmp, 1);
+        forget(&outs[i].backup, 1);
+        free(outs[i].target);
+        outs[i].target = NULL;
+    }
 }
 
 /* Writes one output's data to its temporary file: fp32 as float32, fp16 as
@@ -128,6 +189,49 @@ static int out_write(const out_file *of, char *err, size_t errlen)
     return rc;
 }
 
+/* What undoing an output's rename takes. */
+enum { OUT_PENDING, OUT_NEW /* no file was there: remove it */, OUT_KEPT /* restore the backup */,
+       OUT_UNKEPT /* the previous file could not be kept */, OUT_DONE };
+
+/* Before the commit: keeps the target's present file under a hard link next to
+ * it (of->backup), or records that there is none (OUT_NEW) or that no link can
+ * be made (OUT_UNKEPT: a file system without hard links). */
+static void out_keep(out_file *of)
+{
+    struct stat st;
+    if (lstat(of->target, &st) != 0) {
+        of->state = errno == ENOENT ? OUT_NEW : OUT_UNKEPT;
+        return;
+    }
+    of->state = OUT_UNKEPT;
+    const size_t len = strlen(of->tmp), n = len + 16;
+    if (!(of->backup = malloc(n)))
+        return;
+    /* the temporary's unique suffix (mkstemp's XXXXXX), marked as the old file */
+    const char *suffix = of->tmp + len - 6;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        snprintf(of->backup, n, "%.*s.sdpa-old.%s%.0d", (int)(len - 16), of->tmp, suffix, attempt);
+        temps_track(of->backup, 1);
+        if (link(of->target, of->backup) == 0) {
+            of->state = OUT_KEPT;
+            return;
+        }
+        temps_track(of->backup, 0);
+        if (errno != EEXIST)
+            break;
+    }
+    free(of->backup);
+    of->backup = NULL;
+}
+
+static void out_undo(out_file *of)
+{
+    if (of->state == OUT_NEW)
+        unlink(of->target);
+    else if (of->state == OUT_KEPT && rename(of->backup, of->target) == 0)
+        forget(&of->backup, 0);
+}
+
 int out_commit(out_file *outs, int n)
 {
     char err[256];
@@ -137,16 +241,30 @@ int out_commit(out_file *outs, int n)
             out_discard(outs, n);
             return EXIT_BAD;
         }
-    for (int i = 0; i < n; i++) {
-        if (rename(outs[i].tmp, outs[i].path) != 0) {
-            file_error(outs[i].path, "cannot rename the finished output into place: %s", strerror(errno));
+    /* All or nothing: the renames go first where they can be undone, then (on a
+     * file system without hard links) those that cannot; if one fails, the files
+     * replaced before it are put back and the files created removed. Only two or
+     * more outputs on a file system without hard links can be left half done. */
+    for (int i = 0; i < n; i++)
+        out_keep(&outs[i]);
+    int order[8], m = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n && m < 8; i++)
+            if ((outs[i].state == OUT_UNKEPT) == pass)
+                order[m++] = i;
+    for (int k = 0; k < m; k++) {
+        out_file *of = &outs[order[k]];
+        if (rename(of->tmp, of->target) != 0) {
+            file_error(of->path, "cannot rename the finished output into place: %s", strerror(errno));
+            for (int u = k - 1; u >= 0; u--)
+                out_undo(&outs[order[u]]);
             out_discard(outs, n);
             return EXIT_BAD;
         }
-        temps_track(outs[i].tmp, 0);
-        free(outs[i].tmp);
-        outs[i].tmp = NULL;
+        forget(&of->tmp, 0);
     }
+    for (int i = 0; i < n; i++)
+        forget(&outs[i].backup, 1);
     return 0;
 }
 
