@@ -459,10 +459,8 @@ static sdpa_status bwd_entry(const sdpa_problem *p, const bwd_views *x, void *wo
         return SDPA_OK;
     }
     float *ws = NULL;
-    if (own && !(ws = sdpa_alloc_floats(floats)))
-        return SDPA_ERR_OUT_OF_MEMORY;
-    if (!own && (st = sdpa_workspace_take(workspace, workspace_bytes, floats, &ws)) != SDPA_OK)
-        return st; /* a NULL workspace: SDPA_ERR_NULL_ARGUMENT, never an allocation of our own */
+    if ((st = sdpa_workspace_acquire(own, workspace, workspace_bytes, floats, &ws)) != SDPA_OK)
+        return st;
     bwd_call(&pl, x, ws, floats);
     if (own)
         free(ws);

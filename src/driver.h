@@ -316,6 +316,10 @@ sdpa_status sdpa_workspace_bytes(size_t floats, size_t *bytes);
  * SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_WORKSPACE_TOO_SMALL or SDPA_ERR_SIZE_OVERFLOW
  * otherwise. */
 sdpa_status sdpa_workspace_take(void *workspace, size_t bytes, size_t floats, float **ws);
+/* The workspace of an entry point: with own (sdpa_forward, sdpa_backward) one it
+ * allocates (SDPA_ERR_OUT_OF_MEMORY; free() it after the call), otherwise the
+ * caller's, as sdpa_workspace_take (never an allocation of its own). */
+sdpa_status sdpa_workspace_acquire(int own, void *workspace, size_t bytes, size_t floats, float **ws);
 
 /* Row i of head h of batch b of a tensor view; NULL for a view without data
  * (an empty tensor may have none: no arithmetic on a NULL pointer). */

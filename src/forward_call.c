@@ -265,10 +265,8 @@ static sdpa_status fwd_call(const sdpa_problem *p, const sdpa_tensor *q, const s
     if ((st = fwd_sizes_of(&pl, &s)) != SDPA_OK || s.items == 0)
         return st;
     float *ws = NULL;
-    if (own && !(ws = sdpa_alloc_floats(s.total)))
-        return SDPA_ERR_OUT_OF_MEMORY;
-    if (!own && (st = sdpa_workspace_take(workspace, workspace_bytes, s.total, &ws)) != SDPA_OK)
-        return st; /* a NULL workspace: SDPA_ERR_NULL_ARGUMENT, never an allocation of our own */
+    if ((st = sdpa_workspace_acquire(own, workspace, workspace_bytes, s.total, &ws)) != SDPA_OK)
+        return st;
     fwd_run(&pl, &a, &s, ws);
     if (own)
         free(ws);

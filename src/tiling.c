@@ -85,3 +85,10 @@ sdpa_status sdpa_workspace_take(void *workspace, size_t bytes, size_t floats, fl
     *ws = (float *)a;
     return SDPA_OK;
 }
+
+sdpa_status sdpa_workspace_acquire(int own, void *workspace, size_t bytes, size_t floats, float **ws)
+{
+    if (!own)
+        return sdpa_workspace_take(workspace, bytes, floats, ws);
+    return (*ws = sdpa_alloc_floats(floats)) != NULL ? SDPA_OK : SDPA_ERR_OUT_OF_MEMORY;
+}

@@ -189,8 +189,7 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                               const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
 {
     ring R;
-    sdpa_status st = sdpa_ring_begin(&R, comm, problem, layout);
-    R.dsinks = NULL; /* the forward ignores dsinks, as sdpa_forward (and the ranks' agreement) */
+    sdpa_status st = sdpa_ring_begin(&R, comm, problem, layout, 0);
     if (st == SDPA_OK) {
         if (!q || !k || !v || !o)
             st = SDPA_ERR_NULL_ARGUMENT;
@@ -301,7 +300,7 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
                                const sdpa_tensor_out *dq, const sdpa_tensor_out *dk, const sdpa_tensor_out *dv)
 {
     ring R;
-    sdpa_status st = sdpa_ring_begin(&R, comm, problem, layout);
+    sdpa_status st = sdpa_ring_begin(&R, comm, problem, layout, 1);
     if (st == SDPA_OK) {
         if (!q || !k || !v || !o || !lse || !dout || !dq || !dk || !dv)
             st = SDPA_ERR_NULL_ARGUMENT;

@@ -79,8 +79,10 @@ sdpa_problem sdpa_ring_slice_problem(ring *R);
 int sdpa_ring_overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, int64_t H, int64_t T, int64_t D);
 /* SDPA_OK for the probe's WORKSPACE_TOO_SMALL (everything else validated). */
 sdpa_status sdpa_ring_probe_status(sdpa_status st);
-/* The start of both entry points: this rank's own checks, the key-length buffer. */
-sdpa_status sdpa_ring_begin(ring *R, MPI_Comm comm, const sdpa_problem *problem, sdpa_ring_layout layout);
+/* The start of both entry points: this rank's own checks, the key-length buffer
+ * (backward: keeps the problem's dsinks; the forward ignores them). */
+sdpa_status sdpa_ring_begin(ring *R, MPI_Comm comm, const sdpa_problem *problem, sdpa_ring_layout layout,
+                            int backward);
 /* The workspace the calls need, then every rank's agreement on one status. */
 sdpa_status sdpa_ring_checked(ring *R, sdpa_status st, int backward, const sdpa_problem *problem, sdpa_ring_layout layout,
                          size_t *ws_bytes);

@@ -144,7 +144,7 @@ sdpa_problem sdpa_ring_call_problem(ring *R, int src, const sub_call *c)
 /* ----------------------------------------------------------- validation */
 
 /* This rank's own checks of what the ring needs (the library checks the rest). */
-static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_layout layout)
+static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_layout layout, int backward)
 {
     if (!p)
         return SDPA_ERR_NULL_ARGUMENT;
@@ -214,7 +214,7 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
                   p->alibi_slopes != NULL || R->Tq != R->Tk;
     R->kvlen = p->kv_lengths;
     R->sinks = p->sinks;
-    R->dsinks = p->dsinks;
+    R->dsinks = backward ? p->dsinks : NULL; /* the forward ignores dsinks, as sdpa_forward */
     R->base = *p;
     R->base.kv_lengths = NULL;
     R->base.sinks = NULL; /* the ring merges the sinks in itself */
@@ -374,10 +374,11 @@ static sdpa_status max_workspace(ring *R, int backward, size_t *bytes)
 
 /* The start of both entry points: this rank's own checks, and the buffer of the
  * key lengths. */
-sdpa_status sdpa_ring_begin(ring *R, MPI_Comm comm, const sdpa_problem *problem, sdpa_ring_layout layout)
+sdpa_status sdpa_ring_begin(ring *R, MPI_Comm comm, const sdpa_problem *problem, sdpa_ring_layout layout,
+                            int backward)
 {
     ring_init(R, comm);
-    sdpa_status st = ring_local_checks(R, problem, layout);
+    sdpa_status st = ring_local_checks(R, problem, layout, backward);
     if (st == SDPA_OK && R->kvlen && !(R->kvbuf = malloc((size_t)(R->B > 0 ? R->B : 1) * sizeof(int32_t))))
         st = SDPA_ERR_OUT_OF_MEMORY;
     return st;
