@@ -613,3 +613,28 @@ Test(cli, output_symlink_is_written_through, .init = cli_setup, .fini = cli_tear
     cr_expect_eq(r4.status, 2, "-o <link to X> --lse X: exit %d", r4.status);
     cr_expect_eq(count_files(".sdpa-"), 0, "a temporary file was left behind");
 }
+
+/* REGRESSION (found in session 30, fixed in session 31): `--scale 1e-50`
+ * underflowed to 0 and ran uniform attention (exit 0) while `--softcap 1e-50`
+ * was refused; and 1e-400 passed both checks (strtod underflows too). A
+ * nonzero value that float32 cannot hold as nonzero is a usage error for both;
+ * a written zero is still a zero scale (or softcap off). */
+Test(cli, scale_underflowing_to_zero_refused, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    cli_inputs();
+    static const char *const tiny[] = {"1e-50", "1e-400", "0x1p-200", "-1e-46"};
+    static const char *const zeros[] = {"0", "-0", "0.000e-9", "0x0p3"};
+    for (int opt = 0; opt < 2; opt++)
+        for (int i = 0; i < 4; i++) {
+            const char *flag = opt ? "--softcap" : "--scale";
+            const char *a1[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"),
+                                flag, tiny[i], NULL};
+            cli_res r = cli_run(a1);
+            cr_expect_eq(r.status, 2, "%s %s: exit %d, %s", flag, tiny[i], r.status, r.err);
+            cr_expect(strstr(r.err, "underflows float32 to 0") != NULL, "%s %s: %s", flag, tiny[i], r.err);
+            const char *a2[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"),
+                                flag, zeros[i], NULL};
+            cli_res r2 = cli_run(a2);
+            cr_expect_eq(r2.status, 0, "%s %s: exit %d, %s", flag, zeros[i], r2.status, r2.err);
+        }
+}

@@ -217,15 +217,31 @@ static int parse_int64(const char *s, int64_t *out)
     return 0;
 }
 
+/* Whether a number strtof accepted is written as zero (its digits before the
+ * exponent all 0): strtof and strtod both give 0 for 1e-400. */
+static int written_as_zero(const char *val)
+{
+    const char *c = val + strspn(val, " \t\n\v\f\r+-");
+    const int hex = c[0] == '0' && (c[1] == 'x' || c[1] == 'X');
+    for (c += hex ? 2 : 0; *c && !strchr(hex ? "pP" : "eE", *c); c++)
+        if (*c != '0' && *c != '.')
+            return 0;
+    return 1;
+}
+
 static int parse_scale(int cmd, const char *val, cli_opts *o)
 {
     char *end;
     float s;
     errno = 0;
     s = strtof(val, &end);
-    /* ERANGE on underflow (a denormal or 0) is fine; only overflow is not */
+    /* ERANGE on underflow to a denormal is fine; overflow is not */
     if (end == val || *end || !isfinite(s) || (errno == ERANGE && fabsf(s) == HUGE_VALF))
         return usage_error(cmd, "--scale '%s' is not a finite number", val);
+    /* a nonzero value below float32's smallest denormal would silently become 0
+       (uniform attention): refused, as --softcap does */
+    if (s == 0.0f && !written_as_zero(val))
+        return usage_error(cmd, "--scale '%s' underflows float32 to 0 (write 0 for a zero scale)", val);
     o->scale = s;
     o->have_scale = 1;
     return 0;
@@ -245,7 +261,7 @@ static int parse_softcap(int cmd, const char *val, cli_opts *o)
         return usage_error(cmd, "--softcap '%s' is not finite (expected C > 0, or 0: off)", val);
     if (c < 0.0f)
         return usage_error(cmd, "--softcap '%s' is negative (expected C > 0, or 0: off)", val);
-    if (errno == ERANGE && c == 0.0f && strtod(val, NULL) != 0.0)
+    if (c == 0.0f && !written_as_zero(val))
         return usage_error(cmd, "--softcap '%s' underflows float32 to 0 (0 means off)", val);
     o->softcap = c == 0.0f ? 0.0f : c; /* -0 is off too */
     return 0;
