@@ -94,7 +94,7 @@ static const opt_def opt_defs[] = {
     {"--dv", NULL, K_PATH, OFF(dv), CMD_BACKWARD, "dV (written)"},
     {"--scale", NULL, K_SCALE, OFF(scale), FB, "S: logit scale (default 1/sqrt(Dk))"},
     {"--causal", NULL, K_CAUSAL, OFF(causal), FB,
-     "top-left|bottom-right: causal mask aligned at the top-left or bottom-right corner"},
+     "none|top-left|bottom-right: causal mask aligned at the top-left or bottom-right corner (none: off)"},
     {"--window-left", NULL, K_WINDOW, OFF(window_left), FB,
      "N: keys at most N before the diagonal (-1: unbounded)"},
     {"--window-right", NULL, K_WINDOW, OFF(window_right), FB,
