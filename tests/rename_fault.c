@@ -1,31 +1,73 @@
 /* SPDX-License-Identifier: MIT */
 /* tests/rename_fault.c - preloaded (LD_PRELOAD) into the sdpa CLI by
- * tests/test_cli_files.c: rename() onto a file whose name starts with
- * "fail-rename" fails with EACCES (as a rename into a sticky directory over
- * another user's file does), every other rename() is glibc's. Lets a test make
- * the CLI's last output rename fail after the earlier ones succeeded. */
+ * tests/test_cli_files.c to make its output commit fail where a test says:
+ *  - rename() or renameat2() onto a file whose name starts with "fail-rename"
+ *    fails with EACCES (as a rename into a sticky directory over another user's
+ *    file does);
+ *  - with RENAME_FAULT_NO_EXCHANGE set, renameat2(..., RENAME_EXCHANGE) fails
+ *    with EINVAL (a file system that cannot exchange);
+ *  - with RENAME_FAULT_NO_LINK set, link() fails with EPERM (no hard links, or
+ *    fs.protected_hardlinks against a file of another user).
+ * Every other call is glibc's. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-__attribute__((visibility("default"))) int rename(const char *from, const char *to)
+#define EXPORT __attribute__((visibility("default")))
+
+static int fails(const char *to)
 {
-    static int (*real_rename)(const char *, const char *);
     const char *slash = strrchr(to, '/');
     const char *base = slash ? slash + 1 : to;
-    if (strncmp(base, "fail-rename", 11) == 0) {
+    return strncmp(base, "fail-rename", 11) == 0;
+}
+
+static void *next(const char *name)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+    if (!f)
+        errno = ENOSYS;
+    return f;
+}
+
+EXPORT int rename(const char *from, const char *to)
+{
+    if (fails(to)) {
         errno = EACCES;
         return -1;
     }
-    if (!real_rename)
-        real_rename = (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "rename");
-    if (!real_rename) {
-        errno = ENOSYS;
+    int (*real)(const char *, const char *) = (int (*)(const char *, const char *))next("rename");
+    return real ? real(from, to) : -1;
+}
+
+EXPORT int renameat2(int fromfd, const char *from, int tofd, const char *to, unsigned int flags)
+{
+    if ((flags & RENAME_EXCHANGE) && getenv("RENAME_FAULT_NO_EXCHANGE")) {
+        errno = EINVAL;
         return -1;
     }
-    return real_rename(from, to);
+    if (fails(to)) {
+        errno = EACCES;
+        return -1;
+    }
+    int (*real)(int, const char *, int, const char *, unsigned int) =
+        (int (*)(int, const char *, int, const char *, unsigned int))next("renameat2");
+    return real ? real(fromfd, from, tofd, to, flags) : -1;
+}
+
+EXPORT int link(const char *from, const char *to)
+{
+    if (getenv("RENAME_FAULT_NO_LINK")) {
+        errno = EPERM;
+        return -1;
+    }
+    int (*real)(const char *, const char *) = (int (*)(const char *, const char *))next("link");
+    return real ? real(from, to) : -1;
 }

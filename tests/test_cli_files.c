@@ -493,12 +493,28 @@ static int file_is(const char *path, const char *buf, size_t len)
  * session 31): out_commit renamed the finished outputs into place one by one,
  * so when a later rename failed (a name too long for its file system, a file
  * of another user in a sticky directory) the earlier outputs had already been
- * replaced or created although the run reported an error. Now a failing rename
- * puts back the files replaced before it (hard links made before the commit)
- * and removes the ones created. rename_fault.so (preloaded) makes the rename
- * onto "fail-rename*" fail with EACCES; every output before it must be as it
- * was, and no temporary or backup file may remain. Skipped under ASan (a
- * preloaded library would precede its runtime). */
+ * replaced or created although the run reported an error. Now every output is
+ * placed so that it can be undone (exchanged with the present file, else after
+ * a hard link to it) and a failing one undoes those before it: the previous
+ * files come back (the same inodes), the created ones go. rename_fault.so
+ * (preloaded) makes a rename onto "fail-rename*" fail with EACCES and, on
+ * request, RENAME_EXCHANGE (EINVAL) and link() (EPERM) unavailable. Skipped
+ * under ASan (a preloaded library would precede its runtime). */
+static void expect_undone(const char *what, const char *const *args, const char *kept, const char *keptbytes,
+                          size_t keptlen, ino_t keptino, const char *absent)
+{
+    cli_res r = cli_run(args);
+    cr_expect_eq(r.status, 2, "%s: exit %d, %s", what, r.status, r.err);
+    cr_expect(strstr(r.err, "fail-rename") != NULL, "%s: %s", what, r.err);
+    cr_expect_eq(r.err_lines, 1, "%s: %s", what, r.err);
+    struct stat st;
+    cr_expect(file_is(kept, keptbytes, keptlen), "%s: %s was replaced although a later rename failed", what, kept);
+    cr_expect(stat(kept, &st) == 0 && st.st_ino == keptino, "%s: %s is not its previous file (inode)", what, kept);
+    if (absent)
+        cr_expect(access(absent, F_OK) != 0, "%s: %s was created although a later rename failed", what, absent);
+    cr_expect_eq(count_files(".sdpa-"), 0, "%s: a temporary or backup file was left behind", what);
+}
+
 Test(cli, output_commit_is_all_or_nothing, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
 {
     if (UTIL_ASAN)
@@ -507,9 +523,15 @@ Test(cli, output_commit_is_all_or_nothing, .init = cli_setup, .fini = cli_teardo
     const float old[3] = {1.f, 2.f, 3.f};
     write_f32(P("out_dq.npy"), "(3,)", old, 3);
     write_f32(P("out.npy"), "(3,)", old, 3);
+    write_f32(P("fail-rename_old.npy"), "(3,)", old, 3);
     size_t oldlen = 0;
     char *oldbytes = util_read_file(P("out.npy"), &oldlen);
     cr_assert_not_null(oldbytes);
+    struct stat st;
+    cr_assert_eq(stat(P("out_dq.npy"), &st), 0);
+    const ino_t dq_ino = st.st_ino;
+    cr_assert_eq(stat(P("out.npy"), &st), 0);
+    const ino_t o_ino = st.st_ino;
     cr_assert_eq(setenv("LD_PRELOAD", SDPA_RENAME_FAULT_PATH, 1), 0);
 
     /* the shim itself: renames onto other names work */
@@ -517,23 +539,37 @@ Test(cli, output_commit_is_all_or_nothing, .init = cli_setup, .fini = cli_teardo
     cli_res r0 = cli_run(ok);
     cr_expect_eq(r0.status, 0, "a run under rename_fault.so with no failing name: %s", r0.err);
 
-    const char *bwd[] = {"backward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "--do", P("q.npy"),
-                         "--dq", P("out_dq.npy"), "--dk", P("out_dk.npy"), "--dv", P("fail-rename_dv.npy"), NULL};
-    cli_res r1 = cli_run(bwd);
-    cr_expect_eq(r1.status, 2, "backward, dV's rename failing: exit %d, %s", r1.status, r1.err);
-    cr_expect_eq(r1.err_lines, 1, "%s", r1.err);
-    cr_expect(strstr(r1.err, "fail-rename_dv.npy") != NULL, "%s", r1.err);
-    cr_expect(file_is(P("out_dq.npy"), oldbytes, oldlen), "dQ's file was replaced although dV's rename failed");
-    cr_expect(access(P("out_dk.npy"), F_OK) != 0, "dK's file was created although dV's rename failed");
-
+    const char *bwd_new[] = {"backward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "--do", P("q.npy"),
+                             "--dq", P("out_dq.npy"), "--dk", P("out_dk.npy"), "--dv", P("fail-rename_dv.npy"), NULL};
+    const char *bwd_old[] = {"backward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "--do", P("q.npy"),
+                             "--dq", P("out_dq.npy"), "--dk", P("out_dk.npy"), "--dv", P("fail-rename_old.npy"),
+                             NULL};
     const char *fwd[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out.npy"),
                          "--lse", P("fail-rename_lse.npy"), NULL};
-    cli_res r2 = cli_run(fwd);
-    cr_expect_eq(r2.status, 2, "forward, LSE's rename failing: exit %d, %s", r2.status, r2.err);
-    cr_expect(file_is(P("out.npy"), oldbytes, oldlen), "O's file was replaced although LSE's rename failed");
+    /* exchanged (RENAME_EXCHANGE) */
+    expect_undone("backward, dV new", bwd_new, P("out_dq.npy"), oldbytes, oldlen, dq_ino, P("out_dk.npy"));
+    expect_undone("backward, dV existing", bwd_old, P("out_dq.npy"), oldbytes, oldlen, dq_ino, P("out_dk.npy"));
+    expect_undone("forward, LSE new", fwd, P("out.npy"), oldbytes, oldlen, o_ino, NULL);
+    cr_expect(file_is(P("fail-rename_old.npy"), oldbytes, oldlen));
+    /* a file system that cannot exchange: hard links */
+    cr_assert_eq(setenv("RENAME_FAULT_NO_EXCHANGE", "1", 1), 0);
+    expect_undone("no exchange, backward, dV new", bwd_new, P("out_dq.npy"), oldbytes, oldlen, dq_ino,
+                  P("out_dk.npy"));
+    expect_undone("no exchange, forward", fwd, P("out.npy"), oldbytes, oldlen, o_ino, NULL);
+    /* neither: dQ (existing) waits until the others are placed, so dV's failure leaves it */
+    cr_assert_eq(setenv("RENAME_FAULT_NO_LINK", "1", 1), 0);
+    expect_undone("no exchange or link, backward, dV new", bwd_new, P("out_dq.npy"), oldbytes, oldlen, dq_ino,
+                  P("out_dk.npy"));
+    /* neither, two existing: the one case left half done, and said so */
+    cli_res r = cli_run(bwd_old);
+    cr_expect_eq(r.status, 2, "%s", r.err);
+    cr_expect(strstr(r.err, "could not be kept") != NULL, "a replaced output that cannot be put back is not "
+                                                          "reported: %s", r.err);
+    unsetenv("RENAME_FAULT_NO_LINK");
+    unsetenv("RENAME_FAULT_NO_EXCHANGE");
     unsetenv("LD_PRELOAD");
     cr_expect_eq(count_files(".sdpa-"), 0, "a temporary or backup file was left behind");
-    cr_expect_eq(count_files("fail-rename"), 0);
+    cr_expect(file_is(P("fail-rename_old.npy"), oldbytes, oldlen));
     free(oldbytes);
 }
 

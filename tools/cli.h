@@ -144,7 +144,8 @@ int out_prepare(out_file *of);
 void out_discard(out_file *outs, int n);
 /** Writes every temporary file, then renames them all over their targets, all
  * or nothing: a rename that fails puts back the files the earlier ones replaced
- * (from hard links made before) and removes the ones they created. */
+ * (exchanged with RENAME_EXCHANGE, else kept by hard links) and removes the ones
+ * they created. */
 int out_commit(out_file *outs, int n);
 /** Two paths name the same file (the same string, or the same file by other names). */
 int same_file(const char *a, const char *b);

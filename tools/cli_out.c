@@ -7,6 +7,7 @@
  * files are removed on SIGINT/SIGTERM/SIGHUP. Also the checks that two paths
  * name the same file. */
 #include <errno.h>
+#include <fcntl.h> /* AT_FDCWD */
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -189,47 +190,98 @@ static int out_write(const out_file *of, char *err, size_t errlen)
     return rc;
 }
 
-/* What undoing an output's rename takes. */
-enum { OUT_PENDING, OUT_NEW /* no file was there: remove it */, OUT_KEPT /* restore the backup */,
-       OUT_UNKEPT /* the previous file could not be kept */, OUT_DONE };
+/* Where a committed output's previous file is, i.e. what undoing it takes. */
+enum {
+    OUT_NEW = 1, /* there was none: remove the target */
+    OUT_SWAPPED, /* exchanged with the temporary (RENAME_EXCHANGE): it is at of->tmp */
+    OUT_KEPT,    /* a hard link made before the rename: it is at of->backup */
+    OUT_UNKEPT   /* neither was possible: it is gone */
+};
 
-/* Before the commit: keeps the target's present file under a hard link next to
- * it (of->backup), or records that there is none (OUT_NEW) or that no link can
- * be made (OUT_UNKEPT: a file system without hard links). */
-static void out_keep(out_file *of)
+/* A hard link to the target's present file next to it, named after the
+ * temporary's unique suffix (mkstemp's XXXXXX): 0, or -1. */
+static int out_link_backup(out_file *of)
 {
-    struct stat st;
-    if (lstat(of->target, &st) != 0) {
-        of->state = errno == ENOENT ? OUT_NEW : OUT_UNKEPT;
-        return;
-    }
-    of->state = OUT_UNKEPT;
     const size_t len = strlen(of->tmp), n = len + 16;
     if (!(of->backup = malloc(n)))
-        return;
-    /* the temporary's unique suffix (mkstemp's XXXXXX), marked as the old file */
+        return -1;
     const char *suffix = of->tmp + len - 6;
     for (int attempt = 0; attempt < 100; attempt++) {
         snprintf(of->backup, n, "%.*s.sdpa-old.%s%.0d", (int)(len - 16), of->tmp, suffix, attempt);
         temps_track(of->backup, 1);
-        if (link(of->target, of->backup) == 0) {
-            of->state = OUT_KEPT;
-            return;
-        }
+        if (link(of->target, of->backup) == 0)
+            return 0;
         temps_track(of->backup, 0);
         if (errno != EEXIST)
             break;
     }
     free(of->backup);
     of->backup = NULL;
+    return -1;
 }
 
+/* Puts a finished output in place so that it can be undone: over no file, by
+ * exchanging it with the present file (Linux's RENAME_EXCHANGE: the old file then
+ * lives on at the temporary's name, owner and links intact), or where the file
+ * system cannot exchange, after a hard link to the present file. 0 when placed,
+ * -1 (errno) when it failed and nothing changed, 1 when it cannot be undone and
+ * was not placed (nothing changed) unless last_resort (then a plain rename). */
+static int out_place(out_file *of, int last_resort)
+{
+    struct stat st;
+    if (lstat(of->target, &st) != 0 && errno == ENOENT) {
+        if (rename(of->tmp, of->target) != 0)
+            return -1;
+        of->state = OUT_NEW;
+        forget(&of->tmp, 0);
+        return 0;
+    }
+#ifdef RENAME_EXCHANGE
+    if (renameat2(AT_FDCWD, of->tmp, AT_FDCWD, of->target, RENAME_EXCHANGE) == 0) {
+        of->state = OUT_SWAPPED;
+        return 0;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP && errno != ENOTSUP)
+        return -1; /* e.g. EPERM in a sticky directory: the plain rename would fail too */
+#endif
+    if (out_link_backup(of) == 0) {
+        if (rename(of->tmp, of->target) != 0) {
+            const int err = errno;
+            forget(&of->backup, 1);
+            errno = err;
+            return -1;
+        }
+        of->state = OUT_KEPT;
+        forget(&of->tmp, 0);
+        return 0;
+    }
+    if (!last_resort)
+        return 1;
+    if (rename(of->tmp, of->target) != 0)
+        return -1;
+    of->state = OUT_UNKEPT;
+    forget(&of->tmp, 0);
+    return 0;
+}
+
+/* Undoes a placed output; says so when it cannot (and keeps the old file's name). */
 static void out_undo(out_file *of)
 {
-    if (of->state == OUT_NEW)
-        unlink(of->target);
-    else if (of->state == OUT_KEPT && rename(of->backup, of->target) == 0)
-        forget(&of->backup, 0);
+    if (of->state == OUT_NEW) {
+        if (unlink(of->target) != 0)
+            file_error(of->path, "was created and could not be removed again: %s", strerror(errno));
+        return;
+    }
+    if (of->state == OUT_UNKEPT) {
+        file_error(of->path, "was replaced, and its previous file could not be kept (its file system has "
+                             "neither RENAME_EXCHANGE nor hard links)");
+        return;
+    }
+    char **old = of->state == OUT_SWAPPED ? &of->tmp : &of->backup;
+    if (rename(*old, of->target) != 0)
+        file_error(of->path, "was replaced and could not be put back (%s): its previous file is %s",
+                   strerror(errno), *old);
+    forget(old, 0); /* renamed back, or kept for the user under its name */
 }
 
 int out_commit(out_file *outs, int n)
@@ -241,31 +293,44 @@ int out_commit(out_file *outs, int n)
             out_discard(outs, n);
             return EXIT_BAD;
         }
-    /* All or nothing: the renames go first where they can be undone, then (on a
-     * file system without hard links) those that cannot; if one fails, the files
-     * replaced before it are put back and the files created removed. Only two or
-     * more outputs on a file system without hard links can be left half done. */
-    for (int i = 0; i < n; i++)
-        out_keep(&outs[i]);
-    int order[8], m = 0;
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < n && m < 8; i++)
-            if ((outs[i].state == OUT_UNKEPT) == pass)
-                order[m++] = i;
-    for (int k = 0; k < m; k++) {
-        out_file *of = &outs[order[k]];
-        if (rename(of->tmp, of->target) != 0) {
-            file_error(of->path, "cannot rename the finished output into place: %s", strerror(errno));
-            for (int u = k - 1; u >= 0; u--)
-                out_undo(&outs[order[u]]);
-            out_discard(outs, n);
-            return EXIT_BAD;
-        }
-        forget(&of->tmp, 0);
+    /* All or nothing: every output is placed so that it can be undone, except (on a
+     * file system with neither RENAME_EXCHANGE nor hard links) those that cannot,
+     * placed last; if a placement fails, the ones before it are undone. Only two or
+     * more of the last kind can be left half done. SIGINT, SIGTERM and SIGHUP wait
+     * until the commit is over (their handler removes the temporaries, which here
+     * may hold the previous files). */
+    sigset_t fatal, saved;
+    sigemptyset(&fatal);
+    sigaddset(&fatal, SIGINT);
+    sigaddset(&fatal, SIGTERM);
+    sigaddset(&fatal, SIGHUP);
+    sigprocmask(SIG_BLOCK, &fatal, &saved);
+    int placed[8], np = 0, later[8], nl = 0, failed = -1, failed_errno = 0;
+    for (int i = 0; i < n && i < 8 && failed < 0; i++) {
+        const int r = out_place(&outs[i], 0);
+        if (r == 1)
+            later[nl++] = i;
+        else if (r == 0)
+            placed[np++] = i;
+        else
+            failed = i, failed_errno = errno;
     }
-    for (int i = 0; i < n; i++)
-        forget(&outs[i].backup, 1);
-    return 0;
+    for (int k = 0; k < nl && failed < 0; k++) {
+        if (out_place(&outs[later[k]], 1) == 0)
+            placed[np++] = later[k];
+        else
+            failed = later[k], failed_errno = errno;
+    }
+    int rc = 0;
+    if (failed >= 0) {
+        file_error(outs[failed].path, "cannot rename the finished output into place: %s", strerror(failed_errno));
+        for (int k = np - 1; k >= 0; k--)
+            out_undo(&outs[placed[k]]);
+        rc = EXIT_BAD;
+    }
+    out_discard(outs, n); /* the temporaries left: the previous files of the exchanged outputs, backups */
+    sigprocmask(SIG_SETMASK, &saved, NULL);
+    return rc;
 }
 
 /* Canonical form of a path that may not exist yet: realpath() of its directory
