@@ -27,7 +27,7 @@ if [ ! -d build-mpi-ci ]; then
   meson setup build-mpi-ci -Dbuildtype=release -Dmpi=enabled >/dev/null || { echo "meson setup failed"; echo "0 passed, 1 failed"; exit 1; }
 fi
 ninja -C build-mpi-ci tests/mpi/test_ring tests/mpi/test_ring_small_messages tests/mpi/ring_attention_mpi \
-  tests/mpi/header_alone_mpi tools/sdpa-ring tools/sdpa >/dev/null \
+  tests/mpi/header_alone_mpi tools/sdpa-ring tools/sdpa tests/librename_fault.so >/dev/null \
   || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
 
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
@@ -109,7 +109,7 @@ for n, s in [('k96', (2, 2, 96, 16)), ('v96', (2, 2, 96, 8))]:
 PY
 if KV=96 ring_vs_sdpa --causal bottom-right; then
   pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed (Tq != Tk)"; fi
-stamp "sdpa-ring refusals: a later output that cannot be written leaves no earlier one; an LSE of the wrong shape"
+stamp "sdpa-ring refusals: an output that cannot be written, an LSE of the wrong shape, outputs naming one file or an input, a failing rename"
 /usr/bin/python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.zeros((48, 4, 2), np.float32))" "$tmp/lse_bad.npy"
 rm -f "$tmp"/r_*.npy
 refusals_ok=1
@@ -119,6 +119,22 @@ timeout 120 "${MPIRUN[@]}" -np 2 $RG backward -q "$tmp/q.npy" -k "$tmp/k.npy" -v
 timeout 120 "${MPIRUN[@]}" -np 2 $RG backward -q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" -o "$tmp/o4.npy" \
   --lse "$tmp/lse_bad.npy" --do "$tmp/do.npy" --dq "$tmp/r_dq.npy" --dk "$tmp/r_dk.npy" --dv "$tmp/r_dv.npy" >/dev/null 2>&1
 [ $? -eq 2 ] && ! ls "$tmp"/r_* >/dev/null 2>&1 || { refusals_ok=0; echo "sdpa-ring: an LSE of shape (48, 4, 2) was accepted"; }
+# outputs are checked before the ring computes (as sdpa's): two naming one file (the
+# LSE wrote over O, exit 0, before), an output naming an input (replaced it, before)
+timeout 120 "${MPIRUN[@]}" -np 2 $RG forward -q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" -o "$tmp/r_o.npy" \
+  --lse "$tmp/./r_o.npy" >/dev/null 2>&1
+[ $? -eq 2 ] && ! ls "$tmp"/r_* >/dev/null 2>&1 || { refusals_ok=0; echo "sdpa-ring: -o X --lse ./X accepted"; }
+cp "$tmp/k.npy" "$tmp/k_before.npy"
+timeout 120 "${MPIRUN[@]}" -np 2 $RG forward -q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" -o "$tmp/k.npy" >/dev/null 2>&1
+[ $? -eq 2 ] && cmp -s "$tmp/k.npy" "$tmp/k_before.npy" || { refusals_ok=0; echo "sdpa-ring: an output naming an input accepted"; }
+# a later output whose rename fails (tests/rename_fault.c, preloaded: onto fail-rename*)
+# leaves an existing earlier output as it was (before: removed) and creates none
+cp "$tmp/k.npy" "$tmp/r_dq.npy"
+timeout 120 "${MPIRUN[@]}" -np 2 -x LD_PRELOAD="$PWD/build-mpi-ci/tests/librename_fault.so" $RG backward \
+  -q "$tmp/q.npy" -k "$tmp/k.npy" -v "$tmp/v.npy" --do "$tmp/do.npy" --dq "$tmp/r_dq.npy" --dk "$tmp/r_dk.npy" \
+  --dv "$tmp/fail-rename_dv.npy" >/dev/null 2>&1
+[ $? -eq 2 ] && cmp -s "$tmp/r_dq.npy" "$tmp/k.npy" && [ ! -e "$tmp/r_dk.npy" ] && ! ls "$tmp"/.sdpa-* >/dev/null 2>&1 \
+  || { refusals_ok=0; echo "sdpa-ring: a failing rename left the earlier outputs changed"; }
 if [ $refusals_ok = 1 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
 rm -rf "$tmp"
 

@@ -120,36 +120,8 @@ void *alloc_elems(int64_t n, sdpa_dtype dt);
 
 /* ------------------------------------------------------------ outputs (cli_out.c) */
 
-/* An output: data holds the elements of type dt (fp32 when zero-initialised).
- * fp32 and bf16 data are written as float32 ('<f4', bf16 widened exactly), fp16
- * data as float16 ('<f2'). */
-typedef struct out_file {
-    const char *path;
-    char *tmp; /* the finished data, in the target's directory */
-    const void *data;
-    int ndim;
-    int64_t shape[4];
-    sdpa_dtype dt;
-    /* set by out_prepare and out_commit */
-    char *target; /* where the data goes: path, or the file a symbolic link path names */
-    char *backup; /* during the commit: a hard link to the target's previous file */
-    int state;    /* during the commit: what undoing this output's rename takes */
-} out_file;
-
-void install_signal_cleanup(void);
-/** Resolves of->path (a symbolic link to its target; a dangling link, a directory,
- * a non-regular file or a name longer than NAME_MAX is an error) and creates the
- * temporary file in the target's directory (validates that it can be written). */
-int out_prepare(out_file *of);
-void out_discard(out_file *outs, int n);
-/** Writes every temporary file, then renames them all over their targets, all
- * or nothing: a rename that fails puts back the files the earlier ones replaced
- * (exchanged with RENAME_EXCHANGE, else kept by hard links) and removes the ones
- * they created. */
-int out_commit(out_file *outs, int n);
-/** Two paths name the same file (the same string, or the same file by other names). */
-int same_file(const char *a, const char *b);
-int same_paths(const char *const *paths, int n);
+/* outputs (cli_out.c): out_file, out_prepare, out_commit, out_discard, same_file */
+#include "cli_out.h"
 
 /* ------------------------------------------------------------ commands */
 

@@ -16,8 +16,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_out.h"
+#include "npy.h"
 #include "dtype.h" /* src/dtype.h: sdpa_bf16_to_f32 */
+
+/* the tools' exit status for a bad file (EXIT_BAD in cli.h and sdpa_ring.c) */
+#define OUT_EXIT_BAD 2
 
 /* Temporary files alive right now, removed if SIGINT/SIGTERM/SIGHUP arrives
  * (unlink() is async-signal-safe), so an interrupted run leaves nothing. */
@@ -87,22 +91,22 @@ int out_prepare(out_file *of)
                 file_error(of->path, "is a symbolic link to a missing file");
             else
                 file_error(of->path, "is a symbolic link that cannot be resolved: %s", strerror(err));
-            return EXIT_BAD;
+            return OUT_EXIT_BAD;
         }
     } else if (!(of->target = strdup(of->path))) {
         file_error(of->path, "out of memory");
-        return EXIT_BAD;
+        return OUT_EXIT_BAD;
     }
     const char *target = of->target;
     if (stat(target, &st) == 0 && S_ISDIR(st.st_mode)) {
         file_error(of->path, "is a directory");
-        return EXIT_BAD;
+        return OUT_EXIT_BAD;
     }
     /* Only regular files are replaced: renaming over a FIFO or a device node
      * (e.g. /dev/null, as root) would destroy it. */
     if (stat(target, &st) == 0 && !S_ISREG(st.st_mode)) {
         file_error(of->path, "exists and is not a regular file");
-        return EXIT_BAD;
+        return OUT_EXIT_BAD;
     }
     /* A name its file system cannot hold would make the rename fail after the
      * other outputs were written: refused here, before anything is. */
@@ -111,13 +115,13 @@ int out_prepare(out_file *of)
     char *dir = dir_of(target);
     if (!dir) {
         file_error(of->path, "out of memory");
-        return EXIT_BAD;
+        return OUT_EXIT_BAD;
     }
     const long name_max = pathconf(dir, _PC_NAME_MAX), path_max = pathconf(dir, _PC_PATH_MAX);
     free(dir);
     if ((name_max > 0 && strlen(base) > (size_t)name_max) || (path_max > 0 && strlen(target) >= (size_t)path_max)) {
         file_error(of->path, "cannot create: %s", strerror(ENAMETOOLONG));
-        return EXIT_BAD;
+        return OUT_EXIT_BAD;
     }
     /* The temporary file lives in the target's directory (rename() stays on one
      * file system) under a short name, so long output names still fit. */
@@ -126,7 +130,7 @@ int out_prepare(out_file *of)
     of->tmp = malloc(n);
     if (!of->tmp) {
         file_error(of->path, "out of memory");
-        return EXIT_BAD;
+        return OUT_EXIT_BAD;
     }
     snprintf(of->tmp, n, "%.*s.sdpa-out.XXXXXX", (int)dirlen, target);
     temps_track(of->tmp, 1);
@@ -136,7 +140,7 @@ int out_prepare(out_file *of)
         temps_track(of->tmp, 0);
         free(of->tmp);
         of->tmp = NULL;
-        return EXIT_BAD;
+        return OUT_EXIT_BAD;
     }
     mask = umask(0);
     umask(mask);
@@ -177,7 +181,7 @@ static int out_write(const out_file *of, char *err, size_t errlen)
     int64_t count = 1;
     for (int d = 0; d < of->ndim; d++)
         count *= of->shape[d]; /* checked against overflow when the shapes were made */
-    float *wide = alloc_floats(count);
+    float *wide = malloc((size_t)count * sizeof(float) + 1); /* count: checked when the shapes were made */
     if (!wide) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -291,7 +295,7 @@ int out_commit(out_file *outs, int n)
         if (out_write(&outs[i], err, sizeof err) != 0) {
             file_error(outs[i].path, "%s", err);
             out_discard(outs, n);
-            return EXIT_BAD;
+            return OUT_EXIT_BAD;
         }
     /* All or nothing: every output is placed so that it can be undone, except (on a
      * file system with neither RENAME_EXCHANGE nor hard links) those that cannot,
@@ -326,7 +330,7 @@ int out_commit(out_file *outs, int n)
         file_error(outs[failed].path, "cannot rename the finished output into place: %s", strerror(failed_errno));
         for (int k = np - 1; k >= 0; k--)
             out_undo(&outs[placed[k]]);
-        rc = EXIT_BAD;
+        rc = OUT_EXIT_BAD;
     }
     out_discard(outs, n); /* the temporaries left: the previous files of the exchanged outputs, backups */
     sigprocmask(SIG_SETMASK, &saved, NULL);

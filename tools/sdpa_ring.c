@@ -8,8 +8,10 @@
  *
  * Rank 0 reads every input and writes every output (the same .npy flags as `sdpa`:
  * tools/cli_args.c); the other ranks get their slices of Q, K, V (O, LSE, dO) over
- * MPI and send back their slices of the outputs. Outputs are written to a
- * temporary file and renamed into place, so an error leaves none behind.
+ * MPI and send back their slices of the outputs. Outputs are handled as `sdpa`'s
+ * (tools/cli_out.c): checked before anything is computed, written to temporary
+ * files and renamed into place all or nothing, so an error leaves none behind and
+ * replaces none.
  * Options: --causal top-left|bottom-right|none, --window-left N, --window-right N
  * (-1: unbounded), --window-align top-left|bottom-right, --scale S, --softcap C,
  * --kv-len LENS.npy, --alibi-slopes SLOPES.npy, --sinks SINKS.npy (float32 (Hq,)),
@@ -25,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_out.h"
 #include "npy.h"
 #include "sdpa_mpi.h"
 
@@ -49,6 +52,17 @@ static void err0(const char *fmt, ...)
         return;
     va_list ap;
     fputs("sdpa-ring: error: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+/* cli_out.c's error line (rank 0 writes every output) */
+void file_error(const char *path, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "sdpa-ring: error: %s: ", path);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
@@ -227,58 +241,43 @@ static int same_shape(const arr *x, const char *path, const char *role, int ndim
     return 0;
 }
 
-/* The outputs of one command: each written to PATH.sdpa-ring-tmp, and renamed into
- * place only when every one was written (outputs_commit), else all removed
- * (outputs_discard): an error leaves no output behind. */
-enum { MAX_OUTPUTS = 6 };
-typedef struct outputs {
-    const char *path[MAX_OUTPUTS];
-    int n;
-} outputs;
-
-static void tmp_name(char *tmp, size_t len, const char *path)
+/* Rank 0: the outputs of the command (cli_out.c, as `sdpa`): checked and their
+ * temporaries created before anything is computed (two outputs naming one file, an
+ * output naming an input, a missing directory: refused on every rank), written and
+ * renamed into place, all or nothing, after. Returns 0 or EXIT_BAD. */
+static int outputs_prepare(int bwd, const opts *o, out_file *outs, int *n)
 {
-    snprintf(tmp, len, "%s.sdpa-ring-tmp", path);
-}
-
-static int write_out(outputs *out, const char *path, const float *data, int ndim, const int64_t *shape)
-{
-    char tmp[4096], e[256] = "";
-    tmp_name(tmp, sizeof tmp, path);
-    if (npy_write_f32(tmp, data, ndim, shape, e, sizeof e) != 0) {
-        err0("%s: %s", path, e[0] ? e : strerror(errno));
-        remove(tmp);
+    const char *paths[4] = {bwd ? o->dq : o->o, bwd ? o->dk : o->lse, bwd ? o->dv : NULL, bwd ? o->dsinks : NULL};
+    const char *ins[] = {o->q, o->k, o->v, o->dout, o->kvlen, o->slopes, o->sinks, bwd ? o->o : NULL,
+                         bwd ? o->lse : NULL};
+    *n = 0;
+    for (int i = 0; i < 4; i++)
+        if (paths[i])
+            paths[(*n)++] = paths[i];
+    if (same_paths(paths, *n)) {
+        err0("two outputs name the same file");
         return EXIT_BAD;
     }
-    out->path[out->n++] = path;
-    return 0;
-}
-
-static void outputs_discard(outputs *out)
-{
-    char tmp[4096];
-    for (int i = 0; i < out->n; i++) {
-        tmp_name(tmp, sizeof tmp, out->path[i]);
-        remove(tmp);
-    }
-    out->n = 0;
-}
-
-static int outputs_commit(outputs *out)
-{
-    char tmp[4096];
-    for (int i = 0; i < out->n; i++) {
-        tmp_name(tmp, sizeof tmp, out->path[i]);
-        if (rename(tmp, out->path[i]) != 0) {
-            err0("%s: %s", out->path[i], strerror(errno));
-            for (int j = 0; j < i; j++) /* the ones already in place go too */
-                remove(out->path[j]);
-            outputs_discard(out);
+    for (int i = 0; i < *n; i++)
+        for (size_t j = 0; j < sizeof ins / sizeof ins[0]; j++)
+            if (ins[j] && same_file(paths[i], ins[j])) {
+                err0("output %s is also an input", paths[i]);
+                return EXIT_BAD;
+            }
+    for (int i = 0; i < *n; i++) {
+        outs[i] = (out_file){.path = paths[i], .dt = SDPA_DTYPE_F32};
+        if (out_prepare(&outs[i]))
             return EXIT_BAD;
-        }
     }
-    out->n = 0;
     return 0;
+}
+
+/* An output's data and shape, before out_commit. */
+static void output_set(out_file *of, const float *data, int ndim, const int64_t *shape)
+{
+    of->data = data;
+    of->ndim = ndim;
+    memcpy(of->shape, shape, (size_t)ndim * sizeof shape[0]);
 }
 
 /* ------------------------------------------------------------ slices */
@@ -340,7 +339,11 @@ static int run(int bwd, int argc, char **argv)
     int64_t hdr[10] = {0};
     int32_t *kvlen = NULL;
     float *slopes = NULL, *sinks = NULL, *dsinks = NULL;
+    out_file outs[4];
+    int nout = 0;
+    memset(outs, 0, sizeof outs);
     if (R == 0) {
+        install_signal_cleanup();
         rc = load(o.q, "Q", &q);
         if (!rc) rc = load(o.k, "K", &k);
         if (!rc) rc = load(o.v, "V", &v);
@@ -402,6 +405,8 @@ static int run(int bwd, int argc, char **argv)
             err0("--dsinks needs --sinks (it is the gradient of the sinks)");
             rc = EXIT_BAD;
         }
+        if (!rc)
+            rc = outputs_prepare(bwd, &o, outs, &nout);
         const int64_t h[10] = {rc, q.a.ndim, q.b, q.h, k.h, q.t, q.d, v.d, bwd && o.o, k.t};
         memcpy(hdr, h, sizeof hdr);
     }
@@ -490,7 +495,6 @@ static int run(int bwd, int argc, char **argv)
     } else {
         int64_t shape[4];
         int w = 0;
-        outputs outs = {.n = 0};
         /* shape in the inputs' rank: [B, H, T, D] without the leading 1s the inputs lacked */
 #define SHAPE(h_, t_, d_, nd_)                                                                                         \
     do {                                                                                                               \
@@ -500,46 +504,50 @@ static int run(int bwd, int argc, char **argv)
     } while (0)
         if (!bwd) {
             float *go = gather(lo, B, Hq, T, Dv, o.layout), *gl = gather(ll, B, Hq, T, 1, o.layout);
-            if (R == 0) {
+            if (R == 0 && (!go || !gl)) {
+                err0("out of memory gathering the outputs");
+                w = EXIT_BAD;
+            } else if (R == 0) {
                 SHAPE(Hq, T, Dv, ndim);
-                w = write_out(&outs, o.o, go, ndim, shape);
-                if (!w && o.lse) {
+                output_set(&outs[0], go, ndim, shape);
+                if (o.lse) {
                     SHAPE(Hq, T, 1, ndim - 1);
-                    w = write_out(&outs, o.lse, gl, ndim - 1, shape);
+                    output_set(&outs[1], gl, ndim - 1, shape);
                 }
+                w = out_commit(outs, nout);
             }
             free(go);
             free(gl);
         } else {
             float *gq = gather(ldq, B, Hq, T, Dk, o.layout), *gk = gather(ldk, B, Hkv, Tk, Dk, o.layout),
                   *gv = gather(ldv, B, Hkv, Tk, Dv, o.layout);
-            if (R == 0) {
+            if (R == 0 && (!gq || !gk || !gv)) {
+                err0("out of memory gathering the outputs");
+                w = EXIT_BAD;
+            } else if (R == 0) {
                 SHAPE(Hq, T, Dk, ndim);
-                w = write_out(&outs, o.dq, gq, ndim, shape);
+                output_set(&outs[0], gq, ndim, shape);
                 SHAPE(Hkv, Tk, Dk, ndim);
-                if (!w) w = write_out(&outs, o.dk, gk, ndim, shape);
+                output_set(&outs[1], gk, ndim, shape);
                 SHAPE(Hkv, Tk, Dv, ndim);
-                if (!w) w = write_out(&outs, o.dv, gv, ndim, shape);
+                output_set(&outs[2], gv, ndim, shape);
                 shape[0] = Hq;
-                if (!w && o.dsinks) w = write_out(&outs, o.dsinks, dsinks, 1, shape);
+                if (o.dsinks)
+                    output_set(&outs[3], dsinks, 1, shape);
+                w = out_commit(outs, nout);
             }
             free(gq);
             free(gk);
             free(gv);
         }
 #undef SHAPE
-        if (R == 0) {
-            if (w)
-                outputs_discard(&outs);
-            else
-                w = outputs_commit(&outs);
-        }
         int64_t ww = w;
         MPI_Bcast(&ww, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
         rc = (int)ww;
     }
     free(lq), free(lk), free(lv), free(lo), free(ll), free(ldo), free(ldq), free(ldk), free(ldv);
 done:
+    out_discard(outs, nout); /* whatever out_commit did not take (an error before it) */
     npy_free(&q.a), npy_free(&k.a), npy_free(&v.a), npy_free(&O.a), npy_free(&L.a), npy_free(&dO.a), npy_free(&kl);
     npy_free(&sl), npy_free(&sk);
     free(kvlen), free(slopes), free(sinks), free(dsinks);
