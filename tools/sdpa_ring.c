@@ -46,27 +46,33 @@ typedef struct opts {
     sdpa_isa isa;
 } opts;
 
+/* "sdpa-ring: error: [<path>: ]<message>" */
+static void verror(const char *path, const char *fmt, va_list ap)
+{
+    fputs("sdpa-ring: error: ", stderr);
+    if (path)
+        fprintf(stderr, "%s: ", path);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 static void err0(const char *fmt, ...)
 {
     if (R != 0)
         return;
     va_list ap;
-    fputs("sdpa-ring: error: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    verror(NULL, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 /* cli_out.c's error line (rank 0 writes every output) */
 void file_error(const char *path, const char *fmt, ...)
 {
     va_list ap;
-    fprintf(stderr, "sdpa-ring: error: %s: ", path);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    verror(path, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 static void usage(void)
