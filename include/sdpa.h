@@ -177,6 +177,21 @@ typedef enum sdpa_dtype {
     SDPA_DTYPE_F16 = 2   /**< IEEE binary16 */
 } sdpa_dtype;
 
+/** Whether a call may round intermediates to bf16 where a 16-bit dot instruction
+ *  computes the product (sdpa_problem.fpmath_mode; the term is oneDNN's). With bf16
+ *  K/V on an ISA where sdpa_isa_bf16_pairs() is 1, the default runs the prefill tiles
+ *  on bf16 pair products, which round each probability P to bf16 before P V and an
+ *  fp32 Q to bf16 (docs/design.md, "What is rounded": an fp32 Q then loses about
+ *  three decimal digits, and O and LSE with it, in problems just past decode size).
+ *  SDPA_FPMATH_STRICT rounds nothing: every product is of the values as stored, in
+ *  fp32 (K and V widened), the bits of the same call on fp32 copies of the 16-bit
+ *  tensors (the backward too), at the fp32 products' speed. Types that are stored in
+ *  16 bits stay exactly what they are; only intermediates are concerned. */
+typedef enum sdpa_fpmath_mode {
+    SDPA_FPMATH_DEFAULT = 0, /**< the ISA's fastest products, rounding as documented (default) */
+    SDPA_FPMATH_STRICT = 1   /**< no intermediate rounded to a 16-bit type */
+} sdpa_fpmath_mode;
+
 /** Read-only view of a [B, H, T, D] tensor (D contiguous) of the type the
  *  descriptor gives it (fp32 unless q_dtype / kv_dtype / o_dtype say otherwise),
  *  or of the [B, H, T] fp32 LSE passed to sdpa_backward (seq_stride between
@@ -298,7 +313,9 @@ typedef struct sdpa_problem {
     sdpa_dtype q_dtype;    /**< Q (and, in the backward, dQ) */
     sdpa_dtype kv_dtype;   /**< K and V together (a bf16 or fp16 KV cache; dK, dV) */
     sdpa_dtype o_dtype;    /**< O (and dO) */
-    uint32_t reserved2;    /**< must be 0 */
+    sdpa_fpmath_mode fpmath_mode; /**< SDPA_FPMATH_DEFAULT (0, default) or SDPA_FPMATH_STRICT
+                                     (SDPA_ERR_BAD_DESCRIPTOR otherwise): may intermediates be
+                                     rounded to bf16 (see sdpa_fpmath_mode) */
     int64_t diagonal_offset; /**< default 0: added to the diagonal d of causal masking, the
                                 window and ALiBi: query i's diagonal key is i + d +
                                 diagonal_offset. For a query block that starts
@@ -427,9 +444,10 @@ SDPA_API sdpa_status sdpa_forward(const sdpa_problem *problem, const sdpa_tensor
  * of such a row, or in masked K/V rows, never reaches a gradient. NaN/Inf in
  * allowed inputs propagates (O excepted for the rows with |LSE| >= 256 below,
  * whose D does not read O). Dv = 0 gives dQ = dK = 0 (nothing flows back).
- * An fp32 Q over bf16 K/V on an ISA where sdpa_isa_bf16_pairs() is 1, in a problem with
- * more query rows per kv head than nt_max_cols / G (sdpa_tuning()), is read rounded to
- * bf16 here as the forward read it (nearest even, subnormals as 0), so that P recomputed
+ * An fp32 Q over bf16 K/V on an ISA where sdpa_isa_bf16_pairs() is 1, in a problem whose
+ * query length Tq (a packed sequence: its own) exceeds nt_max_cols / G (sdpa_tuning()),
+ * i.e. more than nt_max_cols query rows (Tq x G) per kv head, without
+ * SDPA_FPMATH_STRICT, is read rounded to bf16 here as the forward read it (nearest even, subnormals as 0), so that P recomputed
  * from the forward's LSE sums to 1; dK and dQ are those of the rounded Q (the rounding
  * passed through as the identity), the bits of the same call with Q rounded beforehand
  * (docs/design.md, "What is rounded").
@@ -581,8 +599,10 @@ SDPA_API const char *sdpa_tuning(void);
  *  where the OS reports BF16, whose fp32 additions round to odd: "bf16_dot 1" in sdpa_tuning(),
  *  SDPA_TUNE=bf16_dot=0|1), which round each
  *  probability P to bf16 before P V, round an fp32 Q to bf16 (nearest even; in every
- *  tile of a problem with more than nt_max_cols / G query rows per kv head, and in its
- *  backward; a smaller, decode-sized problem rounds nothing) and read
+ *  tile of a problem whose query length Tq, a packed sequence's own, exceeds
+ *  nt_max_cols / G, i.e. more than nt_max_cols query rows (Tq x G) per kv head, and in
+ *  its backward; a smaller, decode-sized problem rounds nothing; a call with
+ *  fpmath_mode SDPA_FPMATH_STRICT rounds nothing at all) and read
  *  bf16 subnormals as 0 (docs/design.md,
  *  "What is rounded"). On SDPA_ISA_AVX512 the decode-sized tiles of a bf16 Q over bf16
  *  K/V (head_dim_qk = head_dim_v, a multiple of 32 up to 256) then compute their scores

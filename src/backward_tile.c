@@ -17,7 +17,7 @@
 int sdpa_bwd_bf16_pairs(const plan *pl)
 {
     const sdpa_kernels *kt = pl->kt;
-    return kt->bwd_bf16_dot && kt->gemm_bf16_pairs && pl->q_dtype == SDPA_DTYPE_BF16 &&
+    return !pl->strict && kt->bwd_bf16_dot && kt->gemm_bf16_pairs && pl->q_dtype == SDPA_DTYPE_BF16 &&
            pl->kv_dtype == SDPA_DTYPE_BF16 && pl->o_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 &&
            pl->Dv > 0 && pl->Dv % 2 == 0;
 }

@@ -50,6 +50,7 @@ typedef struct plan {
     int64_t wl_raw, wr_raw;
     sdpa_dtype q_dtype, kv_dtype, o_dtype; /* element types (the descriptor's) */
     int reduced;    /* some tensor is bf16 or fp16: tiles go through fp32 buffers (forward.c) */
+    int strict;     /* SDPA_FPMATH_STRICT: no bf16 pair products (nothing rounded) */
     int bwd_pairs;  /* a 16-bit backward's fp32 group plan whose operands are bf16 values: the
                        wide tiles' five products run on bf16 pairs (backward_pairs.c) */
     int bq, bk, ld; /* tile sizes; ld = row stride of tile buffers (a multiple of kt->col_align) */

@@ -14,7 +14,7 @@ int sdpa_fwd_bf16_pairs(const plan *pl)
 {
     const sdpa_kernels *kt = pl->kt;
     const int q_ok = pl->q_dtype == SDPA_DTYPE_BF16 || pl->q_dtype == SDPA_DTYPE_F32;
-    return kt->bf16_dot && kt->gemm_bf16_pairs && q_ok && pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
+    return !pl->strict && kt->bf16_dot && kt->gemm_bf16_pairs && q_ok && pl->kv_dtype == SDPA_DTYPE_BF16 && pl->Dk > 0 && pl->Dk % 2 == 0 && pl->Dv > 0;
 }
 
 int sdpa_rounds_q_bf16(const plan *pl)

@@ -253,7 +253,8 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
 {
     if (!p)
         return SDPA_ERR_NULL_ARGUMENT;
-    if (p->struct_size != sizeof(sdpa_problem) || p->reserved0 != 0 || p->reserved1 != 0 || p->reserved2 != 0)
+    if (p->struct_size != sizeof(sdpa_problem) || p->reserved0 != 0 || p->reserved1 != 0 ||
+        (unsigned)p->fpmath_mode > SDPA_FPMATH_STRICT)
         return SDPA_ERR_BAD_DESCRIPTOR;
     if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT ||
         (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT ||
@@ -335,6 +336,7 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl, int backward)
     pl->q_dtype = p->q_dtype;
     pl->kv_dtype = p->kv_dtype;
     pl->o_dtype = p->o_dtype;
+    pl->strict = p->fpmath_mode == SDPA_FPMATH_STRICT;
     pl->reduced = p->q_dtype != SDPA_DTYPE_F32 || p->kv_dtype != SDPA_DTYPE_F32 || p->o_dtype != SDPA_DTYPE_F32;
     pl->scale = p->use_default_scale ? (float)(1.0 / sqrt((double)p->head_dim_qk)) : p->scale;
     pl->bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||

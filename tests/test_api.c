@@ -271,7 +271,7 @@ MUT(struct_size_zero, f->p.struct_size = 0)
 MUT(reserved0, f->p.reserved0 = 1)
 MUT(diag_offset_big, f->p.diagonal_offset = SDPA_MAX_DIAGONAL_OFFSET + 1)
 MUT(diag_offset_min, f->p.diagonal_offset = INT64_MIN)
-MUT(reserved2, f->p.reserved2 = 1)
+MUT(fpmath_mode, f->p.fpmath_mode = (sdpa_fpmath_mode)2)
 MUT(q_dtype_3, f->p.q_dtype = (sdpa_dtype)3)
 MUT(kv_dtype_neg, f->p.kv_dtype = (sdpa_dtype)-1)
 MUT(o_dtype_big, f->p.o_dtype = (sdpa_dtype)1000)
@@ -295,7 +295,7 @@ Test(api, bad_descriptor)
         {"reserved0 nonzero", mut_reserved0, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
         {"diagonal_offset above the limit", mut_diag_offset_big, BOTH, SDPA_ERR_BAD_WINDOW},
         {"diagonal_offset INT64_MIN", mut_diag_offset_min, BOTH, SDPA_ERR_BAD_WINDOW},
-        {"reserved2 nonzero", mut_reserved2, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
+        {"fpmath_mode 2", mut_fpmath_mode, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
         {"q_dtype = 3", mut_q_dtype_3, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
         {"kv_dtype = -1", mut_kv_dtype_neg, BOTH, SDPA_ERR_BAD_DESCRIPTOR},
         {"o_dtype = 1000", mut_o_dtype_big, BOTH, SDPA_ERR_BAD_DESCRIPTOR},

@@ -58,7 +58,7 @@ Test(api, problem_init_defaults)
     cr_assert_eq(p.block_k, 0);
     cr_assert_eq(p.softcap, 0.0f);
     cr_assert_eq(p.reserved1, 0);
-    cr_assert_eq(p.reserved2, 0);
+    cr_assert_eq(p.fpmath_mode, SDPA_FPMATH_DEFAULT);
     cr_assert_eq(p.q_dtype, SDPA_DTYPE_F32);
     cr_assert_eq(p.kv_dtype, SDPA_DTYPE_F32);
     cr_assert_eq(p.o_dtype, SDPA_DTYPE_F32);
@@ -503,7 +503,7 @@ Test(api, invalid_arguments_write_nothing)
     CASE("struct_size garbage", SDPA_ERR_BAD_DESCRIPTOR, PP->struct_size = 0xdeadbeef);
     CASE("struct_size one less", SDPA_ERR_BAD_DESCRIPTOR, PP->struct_size -= 1);
     CASE("diagonal_offset below the limit", SDPA_ERR_BAD_WINDOW, PP->diagonal_offset = -SDPA_MAX_DIAGONAL_OFFSET - 1);
-    CASE("reserved2", SDPA_ERR_BAD_DESCRIPTOR, PP->reserved2 = 1);
+    CASE("fpmath_mode", SDPA_ERR_BAD_DESCRIPTOR, PP->fpmath_mode = (sdpa_fpmath_mode)2);
     CASE("causal 3", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)3);
     CASE("causal -1", SDPA_ERR_BAD_DESCRIPTOR, PP->causal = (sdpa_causal)-1);
     CASE("alignment 2", SDPA_ERR_BAD_DESCRIPTOR, PP->window_alignment = (sdpa_alignment)2);

@@ -1135,3 +1135,124 @@ Test(dtypes, one_hot_rows_give_zero_dq_dk)
             free(g[i]);
     }
 }
+
+/* SDPA_FPMATH_STRICT (sdpa_problem.fpmath_mode): nothing is rounded to bf16, so a
+ * call over 16-bit tensors gives the bits of the fp32 call on their widened values
+ * (O narrowed to its type at the end), on every ISA, where the default runs the bf16
+ * pair products (an fp32 Q over a bf16 cache just past decode size: an integrator's
+ * 5-token chunk at G = 4 lost three decimal digits, with no per-call way out). The
+ * backward likewise: dQ, dK, dV those of the fp32 backward on the widened values. */
+Test(dtypes, strict_fpmath_rounds_nothing)
+{
+    static const struct {
+        shape s;
+        sdpa_dtype ty[3];
+    } cases[] = {
+        {{"chunk 1,8,2,5,100,128,128 causal br", 1, 8, 2, 5, 100, 128, 128, SDPA_CAUSAL_BOTTOM_RIGHT, -1, 0, 0},
+         {SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F32}},
+        {{"prefill 2,4,2,67,133,64,40 lens", 2, 4, 2, 67, 133, 64, 40, SDPA_CAUSAL_NONE, -1, 1, 0},
+         {SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16}},
+        {{"prefill 1,2,2,124,301,18,130 causal br", 1, 2, 2, 124, 301, 18, 130, SDPA_CAUSAL_BOTTOM_RIGHT, -1, 0, 0},
+         {SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F32}},
+        {{"prefill 1,2,1,70,70,48,48 fp16", 1, 2, 1, 70, 70, 48, 48, SDPA_CAUSAL_TOP_LEFT, -1, 0, 0},
+         {SDPA_DTYPE_F16, SDPA_DTYPE_F16, SDPA_DTYPE_F16}},
+    };
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int nisa = util_isas_typed(isas);
+    int differs_by_default = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const shape *s = &cases[c].s;
+        const sdpa_dtype *ty = cases[c].ty;
+        const size_t nq = (size_t)(s->B * s->Hq * s->Tq * s->Dk), nk = (size_t)(s->B * s->Hkv * s->Tk * s->Dk),
+                     nv = (size_t)(s->B * s->Hkv * s->Tk * s->Dv), no = (size_t)(s->B * s->Hq * s->Tq * s->Dv),
+                     nl = (size_t)(s->B * s->Hq * s->Tq);
+        util_rng r;
+        util_rng_init(&r, 5200 + c);
+        float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nv * 4), *dout = malloc(no * 4);
+        util_fill_normal(&r, q, nq, 1.5f);
+        util_fill_normal(&r, k, nk, 1.5f);
+        util_fill_normal(&r, v, nv, 1.0f);
+        util_fill_normal(&r, dout, no, 1.0f);
+        round_all(ty[0], q, nq);
+        round_all(ty[1], k, nk);
+        round_all(ty[1], v, nv);
+        round_all(ty[2], dout, no);
+        void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nv, 0),
+             *dos = store_as(ty[2], dout, no, 0);
+        int32_t lens[2] = {(int32_t)s->Tk - 3, (int32_t)s->Tk / 2 + 1};
+        const int32_t *lp = s->kv_lengths ? lens : NULL;
+        const sdpa_tensor tq = {qs, s->Hq * s->Tq * s->Dk, s->Tq * s->Dk, s->Dk},
+                          tk = {ks, s->Hkv * s->Tk * s->Dk, s->Tk * s->Dk, s->Dk},
+                          tv = {vs, s->Hkv * s->Tk * s->Dv, s->Tk * s->Dv, s->Dv},
+                          tdo = {dos, tq.batch_stride / s->Dk * s->Dv, s->Tq * s->Dv, s->Dv};
+        const sdpa_tensor fq = {q, tq.batch_stride, tq.head_stride, tq.seq_stride},
+                          fk = {k, tk.batch_stride, tk.head_stride, tk.seq_stride},
+                          fv = {v, tv.batch_stride, tv.head_stride, tv.seq_stride},
+                          fdo = {dout, tdo.batch_stride, tdo.head_stride, tdo.seq_stride};
+        for (int ii = 0; ii < nisa; ii++) {
+            /* the fp32 call on the widened values: O, LSE, dQ, dK, dV */
+            sdpa_problem p = shape_problem(s, lp, NULL);
+            p.isa = isas[ii];
+            p.num_threads = 1;
+            float *f[5] = {malloc(no * 4), malloc(nl * 4), malloc(nq * 4), malloc(nk * 4), malloc(nv * 4)};
+            const sdpa_tensor_out fo = {f[0], tdo.batch_stride, tdo.head_stride, tdo.seq_stride},
+                                  fl = {f[1], s->Hq * s->Tq, s->Tq, 1},
+                                  fdq = {f[2], tq.batch_stride, tq.head_stride, tq.seq_stride},
+                                  fdk = {f[3], tk.batch_stride, tk.head_stride, tk.seq_stride},
+                                  fdv = {f[4], tv.batch_stride, tv.head_stride, tv.seq_stride};
+            cr_assert_eq(sdpa_forward(&p, &fq, &fk, &fv, &fo, &fl), SDPA_OK);
+            float *orr = malloc(no * 4); /* O as the typed backward reads it: stored in its type */
+            for (size_t i = 0; i < no; i++)
+                orr[i] = round_to(ty[2], f[0][i]);
+            const sdpa_tensor fot = {orr, fo.batch_stride, fo.head_stride, fo.seq_stride},
+                              flt = {f[1], fl.batch_stride, fl.head_stride, fl.seq_stride};
+            cr_assert_eq(sdpa_backward(&p, &fq, &fk, &fv, &fot, &flt, &fdo, &fdq, &fdk, &fdv), SDPA_OK);
+            /* the typed calls, strict and default */
+            for (int strict = 1; strict >= 0; strict--) {
+                p.q_dtype = ty[0], p.kv_dtype = ty[1], p.o_dtype = ty[2];
+                p.fpmath_mode = strict ? SDPA_FPMATH_STRICT : SDPA_FPMATH_DEFAULT;
+                void *o = store_as(ty[2], NULL, 0, no), *gq = store_as(ty[0], NULL, 0, nq),
+                     *gk = store_as(ty[1], NULL, 0, nk), *gv = store_as(ty[1], NULL, 0, nv);
+                float *lse = malloc(nl * 4);
+                const sdpa_tensor_out to = {o, fo.batch_stride, fo.head_stride, fo.seq_stride},
+                                      tl = {lse, fl.batch_stride, fl.head_stride, fl.seq_stride},
+                                      tdq = {gq, fdq.batch_stride, fdq.head_stride, fdq.seq_stride},
+                                      tdk = {gk, fdk.batch_stride, fdk.head_stride, fdk.seq_stride},
+                                      tdv = {gv, fdv.batch_stride, fdv.head_stride, fdv.seq_stride};
+                cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+                const sdpa_tensor tot = {o, to.batch_stride, to.head_stride, to.seq_stride},
+                                  tlt = {lse, tl.batch_stride, tl.head_stride, tl.seq_stride};
+                cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &tot, &tlt, &tdo, &tdq, &tdk, &tdv), SDPA_OK);
+                const void *got[5] = {o, lse, gq, gk, gv};
+                const sdpa_dtype gt[5] = {ty[2], SDPA_DTYPE_F32, ty[0], ty[1], ty[1]};
+                const size_t n[5] = {no, nl, nq, nk, nv};
+                static const char *names[5] = {"O", "LSE", "dQ", "dK", "dV"};
+                int same = 1;
+                for (int x = 0; x < 5; x++) {
+                    size_t first = n[x];
+                    for (size_t i = 0; i < n[x] && first == n[x]; i++) {
+                        const float want = round_to(gt[x], f[x][i]), have = load_as(gt[x], got[x], i);
+                        if (memcmp(&want, &have, 4) != 0)
+                            first = i;
+                    }
+                    same = same && first == n[x];
+                    if (strict)
+                        cr_expect(first == n[x], "[%s] %s strict: %s[%zu] %.9g, the fp32 call on the widened "
+                                  "values %.9g", sdpa_isa_name(isas[ii]), s->name, names[x], first,
+                                  first < n[x] ? (double)load_as(gt[x], got[x], first) : 0.0,
+                                  first < n[x] ? (double)round_to(gt[x], f[x][first]) : 0.0);
+                }
+                if (!strict && util_rounds_p(isas[ii], ty[0], ty[1], s->Dk, s->Dv) && s->Tq > 4)
+                    differs_by_default += !same;
+                free(o), free(gq), free(gk), free(gv), free(lse);
+            }
+            for (int x = 0; x < 5; x++)
+                free(f[x]);
+            free(orr);
+        }
+        free(q), free(k), free(v), free(dout), free(qs), free(ks), free(vs), free(dos);
+    }
+    if (util_rounds_p(SDPA_ISA_AUTO, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, 64, 40))
+        cr_expect(differs_by_default > 0, "the default never differed from the strict call on an ISA that rounds "
+                                          "(the test would not see a strict mode that does nothing)");
+}

@@ -84,7 +84,7 @@ class Problem(ctypes.Structure):
         ("alibi_slopes", c_void_p), ("sinks", c_void_p), ("dsinks", c_void_p),
         ("seqs", ctypes.POINTER(Seqs)),
         ("q_dtype", ctypes.c_int), ("kv_dtype", ctypes.c_int), ("o_dtype", ctypes.c_int),
-        ("reserved2", ctypes.c_uint32), ("diagonal_offset", ctypes.c_int64),
+        ("fpmath_mode", ctypes.c_int), ("diagonal_offset", ctypes.c_int64),
     ]
 
 
