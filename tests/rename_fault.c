@@ -7,7 +7,13 @@
  *  - with RENAME_FAULT_NO_EXCHANGE set, renameat2(..., RENAME_EXCHANGE) fails
  *    with EINVAL (a file system that cannot exchange);
  *  - with RENAME_FAULT_NO_LINK set, link() fails with EPERM (no hard links, or
- *    fs.protected_hardlinks against a file of another user).
+ *    fs.protected_hardlinks against a file of another user);
+ *  - with RENAME_FAULT_SIGINT set, a successful RENAME_EXCHANGE is followed by
+ *    SIGINT to the process (any of its threads may take it) and a 0.2 s pause,
+ *    i.e. a signal in the middle of the commit;
+ *  - with RENAME_FAULT_DIR=PATH set, fdopen() (the CLI writes its temporaries
+ *    through it) first replaces PATH by an empty directory: the output changed
+ *    between the check and the commit.
  * Every other call is glibc's. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -15,6 +21,9 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +68,26 @@ EXPORT int renameat2(int fromfd, const char *from, int tofd, const char *to, uns
     }
     int (*real)(int, const char *, int, const char *, unsigned int) =
         (int (*)(int, const char *, int, const char *, unsigned int))next("renameat2");
-    return real ? real(fromfd, from, tofd, to, flags) : -1;
+    const int rc = real ? real(fromfd, from, tofd, to, flags) : -1;
+    if (rc == 0 && (flags & RENAME_EXCHANGE) && getenv("RENAME_FAULT_SIGINT")) {
+        const int err = errno;
+        kill(getpid(), SIGINT);
+        const struct timespec pause = {0, 200000000};
+        nanosleep(&pause, NULL);
+        errno = err;
+    }
+    return rc;
+}
+
+EXPORT FILE *fdopen(int fd, const char *mode)
+{
+    const char *dir = getenv("RENAME_FAULT_DIR");
+    if (dir) {
+        unlink(dir);
+        mkdir(dir, 0755);
+    }
+    FILE *(*real)(int, const char *) = (FILE * (*)(int, const char *)) next("fdopen");
+    return real ? real(fd, mode) : NULL;
 }
 
 EXPORT int link(const char *from, const char *to)

@@ -14,6 +14,7 @@
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -674,4 +675,109 @@ Test(cli, scale_underflowing_to_zero_refused, .init = cli_setup, .fini = cli_tea
             cli_res r2 = cli_run(a2);
             cr_expect_eq(r2.status, 0, "%s %s: exit %d, %s", flag, zeros[i], r2.status, r2.err);
         }
+}
+
+/* The exit status of sdpa ARGS whose stderr is a pipe no one reads (SIGPIPE on the
+ * first line it writes, unless ignored). */
+static int cli_run_broken_stderr(const char *const *args)
+{
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = SDPA_CLI_PATH;
+    for (; args[n - 1] && n < 31; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        signal(SIGPIPE, SIG_DFL);
+        close(p[0]);
+        dup2(p[1], 2);
+        execve(SDPA_CLI_PATH, (char *const *)argv, environ);
+        _exit(122);
+    }
+    close(p[0]);
+    close(p[1]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* REGRESSION (found by session 31's second review, fixed then): the commit was safe
+ * only against the main thread's signals and a quiet world. (1) SIGINT taken by an
+ * OpenMP worker during the renames ran the handler, which unlinked the temporaries
+ * (after an exchange: the previous files) and killed the process half way: O new,
+ * LSE old. Now the signal waits for the commit: both new, then the process dies of it.
+ * (2) With stderr a pipe no one reads, the error line's SIGPIPE killed the process
+ * before the undo: O replaced. Now the undo comes first and SIGPIPE is ignored
+ * meanwhile: exit 2, O as it was. (3) A directory made at an output's name during
+ * the computation was exchanged away (moved to a temporary name, exit 0). Now the
+ * target is checked again: exit 2, the directory left where it is. Skipped under
+ * ASan (rename_fault.so is preloaded). */
+Test(cli, output_commit_survives_signals_and_changes, .init = cli_setup, .fini = cli_teardown, .timeout = 60)
+{
+    if (UTIL_ASAN)
+        cr_skip_test("LD_PRELOAD cannot precede the AddressSanitizer runtime");
+    cli_inputs();
+    const char *plain[] = {"forward", "-q", P("bq.npy"), "-k", P("bq.npy"), "-v", P("bq.npy"), "-o",
+                           P("want_o.npy"), "--lse", P("want_l.npy"), NULL};
+    size_t wo_len = 0, wl_len = 0, old_len = 0;
+    const float old[3] = {1.f, 2.f, 3.f};
+    write_f32(P("old.npy"), "(3,)", old, 3);
+    char *oldb = util_read_file(P("old.npy"), &old_len);
+
+    /* (1) SIGINT in the middle of the commit, on one and two threads (8 heads: the
+       forward's OpenMP team has a second thread to take the signal) */
+    float *big = malloc(8 * 64 * 16 * sizeof(float));
+    for (int i = 0; i < 8 * 64 * 16; i++)
+        big[i] = (float)((i * 37) % 23) * 0.05f - 0.5f;
+    write_f32(P("bq.npy"), "(8, 64, 16)", big, 8 * 64 * 16);
+    free(big);
+    cr_assert_eq(cli_run(plain).status, 0);
+    char *want_o = util_read_file(P("want_o.npy"), &wo_len), *want_l = util_read_file(P("want_l.npy"), &wl_len);
+    cr_assert(want_o && want_l && oldb);
+    cr_assert_eq(setenv("LD_PRELOAD", SDPA_RENAME_FAULT_PATH, 1), 0);
+    for (int threads = 1; threads <= 2; threads++) {
+        write_f32(P("out_o.npy"), "(3,)", old, 3);
+        write_f32(P("out_l.npy"), "(3,)", old, 3);
+        const char *th = threads == 1 ? "1" : "2";
+        const char *args[] = {"forward", "-q", P("bq.npy"), "-k", P("bq.npy"), "-v", P("bq.npy"), "-o",
+                              P("out_o.npy"), "--lse", P("out_l.npy"), "--threads", th, NULL};
+        cr_assert_eq(setenv("RENAME_FAULT_SIGINT", "1", 1), 0);
+        cli_res r = cli_run(args);
+        unsetenv("RENAME_FAULT_SIGINT");
+        cr_expect_eq(r.status, 128 + SIGINT, "%s threads: exit %d, %s", th, r.status, r.err);
+        cr_expect(file_is(P("out_o.npy"), want_o, wo_len) && file_is(P("out_l.npy"), want_l, wl_len),
+                  "%s threads: a SIGINT during the commit left the outputs half replaced", th);
+        cr_expect_eq(count_files(".sdpa-"), 0, "%s threads: a temporary was left behind", th);
+    }
+
+    /* (2) the error line on a broken pipe, then the undo */
+    write_f32(P("out_o.npy"), "(3,)", old, 3);
+    struct stat st;
+    cr_assert_eq(stat(P("out_o.npy"), &st), 0);
+    const ino_t ino = st.st_ino;
+    const char *failing[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out_o.npy"),
+                             "--lse", P("fail-rename_l.npy"), NULL};
+    const int status = cli_run_broken_stderr(failing);
+    cr_expect_eq(status, 2, "a failing rename with stderr a broken pipe: exit %d", status);
+    cr_expect(file_is(P("out_o.npy"), oldb, old_len) && stat(P("out_o.npy"), &st) == 0 && st.st_ino == ino,
+              "O was not put back (stderr a broken pipe)");
+    cr_expect_eq(count_files(".sdpa-"), 0, "a temporary was left behind (stderr a broken pipe)");
+
+    /* (3) a directory made at the output's name while the tool computed */
+    cr_assert_eq(setenv("RENAME_FAULT_DIR", P("out_o.npy"), 1), 0);
+    const char *todir[] = {"forward", "-q", P("q.npy"), "-k", P("k.npy"), "-v", P("v.npy"), "-o", P("out_o.npy"),
+                           NULL};
+    cli_res r3 = cli_run(todir);
+    unsetenv("RENAME_FAULT_DIR");
+    cr_expect_eq(r3.status, 2, "a directory at the output's name by commit time: exit %d, %s", r3.status, r3.err);
+    cr_expect(strstr(r3.err, "Is a directory") != NULL, "%s", r3.err);
+    cr_expect(stat(P("out_o.npy"), &st) == 0 && S_ISDIR(st.st_mode), "the directory was moved away");
+    cr_expect_eq(count_files(".sdpa-"), 0, "a temporary was left behind (directory)");
+    unsetenv("LD_PRELOAD");
+    free(want_o), free(want_l), free(oldb);
 }

@@ -10,6 +10,7 @@
 #include <fcntl.h> /* AT_FDCWD */
 #include <limits.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,8 +38,17 @@ static void temps_track(char *tmp, int on)
         }
 }
 
+/* While out_commit renames, the temporaries may hold the previous files of the outputs
+ * already exchanged: a fatal signal then waits (pending_signal) until the commit is
+ * over. A flag, not a signal mask: the signal may be delivered to any thread (the
+ * OpenMP workers, MPI's), and a mask is per thread. */
+static atomic_int committing, pending_signal;
+
 static void on_fatal_signal(int sig)
 {
+    atomic_store(&pending_signal, sig);
+    if (atomic_load(&committing))
+        return;
     for (int i = 0; i < MAX_TEMPS; i++)
         if (live_temps[i])
             unlink(live_temps[i]);
@@ -145,7 +155,7 @@ int out_prepare(out_file *of)
     mask = umask(0);
     umask(mask);
     (void)fchmod(fd, 0666 & ~mask);
-    close(fd);
+    of->fd1 = fd + 1; /* written through this descriptor: the name is never reopened */
     return 0;
 }
 
@@ -163,6 +173,9 @@ static void forget(char **name, int remove)
 void out_discard(out_file *outs, int n)
 {
     for (int i = 0; i < n; i++) {
+        if (outs[i].fd1 > 0)
+            close(outs[i].fd1 - 1);
+        outs[i].fd1 = 0;
         forget(&outs[i].tmp, 1);
         forget(&outs[i].backup, 1);
         free(outs[i].target);
@@ -172,24 +185,31 @@ void out_discard(out_file *outs, int n)
 
 /* Writes one output's data to its temporary file: fp32 as float32, fp16 as
  * float16 (its bits as they are), bf16 widened (exactly) to float32. */
-static int out_write(const out_file *of, char *err, size_t errlen)
+static int out_write(out_file *of, char *err, size_t errlen)
 {
+    FILE *f = of->fd1 > 0 ? fdopen(of->fd1 - 1, "wb") : NULL;
+    if (!f) {
+        snprintf(err, errlen, "cannot write: %s", strerror(errno));
+        return -1;
+    }
+    of->fd1 = 0; /* the stream owns it now, and npy_write_stream closes it */
     if (of->dt == SDPA_DTYPE_F32)
-        return npy_write(of->tmp, NPY_F4, of->data, of->ndim, of->shape, err, errlen);
+        return npy_write_stream(f, NPY_F4, of->data, of->ndim, of->shape, err, errlen);
     if (of->dt == SDPA_DTYPE_F16)
-        return npy_write(of->tmp, NPY_F2, of->data, of->ndim, of->shape, err, errlen);
+        return npy_write_stream(f, NPY_F2, of->data, of->ndim, of->shape, err, errlen);
     int64_t count = 1;
     for (int d = 0; d < of->ndim; d++)
         count *= of->shape[d]; /* checked against overflow when the shapes were made */
     float *wide = malloc((size_t)count * sizeof(float) + 1); /* count: checked when the shapes were made */
     if (!wide) {
         snprintf(err, errlen, "out of memory");
+        fclose(f);
         return -1;
     }
     const uint16_t *h = of->data;
     for (int64_t i = 0; i < count; i++)
         wide[i] = sdpa_bf16_to_f32(h[i]);
-    const int rc = npy_write(of->tmp, NPY_F4, wide, of->ndim, of->shape, err, errlen);
+    const int rc = npy_write_stream(f, NPY_F4, wide, of->ndim, of->shape, err, errlen);
     free(wide);
     return rc;
 }
@@ -234,14 +254,32 @@ static int out_place(out_file *of, int last_resort)
 {
     struct stat st;
     if (lstat(of->target, &st) != 0 && errno == ENOENT) {
+#ifdef RENAME_NOREPLACE
+        /* a file created there since is not overwritten: EEXIST, the commit fails */
+        if (renameat2(AT_FDCWD, of->tmp, AT_FDCWD, of->target, RENAME_NOREPLACE) != 0 &&
+            (errno != EINVAL || rename(of->tmp, of->target) != 0))
+            return -1;
+#else
         if (rename(of->tmp, of->target) != 0)
             return -1;
+#endif
         of->state = OUT_NEW;
         forget(&of->tmp, 0);
         return 0;
     }
+    /* out_prepare found a regular file or nothing; what is there now must be a regular
+     * file still (a directory, link or FIFO made there since is left alone) */
+    if (!S_ISREG(st.st_mode)) {
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EEXIST;
+        return -1;
+    }
 #ifdef RENAME_EXCHANGE
     if (renameat2(AT_FDCWD, of->tmp, AT_FDCWD, of->target, RENAME_EXCHANGE) == 0) {
+        if (lstat(of->tmp, &st) == 0 && !S_ISREG(st.st_mode)) { /* replaced since the check: put back */
+            (void)renameat2(AT_FDCWD, of->tmp, AT_FDCWD, of->target, RENAME_EXCHANGE);
+            errno = S_ISDIR(st.st_mode) ? EISDIR : EEXIST;
+            return -1;
+        }
         of->state = OUT_SWAPPED;
         return 0;
     }
@@ -299,16 +337,11 @@ int out_commit(out_file *outs, int n)
         }
     /* All or nothing: every output is placed so that it can be undone, except (on a
      * file system with neither RENAME_EXCHANGE nor hard links) those that cannot,
-     * placed last; if a placement fails, the ones before it are undone. Only two or
-     * more of the last kind can be left half done. SIGINT, SIGTERM and SIGHUP wait
-     * until the commit is over (their handler removes the temporaries, which here
-     * may hold the previous files). */
-    sigset_t fatal, saved;
-    sigemptyset(&fatal);
-    sigaddset(&fatal, SIGINT);
-    sigaddset(&fatal, SIGTERM);
-    sigaddset(&fatal, SIGHUP);
-    sigprocmask(SIG_BLOCK, &fatal, &saved);
+     * placed last; if a placement fails, the ones before it are undone, then the
+     * error is said. Fatal signals wait until the commit is over (on_fatal_signal);
+     * SIGPIPE is ignored meanwhile (a closed stderr must not stop an undo). */
+    atomic_store(&committing, 1);
+    void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN);
     int placed[8], np = 0, later[8], nl = 0, failed = -1, failed_errno = 0;
     for (int i = 0; i < n && i < 8 && failed < 0; i++) {
         const int r = out_place(&outs[i], 0);
@@ -327,13 +360,17 @@ int out_commit(out_file *outs, int n)
     }
     int rc = 0;
     if (failed >= 0) {
-        file_error(outs[failed].path, "cannot rename the finished output into place: %s", strerror(failed_errno));
         for (int k = np - 1; k >= 0; k--)
             out_undo(&outs[placed[k]]);
+        file_error(outs[failed].path, "cannot rename the finished output into place: %s", strerror(failed_errno));
         rc = OUT_EXIT_BAD;
     }
     out_discard(outs, n); /* the temporaries left: the previous files of the exchanged outputs, backups */
-    sigprocmask(SIG_SETMASK, &saved, NULL);
+    signal(SIGPIPE, old_pipe == SIG_ERR ? SIG_DFL : old_pipe);
+    atomic_store(&committing, 0);
+    const int sig = atomic_load(&pending_signal);
+    if (sig) /* arrived during the commit: now the process ends as it asked */
+        on_fatal_signal(sig);
     return rc;
 }
 

@@ -35,6 +35,7 @@ typedef struct out_file {
     char *target; /* where the data goes: path, or the file a symbolic link path names */
     char *backup; /* during the commit: a hard link to the target's previous file */
     int state;    /* during the commit: what undoing this output's rename takes */
+    int fd1;      /* the temporary's descriptor, plus 1 (0: none; zero-initialised outputs) */
 } out_file;
 
 /** Removes the live temporaries when SIGINT, SIGTERM or SIGHUP arrives. */

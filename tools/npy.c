@@ -471,18 +471,33 @@ int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *
 int npy_write(const char *path, npy_dtype dtype, const void *data, int ndim, const int64_t *shape, char *err,
               size_t errlen)
 {
-    char dict[64 + 24 * NPY_MAX_DIMS], sh[24 * NPY_MAX_DIMS];
-    unsigned char pre[12];
-    size_t dlen, prelen, total, count = 1;
-    FILE *f;
-    int ok;
-
     if (ndim < 0 || ndim > NPY_MAX_DIMS) {
         set_err(err, errlen, "bad rank %d", ndim);
         return -1;
     }
     if (dtype != NPY_F4 && dtype != NPY_F2) {
         set_err(err, errlen, "cannot write dtype %s", npy_dtype_name(dtype));
+        return -1;
+    }
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        set_err(err, errlen, "cannot create: %s", strerror(errno));
+        return -1;
+    }
+    return npy_write_stream(f, dtype, data, ndim, shape, err, errlen);
+}
+
+int npy_write_stream(FILE *f, npy_dtype dtype, const void *data, int ndim, const int64_t *shape, char *err,
+                     size_t errlen)
+{
+    char dict[64 + 24 * NPY_MAX_DIMS], sh[24 * NPY_MAX_DIMS];
+    unsigned char pre[12];
+    size_t dlen, prelen, total, count = 1;
+    int ok;
+
+    if (ndim < 0 || ndim > NPY_MAX_DIMS || (dtype != NPY_F4 && dtype != NPY_F2)) {
+        set_err(err, errlen, ndim < 0 || ndim > NPY_MAX_DIMS ? "bad rank" : "cannot write that dtype");
+        fclose(f);
         return -1;
     }
     const size_t elsize = npy_dtype_size(dtype);
@@ -510,11 +525,6 @@ int npy_write(const char *path, npy_dtype dtype, const void *data, int ndim, con
         pre[11] = (unsigned char)((hl >> 24) & 0xff);
     }
 
-    f = fopen(path, "wb");
-    if (!f) {
-        set_err(err, errlen, "cannot create: %s", strerror(errno));
-        return -1;
-    }
     ok = fwrite(pre, 1, prelen, f) == prelen && fwrite(dict, 1, dlen, f) == dlen;
     for (size_t i = prelen + dlen; ok && i + 1 < total; i++)
         ok = fputc(' ', f) != EOF;

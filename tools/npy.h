@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /** Highest rank read (NumPy's own limit is 32 or 64). */
 #define NPY_MAX_DIMS 32
@@ -50,6 +51,9 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen);
  *  partially written: callers write to a temporary file and rename it). */
 int npy_write(const char *path, npy_dtype dtype, const void *data, int ndim, const int64_t *shape, char *err,
               size_t errlen);
+/** npy_write to an open stream, which it closes (either way). */
+int npy_write_stream(FILE *f, npy_dtype dtype, const void *data, int ndim, const int64_t *shape, char *err,
+                     size_t errlen);
 /** npy_write(path, NPY_F4, ...). */
 int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
                   size_t errlen);
