@@ -496,6 +496,15 @@ SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tenso
  * computed as M = max(LSE_a, LSE_b), w = exp(LSE - M) per part. A part with
  * LSE = -inf (no key) has weight 0 and its O row is not read; both -inf: O = 0,
  * LSE = -inf. NaN propagates.
+ * Splitting one call's keys into parts: each part is a call on its key range with the
+ * same queries, and it must see the masks and variants as the whole call would: give
+ * sinks to exactly one part (each part's LSE would count them again), and where the
+ * diagonal matters (causal, a window, ALiBi) set diagonal_offset so that each part's
+ * diagonal is the whole call's (a part starting at key c of a top-left-aligned call:
+ * diagonal_offset = -c; bottom-right alignment counts from the part's own last key,
+ * so a part ending e keys before the last one needs diagonal_offset = e).
+ * The parts' O are fp32: a bf16 or fp16 O is merged from fp32 partials (sdpa_forward
+ * with o_dtype fp32), then narrowed by the caller.
  *
  * @param batch, heads, len, head_dim_v  B, H, T, Dv of every state.
  * @param o_a, o_b  O [B, H, T, Dv] of the parts, fp32 (head_dim contiguous, strides in
@@ -531,7 +540,10 @@ SDPA_API sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, in
  * the library's own: sdpa_forward_workspace_size() / sdpa_backward_workspace_size()
  * give the bytes a call with this descriptor needs (shapes, block sizes and
  * num_threads; with num_threads = 0 the size follows OpenMP's default at the
- * time of the query: pass an explicit num_threads to keep it fixed), and the
+ * time of the query: pass an explicit num_threads to keep it fixed; with packed or
+ * paged sequences, sdpa_seqs, also the lengths in cu_seqlens_q, cu_seqlens_k and
+ * seq_lens_k, so that a server stepping through changing lengths queries it per
+ * step: it reads the descriptor only, O(B)), and the
  * _with_workspace calls take that memory instead of allocating it. Any
  * alignment (the library aligns inside; the size includes the slack). The
  * workspace is scratch for the duration of the call only: one workspace per

@@ -357,9 +357,10 @@ _MAX_DIAGONAL_OFFSET = 2**48   # SDPA_MAX_DIAGONAL_OFFSET
 _O_KVL, _O_MASK, _O_BIAS, _O_THREADS, _O_ISA, _O_BQ, _O_BK, _O_SOFTCAP = (
     _OFF[n] for n in ("kv_lengths", "bool_mask", "bias", "num_threads", "isa", "block_q",
                       "block_k", "softcap"))
-_O_ALIBI, _O_SINKS, _O_DSINKS, _O_QDT, _O_KVDT, _O_ODT, _O_SEQS = (
+_O_ALIBI, _O_SINKS, _O_DSINKS, _O_QDT, _O_KVDT, _O_ODT, _O_SEQS, _O_FPMATH = (
     _OFF[n] for n in ("alibi_slopes", "sinks", "dsinks", "q_dtype", "kv_dtype", "o_dtype",
-                      "seqs"))
+                      "seqs", "fpmath_mode"))
+_FPMATH = {"default": 0, "strict": 1}   # sdpa_fpmath_mode
 _DIMS = struct.Struct("@7q")
 _I32 = struct.Struct("@i")
 _I64 = struct.Struct("@q")
@@ -432,7 +433,7 @@ class _Call:
 
     def __init__(self, q, k, v, scale, causal, window, window_align, kv_lengths, mask, bias,
                  softcap, alibi_slopes, sinks, threads, isa, block_q=0, block_k=0,
-                 diagonal_offset=0):
+                 diagonal_offset=0, fpmath=None):
         if type(q) is not _Raw:
             if type(q) is not _ndarray:
                 q = _as_array(q, "q")
@@ -541,6 +542,10 @@ class _Call:
             _I32.pack_into(pb, _O_BQ, _int_arg(block_q, "block_q", 0, _INT_MAX))
         if block_k:
             _I32.pack_into(pb, _O_BK, _int_arg(block_k, "block_k", 0, _INT_MAX))
+        if fpmath is not None:
+            if not isinstance(fpmath, str) or fpmath not in _FPMATH:
+                raise ValueError(f"fpmath: expected None, 'default' or 'strict', got {fpmath!r}")
+            _I32.pack_into(pb, _O_FPMATH, _FPMATH[fpmath])
         self.pb = pb
         self.keep = keep
 
@@ -927,7 +932,7 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
               kv_lengths=None, mask=None, bias=None, softcap=None, alibi_slopes=None, sinks=None,
               return_lse=False, threads=0, isa=None, out=None, out_dtype=None, block_q=0,
               block_k=0, cu_seqlens_q=None, cu_seqlens_k=None, block_table=None,
-              seq_lens_k=None, page_layout="HND"):
+              seq_lens_k=None, page_layout="HND", fpmath=None):
     """O = softmax(scale * q k^T + bias, masked) v on NumPy arrays (sdpa_forward).
 
     q [.., Tq, Dk], k [.., Tk, Dk], v [.., Tk, Dv] of rank 4 (B, H, T, D), 3 (H, T, D) or
@@ -952,6 +957,10 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
         types above); on any error it is left untouched.
       out_dtype: O's type when out is not given (np.float32, np.float16, 'bfloat16' or
         ml_dtypes.bfloat16; default q's).
+      fpmath: None or 'default' (the ISA's fastest products: with a bfloat16 k/v where
+        libsdpa.info() says bf16_dot 1, a prefill rounds P, and a float32 q, to bfloat16)
+        or 'strict' (nothing rounded: the float32 products of the values as stored;
+        sdpa_problem.fpmath_mode).
     Packed variable-length sequences (sdpa_seqs; B sequences):
       cu_seqlens_q: (B + 1,) token offsets (0, nondecreasing, last = total_q); q is then a
         token list (total_q, Hq, Dk), O (total_q, Hq, Dv), LSE (total_q, Hq).
@@ -970,7 +979,7 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
                                          page_layout), kv_lengths, mask, bias,
                                (scale, causal, window, window_align, None, None, None, softcap,
                                 alibi_slopes, sinks, threads, isa, block_q, block_k,
-                                diagonal_offset),
+                                diagonal_offset, fpmath),
                                return_lse, out, out_dtype)
     if page_layout != "HND":
         raise ValueError("page_layout: only with block_table and seq_lens_k (paged K/V)")
@@ -979,7 +988,7 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
             kv_lengths is None and mask is None and bias is None and softcap is None and \
             alibi_slopes is None and sinks is None and isa is None and not block_q and \
             not block_k and type(threads) is int and 0 <= threads <= _INT_MAX and \
-            type(diagonal_offset) is int and not diagonal_offset:
+            type(diagonal_offset) is int and not diagonal_offset and fpmath is None:
         if _fast_c is not None:
             r = _fast_c(q, k, v, scale, causal, threads, return_lse)
             if r is not None:
@@ -988,7 +997,7 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
         if r is not None:
             return r
     c = _Call(q, k, v, scale, causal, window, window_align, kv_lengths, mask, bias, softcap,
-              alibi_slopes, sinks, threads, isa, block_q, block_k, diagonal_offset)
+              alibi_slopes, sinks, threads, isa, block_q, block_k, diagonal_offset, fpmath)
     rank, Hq, Tq, Dv = c.rank, c.Hq, c.Tq, c.Dv
     oshape = (c.B, Hq, Tq, Dv) if rank == 4 else (Hq, Tq, Dv) if rank == 3 else (Tq, Dv)
     if out is None:
@@ -1028,10 +1037,11 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, window_align=Non
 def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=None, window=None,
                        window_align=None, diagonal_offset=0, kv_lengths=None, mask=None, bias=None, softcap=None,
                        alibi_slopes=None, sinks=None, threads=0, isa=None, block_q=0, block_k=0,
-                       cu_seqlens_q=None, cu_seqlens_k=None):
+                       cu_seqlens_q=None, cu_seqlens_k=None, fpmath=None):
     """dQ, dK, dV (sdpa_backward) of a loss whose gradient with respect to O is do.
 
-    q, k, v and every keyword as given to attention(); o and lse are attention()'s outputs
+    q, k, v and every keyword as given to attention() (fpmath too: give the forward's);
+    o and lse are attention()'s outputs
     (return_lse=True), do is dL/dO (shaped like O, of O's type). Returns (dq, dk, dv), shaped
     like q, k, v and of their types (a k or v whose batch of 1 was broadcast gets its
     gradient summed over the batch), and, with sinks, (dq, dk, dv, dsinks) with dsinks [Hq]
@@ -1049,9 +1059,9 @@ def attention_backward(q, k, v, o, lse, do, *, scale=None, causal=None, window=N
         return _backward_seqs(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, kv_lengths,
                               mask, bias, (scale, causal, window, window_align, None, None,
                                            None, softcap, alibi_slopes, sinks, threads, isa,
-                                           block_q, block_k, diagonal_offset))
+                                           block_q, block_k, diagonal_offset, fpmath))
     c = _Call(q, k, v, scale, causal, window, window_align, kv_lengths, mask, bias, softcap,
-              alibi_slopes, sinks, threads, isa, block_q, block_k, diagonal_offset)
+              alibi_slopes, sinks, threads, isa, block_q, block_k, diagonal_offset, fpmath)
     rank, B, Hq, Hkv, Tq, Tk, Dk, Dv = c.rank, c.B, c.Hq, c.Hkv, c.Tq, c.Tk, c.Dk, c.Dv
     oshape = _tshape(rank, B, Hq, Tq, Dv)
     o_arr, op, os_, oc = c.tensor_in(o, "o", oshape, _TYPED)

@@ -224,6 +224,33 @@ def test_fp32_q_over_bf16_kv_rounds_q(isa):
         assert not np.array_equal(bits(o), bits(o32))
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_fpmath_strict_rounds_nothing(isa):
+    """fpmath='strict' (sdpa_problem.fpmath_mode): an fp32 q over a bf16 cache, a 40-token
+    chunk at G = 4 (past decode size on every CPU's tuning), gives the bits of the float32 call on the
+    widened cache, forward and backward, on every ISA; 'default' differs where the ISA
+    runs the pair products; anything else is a ValueError."""
+    rng = np.random.default_rng(35)
+    q, k, v = make(rng, (1, 8, 2, 40, 100, 128, 128), F32, T("bf16"))
+    do = rnd(rng, 1, 8, 40, 128)
+    o, lse = libsdpa.attention(q, k, v, causal="bottom-right", isa=isa, return_lse=True, fpmath="strict")
+    o32, lse32 = libsdpa.attention(q, widened(k), widened(v), causal="bottom-right", isa=isa,
+                                   return_lse=True)
+    assert np.array_equal(bits(o), bits(o32)) and np.array_equal(bits(lse), bits(lse32))
+    g = libsdpa.attention_backward(q, k, v, o, lse, do, causal="bottom-right", isa=isa, fpmath="strict")
+    g32 = libsdpa.attention_backward(q, widened(k), widened(v), o32, lse32, do, causal="bottom-right",
+                                     isa=isa)
+    assert np.array_equal(bits(g[0]), bits(g32[0]))
+    for x, x32 in zip(g[1:], g32[1:]):
+        assert np.array_equal(bits(x), bits(rounded(x32, BF16)))
+    od = libsdpa.attention(q, k, v, causal="bottom-right", isa=isa, fpmath="default")
+    if isa in PAIRS_ISAS:
+        assert not np.array_equal(bits(od), bits(o32))
+    for bad in ("fast", 1, True):
+        with pytest.raises(ValueError, match="fpmath"):
+            libsdpa.attention(q, k, v, isa=isa, fpmath=bad)
+
+
 @pytest.mark.parametrize("isa", BWD_PAIRS_ISAS or ["none"])
 def test_bf16_backward_pairs_round_p_ds(isa):
     """On an ISA that lists the backward's bf16 pair products, the backward of bf16 q, k, v
