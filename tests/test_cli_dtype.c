@@ -738,3 +738,49 @@ Test(cli_dtype, bench_json_dtype_field)
     cr_assert_not_null(strstr(r->out, "\"dtype\":\"fp32\""), "%s", r->out);
     cr_assert_null(strstr(r->err, " dtype "), "the default table gained a dtype column: %s", r->err);
 }
+
+/* --fpmath strict (sdpa_problem.fpmath_mode): an fp32 Q over a bf16 cache in a prefill
+ * (Tq 40 at G = 2: wide on every CPU's tuning) writes the bytes of the fp32 run on the
+ * same (bf16-exact) values; the default differs where the CPU runs the bf16 pair
+ * products; another value is a usage error. */
+Test(cli_dtype, fpmath_strict_is_the_fp32_run)
+{
+    enum { T = 40, TKV = 48, D = 16 };
+    static float q[2 * T * D], kv[TKV * D];
+    for (int i = 0; i < 2 * T * D; i++)
+        q[i] = frand();
+    for (int i = 0; i < TKV * D; i++)
+        kv[i] = from_bf16(to_bf16(frand())); /* exact in bf16: the fp32 run reads the same values */
+    const int64_t sq[3] = {2, T, D}, skv[3] = {1, TKV, D};
+    write_npy(P("fq.npy"), "<f4", 4, 3, sq, q);
+    write_npy(P("fkv.npy"), "<f4", 4, 3, skv, kv);
+    const char *const base[] = {"forward", "-q", P("fq.npy"), "-k", P("fkv.npy"), "-v", P("fkv.npy"), "--causal",
+                                "bottom-right", NULL};
+    static const char *const extra[3][5] = {{"-o", "f32.npy", NULL},
+                                           {"-o", "strict.npy", "--kv-dtype", "bf16", NULL},
+                                           {"-o", "default.npy", "--kv-dtype", "bf16", NULL}};
+    for (int r = 0; r < 3; r++) {
+        const char *args[20];
+        int n = 0;
+        for (int i = 0; base[i]; i++)
+            args[n++] = base[i];
+        for (int i = 0; extra[r][i]; i++)
+            args[n++] = i == 1 ? P(extra[r][i]) : extra[r][i];
+        if (r == 1)
+            args[n++] = "--fpmath", args[n++] = "strict";
+        args[n] = NULL;
+        run_result *res = run(args);
+        cr_assert_eq(res->status, 0, "run %d: exit %d", r, res->status);
+    }
+    static char f32[8192], strict[8192], deflt[8192];
+    slurp(P("f32.npy"), f32, sizeof f32);
+    slurp(P("strict.npy"), strict, sizeof strict);
+    slurp(P("default.npy"), deflt, sizeof deflt);
+    cr_expect(memcmp(f32, strict, sizeof f32) == 0, "--fpmath strict: O differs from the fp32 run's");
+    if (sdpa_isa_bf16_pairs(SDPA_ISA_AUTO))
+        cr_expect(memcmp(f32, deflt, sizeof f32) != 0, "the default rounded nothing on a pair-product ISA");
+    run_result *bad = run((const char *const[]){"forward", "-q", P("fq.npy"), "-k", P("fkv.npy"), "-v",
+                                                P("fkv.npy"), "-o", P("bad.npy"), "--fpmath", "fast", NULL});
+    cr_expect_eq(bad->status, 2, "--fpmath fast: exit %d", bad->status);
+    cr_expect(!exists(P("bad.npy")));
+}

@@ -55,6 +55,7 @@ typedef struct cli_opts {
      * types the tensors are stored in while the library computes (issue 16) */
     sdpa_dtype dtype, kv_dtype;
     int have_kv_dtype;
+    sdpa_fpmath_mode fpmath; /* --fpmath */
 } cli_opts;
 
 /** "sdpa: error: <path>: <message>" */

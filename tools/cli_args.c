@@ -67,7 +67,8 @@ int library_error(sdpa_status st)
 /* ------------------------------------------------------------ the option table */
 
 typedef enum opt_kind {
-    K_PATH, K_SCALE, K_SOFTCAP, K_CAUSAL, K_ALIGN, K_WINDOW, K_OFFSET, K_THREADS, K_ISA, K_LAYOUT, K_PAGE_LAYOUT, K_DTYPE
+    K_PATH, K_SCALE, K_SOFTCAP, K_CAUSAL, K_ALIGN, K_WINDOW, K_OFFSET, K_THREADS, K_ISA, K_LAYOUT, K_PAGE_LAYOUT, K_DTYPE,
+    K_FPMATH
 } opt_kind;
 
 typedef struct opt_def {
@@ -130,6 +131,8 @@ static const opt_def opt_defs[] = {
      "fp32|bf16|fp16: type Q and O are stored in (backward: dO, dQ too) (default fp32; see below)"},
     {"--kv-dtype", NULL, K_DTYPE, OFF(kv_dtype), FB,
      "fp32|bf16|fp16: type K and V are stored in (backward: dK, dV too) (default: --dtype's)"},
+    {"--fpmath", NULL, K_FPMATH, OFF(fpmath), FB,
+     "default|strict: strict rounds no intermediate to bf16 (sdpa_problem.fpmath_mode; default: the ISA's)"},
     {"--data", NULL, K_PATH, OFF(data_dir), CMD_DEMO, "DIR: the examples directory"},
     {"--threads", NULL, K_THREADS, OFF(threads), FB | CMD_DEMO, "N: OpenMP threads (0: OpenMP's default)"},
     {"--isa", NULL, K_ISA, OFF(isa), FB | CMD_DEMO, "NAME: scalar|avx2|avx512|amx|neon|auto"},
@@ -347,6 +350,11 @@ static int parse_value(int cmd, const opt_def *d, const char *name, const char *
         if (d->offset == OFF(kv_dtype))
             o->have_kv_dtype = 1;
         return parse_dtype_opt(cmd, d->name, val, (sdpa_dtype *)field);
+    case K_FPMATH:
+        if (strcmp(val, "default") != 0 && strcmp(val, "strict") != 0)
+            return usage_error(cmd, "--fpmath '%s': expected default or strict", val);
+        o->fpmath = strcmp(val, "strict") == 0 ? SDPA_FPMATH_STRICT : SDPA_FPMATH_DEFAULT;
+        return 0;
     case K_LAYOUT:
         if (strcmp(val, "bhsd") != 0 && strcmp(val, "bshd") != 0)
             return usage_error(cmd, "--layout '%s': expected bhsd (B, H, T, D) or bshd (B, T, H, D)", val);

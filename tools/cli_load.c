@@ -342,6 +342,7 @@ static void fill_problem(job *j)
     p->num_threads = o->threads;
     p->isa = o->isa;
     p->softcap = o->softcap;
+    p->fpmath_mode = o->fpmath;
     p->q_dtype = o->dtype;     /* Q, O (dO, dQ) */
     p->o_dtype = o->dtype;
     p->kv_dtype = o->kv_dtype; /* K, V (dK, dV) */
