@@ -184,9 +184,14 @@ typedef enum sdpa_dtype {
  *  fp32 Q to bf16 (docs/design.md, "What is rounded": an fp32 Q then loses about
  *  three decimal digits, and O and LSE with it, in problems just past decode size).
  *  SDPA_FPMATH_STRICT rounds nothing: every product is of the values as stored, in
- *  fp32 (K and V widened), the bits of the same call on fp32 copies of the 16-bit
- *  tensors (the backward too), at the fp32 products' speed. Types that are stored in
- *  16 bits stay exactly what they are; only intermediates are concerned. */
+ *  fp32 (K and V widened; no 16-bit dot instruction, so bf16 subnormals count too),
+ *  at the fp32 products' speed. The forward gives the bits of the same call on fp32
+ *  copies of the 16-bit tensors (O narrowed at the end), and so does the backward
+ *  (given O as stored), except that a decode-sized 16-bit backward (Tq x G <=
+ *  nt_max_cols, no variant or mask: its fused kernels) and one whose kv head's keys
+ *  are processed in chunks (fp32 K, V, dK, dV of one kv head above about 1 MiB) sum
+ *  dQ, and so dK and dV, in another order: fp32 accuracy, other last bits. Types that
+ *  are stored in 16 bits stay exactly what they are; only intermediates are concerned. */
 typedef enum sdpa_fpmath_mode {
     SDPA_FPMATH_DEFAULT = 0, /**< the ISA's fastest products, rounding as documented (default) */
     SDPA_FPMATH_STRICT = 1   /**< no intermediate rounded to a 16-bit type */

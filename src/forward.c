@@ -161,8 +161,8 @@ static void fwd_nt_seg(const plan *pl, fwd_ws *w, const fwd_tile *ft, int64_t ks
 
 /* A bf16 / fp16 cache's keys [ks, ke) in one page through the ISA's attend_rows
  * for that type (K and V widened in registers as they are read; with bf16 Q rows
- * where the table's bf16_dot is 1, the scores on its pair products,
- * attend_rows_bf16_pairs); 0 when it does not take the call (not provided, masks
+ * where the table's bf16_dot is 1, unless SDPA_FPMATH_STRICT, the scores on its pair
+ * products, attend_rows_bf16_pairs: bf16 subnormals read as 0); 0 when it does not take the call (not provided, masks
  * element by element, logit variants, or a shape it refuses), and then nothing was
  * done. */
 static int fwd_nt_seg16(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_tile *ft, int64_t ks, int64_t ke,
@@ -171,7 +171,7 @@ static int fwd_nt_seg16(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_
     const sdpa_kernels *kt = pl->kt;
     const int q16 = pl->q_dtype == SDPA_DTYPE_BF16 || sdpa_rounds_q_bf16(pl); /* w->qt holds bf16 values */
     const sdpa_attend_rows16_fn f = pl->kv_dtype != SDPA_DTYPE_BF16                  ? kt->attend_rows_f16
-                                    : q16 && kt->bf16_dot && kt->attend_rows_bf16_pairs ? kt->attend_rows_bf16_pairs
+                                    : q16 && kt->bf16_dot && !pl->strict && kt->attend_rows_bf16_pairs ? kt->attend_rows_bf16_pairs
                                                                                       : kt->attend_rows_bf16;
     if (!f || partial || pl->logit_variants || pl->Dk == 0 || pl->Dv == 0 || ke - ks > INT32_MAX)
         return 0;
