@@ -123,16 +123,22 @@ typedef struct cli_res {
     int err_lines;
 } cli_res;
 
-static cli_res cli_run_env(const char *const *args, const struct rlimit *as_limit)
+/* argv of the tool: its path, then args (NULL-terminated, at most 30). */
+static void cli_argv(const char *argv[32], const char *const *args)
 {
-    cli_res r;
-    memset(&r, 0, sizeof r);
-    const char *argv[32];
     int n = 0;
     argv[n++] = SDPA_CLI_PATH;
     for (; args[n - 1] && n < 31; n++)
         argv[n] = args[n - 1];
     argv[n] = NULL;
+}
+
+static cli_res cli_run_env(const char *const *args, const struct rlimit *as_limit)
+{
+    cli_res r;
+    memset(&r, 0, sizeof r);
+    const char *argv[32];
+    cli_argv(argv, args);
     char errp[4200];
     snprintf(errp, sizeof errp, "%s.stderr", g_dir);
     fflush(NULL);
@@ -682,11 +688,7 @@ Test(cli, scale_underflowing_to_zero_refused, .init = cli_setup, .fini = cli_tea
 static int cli_run_broken_stderr(const char *const *args)
 {
     const char *argv[32];
-    int n = 0;
-    argv[n++] = SDPA_CLI_PATH;
-    for (; args[n - 1] && n < 31; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
+    cli_argv(argv, args);
     int p[2];
     cr_assert_eq(pipe(p), 0);
     fflush(NULL);
