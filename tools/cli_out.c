@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* tools/cli_out.c - outputs of the sdpa tool: every output is written to a
+/* tools/cli_out.c - outputs of the sdpa and sdpa-ring tools: every output is written to a
  * temporary file in its target's directory (an output that is a symbolic link
  * is written through to the file it names) and renamed over the target only
  * after all of them were written; a rename that fails undoes the ones before

@@ -468,8 +468,8 @@ int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *
     return npy_write(path, NPY_F4, data, ndim, shape, err, errlen);
 }
 
-int npy_write(const char *path, npy_dtype dtype, const void *data, int ndim, const int64_t *shape, char *err,
-              size_t errlen)
+/* What npy_write and npy_write_stream can write: 0, or -1 with the reason in err. */
+static int write_args_ok(npy_dtype dtype, int ndim, char *err, size_t errlen)
 {
     if (ndim < 0 || ndim > NPY_MAX_DIMS) {
         set_err(err, errlen, "bad rank %d", ndim);
@@ -479,6 +479,14 @@ int npy_write(const char *path, npy_dtype dtype, const void *data, int ndim, con
         set_err(err, errlen, "cannot write dtype %s", npy_dtype_name(dtype));
         return -1;
     }
+    return 0;
+}
+
+int npy_write(const char *path, npy_dtype dtype, const void *data, int ndim, const int64_t *shape, char *err,
+              size_t errlen)
+{
+    if (write_args_ok(dtype, ndim, err, errlen) != 0)
+        return -1; /* before the file is created */
     FILE *f = fopen(path, "wb");
     if (!f) {
         set_err(err, errlen, "cannot create: %s", strerror(errno));
@@ -495,8 +503,7 @@ int npy_write_stream(FILE *f, npy_dtype dtype, const void *data, int ndim, const
     size_t dlen, prelen, total, count = 1;
     int ok;
 
-    if (ndim < 0 || ndim > NPY_MAX_DIMS || (dtype != NPY_F4 && dtype != NPY_F2)) {
-        set_err(err, errlen, ndim < 0 || ndim > NPY_MAX_DIMS ? "bad rank" : "cannot write that dtype");
+    if (write_args_ok(dtype, ndim, err, errlen) != 0) {
         fclose(f);
         return -1;
     }
