@@ -456,6 +456,8 @@ static int parse_isas(const char *list, options *o)
     o->n_isas = 0;
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         sdpa_isa isa;
+        if (strcmp(tok, "all") == 0)
+            return usage("--isa '%s': 'all' stands alone (every supported ISA), not in a list", list);
         if (sdpa_isa_from_name(tok, &isa) != 0)
             return usage("--isa '%s': expected scalar, avx2, avx512, amx, neon, auto or all", tok);
         if (isa == SDPA_ISA_AUTO)
@@ -486,8 +488,6 @@ static int parse_dtypes(const char *list, options *o)
     char buf[64];
     if (strlen(list) >= sizeof buf || list_has_empty_item(list))
         return usage("--dtype '%s': expected fp32, bf16 or fp16, or a comma list of them", list);
-    if (o->n_dtypes > 0)
-        return usage("option '%s' given twice (give a comma list: --dtype fp32,bf16)", "--dtype");
     strcpy(buf, list);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         int dt = -1;
@@ -604,6 +604,8 @@ static int parse_options(int argc, char **argv, options *o)
     o->naive = -1;
     o->limits = 1;
     o->bw_mib = 256;
+    unsigned seen = 0; /* the value options given, by their index in valued[] */
+    int naive_seen = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         char name[64];
@@ -641,6 +643,21 @@ static int parse_options(int argc, char **argv, options *o)
             if (i + 1 >= argc)
                 return usage("option '%s' needs a value", name);
             val = argv[++i];
+        }
+        /* a value option given twice would replace the first silently: refused (a list
+           goes in one value: --isa a,b; --shape and --mask add up) */
+        if (is_valued && strcmp(name, "--shape") != 0 && strcmp(name, "--mask") != 0) {
+            size_t f = 0;
+            while (strcmp(name, valued[f]) != 0)
+                f++;
+            if (seen & (1u << f))
+                return usage("option '%s' given twice (give one value; lists are comma-separated)", name);
+            seen |= 1u << f;
+        }
+        if (strcmp(name, "--naive") == 0 || strcmp(name, "--no-naive") == 0) {
+            if (naive_seen && o->naive != (strcmp(name, "--naive") == 0))
+                return usage("%s", "--naive and --no-naive contradict each other");
+            naive_seen = 1;
         }
         if (strcmp(name, "--help") == 0) {
             print_help();
@@ -687,7 +704,8 @@ static int parse_options(int argc, char **argv, options *o)
             int64_t t[MAX_LIST];
             const int n = parse_int_list(val, t, MAX_LIST);
             if (n <= 0)
-                return usage("--threads '%s': expected N or N,N,... with 1 <= N <= 4096", val);
+                return usage("--threads '%s': expected N or N,N,... (at most 32 of them) with 1 <= N <= 4096",
+                             val);
             o->n_threads = 0;
             for (int k = 0; k < n; k++) {
                 if (t[k] < 1 || t[k] > 4096)
@@ -765,6 +783,14 @@ static int parse_options(int argc, char **argv, options *o)
                                                                             "--op backward, --softcap, --alibi and --sinks");
     if (o->huge_pages && !o->serve)
         return usage("--huge-pages applies to %s only", "--serve");
+    if (o->limits_only && (!o->limits || o->json))
+        return usage("--limits-only prints the limits as '#' lines: %s",
+                     !o->limits ? "it contradicts --no-limits" : "--json has no rows to print with it");
+    if (o->serve && (o->naive == 1 || o->bw_il))
+        return usage("--serve has no %s (its step against its gather-then-dense way, nothing else)",
+                     o->naive == 1 ? "naive-blas rows" : "--bw-interleaved rows");
+    if (o->serve && !o->all_isas && o->n_isas > 1)
+        return usage("--serve times one ISA: give one --isa (without --isa: the best of this CPU)%s", "");
     if (o->n_dtypes == 0)
         o->dtypes[o->n_dtypes++] = SDPA_DTYPE_F32;
     o->show_dtype = o->n_dtypes > 1 || o->dtypes[0] != SDPA_DTYPE_F32;
@@ -1306,7 +1332,9 @@ static void fmt_shape(char *buf, size_t n, const shape *s)
 
 static void json_num(const char *key, double v)
 {
-    if (isfinite(v))
+    if (isfinite(v) && v == floor(v) && fabs(v) < 9007199254740992.0) /* counts exactly (pairs) */
+        printf(",\"%s\":%.0f", key, v);
+    else if (isfinite(v))
         printf(",\"%s\":%.6g", key, v);
     else
         printf(",\"%s\":null", key);
@@ -2563,8 +2591,11 @@ static void print_header(FILE *f, const options *o, const limits *L)
             fprintf(f, " GFLOP/s;");
             if (L->peak[SDPA_ISA_AMX][ti] > 0.0)
                 fprintf(f, " AMX bf16 tile peak %.1f GFLOP/s;", L->peak[SDPA_ISA_AMX][ti]);
-            fprintf(f, " memory read %.1f GB/s (%.0f MiB buffer%s)\n", L->bw[ti], L->bw_mib,
-                    o->huge_pages ? ", MADV_HUGEPAGE" : "");
+            if (L->bw[ti] > 0.0)
+                fprintf(f, " memory read %.1f GB/s (%.0f MiB buffer%s)\n", L->bw[ti], L->bw_mib,
+                        o->huge_pages ? ", MADV_HUGEPAGE" : "");
+            else
+                fprintf(f, " memory read not measured (a %.0f MiB buffer could not be allocated)\n", L->bw_mib);
         }
         fprintf(f, "# (peaks: best of many 2 ms register-resident FMA loops; the scalar one chains "
                    "non-vectorised a*b+c, as the scalar kernels do%s)\n",

@@ -32,8 +32,11 @@ ISA_ORDER = ["scalar", "avx2", "avx512", "amx", "neon"]
 
 
 def read_rows(paths):
+    # rows of a logit variant (--softcap, --alibi, --sinks: "variant") are not the plain
+    # problem's: left out, as table.py does, so they never join its series
     return [r for r in common.json_rows(paths)
-            if all(k in r for k in ("impl", "op", "threads", "Tk", "gflops", "mask"))]
+            if all(k in r for k in ("impl", "op", "threads", "Tk", "gflops", "mask"))
+            and r.get("variant", "plain") == "plain"]
 
 
 def series_name(r):

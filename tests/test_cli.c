@@ -1897,3 +1897,40 @@ Test(cli, bad_variant_values)
                         "--dsinks", P("dSK.npy"), NULL};
     expect_failure(b2, bouts, P("pinf.npy"), 0);
 }
+
+/* REGRESSION (session 31's review of the bench CLI): a value option given twice
+ * replaced the first silently (`--isa scalar --isa avx2` timed avx2 alone, `--op
+ * forward --op backward` backward alone), and contradicting flags were taken
+ * (`--limits-only --no-limits` measured the limits, `--limits-only --json` printed
+ * nothing, `--serve` dropped --naive and all but one ISA of a list): now each is a
+ * usage error, exit 2, before anything is timed. And the JSON's counts are exact
+ * integers (`"pairs":2.10022e+06` for 2100225 before). */
+Test(cli, bench_refuses_repeated_and_conflicting_options)
+{
+    static const char *const cases[][12] = {
+        {"bench", "--isa", "scalar", "--isa", "scalar", NULL},
+        {"bench", "--threads", "1", "--threads", "1", NULL},
+        {"bench", "--op", "forward", "--op", "backward", NULL},
+        {"bench", "--reps", "1", "--reps", "2", NULL},
+        {"bench", "--max-time", "1", "--max-time", "2", NULL},
+        {"bench", "--softcap", "5", "--softcap", "6", NULL},
+        {"bench", "--dtype", "fp32", "--dtype", "fp16", NULL},
+        {"bench", "--naive", "--no-naive", NULL},
+        {"bench", "--limits-only", "--no-limits", NULL},
+        {"bench", "--limits-only", "--json", NULL},
+        {"bench", "--serve", "--naive", NULL},
+        {"bench", "--serve", "--bw-interleaved", NULL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        run_result *r = run(cases[c]);
+        cr_expect_eq(r->status, 2, "%s %s %s: exit %d", cases[c][1], cases[c][2] ? cases[c][2] : "",
+                     cases[c][2] && cases[c][3] ? cases[c][3] : "", r->status);
+        cr_expect(strstr(r->err, "sdpa bench: error: ") != NULL, "%s", r->err);
+    }
+    const char *args[] = {"bench", "--no-limits", "--no-naive", "--isa", "scalar", "--threads", "1", "--shape",
+                          "1,1,1,2049,2049,1,1", "--mask", "causal", "--op", "forward", "--reps", "1",
+                          "--warmup", "0", "--json", NULL};
+    run_result *r = run(args);
+    cr_assert_eq(r->status, 0, "bench failed: %s", r->err);
+    cr_expect(strstr(r->out, "\"pairs\":2100225") != NULL, "pairs not exact: %s", r->out);
+}
