@@ -748,6 +748,30 @@ Test(cli, demo_data_checks_float64_beyond_64_columns)
     cr_expect(e64 > 0 && e64 <= 1e-6, "float64 error %g over 70 columns: %s", e64, line);
 }
 
+/* demo --data with an example of 0 query rows (or 0 output columns): exit 2, one line
+ * (a review, session 31: it printed "ok", having compared nothing). */
+Test(cli, demo_data_empty_example_refused)
+{
+    static const int64_t shapes[2][4][2] = {{{0, 4}, {5, 4}, {5, 3}, {0, 3}}, {{2, 4}, {5, 4}, {5, 0}, {2, 0}}};
+    static const char *const names[4] = {"Q", "K", "V", "O_expected"};
+    float zeros[64] = {0};
+    for (int c = 0; c < 2; c++) {
+        char dir[64], path[160];
+        snprintf(dir, sizeof dir, "demo_empty%d", c);
+        cr_assert_eq(mkdir(P(dir), 0755), 0);
+        snprintf(path, sizeof path, "%s/worked_example", dir);
+        cr_assert_eq(mkdir(P(path), 0755), 0);
+        for (int i = 0; i < 4; i++) {
+            snprintf(path, sizeof path, "%s/worked_example/%s.npy", dir, names[i]);
+            write_f32(P(path), 2, shapes[c][i], zeros);
+        }
+        const char *args[] = {"demo", "--data", P(dir), NULL};
+        run_result *r = run(args);
+        cr_expect_eq(r->status, 2, "%s: exit %d, %s", dir, r->status, r->out);
+        cr_expect_eq(count_lines(r->err), 1, "%s", r->err);
+    }
+}
+
 /* An ISA this machine cannot run is a bad value: one error line and the usage (README),
  * exit 2 (a review, session 30: the usage was missing, and the line said "not compiled
  * in on this machine"). */

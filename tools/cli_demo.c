@@ -207,6 +207,10 @@ static int load_worked(const char *dir, char path[4][1024], tensor t[4])
         file_error(dir, "worked example files do not fit each other");
         return EXIT_BAD;
     }
+    if (t[0].t == 0 || t[3].d == 0) { /* nothing to compare: an "ok" would check nothing */
+        file_error(dir, "the worked example has no %s", t[0].t == 0 ? "query rows" : "output columns");
+        return EXIT_BAD;
+    }
     return 0;
 }
 
