@@ -108,6 +108,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -325,7 +326,36 @@ def make_session(ort, model, threads, optimized_path=None, spinning=True):
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if optimized_path:
         so.optimized_model_filepath = optimized_path
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        # onnx writes its own (newest) IR version; an onnxruntime older than that onnx
+        # refuses the file ("Unsupported model IR version: 14, max supported IR version:
+        # 13") although it implements opset 23: the same model written with the IR
+        # version it names (the opsets unchanged; one it still cannot run fails again)
+        m = re.search(r"max supported IR version: (\d+)", str(e))
+        if not m:
+            raise
+        return ort.InferenceSession(with_ir_version(model, int(m.group(1))), so,
+                                    providers=["CPUExecutionProvider"])
+
+
+def with_ir_version(model, ir_version):
+    """The serialized model with its ir_version field set to ir_version (a note on stderr,
+    once per process)."""
+    import onnx
+    proto = onnx.ModelProto()
+    proto.ParseFromString(model)
+    if ir_version not in IR_NOTED:
+        IR_NOTED.add(ir_version)
+        print(f"# {PROG}: this onnxruntime reads ONNX IR versions up to {ir_version} and onnx "
+              f"{onnx.__version__} writes {proto.ir_version}: models written with IR version {ir_version} "
+              f"(opset {OPSET} unchanged)", file=sys.stderr)
+    proto.ir_version = ir_version
+    return proto.SerializeToString()
+
+
+IR_NOTED = set()
 
 
 def graph_nodes(onnx, path):
@@ -435,7 +465,7 @@ def main():
             except Exception as e:  # NOT_IMPLEMENTED: no kernel for the type
                 msg = " ".join(str(e).split())
                 print(f"# {PROG}: {IMPL[o]} {dt}: onnxruntime {ort.__version__}'s CPU EP cannot run it "
-                      f"({msg[:200]}): skipped", file=err)
+                      f"({msg if len(msg) <= 300 else msg[:100] + ' ... ' + msg[-200:]}): skipped", file=err)
                 continue
             nodes = graph_nodes(onnx, opt_path)
             if nodes != ORT_OP[o]:  # e.g. Cast nodes around the fp32 kernel: no kernel of this type
