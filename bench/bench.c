@@ -381,7 +381,7 @@ static int usage(const char *fmt, const char *arg)
 {
     fputs("sdpa bench: error: ", stderr);
     fprintf(stderr, fmt, arg);
-    fputs("\n(see 'sdpa bench --help')\n", stderr);
+    fputs("\nusage: sdpa bench [options]\n(see 'sdpa bench --help')\n", stderr);
     return 2;
 }
 

@@ -1950,6 +1950,8 @@ Test(cli, bench_refuses_repeated_and_conflicting_options)
         cr_expect_eq(r->status, 2, "%s %s %s: exit %d", cases[c][1], cases[c][2] ? cases[c][2] : "",
                      cases[c][2] && cases[c][3] ? cases[c][3] : "", r->status);
         cr_expect(strstr(r->err, "sdpa bench: error: ") != NULL, "%s", r->err);
+        /* the usage line follows the error, as forward's and backward's do */
+        cr_expect(strstr(r->err, "\nusage: sdpa bench [options]\n") != NULL, "no usage line: %s", r->err);
     }
     const char *args[] = {"bench", "--no-limits", "--no-naive", "--isa", "scalar", "--threads", "1", "--shape",
                           "1,1,1,2049,2049,1,1", "--mask", "causal", "--op", "forward", "--reps", "1",
