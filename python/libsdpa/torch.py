@@ -306,6 +306,30 @@ _DIRECT = None not in (_modes_dispatch, _modes_function, _functorch_stack, _trac
 _PlainTensor = torch.Tensor
 
 
+def _differentiating_transform():
+    """Whether a torch.func transform that differentiates (grad, vjp, jacrev, jacfwd, jvp,
+    hessian) is active: the custom op's autograd formula is registered for torch.autograd
+    only, and under such a transform torch fails inside the op ("In order to use an
+    autograd.Function with functorch transforms ... setup_context"). vmap alone is fine.
+    Not asked while torch.compile traces (dynamo runs no transform of this kind there)."""
+    if _functorch_stack is None or (_is_compiling is not None and _is_compiling()) or \
+            _functorch_stack() is None:
+        return False
+    try:
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+        T = _C._functorch.TransformType
+        return any(i.key() in (T.Grad, T.Jvp) for i in retrieve_all_functorch_interpreters())
+    except (ImportError, AttributeError):   # another torch: cannot tell, so assume so
+        return True
+
+
+_FUNC_TRANSFORM = ("libsdpa.torch: torch.func transforms that differentiate (grad, vjp, "
+                   "jacrev, jacfwd, hessian) are not supported (the op's gradient is "
+                   "registered for torch.autograd: use loss.backward() or "
+                   "torch.autograd.grad; under libsdpa.torch.patch() such calls go to "
+                   "PyTorch's scaled_dot_product_attention)")
+
+
 def _tangents(tensors):
     """Whether a forward-mode AD level is open (torch.func.jvp, torch.autograd.forward_ad)
     and one of the tensors carries a tangent at it: torch gives a custom op without a jvp
@@ -342,7 +366,9 @@ def attention(query, key, value, *, scale=None, causal=None, window=None, window
               diagonal_offset=0, kv_lengths=None, mask=None, bias=None, softcap=None,
               alibi_slopes=None, sinks=None):
     """libsdpa's attention on CPU tensors [.., H, T, D] with autograd (query, key, value, and
-    sinks when given; mask and bias get no gradient). float32, bfloat16 or float16, read in
+    sinks when given; mask, bias and alibi_slopes get none: a bias or slopes tensor that
+    requires grad, with grad mode on, is a ValueError; torch.func.grad and the other
+    differentiating torch.func transforms are NotImplementedError). float32, bfloat16 or float16, read in
     place; key and value share one dtype, query's may differ (a float32 query over a
     bfloat16 cache); O has the query's dtype. The gradients have the types of query, key,
     value (a library whose backward refuses 16-bit tensors raises SdpaError). Keywords as
@@ -406,6 +432,14 @@ def _attention(query, key, value, scale, causal, window, window_align, kv_length
             _NAN if scale is None else scale, cz, wl, wr, walign, cap,
             _api._int_arg(diagonal_offset, "diagonal_offset", -_api._MAX_DIAGONAL_OFFSET,
                           _api._MAX_DIAGONAL_OFFSET) if diagonal_offset is not None else 0)
+    if torch.is_grad_enabled():
+        for t, name in ((bias, "bias"), (al, "alibi_slopes")):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise ValueError(f"libsdpa.torch.attention: no gradient for {name} (it requires "
+                                 f"grad; libsdpa computes dQ, dK, dV and dsinks only): pass "
+                                 f"{name}.detach()")
+    if _differentiating_transform():
+        raise NotImplementedError(_FUNC_TRANSFORM)
     if _tangents(args[:8]):
         raise NotImplementedError(
             "libsdpa.torch: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not "
@@ -484,6 +518,10 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
         return f"{query.dtype} with autograd (this libsdpa's backward is float32 only)"
     if dropout_p != 0.0:
         return "dropout_p != 0"
+    if _differentiating_transform():
+        return "a torch.func transform that differentiates (grad, vjp, jacrev, ...)"
+    if scale is None and query.shape[-1] == 0:
+        return "head_dim 0 with the default scale 1/sqrt(0)"
     if _tangents((query, key, value, attn_mask)):
         return "forward-mode AD"
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
@@ -538,6 +576,10 @@ def patch():
     across threads, and the function is restored when the last open block ends."""
     global _patch_depth, _patch_saved
     F = torch.nn.functional
+    # _unsupported() asks this of the library; asked here, outside any torch.compile
+    # trace, so that dynamo only reads the cached answer (tracing the probe's call into
+    # the C extension broke fullgraph=True in a process's first 16-bit call)
+    _api._backward_16bit()
     with _patch_lock:   # blocks of several threads may overlap: the last one out restores
         if _patch_depth == 0:
             _patch_saved = F.scaled_dot_product_attention

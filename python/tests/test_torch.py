@@ -2,6 +2,9 @@
 """libsdpa.torch against torch.nn.functional.scaled_dot_product_attention (in float64):
 masks, GQA, strided and broadcast inputs, gradients, the custom op's registrations
 (opcheck), torch.compile without graph breaks, and patch(). Skipped without torch."""
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import numpy as np
@@ -408,3 +411,81 @@ def test_torch_keywords_are_checked_like_the_numpy_api():
     torch.testing.assert_close(lt.attention(q, q, q, causal="none"), lt.attention(q, q, q))
     torch.testing.assert_close(lt.attention(q, q, q, window=(np.int64(1), None), window_align="bottom_right"),
                                lt.attention(q, q, q, window=(1, None), window_align="bottom-right"))
+
+
+# Regressions of a training-stack user trial (session 32).
+
+def test_patch_compile_fullgraph_16bit_autograd_in_a_fresh_process():
+    """torch.compile(fullgraph=True) of a patched SDPA call on bfloat16 tensors that want
+    gradients, in a process where no 16-bit call ran before: the probe of the library's
+    16-bit backward ran inside dynamo's trace and called the C extension ("Attempted to
+    call function marked as skipped")."""
+    code = textwrap.dedent("""
+        import torch, torch.nn.functional as F, libsdpa.torch as lt
+        torch.manual_seed(0)
+        q, k, v = [torch.randn(1, 2, 16, 8, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+        with lt.patch():
+            f = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                              fullgraph=True, backend="aot_eager")
+            o = f(q, k, v)
+        o.float().sum().backward()
+        print("ok", q.grad is not None and bool(torch.isfinite(q.grad.float()).all()))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ok True" in r.stdout, r.stdout[-500:] + r.stderr[-3000:]
+
+
+def test_torch_func_grad_falls_back_under_patch_and_is_refused_directly():
+    """torch.func.grad (and vjp, jacrev) over SDPA: the custom op's autograd formula is
+    torch.autograd's only, and the transform failed with a RuntimeError about
+    autograd.Function and setup_context; patch() now hands such calls to PyTorch (one
+    warning), and a direct call says what is not supported."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+
+    def f(x):
+        return F.scaled_dot_product_attention(x, k, v, is_causal=True).sum()
+    ref = torch.func.grad(f)(q)
+    lt._warned.clear()
+    with lt.patch(), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = torch.func.grad(f)(q)
+        # outside a transform the same block still runs libsdpa
+        assert lt._unsupported(q, k, v, None, 0.0, True, None, False) is None
+    torch.testing.assert_close(got, ref)
+    assert any("torch.func" in str(x.message) for x in w), [str(x.message) for x in w]
+    with pytest.raises(NotImplementedError, match="torch.func"):
+        torch.func.grad(lambda x: lt.scaled_dot_product_attention(x, k, v, is_causal=True).sum())(q)
+    with pytest.raises(NotImplementedError, match="torch.func"):
+        torch.func.jacrev(lambda x: lt.attention(x, k, v))(q)
+
+
+def test_attention_refuses_bias_and_slopes_that_want_gradients():
+    """attention(bias=, alibi_slopes=) with tensors that require grad returned no gradient
+    for them, silently (scaled_dot_product_attention already refused a float attn_mask
+    that requires grad)."""
+    q = torch.randn(1, 2, 5, 8, requires_grad=True)
+    bias = torch.randn(1, 2, 5, 5, requires_grad=True)
+    slopes = torch.tensor([0.5, 0.25], requires_grad=True)
+    with pytest.raises(ValueError, match="bias"):
+        lt.attention(q, q, q, bias=bias)
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        lt.attention(q, q, q, alibi_slopes=slopes, causal=True)
+    # no gradient wanted: accepted
+    o1 = lt.attention(q, q, q, bias=bias.detach())
+    with torch.no_grad():
+        o2 = lt.attention(q, q, q, bias=bias)
+        lt.attention(q, q, q, alibi_slopes=slopes, causal=True)
+    torch.testing.assert_close(o1.detach(), o2)
+
+
+def test_patch_head_dim_zero_with_the_default_scale_falls_back():
+    """head_dim 0 with the default scale (1/sqrt(0)): libsdpa refuses it (SdpaError), and
+    patch() did not hand it to PyTorch."""
+    q, k, v = torch.randn(1, 1, 3, 0), torch.randn(1, 1, 4, 0), torch.randn(1, 1, 4, 5)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    lt._warned.clear()
+    with lt.patch(), warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        got = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(got, ref, equal_nan=True)
