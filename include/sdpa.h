@@ -103,7 +103,9 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_THREADS = -10,     /**< num_threads is negative */
     SDPA_ERR_ISA_UNAVAILABLE = -11, /**< the ISA asked for is not compiled in or the CPU/OS cannot run it */
     SDPA_ERR_OUT_OF_MEMORY = -12,   /**< the workspace could not be allocated */
-    SDPA_ERR_SIZE_OVERFLOW = -13,   /**< a tensor or mask extent overflows the address space, head_dim >
+    SDPA_ERR_SIZE_OVERFLOW = -13,   /**< a tensor, mask, operand array or workspace extent overflows
+                                         the address space (its byte count, or its end past the top
+                                         of memory: a garbage pointer), head_dim >
                                          INT32_MAX, q_len or kv_len > SDPA_MAX_SEQ_LEN, B*Hq*Tq or
                                          B*Hkv*Tk > INT64_MAX, or the workspace size > SIZE_MAX */
     SDPA_ERR_BAD_BLOCK_SIZE = -14,  /**< block_q or block_k is outside [0, SDPA_MAX_BLOCK] */
@@ -203,7 +205,12 @@ typedef enum sdpa_fpmath_mode {
  *  rows). data points to its first element (const float * for fp32, uint16_t
  *  storage for bf16 and fp16; any pointer converts, aligned to its element: 4 bytes
  *  for fp32, 2 for bf16 / fp16, else SDPA_ERR_MISALIGNED). Strides are in elements
- *  of the tensor's own type; 0 broadcasts. The caller owns the memory. */
+ *  of the tensor's own type; 0 broadcasts. The caller owns the memory. A call
+ *  copies the view structs (these, sdpa_tensor_out, and the arrays of them that
+ *  sdpa_merge_states_n takes) before it writes anything, so they may lie anywhere,
+ *  inside an output buffer too; the data they point to and a tensor whose extent
+ *  would run past the top of the address space are checked (SDPA_ERR_ALIASING,
+ *  SDPA_ERR_SIZE_OVERFLOW). */
 typedef struct sdpa_tensor {
     const void *data;
     int64_t batch_stride;

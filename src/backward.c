@@ -441,9 +441,26 @@ static void bwd_call(const plan *pl, const bwd_views *x, float *ws, size_t float
 }
 
 /* The call on the caller's workspace, or (own: sdpa_backward) on one it allocates. */
-static sdpa_status bwd_entry(const sdpa_problem *p, const bwd_views *x, void *workspace, size_t workspace_bytes,
+static sdpa_status bwd_entry(const sdpa_problem *p, const bwd_views *xv, void *workspace, size_t workspace_bytes,
                              int own)
 {
+    /* the caller's view structs, copied before anything is written (as the forward's:
+     * an output may overlap them) */
+    sdpa_tensor in[6];
+    sdpa_tensor_out out[3];
+    bwd_views own_views = *xv, *x = &own_views;
+    const sdpa_tensor **ip[6] = {&x->q, &x->k, &x->v, &x->o, &x->lse, &x->dout};
+    const sdpa_tensor_out **op[3] = {&x->dq, &x->dk, &x->dv};
+    for (int i = 0; i < 6; i++)
+        if (*ip[i]) {
+            in[i] = **ip[i];
+            *ip[i] = &in[i];
+        }
+    for (int i = 0; i < 3; i++)
+        if (*op[i]) {
+            out[i] = **op[i];
+            *op[i] = &out[i];
+        }
     plan pl;
     sdpa_status st = sdpa_make_plan(p, &pl, 1);
     if (st != SDPA_OK)

@@ -108,16 +108,26 @@ sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, int64_t len
                                 const sdpa_tensor *o_parts, const sdpa_tensor *lse_parts, const sdpa_tensor_out *o,
                                 const sdpa_tensor_out *lse)
 {
-    const merge_job j = {n, batch, heads, len, head_dim_v, o_parts, lse_parts, o, lse};
+    merge_job j = {n, batch, heads, len, head_dim_v, o_parts, lse_parts, o, lse};
     const sdpa_status st = merge_check(&j);
     if (st != SDPA_OK)
         return st;
-    const float **o_rows = malloc((size_t)n * (sizeof(float *) + 2 * sizeof(float)));
-    if (!o_rows)
+    /* the views, copied before anything is written: an output may overlap the caller's
+     * view structs or arrays (no operand of the aliasing rule) */
+    const sdpa_tensor_out oc = *o, lc = *lse;
+    sdpa_tensor *views = malloc((size_t)n * (2 * sizeof(sdpa_tensor) + sizeof(float *) + 2 * sizeof(float)));
+    if (!views)
         return SDPA_ERR_OUT_OF_MEMORY;
+    memcpy(views, o_parts, (size_t)n * sizeof *views);
+    memcpy(views + n, lse_parts, (size_t)n * sizeof *views);
+    j.o_parts = views;
+    j.lse_parts = views + n;
+    j.o = &oc;
+    j.lse = &lc;
+    const float **o_rows = (const float **)(void *)(views + 2 * n);
     float *m = (float *)(void *)(o_rows + n);
     merge_rows(&j, o_rows, m, m + n);
-    free(o_rows);
+    free(views);
     return SDPA_OK;
 }
 

@@ -31,7 +31,9 @@ static int tensor_span(const void *data, size_t elem, const int64_t n[3], const 
     if (__builtin_mul_overflow(ext, (int64_t)elem, &bytes) || bytes > PTRDIFF_MAX)
         return -1;
     out->lo = (uintptr_t)data;
-    out->hi = (uintptr_t)data + (uintptr_t)bytes;
+    /* an extent past the top of the address space (a garbage pointer) wraps */
+    if (__builtin_add_overflow((uintptr_t)data, (uintptr_t)bytes, &out->hi))
+        return -1;
     return 0;
 }
 
@@ -248,6 +250,33 @@ static int operands_misaligned(const sdpa_problem *p)
     return 0;
 }
 
+/* 1 if n elements of elem bytes at data would run past the top of the address space
+ * (a garbage pointer; the byte count itself fits): checked before the descriptor's own
+ * arrays are read. */
+static int extent_wraps(const void *data, int64_t n, size_t elem)
+{
+    uintptr_t end;
+    return data && n > 0 &&
+           ((uint64_t)n > (uint64_t)PTRDIFF_MAX / elem ||
+            __builtin_add_overflow((uintptr_t)data, (uintptr_t)n * elem, &end));
+}
+
+/* extent_wraps for the arrays check_descriptor reads: kv_lengths [B], alibi_slopes,
+ * sinks and dsinks [Hq], the seqs arrays (the block table as its full [B,
+ * max_blocks_per_seq]); the seqs struct itself first, by the caller. */
+static int operands_wrap(const sdpa_problem *p)
+{
+    const int64_t B = p->batch, H = p->q_heads, B1 = B < INT64_MAX ? B + 1 : B;
+    if (extent_wraps(p->kv_lengths, B, 4) || extent_wraps(p->alibi_slopes, H, 4) ||
+        extent_wraps(p->sinks, H, 4) || extent_wraps(p->dsinks, H, 4))
+        return 1;
+    const sdpa_seqs *s = p->seqs;
+    int64_t bm;
+    return s && (extent_wraps(s->cu_seqlens_q, B1, 4) || extent_wraps(s->cu_seqlens_k, B1, 4) ||
+                 extent_wraps(s->seq_lens_k, B, 4) ||
+                 (!__builtin_mul_overflow(B, s->max_blocks_per_seq, &bm) && extent_wraps(s->block_table, bm, 4)));
+}
+
 /* The descriptor's own checks (no tensors, no kernels). */
 static sdpa_status check_descriptor(const sdpa_problem *p)
 {
@@ -299,8 +328,12 @@ static sdpa_status check_descriptor(const sdpa_problem *p)
     if (p->bias.data && (p->bias.batch_stride < 0 || p->bias.head_stride < 0 ||
                          p->bias.query_stride < 0 || p->bias.key_stride < 0))
         return SDPA_ERR_BAD_STRIDE;
+    if (extent_wraps(p->seqs, 1, sizeof *p->seqs))
+        return SDPA_ERR_SIZE_OVERFLOW;
     if (operands_misaligned(p))
         return SDPA_ERR_MISALIGNED;
+    if (operands_wrap(p))
+        return SDPA_ERR_SIZE_OVERFLOW;
     if (p->kv_lengths && !p->seqs) /* with seqs: refused below, whatever the values */
         for (int64_t b = 0; b < p->batch; b++)
             if (p->kv_lengths[b] < 0 || p->kv_lengths[b] > p->kv_len)
@@ -369,15 +402,22 @@ sdpa_status sdpa_make_plan(const sdpa_problem *p, plan *pl, int backward)
 /* Mask, variant and sequence operands as byte spans, for overflow and aliasing checks. */
 #define N_OPERAND_SPANS 10
 
-/* The byte span of n elements of elem bytes at data (empty for NULL or n = 0). */
+/* The byte span of n elements of elem bytes at data (empty for NULL or n = 0; one
+ * that would run past the top of the address space has hi < lo: span_wraps). */
 static span array_span(const void *data, int64_t n, size_t elem)
 {
     span s = {0, 0};
     if (data && n > 0) {
         s.lo = (uintptr_t)data;
-        s.hi = s.lo + (uintptr_t)n * elem;
+        if (__builtin_add_overflow(s.lo, (uintptr_t)n * elem, &s.hi))
+            s.hi = 0;
     }
     return s;
+}
+
+static int span_wraps(span s)
+{
+    return s.hi < s.lo;
 }
 
 /* The sequence operands (sdpa_seqs: the struct itself, read during the call, and its
@@ -438,8 +478,12 @@ static sdpa_status operand_spans(const plan *pl, span sp[N_OPERAND_SPANS])
         if (ext > PTRDIFF_MAX / (int64_t)elem)
             return SDPA_ERR_SIZE_OVERFLOW;
         sp[1 + which].lo = (uintptr_t)data;
-        sp[1 + which].hi = (uintptr_t)data + (uintptr_t)ext * elem;
+        if (__builtin_add_overflow((uintptr_t)data, (uintptr_t)ext * elem, &sp[1 + which].hi))
+            return SDPA_ERR_SIZE_OVERFLOW;
     }
+    for (int i = 0; i < N_OPERAND_SPANS; i++)
+        if (span_wraps(sp[i]))
+            return SDPA_ERR_SIZE_OVERFLOW;
     return SDPA_OK;
 }
 
@@ -504,6 +548,8 @@ sdpa_status sdpa_check_tensors(const plan *pl, tensor_desc *t, int nt, const voi
     /* A caller's workspace is written during the call: it must not overlap any
      * tensor or operand (as an output must not). */
     const span ws = array_span(workspace, (int64_t)(workspace_bytes > PTRDIFF_MAX ? PTRDIFF_MAX : workspace_bytes), 1);
+    if (span_wraps(ws))
+        return SDPA_ERR_SIZE_OVERFLOW;
     for (int i = 0; i < nt; i++)
         if (spans_overlap(ws, sp[i]))
             return SDPA_ERR_ALIASING;

@@ -650,6 +650,19 @@ MUT(dk_huge, (f->p.head_dim_qk = (int64_t)1 << 40, f->p.use_default_scale = 0, f
 MUT(dv_huge, f->p.head_dim_v = INT64_MAX)
 MUT(bias_stride_huge, (fx_masks(f), f->p.bias.key_stride = INT64_MAX / 2))
 MUT(mask_stride_huge, (fx_masks(f), f->p.bool_mask.query_stride = INT64_MAX / 3))
+/* Extents that run past the top of the address space (garbage pointers, aligned): the
+ * byte count fits, data + bytes wraps (session 32 review: accepted, then read; ASan
+ * negative-size-param, a SEGV without it). Never dereferenced when refused. */
+#define TOP_OF_MEMORY(bytes_below) ((void *)(UINTPTR_MAX - (bytes_below) + 1))
+MUT(q_wraps, f->tq.data = TOP_OF_MEMORY(16))
+MUT(v_wraps, f->tv.data = TOP_OF_MEMORY(64))
+MUT(o_wraps, f->to.data = TOP_OF_MEMORY(16))
+MUT(dk_wraps, f->tdk.data = TOP_OF_MEMORY(32))
+MUT(bias_wraps, (fx_masks(f), f->p.bias.data = TOP_OF_MEMORY(16)))
+MUT(mask_wraps, (fx_masks(f), f->p.bool_mask.data = TOP_OF_MEMORY(2)))
+MUT(kvl_wraps, (fx_masks(f), f->p.kv_lengths = TOP_OF_MEMORY(4)))
+MUT(slopes_wraps, f->p.alibi_slopes = TOP_OF_MEMORY(4))
+MUT(sinks_wraps, f->p.sinks = TOP_OF_MEMORY(8))
 
 Test(api, size_overflow)
 {
@@ -671,6 +684,15 @@ Test(api, size_overflow)
         {"Dv INT64_MAX", mut_dv_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
         {"bias key stride INT64_MAX/2", mut_bias_stride_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
         {"bool mask query stride INT64_MAX/3", mut_mask_stride_huge, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"Q ending past the top of memory", mut_q_wraps, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"V ending past the top of memory", mut_v_wraps, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"O ending past the top of memory", mut_o_wraps, FWD, SDPA_ERR_SIZE_OVERFLOW},
+        {"dK ending past the top of memory", mut_dk_wraps, BWD, SDPA_ERR_SIZE_OVERFLOW},
+        {"bias ending past the top of memory", mut_bias_wraps, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"bool mask ending past the top of memory", mut_mask_wraps, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"kv_lengths ending past the top of memory", mut_kvl_wraps, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"alibi_slopes ending past the top of memory", mut_slopes_wraps, BOTH, SDPA_ERR_SIZE_OVERFLOW},
+        {"sinks ending past the top of memory", mut_sinks_wraps, BOTH, SDPA_ERR_SIZE_OVERFLOW},
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
 }

@@ -150,6 +150,10 @@ Test(merge, bad_arguments_write_nothing)
     /* an output overlapping itself */
     const sdpa_tensor_out self = {o, 0, 0, 1};
     cr_expect_eq(sdpa_merge_states(1, 1, T, DV, &va, &vla, &vb, &vlb, &self, &tl), SDPA_ERR_BAD_STRIDE);
+    /* a part ending past the top of the address space (a garbage pointer whose extent
+     * wraps): refused before anything is read (session 32 review) */
+    const sdpa_tensor wraps = {(const void *)(UINTPTR_MAX - 15), DV, DV, DV};
+    cr_expect_eq(sdpa_merge_states(1, 1, T, DV, &wraps, &vla, &vb, &vlb, &to, &tl), SDPA_ERR_SIZE_OVERFLOW);
     for (int i = 0; i < T * DV; i++)
         cr_expect(util_is_sentinel(o[i]), "O[%d] written", i);
     for (int i = 0; i < T; i++)
@@ -247,6 +251,10 @@ Test(workspace, null_workspace_is_never_replaced_by_an_allocation)
     cr_assert(fb > 0 && bb > 0);
     cr_expect_eq(sdpa_forward_with_workspace(&p, &tq, &tk, &tv, &to, &tl, NULL, 0), SDPA_ERR_NULL_ARGUMENT);
     cr_expect(util_is_sentinel(o[0]) && util_is_sentinel(lse[0]), "a refused forward wrote its outputs");
+    /* a workspace whose extent runs past the top of the address space (session 32 review) */
+    cr_expect_eq(sdpa_forward_with_workspace(&p, &tq, &tk, &tv, &to, &tl, (void *)(UINTPTR_MAX - 63), fb),
+                 SDPA_ERR_SIZE_OVERFLOW);
+    cr_expect(util_is_sentinel(o[0]) && util_is_sentinel(lse[0]), "a refused forward wrote its outputs");
     float *g[3] = {util_galloc(n), util_galloc(n), util_galloc(n)};
     const sdpa_tensor_out d[3] = {util_cview_out(g[0], H, T, D), util_cview_out(g[1], H, T, D),
                                   util_cview_out(g[2], H, T, D)};
@@ -278,4 +286,98 @@ Test(workspace, decode_split_kv_one_thread)
 Test(workspace, prefill_two_threads)
 {
     check_workspace(70, 90, 2);
+}
+
+/* ------------------------------------------- view structs inside an output -- */
+
+/* The view structs (sdpa_tensor, sdpa_tensor_out) are no operand of the aliasing
+ * rule, so a caller may keep them anywhere, an output buffer included (a reused
+ * arena): the calls read them before writing anything (session 32 review: Q's view
+ * at the start of O was read back after O's first tile was written, a SEGV). Every
+ * result must equal the call with the views elsewhere, bit for bit. */
+Test(api_views, view_structs_inside_an_output_buffer)
+{
+    enum { H = 2, T = 64, D = 16 };
+    const size_t n = (size_t)H * T * D, nl = (size_t)H * T;
+    util_rng r;
+    util_rng_seed(&r, "views in outputs", 32);
+    float *q = malloc(n * 4), *k = malloc(n * 4), *v = malloc(n * 4), *dO = malloc(n * 4);
+    util_fill_uniform(&r, q, n, -1.0f, 1.0f);
+    util_fill_uniform(&r, k, n, -1.0f, 1.0f);
+    util_fill_uniform(&r, v, n, -1.0f, 1.0f);
+    util_fill_uniform(&r, dO, n, -1.0f, 1.0f);
+    sdpa_isa isas[SDPA_ISA_COUNT];
+    const int ni = util_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        sdpa_problem p = util_problem(1, H, H, T, T, D, D);
+        p.num_threads = 2;
+        p.isa = isas[ii];
+        const sdpa_tensor tq = util_cview(q, H, T, D), tk = util_cview(k, H, T, D), tv = util_cview(v, H, T, D),
+                          tdo = util_cview(dO, H, T, D);
+        /* the reference: views on the stack */
+        float *o_ref = malloc(n * 4), *l_ref = malloc(nl * 4), *g_ref[3];
+        const sdpa_tensor_out to_ref = util_cview_out(o_ref, H, T, D), tl_ref = util_lse_view_out(l_ref, H, T);
+        cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to_ref, &tl_ref), SDPA_OK);
+        for (int i = 0; i < 3; i++)
+            g_ref[i] = malloc(n * 4);
+        const sdpa_tensor_out gr[3] = {util_cview_out(g_ref[0], H, T, D), util_cview_out(g_ref[1], H, T, D),
+                                       util_cview_out(g_ref[2], H, T, D)};
+        const sdpa_tensor ot = util_cview(o_ref, H, T, D), lt = util_lse_view(l_ref, H, T);
+        cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &ot, &lt, &tdo, &gr[0], &gr[1], &gr[2]), SDPA_OK);
+
+        /* forward: every view struct at the start of O */
+        float *o = malloc(n * 4), *l = malloc(nl * 4);
+        sdpa_tensor *vq = (sdpa_tensor *)(void *)o, *vk = vq + 1, *vv = vq + 2;
+        sdpa_tensor_out *vo = (sdpa_tensor_out *)(void *)(vq + 3), *vl = vo + 1;
+        cr_assert((char *)(vl + 1) <= (char *)(o + n), "the views must fit in O");
+        *vq = tq, *vk = tk, *vv = tv, *vo = util_cview_out(o, H, T, D), *vl = util_lse_view_out(l, H, T);
+        cr_expect_eq(sdpa_forward(&p, vq, vk, vv, vo, vl), SDPA_OK);
+        cr_expect(memcmp(o, o_ref, n * 4) == 0 && memcmp(l, l_ref, nl * 4) == 0,
+                  "isa %d: forward with its views in O differs", (int)isas[ii]);
+
+        /* backward: every view struct at the start of dQ */
+        float *g[3] = {malloc(n * 4), malloc(n * 4), malloc(n * 4)};
+        sdpa_tensor *bq = (sdpa_tensor *)(void *)g[0], *bk = bq + 1, *bv = bq + 2, *bo = bq + 3, *bl = bq + 4,
+                    *bdo = bq + 5;
+        sdpa_tensor_out *bdq = (sdpa_tensor_out *)(void *)(bq + 6), *bdk = bdq + 1, *bdv = bdq + 2;
+        cr_assert((char *)(bdv + 1) <= (char *)(g[0] + n), "the views must fit in dQ");
+        *bq = tq, *bk = tk, *bv = tv, *bo = ot, *bl = lt, *bdo = tdo;
+        *bdq = util_cview_out(g[0], H, T, D), *bdk = util_cview_out(g[1], H, T, D), *bdv = util_cview_out(g[2], H, T, D);
+        cr_expect_eq(sdpa_backward(&p, bq, bk, bv, bo, bl, bdo, bdq, bdk, bdv), SDPA_OK);
+        for (int i = 0; i < 3; i++)
+            cr_expect(memcmp(g[i], g_ref[i], n * 4) == 0, "isa %d: gradient %d with its views in dQ differs",
+                      (int)isas[ii], i);
+
+        /* merge: the parts' view arrays in the output (two halves of the keys merged
+         * into O in place of their views: the result is then checked for finiteness and
+         * against a merge with the views elsewhere) */
+        float *oa = malloc(n * 4), *la = malloc(nl * 4), *ob = malloc(n * 4), *lb = malloc(nl * 4);
+        sdpa_problem ph = util_problem(1, H, H, T, T / 2, D, D);
+        ph.isa = isas[ii];
+        const sdpa_tensor ka = util_cview(k, H, T, D), va = util_cview(v, H, T, D);
+        sdpa_tensor kb = ka, vb = va;
+        kb.data = k + (T / 2) * D, vb.data = v + (T / 2) * D;
+        const sdpa_tensor_out toa = util_cview_out(oa, H, T, D), tla = util_lse_view_out(la, H, T),
+                              tob = util_cview_out(ob, H, T, D), tlb = util_lse_view_out(lb, H, T);
+        cr_assert_eq(sdpa_forward(&ph, &tq, &ka, &va, &toa, &tla), SDPA_OK);
+        cr_assert_eq(sdpa_forward(&ph, &tq, &kb, &vb, &tob, &tlb), SDPA_OK);
+        const sdpa_tensor parts_o[2] = {util_cview(oa, H, T, D), util_cview(ob, H, T, D)},
+                          parts_l[2] = {util_lse_view(la, H, T), util_lse_view(lb, H, T)};
+        float *om_ref = malloc(n * 4), *lm_ref = malloc(nl * 4), *om = malloc(n * 4), *lm = malloc(nl * 4);
+        const sdpa_tensor_out tom_ref = util_cview_out(om_ref, H, T, D), tlm_ref = util_lse_view_out(lm_ref, H, T);
+        cr_assert_eq(sdpa_merge_states_n(2, 1, H, T, D, parts_o, parts_l, &tom_ref, &tlm_ref), SDPA_OK);
+        sdpa_tensor *mv = (sdpa_tensor *)(void *)om;
+        sdpa_tensor_out *mo = (sdpa_tensor_out *)(void *)(mv + 4), *ml = mo + 1;
+        memcpy(mv, parts_o, sizeof parts_o);
+        memcpy(mv + 2, parts_l, sizeof parts_l);
+        *mo = util_cview_out(om, H, T, D), *ml = util_lse_view_out(lm, H, T);
+        cr_expect_eq(sdpa_merge_states_n(2, 1, H, T, D, mv, mv + 2, mo, ml), SDPA_OK);
+        cr_expect(memcmp(om, om_ref, n * 4) == 0 && memcmp(lm, lm_ref, nl * 4) == 0,
+                  "isa %d: merge with its views in O differs", (int)isas[ii]);
+        free(oa), free(la), free(ob), free(lb), free(om_ref), free(lm_ref), free(om), free(lm);
+        free(o), free(l), free(o_ref), free(l_ref);
+        for (int i = 0; i < 3; i++)
+            free(g[i]), free(g_ref[i]);
+    }
+    free(q), free(k), free(v), free(dO);
 }

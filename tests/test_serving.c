@@ -1367,6 +1367,20 @@ Test(serving, bad_block_table)
     b.cu_seqlens_q = NULL;
     expect_refused("cu_seqlens_q NULL (paged)", &x, &p, 1, SDPA_ERR_NULL_ARGUMENT);
     b.cu_seqlens_q = x.st.cuq;
+    /* arrays (and the struct) ending past the top of the address space: garbage
+     * pointers, refused before they are read (session 32 review: a SEGV) */
+    b.block_table = (const int32_t *)(UINTPTR_MAX - 7);
+    expect_refused("block_table ending past the top of memory", &x, &p, 1, SDPA_ERR_SIZE_OVERFLOW);
+    b.block_table = t;
+    b.seq_lens_k = (const int32_t *)(UINTPTR_MAX - 3);
+    expect_refused("seq_lens_k ending past the top of memory", &x, &p, 1, SDPA_ERR_SIZE_OVERFLOW);
+    b.seq_lens_k = lens;
+    b.cu_seqlens_q = (const int32_t *)(UINTPTR_MAX - 7);
+    expect_refused("cu_seqlens_q ending past the top of memory", &x, &p, 1, SDPA_ERR_SIZE_OVERFLOW);
+    b.cu_seqlens_q = x.st.cuq;
+    p.seqs = (const sdpa_seqs *)(UINTPTR_MAX - 15);
+    expect_refused("the seqs struct ending past the top of memory", &x, &p, 1, SDPA_ERR_SIZE_OVERFLOW);
+    p.seqs = &b;
     /* element masks with pages */
     expect_element_masks_refused(&x, &p, 1, "pages");
     expect_refused("restored", &x, &p, 1, SDPA_OK);
