@@ -11,6 +11,8 @@
 
 #include "driver.h"
 
+static int extent_wraps(const void *data, int64_t n, size_t elem);
+
 /* [lo, hi) byte span of a tensor of n[0..3] rows of len contiguous floats. */
 typedef struct span {
     uintptr_t lo, hi;
@@ -167,6 +169,8 @@ static sdpa_status check_pages(const sdpa_problem *p, const sdpa_seqs *s)
         if (s->seq_lens_k[b] < 0 || s->seq_lens_k[b] > cap)
             return SDPA_ERR_BAD_SEQLENS;
         const int64_t used = pages_used(s, b);
+        if (extent_wraps(s->block_table, b * s->max_blocks_per_seq + used, sizeof(int32_t)))
+            return SDPA_ERR_SIZE_OVERFLOW; /* (b + 1) * M <= B * M: no overflow */
         for (int64_t j = 0; j < used; j++) {
             const int32_t page = s->block_table[b * s->max_blocks_per_seq + j];
             if (page < 0 || page >= s->num_blocks)
@@ -262,8 +266,9 @@ static int extent_wraps(const void *data, int64_t n, size_t elem)
 }
 
 /* extent_wraps for the arrays check_descriptor reads: kv_lengths [B], alibi_slopes,
- * sinks and dsinks [Hq], the seqs arrays (the block table as its full [B,
- * max_blocks_per_seq]); the seqs struct itself first, by the caller. */
+ * sinks and dsinks [Hq], the seqs arrays but the block table (check_pages: up to the
+ * entries a sequence uses, the only ones read); the seqs struct itself first, by the
+ * caller. */
 static int operands_wrap(const sdpa_problem *p)
 {
     const int64_t B = p->batch, H = p->q_heads, B1 = B < INT64_MAX ? B + 1 : B;
@@ -271,10 +276,8 @@ static int operands_wrap(const sdpa_problem *p)
         extent_wraps(p->sinks, H, 4) || extent_wraps(p->dsinks, H, 4))
         return 1;
     const sdpa_seqs *s = p->seqs;
-    int64_t bm;
     return s && (extent_wraps(s->cu_seqlens_q, B1, 4) || extent_wraps(s->cu_seqlens_k, B1, 4) ||
-                 extent_wraps(s->seq_lens_k, B, 4) ||
-                 (!__builtin_mul_overflow(B, s->max_blocks_per_seq, &bm) && extent_wraps(s->block_table, bm, 4)));
+                 extent_wraps(s->seq_lens_k, B, 4));
 }
 
 /* The descriptor's own checks (no tensors, no kernels). */

@@ -1804,3 +1804,42 @@ Test(serving, workspace_over_tensors_or_operands_is_refused)
     free(bws), free(arena);
     util_gfree(g), util_gfree(o), util_gfree(lse), util_gfree(o2), util_gfree(lse2), util_gfree((float *)table);
 }
+
+/* A block table is read only up to the entries a sequence uses (the header's "table
+ * entries past a sequence's last page are never read"): a row length far beyond what
+ * the caller allocated is legal when the sequences use few pages. The wrap-around check
+ * added in session 32 first bounded the whole [B, max_blocks_per_seq] table and refused
+ * B = 1, max_blocks_per_seq = 2^61 with one page used (a review caught it). */
+Test(serving, block_table_bounded_by_the_pages_used)
+{
+    enum { HQ = 2, HKV = 1, D = 8, NB = 2, BS = 1 };
+    float kc[NB * HKV * BS * D], vc[NB * HKV * BS * D], q[HQ * D], o[HQ * D], o2[HQ * D];
+    for (int i = 0; i < NB * HKV * BS * D; i++)
+        kc[i] = 0.01f * (float)(i % 13), vc[i] = 0.02f * (float)(i % 7) - 0.05f;
+    for (int i = 0; i < HQ * D; i++)
+        q[i] = 0.03f * (float)i;
+    const int32_t cuq[2] = {0, 1}, lens[1] = {1}, table[1] = {1};
+    sdpa_seqs sq = {0};
+    sq.cu_seqlens_q = cuq;
+    sq.block_table = table;
+    sq.seq_lens_k = lens;
+    sq.block_size = BS;
+    sq.num_blocks = NB;
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.batch = 1, p.q_heads = HQ, p.kv_heads = HKV, p.q_len = 1, p.kv_len = 0;
+    p.head_dim_qk = p.head_dim_v = D, p.num_threads = 1, p.seqs = &sq;
+    const sdpa_tensor tq = {q, 0, D, HQ * D}, tk = {kc, HKV * BS * D, BS * D, D}, tv = {vc, HKV * BS * D, BS * D, D};
+    const sdpa_tensor_out to = {o, 0, D, HQ * D}, to2 = {o2, 0, D, HQ * D};
+    sq.max_blocks_per_seq = 1;
+    cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to2, NULL), SDPA_OK);
+    const int64_t rows[3] = {(int64_t)1 << 40, (int64_t)1 << 61, (int64_t)1 << 62};
+    for (int i = 0; i < 3; i++) {
+        sq.max_blocks_per_seq = rows[i];
+        memset(o, 0, sizeof o);
+        const sdpa_status st = sdpa_forward(&p, &tq, &tk, &tv, &to, NULL);
+        cr_expect_eq(st, SDPA_OK, "max_blocks_per_seq 2^%d: %s", i == 0 ? 40 : i == 1 ? 61 : 62,
+                     sdpa_status_string(st));
+        cr_expect(memcmp(o, o2, sizeof o) == 0, "max_blocks_per_seq 2^%d: another result", i == 0 ? 40 : 61 + i - 1);
+    }
+}

@@ -306,21 +306,34 @@ _DIRECT = None not in (_modes_dispatch, _modes_function, _functorch_stack, _trac
 _PlainTensor = torch.Tensor
 
 
-def _differentiating_transform():
-    """Whether a torch.func transform that differentiates (grad, vjp, jacrev, jacfwd, jvp,
-    hessian) is active: the custom op's autograd formula is registered for torch.autograd
-    only, and under such a transform torch fails inside the op ("In order to use an
-    autograd.Function with functorch transforms ... setup_context"). vmap alone is fine.
-    Not asked while torch.compile traces (dynamo runs no transform of this kind there)."""
+def _differentiating_transform(tensors):
+    """Whether one of the tensors is tracked by a torch.func transform that differentiates
+    (grad, vjp, jacrev, jacfwd, jvp, hessian: a GradTrackingTensor): the custom op's
+    autograd formula is registered for torch.autograd only, and torch fails inside the op
+    on such a tensor ("In order to use an autograd.Function with functorch transforms ...
+    setup_context"). A constant under such a transform, and vmap alone, are fine. Not asked
+    while torch.compile traces (dynamo runs no transform of this kind there)."""
     if _functorch_stack is None or (_is_compiling is not None and _is_compiling()) or \
             _functorch_stack() is None:
         return False
-    try:
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-        T = _C._functorch.TransformType
-        return any(i.key() in (T.Grad, T.Jvp) for i in retrieve_all_functorch_interpreters())
-    except (ImportError, AttributeError):   # another torch: cannot tell, so assume so
+    tracked = getattr(_C._functorch, "is_gradtrackingtensor", None)
+    if tracked is None:   # another torch: cannot tell, so assume so
         return True
+    return any(isinstance(t, torch.Tensor) and _tracked_somewhere(t, tracked) for t in tensors)
+
+
+def _tracked_somewhere(t, tracked):
+    """Whether t, or a tensor it wraps (a vmap level around a grad level), is a
+    GradTrackingTensor."""
+    unwrap = getattr(_C._functorch, "get_unwrapped", None)
+    wrapped = getattr(_C._functorch, "is_functorch_wrapped_tensor", None)
+    for _ in range(64):   # levels of nested transforms
+        if tracked(t):
+            return True
+        if unwrap is None or wrapped is None or not wrapped(t):
+            return False
+        t = unwrap(t)
+    return True
 
 
 _FUNC_TRANSFORM = ("libsdpa.torch: torch.func transforms that differentiate (grad, vjp, "
@@ -438,7 +451,7 @@ def _attention(query, key, value, scale, causal, window, window_align, kv_length
                 raise ValueError(f"libsdpa.torch.attention: no gradient for {name} (it requires "
                                  f"grad; libsdpa computes dQ, dK, dV and dsinks only): pass "
                                  f"{name}.detach()")
-    if _differentiating_transform():
+    if _differentiating_transform((q, k, v, sk)):
         raise NotImplementedError(_FUNC_TRANSFORM)
     if _tangents(args[:8]):
         raise NotImplementedError(
@@ -518,14 +531,14 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
         return f"{query.dtype} with autograd (this libsdpa's backward is float32 only)"
     if dropout_p != 0.0:
         return "dropout_p != 0"
-    if _differentiating_transform():
+    if _differentiating_transform((query, key, value)):
         return "a torch.func transform that differentiates (grad, vjp, jacrev, ...)"
-    if scale is None and query.shape[-1] == 0:
-        return "head_dim 0 with the default scale 1/sqrt(0)"
     if _tangents((query, key, value, attn_mask)):
         return "forward-mode AD"
     if query.dim() < 2 or key.dim() != query.dim() or value.dim() != query.dim():
         return "ranks differ"
+    if scale is None and query.shape[-1] == 0:
+        return "head_dim 0 with the default scale 1/sqrt(0)"
     if attn_mask is not None:
         if is_causal:
             return "attn_mask with is_causal"

@@ -458,6 +458,13 @@ def test_torch_func_grad_falls_back_under_patch_and_is_refused_directly():
         torch.func.grad(lambda x: lt.scaled_dot_product_attention(x, k, v, is_causal=True).sum())(q)
     with pytest.raises(NotImplementedError, match="torch.func"):
         torch.func.jacrev(lambda x: lt.attention(x, k, v))(q)
+    # attention over constants inside such a transform is no differentiation of it: fine
+    c = torch.tensor(2.0)
+    got = torch.func.grad(lambda x: lt.attention(q, k, v).sum() * x)(c)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v).sum())
+    # vmap alone runs libsdpa
+    vm = torch.vmap(lambda x: lt.scaled_dot_product_attention(x, k[0], v[0]))(q)
+    torch.testing.assert_close(vm, F.scaled_dot_product_attention(q, k, v), atol=2e-6, rtol=1e-5)
 
 
 def test_attention_refuses_bias_and_slopes_that_want_gradients():
@@ -489,3 +496,6 @@ def test_patch_head_dim_zero_with_the_default_scale_falls_back():
         warnings.simplefilter("always")
         got = F.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(got, ref, equal_nan=True)
+    # a 0-d query still gets PyTorch's own error (the head_dim check comes after the ranks)
+    with lt.patch(), pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(torch.tensor(1.0), k, v)

@@ -184,6 +184,11 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     if ((uintptr_t)p->kv_lengths % 4 || (uintptr_t)p->alibi_slopes % 4 || (uintptr_t)p->sinks % 4)
         return SDPA_ERR_MISALIGNED; /* as the library: the ring reads them as int32 / float (dsinks: the
                                        backward's probe checks it, the forward ignores it) */
+    uintptr_t kvl_end; /* key lengths running past the top of memory (a garbage pointer): as the library */
+    if (p->kv_lengths && p->batch > 0 &&
+        ((uint64_t)p->batch > (uint64_t)PTRDIFF_MAX / sizeof(int32_t) ||
+         __builtin_add_overflow((uintptr_t)p->kv_lengths, (uintptr_t)p->batch * sizeof(int32_t), &kvl_end)))
+        return SDPA_ERR_SIZE_OVERFLOW;
     if (p->kv_lengths)
         for (int64_t b = 0; b < p->batch; b++)
             if (p->kv_lengths[b] < 0 || p->kv_lengths[b] > p->kv_len)

@@ -509,6 +509,13 @@ static void bad_case(const char *name, int which)
         p.kv_len = (int64_t)1 << 61;
         expect = SDPA_ERR_SIZE_OVERFLOW;
         break;
+    case 21: { /* kv_lengths running past the top of memory on one rank (a garbage pointer,
+                  aligned): the ring read it before any check, a SEGV (session 32 review) */
+        static const int32_t lens21[1] = {24};
+        p.kv_lengths = me ? (const int32_t *)(UINTPTR_MAX - 3) : lens21;
+        expect = SDPA_ERR_SIZE_OVERFLOW;
+        break;
+    }
     }
     for (int pass = 0; pass < 2; pass++) {
         const sdpa_status want = pass == 0 && expect_fwd != (sdpa_status)1 ? expect_fwd : expect;
@@ -697,7 +704,7 @@ int main(int argc, char **argv)
                          "window_alignment = 9", "causal corners that disagree", "window alignments that disagree",
                          "dsinks on some ranks (a hash collision)", "a sink one ulp apart", "q_dtype = 7",
                          "misaligned kv_lengths", "dsinks on some ranks, same sinks",
-                         "Tq = Tk = 2^52, batch 0", "Tk = 2^61, batch 0"};
+                         "Tq = Tk = 2^52, batch 0", "Tk = 2^61, batch 0", "kv_lengths past the top of memory"};
     for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++)
         bad_case(bad[i], i);
     kvlen_alias_case();
