@@ -380,8 +380,8 @@ def attention(query, key, value, *, scale=None, causal=None, window=None, window
               alibi_slopes=None, sinks=None):
     """libsdpa's attention on CPU tensors [.., H, T, D] with autograd (query, key, value, and
     sinks when given; mask, bias and alibi_slopes get none: a bias or slopes tensor that
-    requires grad, with grad mode on, is a ValueError; torch.func.grad and the other
-    differentiating torch.func transforms are NotImplementedError). float32, bfloat16 or float16, read in
+    requires grad, with grad mode on, is a ValueError; inputs tracked by torch.func.grad or
+    another differentiating torch.func transform are NotImplementedError). float32, bfloat16 or float16, read in
     place; key and value share one dtype, query's may differ (a float32 query over a
     bfloat16 cache); O has the query's dtype. The gradients have the types of query, key,
     value (a library whose backward refuses 16-bit tensors raises SdpaError). Keywords as
