@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backward.h"
+#include "view_copy.h"
 
 /* Zeroes the rows of heads [h0, h1) of a gradient of type t (heads numbered b *
  * n[1] + h); +0 is all zero bits in fp32, bf16 and fp16 alike. */
@@ -446,21 +447,10 @@ static sdpa_status bwd_entry(const sdpa_problem *p, const bwd_views *xv, void *w
 {
     /* the caller's view structs, copied before anything is written (as the forward's:
      * an output may overlap them) */
-    sdpa_tensor in[6];
-    sdpa_tensor_out out[3];
     bwd_views own_views = *xv, *x = &own_views;
-    const sdpa_tensor **ip[6] = {&x->q, &x->k, &x->v, &x->o, &x->lse, &x->dout};
-    const sdpa_tensor_out **op[3] = {&x->dq, &x->dk, &x->dv};
-    for (int i = 0; i < 6; i++)
-        if (*ip[i]) {
-            in[i] = **ip[i];
-            *ip[i] = &in[i];
-        }
-    for (int i = 0; i < 3; i++)
-        if (*op[i]) {
-            out[i] = **op[i];
-            *op[i] = &out[i];
-        }
+    sdpa_view_copies vc;
+    sdpa_copy_views(&vc, (const sdpa_tensor **const[]){&x->q, &x->k, &x->v, &x->o, &x->lse, &x->dout}, 6,
+                    (const sdpa_tensor_out **const[]){&x->dq, &x->dk, &x->dv}, 3);
     plan pl;
     sdpa_status st = sdpa_make_plan(p, &pl, 1);
     if (st != SDPA_OK)

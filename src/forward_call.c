@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "forward.h"
+#include "view_copy.h"
 
 /* One problem of the call and its views. */
 typedef struct fwd_unit {
@@ -262,13 +263,8 @@ static sdpa_status fwd_call(const sdpa_problem *p, const sdpa_tensor *q, const s
     /* the caller's view structs, copied before anything is written: an output may
      * overlap them (they are no operand of the aliasing rule), and the call reads its
      * copies only (session 32 review: a view inside O was read back corrupted) */
-    sdpa_tensor qc, kc, vc;
-    sdpa_tensor_out oc, lc;
-    q = q ? (qc = *q, &qc) : NULL;
-    k = k ? (kc = *k, &kc) : NULL;
-    v = v ? (vc = *v, &vc) : NULL;
-    o = o ? (oc = *o, &oc) : NULL;
-    lse = lse ? (lc = *lse, &lc) : NULL;
+    sdpa_view_copies vc;
+    sdpa_copy_views(&vc, (const sdpa_tensor **const[]){&q, &k, &v}, 3, (const sdpa_tensor_out **const[]){&o, &lse}, 2);
     sdpa_status st = fwd_prepare(p, q, k, v, o, lse, workspace, workspace_bytes, &pl, &a, &nothing);
     if (st != SDPA_OK || nothing)
         return st;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "ring_internal.h"
+#include "../view_copy.h"
 
 /* ----------------------------------------------------------- messages */
 
@@ -189,13 +190,8 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                               const sdpa_tensor_out *o, const sdpa_tensor_out *lse)
 {
     /* the view structs, copied before anything is written (as sdpa_forward's) */
-    sdpa_tensor qc, kc, vc;
-    sdpa_tensor_out oc, lc;
-    q = q ? (qc = *q, &qc) : NULL;
-    k = k ? (kc = *k, &kc) : NULL;
-    v = v ? (vc = *v, &vc) : NULL;
-    o = o ? (oc = *o, &oc) : NULL;
-    lse = lse ? (lc = *lse, &lc) : NULL;
+    sdpa_view_copies vc;
+    sdpa_copy_views(&vc, (const sdpa_tensor **const[]){&q, &k, &v}, 3, (const sdpa_tensor_out **const[]){&o, &lse}, 2);
     ring R;
     sdpa_status st = sdpa_ring_begin(&R, comm, problem, layout, 0);
     if (st == SDPA_OK) {
@@ -308,20 +304,9 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
                                const sdpa_tensor_out *dq, const sdpa_tensor_out *dk, const sdpa_tensor_out *dv)
 {
     /* the view structs, copied before anything is written (as sdpa_backward's) */
-    sdpa_tensor in[6];
-    sdpa_tensor_out out[3];
-    const sdpa_tensor **ip[6] = {&q, &k, &v, &o, &lse, &dout};
-    const sdpa_tensor_out **op[3] = {&dq, &dk, &dv};
-    for (int i = 0; i < 6; i++)
-        if (*ip[i]) {
-            in[i] = **ip[i];
-            *ip[i] = &in[i];
-        }
-    for (int i = 0; i < 3; i++)
-        if (*op[i]) {
-            out[i] = **op[i];
-            *op[i] = &out[i];
-        }
+    sdpa_view_copies vc;
+    sdpa_copy_views(&vc, (const sdpa_tensor **const[]){&q, &k, &v, &o, &lse, &dout}, 6,
+                    (const sdpa_tensor_out **const[]){&dq, &dk, &dv}, 3);
     ring R;
     sdpa_status st = sdpa_ring_begin(&R, comm, problem, layout, 1);
     if (st == SDPA_OK) {
