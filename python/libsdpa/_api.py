@@ -88,7 +88,15 @@ class SdpaError(ValueError):
         self.name = _b.STATUS_NAMES.get(status, "unknown")
         self.function = func
         text = _b.status_string(status).decode()
-        super().__init__(f"{func}: {text} ({self.name}){detail}")
+        super().__init__(f"{func}: {text} ({self.name}){detail}{_PYTHON_HINTS.get(status, '')}")
+
+
+# What a status means in this package's own terms, where the library's text speaks of C
+# descriptor fields that a Python caller never sets.
+_PYTHON_HINTS = {
+    -5: "; in Python: scale must be a finite number, or None for 1/sqrt(head_dim) (which "
+        "needs head_dim > 0)",   # SDPA_ERR_BAD_SCALE
+}
 
 
 def _check(func, status, detail=""):

@@ -740,3 +740,16 @@ def test_diagonal_offset_refusals():
     for bad in (True, 1.5, "3", 2**48 + 1, -(2**48) - 1):
         with pytest.raises(ValueError):
             libsdpa.attention(q, k, v, causal=True, diagonal_offset=bad)
+
+
+def test_bad_scale_error_speaks_python():
+    """A NaN, infinite or (head_dim 0) default scale: the library's status text names C
+    descriptor fields (use_default_scale); the error also says what to pass in Python
+    (session 32 review)."""
+    q = np.ones((1, 1, 2, 4), np.float32)
+    for kw in ({"scale": float("nan")}, {"scale": float("inf")}):
+        with pytest.raises(libsdpa.SdpaError, match="in Python: scale must be a finite number"):
+            libsdpa.attention(q, q, q, **kw)
+    z = np.ones((1, 1, 2, 0), np.float32)
+    with pytest.raises(libsdpa.SdpaError, match="needs head_dim > 0"):
+        libsdpa.attention(z, z, q)
