@@ -875,8 +875,13 @@ def _seqs_call(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seq_lens_k, pag
         if v4.shape[:3] != k4.shape[:3]:
             raise ValueError(f"v: pages, heads and page size differ from k's (shapes k "
                              f"{k.shape}, v {v.shape}, page_layout {page_layout!r})")
-        if num_blocks < 1:
-            raise ValueError(f"k: the paged cache has no pages (shape {k.shape})")
+        if num_blocks < 1:   # no page, as packed K/V may have no token: fine if none is read
+            if lk.any():
+                raise ValueError(f"k: the paged cache has no pages (shape {k.shape}) but "
+                                 f"seq_lens_k has keys")
+            k4 = np.zeros((1,) + k4.shape[1:], k4.dtype)   # one page, never read
+            v4 = np.zeros((1,) + v4.shape[1:], v4.dtype)
+            num_blocks = 1
         total_k = 0
         seqs = _b.Seqs(_data_ptr(cuq), None, _data_ptr(bt), bt.shape[1], _data_ptr(lk),
                        block_size, num_blocks)

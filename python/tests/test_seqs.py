@@ -267,3 +267,20 @@ def test_empty_sequences_and_no_sequences():
     q0 = np.zeros((0, HQ, DK), np.float32)
     o = libsdpa.attention(q0, k[:0], v[:0], cu_seqlens_q=[0], cu_seqlens_k=[0])
     assert o.shape == (0, HQ, DV)
+
+
+def test_paged_cache_without_pages_when_no_sequence_has_keys():
+    """A paged call whose cache has no page and whose sequences have no keys (a server's
+    first step): O = 0 and LSE = -inf, as the packed call with no key token gives; it was
+    refused ("the paged cache has no pages") where the packed one ran (session 32 review).
+    With keys to read it is still refused."""
+    q = np.random.default_rng(3).standard_normal((3, 2, 8)).astype(np.float32)
+    for layout, kc in (("HND", np.zeros((0, 1, 4, 8), np.float32)), ("NHD", np.zeros((0, 4, 1, 8), np.float32))):
+        o, lse = libsdpa.attention(q, kc, kc, cu_seqlens_q=[0, 1, 3], block_table=np.full((2, 1), -1),
+                                   seq_lens_k=[0, 0], page_layout=layout, return_lse=True)
+        op, lp = libsdpa.attention(q, np.zeros((0, 1, 8), np.float32), np.zeros((0, 1, 8), np.float32),
+                                   cu_seqlens_q=[0, 1, 3], cu_seqlens_k=[0, 0, 0], return_lse=True)
+        assert np.array_equal(o, op) and np.array_equal(lse, lp) and not o.any() and np.all(lse == -np.inf)
+        with pytest.raises(ValueError, match="no pages"):
+            libsdpa.attention(q, kc, kc, cu_seqlens_q=[0, 1, 3], block_table=np.zeros((2, 1), np.int32),
+                              seq_lens_k=[0, 2], page_layout=layout)
