@@ -788,14 +788,15 @@ _fast_c = _load_fast_c()
 
 # ---------------------------------------------------------------- packed / paged sequences
 
-def _int32_array(x, name, shape):
+def _int32_array(x, name, shape, why=""):
     """x (any integer dtype, of this shape) as a C-contiguous int32 array: the values are
-    checked to fit int32 and converted, never reinterpreted."""
+    checked to fit int32 and converted, never reinterpreted. why: what the expected shape
+    comes from, for the error."""
     a = _as_array(x, name)
     if a.dtype.kind not in "iu":
         raise ValueError(f"{name}: dtype {a.dtype} is not an integer type")
     if a.shape != shape:
-        raise ValueError(f"{name}: shape {a.shape}, expected {shape}")
+        raise ValueError(f"{name}: shape {a.shape}, expected {shape}{why}")
     if a.size and (int(a.min()) < -2**31 or int(a.max()) > _INT_MAX):
         raise ValueError(f"{name}: values must fit int32, got min {int(a.min())}, "
                          f"max {int(a.max())}")
@@ -837,7 +838,8 @@ def _seqs_call(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seq_lens_k, pag
                              "K/V), not both")
         if page_layout != "HND":
             raise ValueError("page_layout: only with block_table (paged K/V)")
-        cuk = _int32_array(cu_seqlens_k, "cu_seqlens_k", (B + 1,))
+        cuk = _int32_array(cu_seqlens_k, "cu_seqlens_k", (B + 1,),
+                           f" (B = {B} sequences: cu_seqlens_q has {B + 1} entries)")
         keep.append(cuk)
         for nm, x in (("k", k), ("v", v)):
             if x.ndim != 3:
@@ -857,9 +859,11 @@ def _seqs_call(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seq_lens_k, pag
             raise ValueError(f"page_layout: expected 'HND' or 'NHD', got {page_layout!r}")
         bt = _as_array(block_table, "block_table")
         if bt.ndim != 2 or bt.shape[0] != B:
-            raise ValueError(f"block_table: shape {bt.shape}, expected ({B}, max_blocks_per_seq)")
+            raise ValueError(f"block_table: shape {bt.shape}, expected ({B}, max_blocks_per_seq) (B = "
+                             f"{B} sequences: cu_seqlens_q has {B + 1} entries)")
         bt = _int32_array(bt, "block_table", bt.shape)
-        lk = _int32_array(seq_lens_k, "seq_lens_k", (B,))
+        lk = _int32_array(seq_lens_k, "seq_lens_k", (B,),
+                          f" (B = {B} sequences: cu_seqlens_q has {B + 1} entries)")
         keep += [bt, lk]
         for nm, x in (("k", k), ("v", v)):
             if x.ndim != 4:

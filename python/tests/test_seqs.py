@@ -284,3 +284,17 @@ def test_paged_cache_without_pages_when_no_sequence_has_keys():
         with pytest.raises(ValueError, match="no pages"):
             libsdpa.attention(q, kc, kc, cu_seqlens_q=[0, 1, 3], block_table=np.zeros((2, 1), np.int32),
                               seq_lens_k=[0, 2], page_layout=layout)
+
+
+def test_a_short_cu_seqlens_q_is_named_in_the_error():
+    """B comes from cu_seqlens_q's length: one entry short, the error blamed cu_seqlens_k
+    (or seq_lens_k, block_table) without saying why it expected that shape (session 32
+    review); it now says where B came from."""
+    q = np.zeros((3, 2, 8), np.float32)
+    k = np.zeros((5, 1, 8), np.float32)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k: shape \(3,\), expected \(2,\) \(B = 1 sequences: "
+                                         r"cu_seqlens_q has 2 entries\)"):
+        libsdpa.attention(q, k, k, cu_seqlens_q=[0, 1], cu_seqlens_k=[0, 2, 5])
+    kc = np.zeros((2, 1, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="cu_seqlens_q has 2 entries"):
+        libsdpa.attention(q, kc, kc, cu_seqlens_q=[0, 1], block_table=np.zeros((1, 2), np.int32), seq_lens_k=[1, 2])
