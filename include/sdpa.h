@@ -507,7 +507,8 @@ SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tenso
  *   O   = exp(LSE_a - LSE) O_a + exp(LSE_b - LSE) O_b,
  * computed as M = max(LSE_a, LSE_b), w = exp(LSE - M) per part. A part with
  * LSE = -inf (no key) has weight 0 and its O row is not read; both -inf: O = 0,
- * LSE = -inf. NaN propagates.
+ * LSE = -inf. NaN propagates, and so does a part's LSE = +inf (an overflowed state: the
+ * merged row is NaN, never an error).
  * Splitting one call's keys into parts: each part is a call on its key range with the
  * same queries, and it must see the masks and variants as the whole call would: give
  * sinks to exactly one part (each part's LSE would count them again), and where the
@@ -526,7 +527,8 @@ SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tenso
  *   place); otherwise an output must not overlap any input or the other output
  *   (SDPA_ERR_ALIASING) nor itself (SDPA_ERR_BAD_STRIDE).
  * Ownership: the caller owns every buffer. Thread-safety: reentrant; runs on the
- * calling thread; allocates n pointers and 2n floats (one small block).
+ * calling thread; allocates one small block (the parts' views copied, n pointers and
+ * 2n floats).
  * @return SDPA_OK, or SDPA_ERR_NULL_ARGUMENT, SDPA_ERR_NEGATIVE_SIZE,
  *   SDPA_ERR_BAD_STRIDE, SDPA_ERR_ALIASING, SDPA_ERR_SIZE_OVERFLOW,
  *   SDPA_ERR_MISALIGNED, SDPA_ERR_OUT_OF_MEMORY; on error nothing is written.
