@@ -548,6 +548,10 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
             return f"attn_mask is {attn_mask.dtype}"
         if attn_mask.requires_grad:
             return "attn_mask requires grad"
+        try:   # PyTorch's own error (a RuntimeError) for a mask that does not broadcast
+            torch.broadcast_shapes(attn_mask.shape, query.shape[:-2] + (query.shape[-2], key.shape[-2]))
+        except RuntimeError:
+            return "attn_mask does not broadcast"
     if query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
         if not enable_gqa or query.shape[-3] % key.shape[-3]:
             return "head counts differ"

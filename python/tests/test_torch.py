@@ -499,3 +499,17 @@ def test_patch_head_dim_zero_with_the_default_scale_falls_back():
     # a 0-d query still gets PyTorch's own error (the head_dim check comes after the ranks)
     with lt.patch(), pytest.raises(RuntimeError):
         F.scaled_dot_product_attention(torch.tensor(1.0), k, v)
+
+
+def test_patch_leaves_a_mask_that_does_not_broadcast_to_pytorch():
+    """Under patch() a mask that does not broadcast raised libsdpa's ValueError where
+    PyTorch raises RuntimeError (code catching PyTorch's error missed it; session 32
+    trial): such a call now goes to PyTorch, which raises its own."""
+    q = torch.randn(1, 2, 4, 8)
+    lt._warned.clear()
+    with lt.patch(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError):
+            F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 5, dtype=torch.bool))
+        # one that broadcasts still runs libsdpa
+        assert lt._unsupported(q, q, q, torch.ones(4, 1, dtype=torch.bool), 0.0, False, None, False) is None
