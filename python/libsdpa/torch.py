@@ -381,8 +381,8 @@ def attention(query, key, value, *, scale=None, causal=None, window=None, window
     """libsdpa's attention on CPU tensors [.., H, T, D] with autograd (query, key, value, and
     sinks when given; mask, bias and alibi_slopes get none: a bias or slopes tensor that
     requires grad, with grad mode on, is a ValueError; inputs tracked by torch.func.grad or
-    another differentiating torch.func transform are NotImplementedError). float32, bfloat16 or float16, read in
-    place; key and value share one dtype, query's may differ (a float32 query over a
+    another differentiating torch.func transform are NotImplementedError). float32,
+    bfloat16 or float16, read in place; key and value share one dtype, query's may differ (a float32 query over a
     bfloat16 cache); O has the query's dtype. The gradients have the types of query, key,
     value (a library whose backward refuses 16-bit tensors raises SdpaError). Keywords as
     libsdpa.attention (the NumPy API): causal None/True/'top-left'/'bottom-right', window
@@ -549,7 +549,7 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
         if attn_mask.requires_grad:
             return "attn_mask requires grad"
         try:   # PyTorch's own error (a RuntimeError) for a mask that does not broadcast
-            torch.broadcast_shapes(attn_mask.shape, query.shape[:-2] + (query.shape[-2], key.shape[-2]))
+            torch.broadcast_shapes(attn_mask.shape, query.shape[:-1] + (key.shape[-2],))
         except RuntimeError:
             return "attn_mask does not broadcast"
     if query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
