@@ -46,6 +46,8 @@
  *                       for two output rows (gemm_stream): 8 or 16
  *   V_STREAM_HREGS      vector registers for one output row (gemm_stream): 1..24
  *   V_STREAM_PAIR_NV    (optional) gemm_stream's pair column chunk, see decode.h
+ *   V_ATTEND_QUAD       (optional) attend_rows over a bf16 / fp16 cache takes query rows
+ *                       four at a time where two fit V_NT_QREGS (simd/attend.h)
  *   V_STREAM(p,v), V_STREAM_ALIGN, V_STREAM_FENCE()  (optional) non-temporal stores
  *   V_REDUCE4(a0,a1,a2,a3,out)     out[j] = sum of the lanes of a_j (float out[4]), in
  *                       one fixed order that is the same for every j

@@ -1492,9 +1492,11 @@ static void test_attend16(const sdpa_kernels *kt)
             continue;
         kernel_begin(kt->name, type == SDPA_DTYPE_BF16 ? "attend_rows_bf16" : "attend_rows_f16");
         const int mx = kt->attend_max_rows, st = kt->nt_step, qfl = kt->attend_max_vecs * kt->vec_floats;
-        const int ms[] = {1, 2, 3, 4, 5, mx, mx + 1};
+        /* M 4 .. 7 and 8: rows four at a time, then pairs and one (V_ATTEND_QUAD); head_dims of
+         * 2 .. 8 vectors, odd counts (uneven halves of O's columns) and partial tails */
+        const int ms[] = {1, 2, 3, 4, 5, 6, 7, 8, mx, mx + 1};
         const int ns[] = {0, 1, 5, st - 1, st, st + 1, 2 * st + 1, 100};
-        const int ds[] = {1, 7, 8, 15, 16, 17, 33, 64, 100, 128, 129, qfl / 2 + 1, qfl - 1, qfl, qfl + 1};
+        const int ds[] = {1, 7, 8, 15, 16, 17, 33, 48, 64, 96, 100, 128, 129, qfl / 2 + 1, qfl - 1, qfl, qfl + 1};
         int combo = 0;
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)

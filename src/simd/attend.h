@@ -24,12 +24,25 @@ TMPL_INLINE void tmpl_attend(const int kvt, const int nv, int M, int N, int Dk, 
                              float *m, float *l, float *O, ptrdiff_t ldo, float *S, float *alpha)
 {
     const int pairs = 2 * nv <= V_NT_QREGS;
+#ifdef V_ATTEND_QUAD
+    /* a 16-bit cache where two rows fit the registers: rows four at a time first, each
+     * K and V vector widened once for four rows instead of twice (measured faster for fp16
+     * at every head_dim, for bf16 from 6 vectors; over an fp32 K/V the fewer passes over
+     * each row were slower from memory: docs/perf-notes.md) */
+    const int quad = pairs && nv >= 2 && (kvt == TMPL_KV_F16 || (kvt == TMPL_KV_BF16 && nv >= 6));
+#else
+    const int quad = 0;
+#endif
     const size_t eb = kvt == TMPL_KV_F32 ? sizeof(float) : sizeof(uint16_t);
     for (int j = 0; j < N; j += TMPL_ATTEND_STEP) {
         const int n = N - j < TMPL_ATTEND_STEP ? N - j : TMPL_ATTEND_STEP;
         const void *kj = (const char *)K + (ptrdiff_t)j * ldk * (ptrdiff_t)eb;
         const void *vj = (const char *)V + (ptrdiff_t)j * ldv * (ptrdiff_t)eb;
         int m0 = 0;
+        if (quad)
+            for (; m0 + 4 <= M; m0 += 4)
+                tmpl_nt_quad(kvt, nv, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk, S + m0 * TMPL_ATTEND_STEP,
+                             TMPL_ATTEND_STEP);
         if (pairs)
             for (; m0 + 2 <= M; m0 += 2)
                 tmpl_nt_reg(kvt, 2, nv, 2, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk,
@@ -43,6 +56,14 @@ TMPL_INLINE void tmpl_attend(const int kvt, const int nv, int M, int N, int Dk, 
                     S[r * TMPL_ATTEND_STEP + jj] = -INFINITY;
         TMPL_FN(online_softmax_rows)(M, TMPL_ATTEND_STEP, S, TMPL_ATTEND_STEP, m, l, alpha);
         m0 = 0;
+        if (quad) /* four O rows do not fit the registers whole: two halves of the columns */
+            for (; m0 + 4 <= M; m0 += 4) {
+                const int h = nv / 2 * TMPL_VL; /* first half: nv / 2 whole vectors */
+                tmpl_stream_quad(kvt, nv / 2, h, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, vj, ldv,
+                                 O + (ptrdiff_t)m0 * ldo, ldo, alpha + m0);
+                tmpl_stream_quad(kvt, nv - nv / 2, Dv - h, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP,
+                                 tmpl_kv_at(kvt, vj, h), ldv, O + (ptrdiff_t)m0 * ldo + h, ldo, alpha + m0);
+            }
         if (pairs)
             for (; m0 + 2 <= M; m0 += 2)
                 tmpl_stream_reg(kvt, 2, nv, 0, 2, Dv, n, S + m0 * TMPL_ATTEND_STEP, TMPL_ATTEND_STEP, vj, ldv,

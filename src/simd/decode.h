@@ -194,6 +194,48 @@ TMPL_INLINE void tmpl_nt_reg(const int kvt, const int rb, const int nv, int mr, 
     }
 }
 
+/* Four query rows against N key rows of nv vectors (nv at most V_NT_QREGS / 2, compile-
+ * time): rows 0 and 1 in registers, rows 2 and 3 read from A (L1) by the FMAs, each key
+ * row read whole, front to back, and widened once for the four (tmpl_nt_reg's pairs widen
+ * it once per pair). The same sums as tmpl_nt_reg (two chains per (row, key), even and
+ * odd vectors, then V_REDUCE4, C = alpha * sum): the same bits. */
+TMPL_INLINE void tmpl_nt_quad(const int kvt, const int nv, int N, int K, float alpha, const float *A,
+                              ptrdiff_t lda, const void *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c)
+{
+    const int tailn = K - (nv - 1) * TMPL_VL;
+    const v_tail t = V_TAIL_INIT(tailn);
+    const int part = tailn < TMPL_VL;
+    v_f32 q[2][V_NT_QREGS / 2];
+    TMPL_UNROLL
+    for (int i = 0; i < 2; i++)
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++)
+            q[i][v] = (v == nv - 1 && part) ? V_LOAD_T(A + i * lda + v * TMPL_VL, t) : V_LOAD(A + i * lda + v * TMPL_VL);
+    const float *a2 = A + 2 * lda, *a3 = A + 3 * lda;
+    for (int n = 0; n < N; n++) {
+        const ptrdiff_t b = (ptrdiff_t)n * ldb;
+        v_f32 acc[4][2];
+        TMPL_UNROLL
+        for (int i = 0; i < 4; i++)
+            acc[i][0] = acc[i][1] = V_ZERO();
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++) {
+            const int pv = v == nv - 1 && part;
+            const v_f32 bv = pv ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t) : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
+            acc[0][v & 1] = V_FMA(q[0][v], bv, acc[0][v & 1]);
+            acc[1][v & 1] = V_FMA(q[1][v], bv, acc[1][v & 1]);
+            acc[2][v & 1] = V_FMA(pv ? V_LOAD_T(a2 + v * TMPL_VL, t) : V_LOAD(a2 + v * TMPL_VL), bv, acc[2][v & 1]);
+            acc[3][v & 1] = V_FMA(pv ? V_LOAD_T(a3 + v * TMPL_VL, t) : V_LOAD(a3 + v * TMPL_VL), bv, acc[3][v & 1]);
+        }
+        float s4[TMPL_REDUCE_N];
+        V_REDUCE4(V_ADD(acc[0][0], acc[0][1]), V_ADD(acc[1][0], acc[1][1]), V_ADD(acc[2][0], acc[2][1]),
+                  V_ADD(acc[3][0], acc[3][1]), s4);
+        TMPL_UNROLL
+        for (int i = 0; i < 4; i++)
+            C[(ptrdiff_t)i * rs_c + n] = alpha * s4[i];
+    }
+}
+
 typedef void (*tmpl_nt_reg_fn)(int mr, int N, int K, float alpha, const float *A, ptrdiff_t lda,
                                const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c);
 /* gemm_nt_reg_<rows>_<vectors>_<isa>: one row up to V_NT_QREGS vectors, two rows
@@ -370,6 +412,53 @@ TMPL_INLINE void tmpl_stream_reg_body(const int kvt, const int eo, const int rb,
                     V_STORE(c + v * TMPL_VL, V_FMA(sc, V_LOAD(c + v * TMPL_VL), acc[i][v]));
             }
         }
+}
+
+/* C = row_scale C + A B for four rows of A (P) and C (O), over N columns in nv vectors
+ * (at most V_NT_QREGS / 4: tmpl_attend's halves of a row that fits two rows in the
+ * registers), B of type kvt: per key, its nv vectors of B widened once for the four rows.
+ * Each (m, n) sums its terms from zero in increasing k, then one FMA with the scaled C,
+ * as tmpl_stream_reg does: the same bits. nv compile-time; the last vector is partial
+ * when N % VL != 0. */
+TMPL_INLINE void tmpl_stream_quad(const int kvt, const int nv, int N, int K, const float *A, ptrdiff_t lda,
+                                  const void *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, const float *row_scale)
+{
+    const int tailn = N - (nv - 1) * TMPL_VL;
+    const v_tail t = V_TAIL_INIT(tailn);
+    const int part = tailn < TMPL_VL;
+    v_f32 acc[4][V_NT_QREGS / 4];
+    TMPL_UNROLL
+    for (int i = 0; i < 4; i++)
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++)
+            acc[i][v] = V_ZERO();
+    for (int k = 0; k < K; k++) {
+        const ptrdiff_t b = (ptrdiff_t)k * ldb;
+        v_f32 p[4];
+        TMPL_UNROLL
+        for (int i = 0; i < 4; i++)
+            p[i] = V_SET1(A[(ptrdiff_t)i * lda + k]);
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++) {
+            v_f32 bv = (v == nv - 1 && part) ? tmpl_kv_load_t(kvt, B, b + v * TMPL_VL, tailn, t)
+                                             : tmpl_kv_load(kvt, B, b + v * TMPL_VL);
+            TMPL_UNROLL
+            for (int i = 0; i < 4; i++)
+                acc[i][v] = V_FMA(p[i], bv, acc[i][v]);
+        }
+    }
+    TMPL_UNROLL
+    for (int i = 0; i < 4; i++) {
+        float *c = C + (ptrdiff_t)i * ldc;
+        const v_f32 sc = V_SET1(row_scale ? row_scale[i] : 1.0f);
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++) {
+            if (v == nv - 1 && part)
+                V_STORE_T(c + v * TMPL_VL, V_FMA(sc, V_LOAD_T(c + v * TMPL_VL, t), acc[i][v]), t);
+            else
+                V_STORE(c + v * TMPL_VL, V_FMA(sc, V_LOAD(c + v * TMPL_VL), acc[i][v]));
+        }
+    }
 }
 
 TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, const int skip_masked, int mr, int N,

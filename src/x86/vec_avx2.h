@@ -93,6 +93,8 @@ static inline void avx2_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, floa
  * shape the same way whatever the ISA. */
 #define V_NT_STEP 16
 #define V_ATTEND_MAX_ROWS 16
+/* attend_rows over a 16-bit cache takes query rows four at a time (simd/attend.h) */
+#define V_ATTEND_QUAD 1
 #define V_COL_ALIGN 16
 
 typedef __m256 v_f32;

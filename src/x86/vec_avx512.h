@@ -30,6 +30,8 @@
  * shape the same way whatever the ISA. */
 #define V_NT_STEP 16
 #define V_ATTEND_MAX_ROWS 16
+/* attend_rows over a 16-bit cache takes query rows four at a time (simd/attend.h) */
+#define V_ATTEND_QUAD 1
 #define V_COL_ALIGN 16
 
 typedef __m512 v_f32;
