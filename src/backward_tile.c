@@ -142,7 +142,7 @@ static const float *bwd_tile_dp(const plan *pl, bwd_ws *w, const bwd_args *a, co
                                 : w->don;
     *lddo = in_place ? a->dout->seq_stride : Dv + pv;
     if (a->nt) {
-        kt->gemm_nt(ncol, nk, Dv, 1.0f, dob, *lddo, vb, a->v->seq_stride, w->dp, 1, ld);
+        kt->gemm_nt_rows4(ncol, nk, Dv, 1.0f, dob, *lddo, vb, a->v->seq_stride, w->dp, 1, ld);
     } else if (a->pairs) { /* dO^T and dO rows in pairs once per tile; the bf16 V rows in place */
         if (fresh) {
             kt->transpose(ncol, Dv, dob, *lddo, w->dot, ld);
@@ -237,7 +237,7 @@ static void bwd_tile_scores(const plan *pl, bwd_ws *w, const bwd_args *a, const 
         for (int jj = 0; jj < pt->nk; jj++)
             memset(w->p + (size_t)jj * ld, 0, (size_t)pt->ncol * sizeof(float));
     else
-        pl->kt->gemm_nt(pt->ncol, pt->nk, (int)pl->Dk, pl->scale, pt->qsrc, pt->ldq, pt->kb, a->k->seq_stride, w->p,
+        pl->kt->gemm_nt_rows4(pt->ncol, pt->nk, (int)pl->Dk, pl->scale, pt->qsrc, pt->ldq, pt->kb, a->k->seq_stride, w->p,
                         1, ld);
     if (pl->logit_variants)
         sdpa_logit_variants_t(pl, pt->b, pt->h0, pt->nh, pt->i0, pt->nr, pt->ks, pt->nk, w->p, ld, G, w->vs);

@@ -309,6 +309,11 @@ typedef struct sdpa_kernels {
     sdpa_bwd_dscores_fn bwd_dscores;
     sdpa_transpose_fn transpose;
     sdpa_gemm_nt_fn gemm_nt;
+    /* gemm_nt with the same bits, query rows four at a time where two fit the registers:
+     * each key row read once per four rows (the backward's few-column tiles, where the
+     * products set the time; the forward's decode, whose K streams from memory, was
+     * slower so: docs/perf-notes.md) */
+    sdpa_gemm_nt_fn gemm_nt_rows4;
     sdpa_online_softmax_rows_fn online_softmax_rows;
     sdpa_gemm_stream_fn gemm_stream;
     sdpa_attend_rows_fn attend_rows; /* NULL: not provided */

@@ -261,6 +261,7 @@ void sdpa_kernels_init_scalar(sdpa_kernels *t)
     t->bwd_dscores = bwd_dscores_scalar;
     t->transpose = transpose_scalar;
     t->gemm_nt = gemm_nt_scalar;
+    t->gemm_nt_rows4 = gemm_nt_scalar;
     t->gemm_stream = gemm_stream_scalar;
     t->online_softmax_rows = online_softmax_rows_scalar;
     t->attend_rows = NULL; /* the driver composes the steps from the entries above */

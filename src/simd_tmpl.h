@@ -214,6 +214,7 @@ TMPL_INLINE void tmpl_fill_table(sdpa_kernels *t)
     t->bwd_dscores = TMPL_FN(bwd_dscores);
     t->transpose = TMPL_FN(transpose);
     t->gemm_nt = TMPL_FN(gemm_nt);
+    t->gemm_nt_rows4 = TMPL_FN(gemm_nt_rows4);
     t->online_softmax_rows = TMPL_FN(online_softmax_rows);
     t->gemm_stream = TMPL_FN(gemm_stream);
     t->attend_rows = TMPL_FN(attend_rows);

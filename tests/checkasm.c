@@ -1027,13 +1027,30 @@ static void check_gemm_nt(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, in
     }
 
     buf c2 = buf_clone(&c); /* for the scalar table's entry */
+    buf c4 = buf_clone(&c); /* for gemm_nt_rows4 */
     buf_snap(&a);
     buf_snap(&b);
     buf_snap(&c);
+    buf_snap(&c4);
     kt->gemm_nt(M, N, K, alpha, a.p, lda, b.p, ldb, c.p, rs_c, cs_c);
     ref_kt->gemm_nt(M, N, K, alpha, a.p, lda, b.p, ldb, c2.p, rs_c, cs_c);
+    kt->gemm_nt_rows4(M, N, K, alpha, a.p, lda, b.p, ldb, c4.p, rs_c, cs_c);
 
     int ok = 1;
+    /* gemm_nt_rows4: gemm_nt's bits (NaN for NaN), and nothing else written */
+    for (int m = 0; m < M && ok; m++)
+        for (int n = 0; n < N && ok; n++) {
+            const float x = *C_AT(&c, m, n), y = *C_AT(&c4, m, n);
+            if (float_bits(x) != float_bits(y) && !(isnan(x) && isnan(y))) {
+                ok = 0;
+                report("M=%d N=%d K=%d layout=%d: gemm_nt_rows4 C(%d,%d) = %.9g, gemm_nt %.9g", M, N, K, layout, m,
+                       n, (double)y, (double)x);
+            }
+        }
+    if (ok && buf_changed(&c4, 1)) {
+        ok = 0;
+        report("M=%d N=%d K=%d layout=%d: gemm_nt_rows4 wrote outside C", M, N, K, layout);
+    }
     const long ca = buf_changed(&a, 0), cb = buf_changed(&b, 0), cc = buf_changed(&c, 1);
     if (ca || cb || cc) {
         ok = 0;
@@ -1074,6 +1091,7 @@ static void check_gemm_nt(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, in
     buf_free(&b);
     buf_free(&c);
     buf_free(&c2);
+    buf_free(&c4);
 }
 
 static void test_gemm_nt(const sdpa_kernels *kt, const sdpa_kernels *ref_kt)

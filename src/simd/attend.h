@@ -42,7 +42,7 @@ TMPL_INLINE void tmpl_attend(const int kvt, const int nv, int M, int N, int Dk, 
         if (quad)
             for (; m0 + 4 <= M; m0 += 4)
                 tmpl_nt_quad(kvt, nv, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk, S + m0 * TMPL_ATTEND_STEP,
-                             TMPL_ATTEND_STEP);
+                             TMPL_ATTEND_STEP, 1);
         if (pairs)
             for (; m0 + 2 <= M; m0 += 2)
                 tmpl_nt_reg(kvt, 2, nv, 2, n, Dk, scale, Q + (ptrdiff_t)m0 * ldq, ldq, kj, ldk,

@@ -200,7 +200,7 @@ TMPL_INLINE void tmpl_nt_reg(const int kvt, const int rb, const int nv, int mr, 
  * it once per pair). The same sums as tmpl_nt_reg (two chains per (row, key), even and
  * odd vectors, then V_REDUCE4, C = alpha * sum): the same bits. */
 TMPL_INLINE void tmpl_nt_quad(const int kvt, const int nv, int N, int K, float alpha, const float *A,
-                              ptrdiff_t lda, const void *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c)
+                              ptrdiff_t lda, const void *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
 {
     const int tailn = K - (nv - 1) * TMPL_VL;
     const v_tail t = V_TAIL_INIT(tailn);
@@ -232,7 +232,7 @@ TMPL_INLINE void tmpl_nt_quad(const int kvt, const int nv, int N, int K, float a
                   V_ADD(acc[3][0], acc[3][1]), s4);
         TMPL_UNROLL
         for (int i = 0; i < 4; i++)
-            C[(ptrdiff_t)i * rs_c + n] = alpha * s4[i];
+            C[(ptrdiff_t)i * rs_c + (ptrdiff_t)n * cs_c] = alpha * s4[i];
     }
 }
 
@@ -253,12 +253,27 @@ TMPL_NT_REG_LIST(TMPL_NT_REG)
 /* [rows - 1][vectors] (unused entries NULL) */
 static const tmpl_nt_reg_fn TMPL_FN(gemm_nt_reg_tab)[2][V_NT_QREGS + 1] = {TMPL_NT_REG_LIST(TMPL_NT_REG_PTR)};
 
+/* gemm_nt_quad_<vectors>_<isa>: tmpl_nt_quad over an fp32 B, 2 .. TMPL_NT_PAIR_NV vectors */
+typedef void (*tmpl_nt_quad_fn)(int N, int K, float alpha, const float *A, ptrdiff_t lda, const float *B,
+                                ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c);
+#define TMPL_NT_QUAD(nv, unused)                                                                   \
+    static void TMPL_FN(gemm_nt_quad_##nv)(int N, int K, float alpha, const float *A, ptrdiff_t lda, \
+                                          const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c) \
+    {                                                                                              \
+        tmpl_nt_quad(TMPL_KV_F32, nv, N, K, alpha, A, lda, B, ldb, C, rs_c, cs_c);                 \
+    }
+#define TMPL_NT_QUAD_PTR(nv, unused) [nv] = TMPL_FN(gemm_nt_quad_##nv),
+TMPL_UPTO(TMPL_NT_PAIR_NV, TMPL_NT_QUAD, ~)
+static const tmpl_nt_quad_fn TMPL_FN(gemm_nt_quad_tab)[TMPL_NT_PAIR_NV + 1] = {TMPL_UPTO(TMPL_NT_PAIR_NV, TMPL_NT_QUAD_PTR, ~)};
+
 /* C(m,n) = alpha * sum_k A[m*lda + k] B[n*ldb + k], see sdpa_gemm_nt_fn. Blocks
  * of V_NT_STEP key rows: each row is read from memory once, whole and in order,
  * by the first pass over the block; the other passes (query rows: one or two
- * per pass in registers, up to TMPL_REDUCE_N from L1) find it in L1. */
-static void TMPL_FN(gemm_nt)(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
-                             const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
+ * per pass in registers, up to TMPL_REDUCE_N from L1) find it in L1. quad
+ * (compile-time, gemm_nt_rows4): where two rows fit the registers, rows four at a
+ * time first (tmpl_nt_quad: one pass over each key row per four rows, the same bits). */
+TMPL_INLINE void tmpl_gemm_nt(const int quad, int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                              const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -273,7 +288,12 @@ static void TMPL_FN(gemm_nt)(int M, int N, int K, float alpha, const float *A, p
         const int two = 2 * nvk <= V_NT_QREGS;
         for (int n0 = 0; n0 < N; n0 += V_NT_STEP) {
             const int nb = N - n0 < V_NT_STEP ? N - n0 : V_NT_STEP;
-            for (int m0 = 0; m0 < M; m0 += 1 + two) {
+            int m0 = 0;
+            if (quad && two && nvk >= 2)
+                for (; m0 + 4 <= M; m0 += 4)
+                    TMPL_FN(gemm_nt_quad_tab)[nvk](nb, K, alpha, A + (ptrdiff_t)m0 * lda, lda, B + (ptrdiff_t)n0 * ldb,
+                                                  ldb, C + (ptrdiff_t)m0 * rs_c + (ptrdiff_t)n0 * cs_c, rs_c, cs_c);
+            for (; m0 < M; m0 += 1 + two) {
                 const int mr = M - m0 < 1 + two ? M - m0 : 1 + two;
                 TMPL_FN(gemm_nt_reg_tab)[mr - 1][nvk](mr, nb, K, alpha, A + (ptrdiff_t)m0 * lda, lda,
                                              B + (ptrdiff_t)n0 * ldb, ldb,
@@ -284,6 +304,18 @@ static void TMPL_FN(gemm_nt)(int M, int N, int K, float alpha, const float *A, p
     }
     /* query rows from L1, up to TMPL_REDUCE_N per pass over a block of V_NT_STEP key rows */
     tmpl_nt_long(TMPL_KV_F32, M, N, K, alpha, A, lda, B, ldb, C, rs_c, cs_c);
+}
+
+static void TMPL_FN(gemm_nt)(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                             const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
+{
+    tmpl_gemm_nt(0, M, N, K, alpha, A, lda, B, ldb, C, rs_c, cs_c);
+}
+
+static void TMPL_FN(gemm_nt_rows4)(int M, int N, int K, float alpha, const float *A, ptrdiff_t lda,
+                                   const float *B, ptrdiff_t ldb, float *C, ptrdiff_t rs_c, ptrdiff_t cs_c)
+{
+    tmpl_gemm_nt(1, M, N, K, alpha, A, lda, B, ldb, C, rs_c, cs_c);
 }
 
 /* ----------------------------------------------------------- gemm_stream */
