@@ -330,7 +330,8 @@ static void print_help(void)
         "  --op forward|backward|both  passes to time (default both)\n"
         "  --reps N                  timed runs per row (default 5, --quick 3); rows whose\n"
         "                            warm-up exceeds --max-time / N get fewer (at least 1)\n"
-        "  --warmup N                untimed runs first (default 1)\n"
+        "  --warmup N                untimed runs first (default 1; the OpenMP threads are started\n"
+        "                            before the first row whatever N)\n"
         "  --max-time S              seconds of timed runs per row, about (default 5, --quick 1)\n"
         "  --json                    JSON lines on stdout; header and table go to stderr\n"
         "  --naive / --no-naive      the naive OpenBLAS comparison (default on when OpenBLAS loads;\n"
@@ -2691,6 +2692,18 @@ int sdpa_bench_main(int argc, char **argv)
         free(scalar_ms);
         return 0;
     }
+    /* the OpenMP team of the largest thread count started before the first timed run, so
+     * that no row (with --warmup 0 the first one) times the runtime creating its threads */
+    int nt_max = 1;
+    for (int i = 0; i < o->n_threads; i++)
+        nt_max = o->threads[i] > nt_max ? o->threads[i] : nt_max;
+    volatile int started = 0;
+    OMP(omp parallel num_threads(nt_max))
+    {
+        OMP(omp atomic)
+        started++;
+    }
+    (void)started;
     if (o->serve) {
         const int failed = serve_pass(o, &L, &st);
         free(o);
