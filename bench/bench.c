@@ -394,6 +394,8 @@ static int parse_int_list(const char *s, int64_t *out, int max)
     for (;;) {
         char *end;
         errno = 0;
+        if (*p < '0' || *p > '9') /* digits only: no sign, space or empty item (strtoll takes those) */
+            return -1;
         const long long v = strtoll(p, &end, 10);
         if (end == p || errno != 0 || v < 0 || n == max)
             return -1;
@@ -772,7 +774,9 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (strcmp(name, "--max-time") == 0) {
             char *end;
             const double v = strtod(val, &end);
-            if (end == val || *end != '\0' || !(v > 0.0) || v > 1e6)
+            /* a decimal number: no space, sign, hex or inf/nan spelling (strtod takes those) */
+            if (end == val || *end != '\0' || !(v > 0.0) || v > 1e6 || strspn(val, "0123456789.eE-") != strlen(val) ||
+                !(val[0] == '.' || (val[0] >= '0' && val[0] <= '9')))
                 return usage("--max-time '%s': expected a positive number of seconds", val);
             o->max_time = v;
         } else {

@@ -1944,6 +1944,17 @@ Test(cli, bench_refuses_repeated_and_conflicting_options)
         {"bench", "--limits-only", "--json", NULL},
         {"bench", "--serve", "--naive", NULL},
         {"bench", "--serve", "--bw-interleaved", NULL},
+        /* numbers as written, digits only: no sign, space, empty item, hex or inf (session 33;
+         * strtoll / strtod took " 2", "+2" and "0x1p1") */
+        {"bench", "--threads", "+2", NULL},
+        {"bench", "--threads", " 2", NULL},
+        {"bench", "--threads", "1,,2", NULL},
+        {"bench", "--reps", " 3", NULL},
+        {"bench", "--shape", "1,2,+2,4,4,8,8", NULL},
+        {"bench", "--max-time", "0x1p1", NULL},
+        {"bench", "--max-time", " 1", NULL},
+        {"bench", "--max-time", "+1", NULL},
+        {"bench", "--max-time", "infinity", NULL},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         run_result *r = run(cases[c]);
