@@ -1512,15 +1512,20 @@ static void test_attend16(const sdpa_kernels *kt)
         const int mx = kt->attend_max_rows, st = kt->nt_step, qfl = kt->attend_max_vecs * kt->vec_floats;
         /* M 4 .. 7 and 8: rows four at a time, then pairs and one (V_ATTEND_QUAD); head_dims of
          * 2 .. 8 vectors, odd counts (uneven halves of O's columns) and partial tails */
-        const int ms[] = {1, 2, 3, 4, 5, 6, 7, 8, mx, mx + 1};
+        const int ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, mx, mx + 1};
         const int ns[] = {0, 1, 5, st - 1, st, st + 1, 2 * st + 1, 100};
         const int ds[] = {1, 7, 8, 15, 16, 17, 33, 48, 64, 96, 100, 128, 129, qfl / 2 + 1, qfl - 1, qfl, qfl + 1};
+        const int vf = kt->vec_floats;
         int combo = 0;
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
-                for (size_t d = 0; d < sizeof ds / sizeof ds[0]; d++, combo++)
-                    check_attend16(kt, type, ms[i], ns[j], ds[d], combo % 7 == 0 ? ds[d] + kt->vec_floats : ds[d],
-                                   combo % 3 ? 0 : ns[j] / 2 + 1);
+                for (size_t d = 0; d < sizeof ds / sizeof ds[0]; d++, combo++) {
+                    /* Dv: a vector more (another path), or one less in the same vector count (K's
+                     * and V's last vectors partial in different ways), or Dk */
+                    const int dk = ds[d];
+                    const int dv = combo % 7 == 0 ? dk + vf : combo % 7 == 3 && dk > 1 && dk % vf != 1 ? dk - 1 : dk;
+                    check_attend16(kt, type, ms[i], ns[j], dk, dv, combo % 3 ? 0 : ns[j] / 2 + 1);
+                }
         kernel_end();
     }
 }
