@@ -39,9 +39,16 @@
  * kv_lengths (global key lengths, each in [0, Tk]); GQA; a custom scale; softcap;
  * sinks (in the softmax of each row's first call, as one call would have them) and,
  * in the backward, dsinks (each rank's rows summed in double, then over the ranks
- * with MPI_Allreduce; every rank gets the total). Refused with SDPA_ERR_UNSUPPORTED:
+ * with MPI_Allreduce; every rank gets the total); bf16 / fp16 tensors (q_dtype, kv_dtype,
+ * o_dtype as in sdpa_forward): the ring widens them to fp32 as it copies them (its local Q,
+ * O and dO, and every K/V block it packs), sends fp32 blocks, runs fp32 calls and rounds
+ * each output once, to nearest even, into its type (O and dO: o_dtype, dQ: q_dtype, dK and
+ * dV: kv_dtype; LSE and dsinks fp32): the bits of the fp32 ring on the widened values,
+ * rounded; it allocates fp32 copies of the 16-bit local slices of Q (and of O and dO in the
+ * backward) and, in the forward with a 16-bit O, an fp32 state of this rank's rows.
+ * Refused with SDPA_ERR_UNSUPPORTED:
  * Tq or Tk not a multiple of P (2P for zig-zag), bool_mask and bias (a dense mask
- * per rank would be Tq/P x Tk and undo the ring's memory bound), bf16/fp16 tensors,
+ * per rank would be Tq/P x Tk and undo the ring's memory bound),
  * packed/paged sequences (seqs), a nonzero diagonal_offset, bottom-right causal, a
  * bottom-right window or bottom-right ALiBi with kv_lengths, Tq + Tk beyond
  * SDPA_MAX_DIAGONAL_OFFSET (2^48; only empty outputs can be that long). A window bound

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "ring_internal.h"
+#include "../dtype.h"
 #include "../view_copy.h"
 
 /* ----------------------------------------------------------- messages */
@@ -62,27 +63,51 @@ static void wait_all(msgs *m)
     m->n = 0;
 }
 
-/* Packs a [B, H, Tl, D] view into dst (contiguous). */
-static void pack(float *dst, const sdpa_tensor *t, int64_t B, int64_t H, int64_t Tl, int64_t D)
+/* Bytes of one element of type dt. */
+static size_t elem_size(sdpa_dtype dt)
+{
+    return dt == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* Packs a [B, H, Tl, D] view of type dt into dst (contiguous fp32; 16-bit values widened,
+ * exactly). */
+static void pack(float *dst, const sdpa_tensor *t, sdpa_dtype dt, int64_t B, int64_t H, int64_t Tl, int64_t D)
 {
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < Tl; i++) {
                 float *d = dst + ((b * H + h) * Tl + i) * D;
-                if (D)
-                    memcpy(d, (const float *)t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride,
-                           (size_t)D * sizeof(float));
+                const int64_t off = b * t->batch_stride + h * t->head_stride + i * t->seq_stride;
+                if (dt == SDPA_DTYPE_F32) {
+                    if (D)
+                        memcpy(d, (const float *)t->data + off, (size_t)D * sizeof(float));
+                } else {
+                    const uint16_t *x = (const uint16_t *)t->data + off;
+                    for (int64_t e = 0; e < D; e++)
+                        d[e] = dt == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(x[e]) : sdpa_f16_to_f32(x[e]);
+                }
             }
 }
 
-static void unpack(const sdpa_tensor_out *t, const float *src, int64_t B, int64_t H, int64_t Tl, int64_t D)
+/* Writes contiguous fp32 src [B, H, Tl, D] to the view t of type dt (16-bit: rounded to
+ * nearest even, as the library rounds its outputs). */
+static void unpack(const sdpa_tensor_out *t, sdpa_dtype dt, const float *src, int64_t B, int64_t H, int64_t Tl,
+                   int64_t D)
 {
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
-            for (int64_t i = 0; i < Tl; i++)
-                if (D)
-                    memcpy((float *)t->data + b * t->batch_stride + h * t->head_stride + i * t->seq_stride,
-                           src + ((b * H + h) * Tl + i) * D, (size_t)D * sizeof(float));
+            for (int64_t i = 0; i < Tl; i++) {
+                const float *x = src + ((b * H + h) * Tl + i) * D;
+                const int64_t off = b * t->batch_stride + h * t->head_stride + i * t->seq_stride;
+                if (dt == SDPA_DTYPE_F32) {
+                    if (D)
+                        memcpy((float *)t->data + off, x, (size_t)D * sizeof(float));
+                } else {
+                    uint16_t *d = (uint16_t *)t->data + off;
+                    for (int64_t e = 0; e < D; e++)
+                        d[e] = dt == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(x[e]) : sdpa_f32_to_f16(x[e]);
+                }
+            }
 }
 
 /* acc[B, H, Tl, D] rows [r0, r0 + n) += part[B, H, n, D] */
@@ -202,8 +227,8 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
             char dummy[1];
             st = sdpa_ring_probe_status(sdpa_forward_with_workspace(&sp, q, k, v, o, lse, dummy, 1));
             const size_t kb = R.kvlen ? (size_t)R.B * sizeof(int32_t) : 0;
-            if (st == SDPA_OK && (sdpa_ring_overlaps(R.kvlen, kb, o, R.B, R.Hq, R.Tql, R.Dv) ||
-                                  sdpa_ring_overlaps(R.kvlen, kb, lse, R.B, R.Hq, R.Tql, 1)))
+            if (st == SDPA_OK && (sdpa_ring_overlaps(R.kvlen, kb, o, R.B, R.Hq, R.Tql, R.Dv, elem_size(R.o_dtype)) ||
+                                  sdpa_ring_overlaps(R.kvlen, kb, lse, R.B, R.Hq, R.Tql, 1, sizeof(float))))
                 st = SDPA_ERR_ALIASING;
         }
     }
@@ -213,13 +238,21 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
     const int64_t B = R.B, Hq = R.Hq, Hkv = R.Hkv, Tql = R.Tql, Tkl = R.Tkl, Dk = R.Dk, Dv = R.Dv;
     const int64_t kvn = B * Hkv * Tkl * (Dk + Dv);
     const int own_lse = !(lse && lse->data);
+    /* a 16-bit Q: an fp32 copy of the slice; a 16-bit O: the state in an fp32 buffer,
+       rounded into O at the end (the bits of the fp32 ring on the widened values) */
+    const int wq = R.q_dtype != SDPA_DTYPE_F32, wo = R.o_dtype != SDPA_DTYPE_F32;
     float *kv[2] = {alloc_f(kvn), alloc_f(kvn)};
     float *ot = alloc_f(B * Hq * Tql * Dv), *lt = alloc_f(B * Hq * Tql), *la = own_lse ? alloc_f(B * Hq * Tql) : NULL;
+    float *qf = wq ? alloc_f(B * Hq * Tql * Dk) : NULL, *of = wo ? alloc_f(B * Hq * Tql * Dv) : NULL;
     void *ws = malloc(ws_bytes ? ws_bytes : 1);
-    st = agree_alloc(comm, kv[0] && kv[1] && ot && lt && (!own_lse || la) && ws);
+    st = agree_alloc(comm, kv[0] && kv[1] && ot && lt && (!own_lse || la) && (!wq || qf) && (!wo || of) && ws);
     if (st == SDPA_OK) {
-        pack(kv[0], k, B, Hkv, Tkl, Dk);
-        pack(kv[0] + B * Hkv * Tkl * Dk, v, B, Hkv, Tkl, Dv);
+        pack(kv[0], k, R.kv_dtype, B, Hkv, Tkl, Dk);
+        pack(kv[0] + B * Hkv * Tkl * Dk, v, R.kv_dtype, B, Hkv, Tkl, Dv);
+        if (wq)
+            pack(qf, q, R.q_dtype, B, Hq, Tql, Dk);
+        const sdpa_tensor qw = wq ? tv(qf, Hq * Tql * Dk, Tql * Dk, Dk) : *q;
+        const sdpa_tensor_out ow = wo ? (sdpa_tensor_out){of, Hq * Tql * Dv, Tql * Dv, Dv} : *o;
         const sdpa_tensor_out lacc = own_lse ? (sdpa_tensor_out){la, Hq * Tql, Tql, 1} : *lse;
         int inited[2] = {0, 0}, sunk[2] = {0, 0}, cur = 0;
         for (int s = 0; s < R.P; s++) {
@@ -236,8 +269,8 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                 const float *kb = kv[cur], *vb = kv[cur] + B * Hkv * Tkl * Dk;
                 const sdpa_tensor kk = tv(kb + c[i].k0 * Dk, Hkv * Tkl * Dk, Tkl * Dk, Dk);
                 const sdpa_tensor vv = tv(vb + c[i].k0 * Dv, Hkv * Tkl * Dv, Tkl * Dv, Dv);
-                const sdpa_tensor qq = rows_in(q, c[i].q0);
-                const sdpa_tensor_out oa = rows_out(o, c[i].q0), lsa = rows_out(&lacc, c[i].q0);
+                const sdpa_tensor qq = rows_in(&qw, c[i].q0);
+                const sdpa_tensor_out oa = rows_out(&ow, c[i].q0), lsa = rows_out(&lacc, c[i].q0);
                 const int c0 = (int)(c[i].q0 / R.Cq), c1 = (int)((c[i].q0 + c[i].nq - 1) / R.Cq);
                 int any = 0, all = 1;
                 for (int cc = c0; cc <= c1; cc++) {
@@ -255,7 +288,7 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
                     if (!all) /* a chunk without a state yet: an empty state (O = 0, LSE = -inf) */
                         for (int cc = c0; cc <= c1; cc++)
                             if (!inited[cc])
-                                empty_state(o, &lacc, B, Hq, cc * R.Cq, R.Cq, Dv);
+                                empty_state(&ow, &lacc, B, Hq, cc * R.Cq, R.Cq, Dv);
                     const int64_t nq = c[i].nq;
                     const sdpa_tensor_out op = {ot, Hq * nq * Dv, nq * Dv, Dv}, lp = {lt, Hq * nq, nq, 1};
                     st = sdpa_forward_with_workspace(&p, &qq, &kk, &vv, &op, &lp, ws, ws_bytes);
@@ -276,21 +309,25 @@ sdpa_status sdpa_ring_forward(MPI_Comm comm, sdpa_ring_layout layout, const sdpa
         /* chunks that met no key (queries before every key: Tq > Tk bottom-right) */
         for (int cc = 0; cc < R.nc && st == SDPA_OK; cc++)
             if (!inited[cc])
-                empty_state(o, &lacc, B, Hq, cc * R.Cq, R.Cq, Dv);
+                empty_state(&ow, &lacc, B, Hq, cc * R.Cq, R.Cq, Dv);
         /* chunks whose first state was a merge into an empty state, or that met no key:
          * the sinks now (a row with no key gets O = 0, LSE = s_h) */
         for (int cc = 0; cc < R.nc && st == SDPA_OK && R.sinks; cc++)
             if (!sunk[cc]) {
-                const sdpa_tensor_out oc = rows_out(o, cc * R.Cq), lc = rows_out(&lacc, cc * R.Cq);
+                const sdpa_tensor_out oc = rows_out(&ow, cc * R.Cq), lc = rows_out(&lacc, cc * R.Cq);
                 merge_sinks(R.sinks, &oc, &lc, B, Hq, R.Cq, Dv);
             }
         st = agree_final(comm, st);
+        if (st == SDPA_OK && wo)
+            unpack(o, R.o_dtype, of, B, Hq, Tql, Dv);
     }
     free(kv[0]);
     free(kv[1]);
     free(ot);
     free(lt);
     free(la);
+    free(qf);
+    free(of);
     free(ws);
     free(R.kvbuf);
     return st;
@@ -318,10 +355,11 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
             st = sdpa_ring_probe_status(sdpa_backward_with_workspace(&sp, q, k, v, o, lse, dout, dq, dk, dv, dummy, 1));
             const size_t kb = R.kvlen ? (size_t)R.B * sizeof(int32_t) : 0;
             const sdpa_tensor_out ds = {R.dsinks, 0, 0, 1};
-            if (st == SDPA_OK && (sdpa_ring_overlaps(R.kvlen, kb, dq, R.B, R.Hq, R.Tql, R.Dk) ||
-                                  sdpa_ring_overlaps(R.kvlen, kb, dk, R.B, R.Hkv, R.Tkl, R.Dk) ||
-                                  sdpa_ring_overlaps(R.kvlen, kb, dv, R.B, R.Hkv, R.Tkl, R.Dv) ||
-                                  sdpa_ring_overlaps(R.kvlen, kb, &ds, 1, 1, 1, R.Hq)))
+            const size_t eq = elem_size(R.q_dtype), ekv = elem_size(R.kv_dtype);
+            if (st == SDPA_OK && (sdpa_ring_overlaps(R.kvlen, kb, dq, R.B, R.Hq, R.Tql, R.Dk, eq) ||
+                                  sdpa_ring_overlaps(R.kvlen, kb, dk, R.B, R.Hkv, R.Tkl, R.Dk, ekv) ||
+                                  sdpa_ring_overlaps(R.kvlen, kb, dv, R.B, R.Hkv, R.Tkl, R.Dv, ekv) ||
+                                  sdpa_ring_overlaps(R.kvlen, kb, &ds, 1, 1, 1, R.Hq, sizeof(float))))
                 st = SDPA_ERR_ALIASING;
             if (R.P == 1 && R.nc == 1) /* one call sees every key: the sinks go into it, so that */
                 R.base.sinks = R.sinks; /* a row with |LSE| >= 256 has them in its recomputed sum */
@@ -341,11 +379,25 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
     float *dkv_t = alloc_f(kvn), *dkv_c = alloc_f(kvn), *dq_acc = alloc_f(qn), *dq_t = alloc_f(qn);
     void *ws = malloc(ws_bytes ? ws_bytes : 1);
     double *ds = R.dsinks ? malloc(sizeof(double) * 2 * (size_t)(Hq > 0 ? Hq : 1)) : NULL;
+    /* 16-bit Q, O and dO: fp32 copies of the slices (the calls' dQ is then fp32, summed
+       over the steps in fp32, and rounded to Q's type once at the end, as dK and dV are) */
+    const int wq = R.q_dtype != SDPA_DTYPE_F32, wo = R.o_dtype != SDPA_DTYPE_F32;
+    const int64_t on = B * Hq * Tql * Dv;
+    float *qf = wq ? alloc_f(qn) : NULL, *of = wo ? alloc_f(on) : NULL, *gf = wo ? alloc_f(on) : NULL;
     st = agree_alloc(comm, kv[0] && kv[1] && dkv[0] && dkv[1] && dkv_t && dkv_c && dq_acc && dq_t && ws &&
-                               (!R.dsinks || ds));
+                               (!R.dsinks || ds) && (!wq || qf) && (!wo || (of && gf)));
     if (st == SDPA_OK) {
-        pack(kv[0], k, B, Hkv, Tkl, Dk);
-        pack(kv[0] + kn, v, B, Hkv, Tkl, Dv);
+        pack(kv[0], k, R.kv_dtype, B, Hkv, Tkl, Dk);
+        pack(kv[0] + kn, v, R.kv_dtype, B, Hkv, Tkl, Dv);
+        if (wq)
+            pack(qf, q, R.q_dtype, B, Hq, Tql, Dk);
+        if (wo) {
+            pack(of, o, R.o_dtype, B, Hq, Tql, Dv);
+            pack(gf, dout, R.o_dtype, B, Hq, Tql, Dv);
+        }
+        const sdpa_tensor qw = wq ? tv(qf, Hq * Tql * Dk, Tql * Dk, Dk) : *q;
+        const sdpa_tensor ow = wo ? tv(of, Hq * Tql * Dv, Tql * Dv, Dv) : *o;
+        const sdpa_tensor gw = wo ? tv(gf, Hq * Tql * Dv, Tql * Dv, Dv) : *dout;
         memset(dq_acc, 0, (size_t)qn * sizeof(float));
         const int prev = (R.r - 1 + R.P) % R.P, next = (R.r + 1) % R.P;
         int cur = 0, a = 0;
@@ -368,8 +420,8 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
                 const sdpa_tensor kk = tv(kb + c[i].k0 * Dk, Hkv * Tkl * Dk, Tkl * Dk, Dk);
                 const sdpa_tensor vv = tv(vb + c[i].k0 * Dv, Hkv * Tkl * Dv, Tkl * Dv, Dv);
                 const sdpa_tensor lf = {R.frame_lse, Hq * Tql, Tql, 1};
-                const sdpa_tensor qq = rows_in(q, c[i].q0), oo = rows_in(o, c[i].q0),
-                                  ll = rows_in(R.frame_lse ? &lf : lse, c[i].q0), gg = rows_in(dout, c[i].q0);
+                const sdpa_tensor qq = rows_in(&qw, c[i].q0), oo = rows_in(&ow, c[i].q0),
+                                  ll = rows_in(R.frame_lse ? &lf : lse, c[i].q0), gg = rows_in(&gw, c[i].q0);
                 const sdpa_tensor_out dqo = {dq_t, Hq * nq * Dk, nq * Dk, Dk};
                 const sdpa_tensor_out dko = {dkv_t, Hkv * nk * Dk, nk * Dk, Dk};
                 const sdpa_tensor_out dvo = {dkv_t + B * Hkv * nk * Dk, Hkv * nk * Dv, nk * Dv, Dv};
@@ -401,14 +453,14 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
         wait_all(&drecv);
         wait_all(&dsend);
         if (R.dsinks) { /* every rank's rows: summed over the ranks (every rank takes part) */
-            dsinks_part(R.sinks, o, lse, dout, B, Hq, Tql, Dv, ds);
+            dsinks_part(R.sinks, &ow, lse, &gw, B, Hq, Tql, Dv, ds);
             MPI_Allreduce(ds, ds + Hq, (int)Hq, MPI_DOUBLE, MPI_SUM, comm);
         }
         st = agree_final(comm, st);
         if (st == SDPA_OK) {
-            unpack(dq, dq_acc, B, Hq, Tql, Dk);
-            unpack(dk, dkv[a], B, Hkv, Tkl, Dk);
-            unpack(dv, dkv[a] + kn, B, Hkv, Tkl, Dv);
+            unpack(dq, R.q_dtype, dq_acc, B, Hq, Tql, Dk);
+            unpack(dk, R.kv_dtype, dkv[a], B, Hkv, Tkl, Dk);
+            unpack(dv, R.kv_dtype, dkv[a] + kn, B, Hkv, Tkl, Dv);
             for (int64_t h = 0; R.dsinks && h < Hq; h++)
                 R.dsinks[h] = (float)ds[Hq + h];
         }
@@ -421,6 +473,9 @@ sdpa_status sdpa_ring_backward(MPI_Comm comm, sdpa_ring_layout layout, const sdp
     free(dkv_c);
     free(dq_acc);
     free(dq_t);
+    free(qf);
+    free(of);
+    free(gf);
     free(ws);
     free(ds);
     free(R.frame_bias);

@@ -49,6 +49,7 @@ typedef struct ring {
     float *frame_lse;     /* and the LSE the calls get: 0 (-inf for a row with no key) */
     float *dsinks;        /* backward: Hq gradients, summed over every rank's rows, or NULL */
     const int32_t *kvlen; /* global key lengths, or NULL */
+    sdpa_dtype q_dtype, kv_dtype, o_dtype; /* the caller's types; base and the calls: fp32 */
     sdpa_problem base;
     int32_t *kvbuf; /* B local key lengths of one call */
 } ring;
@@ -75,8 +76,9 @@ int sdpa_ring_plan_calls(const ring *R, int src, sub_call out[4]);
 sdpa_problem sdpa_ring_call_problem(ring *R, int src, const sub_call *c);
 /* The whole-slice descriptor the library validates the local views against. */
 sdpa_problem sdpa_ring_slice_problem(ring *R);
-/* Whether bytes [p, p + n) overlap a valid output view [B, H, T, D]. */
-int sdpa_ring_overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, int64_t H, int64_t T, int64_t D);
+/* Whether bytes [p, p + n) overlap a valid output view [B, H, T, D] of es-byte elements. */
+int sdpa_ring_overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, int64_t H, int64_t T, int64_t D,
+                       size_t es);
 /* SDPA_OK for the probe's WORKSPACE_TOO_SMALL (everything else validated). */
 sdpa_status sdpa_ring_probe_status(sdpa_status st);
 /* The start of both entry points: this rank's own checks, the key-length buffer

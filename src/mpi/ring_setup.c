@@ -169,7 +169,7 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT || (unsigned)p->window_alignment > SDPA_ALIGN_BOTTOM_RIGHT ||
         (unsigned)p->q_dtype > SDPA_DTYPE_F16 || (unsigned)p->kv_dtype > SDPA_DTYPE_F16 ||
         (unsigned)p->o_dtype > SDPA_DTYPE_F16)
-        return SDPA_ERR_BAD_DESCRIPTOR; /* a type the library does not know (a known 16-bit one: UNSUPPORTED below) */
+        return SDPA_ERR_BAD_DESCRIPTOR; /* a type the library does not know */
     /* the global diagonal: bottom-right is Tk - Tq (one value for every batch: key
      * lengths would move it per batch, refused with a diagonal that matters) */
     const int bottom_right = p->causal == SDPA_CAUSAL_BOTTOM_RIGHT ||
@@ -177,7 +177,6 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     const int diagonal_used = p->causal != SDPA_CAUSAL_NONE || p->window_left != SDPA_WINDOW_UNBOUNDED ||
                               p->window_right != SDPA_WINDOW_UNBOUNDED || p->alibi_slopes;
     if (p->diagonal_offset != 0 || p->seqs || p->bool_mask.data || p->bias.data ||
-        p->q_dtype != SDPA_DTYPE_F32 || p->kv_dtype != SDPA_DTYPE_F32 || p->o_dtype != SDPA_DTYPE_F32 ||
         (bottom_right && diagonal_used && p->kv_lengths) || sdpa_ring_local_len(p->q_len, R->P, layout) < 0 ||
         sdpa_ring_local_len(p->kv_len, R->P, layout) < 0)
         return SDPA_ERR_UNSUPPORTED;
@@ -220,7 +219,13 @@ static sdpa_status ring_local_checks(ring *R, const sdpa_problem *p, sdpa_ring_l
     R->kvlen = p->kv_lengths;
     R->sinks = p->sinks;
     R->dsinks = backward ? p->dsinks : NULL; /* the forward ignores dsinks, as sdpa_forward */
+    R->q_dtype = p->q_dtype;
+    R->kv_dtype = p->kv_dtype;
+    R->o_dtype = p->o_dtype;
     R->base = *p;
+    /* the calls run in fp32: ring.c widens 16-bit tensors as it copies them and narrows
+       the outputs at the end */
+    R->base.q_dtype = R->base.kv_dtype = R->base.o_dtype = SDPA_DTYPE_F32;
     R->base.kv_lengths = NULL;
     R->base.sinks = NULL; /* the ring merges the sinks in itself */
     R->base.dsinks = NULL;
@@ -243,21 +248,25 @@ sdpa_problem sdpa_ring_slice_problem(ring *R)
             R->kvbuf[b] = (int32_t)(R->kvlen[b] < R->Tkl ? R->kvlen[b] : R->Tkl);
         p.kv_lengths = R->kvbuf;
     }
+    p.q_dtype = R->q_dtype; /* the caller's views, in the caller's types */
+    p.kv_dtype = R->kv_dtype;
+    p.o_dtype = R->o_dtype;
     p.sinks = R->sinks; /* validated with the slice's tensors (dsinks: aliasing) */
     p.dsinks = R->dsinks;
     return p;
 }
 
-/* Whether bytes [p, p + n) overlap the memory of a valid output view [B, H, T, D]
- * (non-negative strides: the library's probe has checked them). The probe sees the
- * ring's own copy of the key lengths, so the caller's array is checked here. */
-int sdpa_ring_overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, int64_t H, int64_t T, int64_t D)
+/* Whether bytes [p, p + n) overlap the memory of a valid output view [B, H, T, D] of
+ * es-byte elements (non-negative strides: the library's probe has checked them). The
+ * probe sees the ring's own copy of the key lengths, so the caller's array is checked here. */
+int sdpa_ring_overlaps(const void *p, size_t n, const sdpa_tensor_out *t, int64_t B, int64_t H, int64_t T, int64_t D,
+                       size_t es)
 {
     if (!p || !n || !t || !t->data || B <= 0 || H <= 0 || T <= 0 || D <= 0)
         return 0;
     const uintptr_t a = (uintptr_t)p, lo = (uintptr_t)t->data;
     const uintptr_t hi = lo + (uintptr_t)((B - 1) * t->batch_stride + (H - 1) * t->head_stride +
-                                          (T - 1) * t->seq_stride + D) * sizeof(float);
+                                          (T - 1) * t->seq_stride + D) * es;
     return a < hi && lo < a + n;
 }
 

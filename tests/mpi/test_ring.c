@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../src/dtype.h" /* the library's own rounding, to state what the ring must give */
 #include "../ref.h"
 #include "sdpa_mpi.h"
 
@@ -551,6 +552,134 @@ static void bad_case(const char *name, int which)
 /* The caller's key lengths inside an output's memory (the padding column of O's
  * rows, or dsinks): SDPA_ERR_ALIASING on every rank, nothing written, as
  * sdpa_forward / sdpa_backward do. */
+/* ----------------------------------------------------------- 16-bit tensors */
+
+static size_t esize(sdpa_dtype dt)
+{
+    return dt == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* x rounded to type dt (to nearest even), as fp32. */
+static float round_to(sdpa_dtype dt, float x)
+{
+    return dt == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(sdpa_f32_to_bf16(x))
+           : dt == SDPA_DTYPE_F16 ? sdpa_f16_to_f32(sdpa_f32_to_f16(x))
+                                  : x;
+}
+
+/* This rank's slice [B, H, Tl, D] (local row order, contiguous) of the global fp32
+ * array g [B, H, T, D], stored in type dt (rounded). */
+static void *typed_slice(const cfg *c, const float *g, sdpa_dtype dt, int64_t H, int64_t T, int64_t D)
+{
+    const int64_t Tl = T / P, n = c->B * H * Tl * D;
+    float *rows = malloc(sizeof(float) * (size_t)(n + 1));
+    global_rows(c, g, sizeof(float), H, T, D, rows);
+    void *out = malloc(esize(dt) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == SDPA_DTYPE_F32)
+            ((float *)out)[i] = rows[i];
+        else
+            ((uint16_t *)out)[i] = dt == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(rows[i]) : sdpa_f32_to_f16(rows[i]);
+    }
+    free(rows);
+    return out;
+}
+
+/* Whether got (n elements of type dt) holds exactly ref (fp32) rounded to dt. */
+static int rounded_equal(const void *got, sdpa_dtype dt, const float *ref, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t want, have;
+        if (dt == SDPA_DTYPE_F32) {
+            memcpy(&want, &ref[i], 4);
+            memcpy(&have, (const float *)got + i, 4);
+        } else {
+            want = dt == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(ref[i]) : sdpa_f32_to_f16(ref[i]);
+            have = ((const uint16_t *)got)[i];
+        }
+        if (want != have)
+            return 0;
+    }
+    return 1;
+}
+
+/* The ring over bf16 / fp16 tensors (q_dtype, kv_dtype, o_dtype) must give exactly the fp32
+ * ring's results on the same values widened, rounded once to each output's type: O (and
+ * dO) in o_dtype, dQ in q_dtype, dK and dV in kv_dtype, LSE and dsinks fp32 and equal. */
+static void typed_case(const cfg *c, sdpa_dtype qdt, sdpa_dtype kvdt, sdpa_dtype odt)
+{
+    const int64_t B = c->B, Hq = c->Hq, Hkv = c->Hkv, T = c->T, Tk = tk_of(c), Dk = c->Dk, Dv = c->Dv, Tl = T / P,
+                  Tkl = Tk / P;
+    const size_t nq = (size_t)(B * Hq * T * Dk), nk = (size_t)(B * Hkv * Tk * Dk), nv = (size_t)(B * Hkv * Tk * Dv),
+                 no = (size_t)(B * Hq * T * Dv);
+    float *g[4] = {malloc(sizeof(float) * nq), malloc(sizeof(float) * nk), malloc(sizeof(float) * nv),
+                   malloc(sizeof(float) * no)};
+    const size_t gn[4] = {nq, nk, nv, no};
+    const sdpa_dtype gt[4] = {qdt, kvdt, kvdt, odt};
+    rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)(T * 17 + Dk * 3 + Hq + 1000 * (int)qdt + 100 * (int)kvdt + 10 * (int)odt);
+    for (int a = 0; a < 4; a++)
+        for (size_t i = 0; i < gn[a]; i++) /* values already in the tensor's type */
+            g[a][i] = round_to(gt[a], (float)(rng_unit() * 4 - 2));
+    sdpa_problem p32 = problem_of(c), pt = p32;
+    pt.q_dtype = qdt;
+    pt.kv_dtype = kvdt;
+    pt.o_dtype = odt;
+    float ds32[4] = {0}, dst[4] = {0};
+    if (c->var & 2) {
+        p32.dsinks = ds32;
+        pt.dsinks = dst;
+    }
+    /* local slices: fp32 (the reference ring) and typed */
+    float *q32 = typed_slice(c, g[0], SDPA_DTYPE_F32, Hq, T, Dk), *k32 = typed_slice(c, g[1], SDPA_DTYPE_F32, Hkv, Tk, Dk),
+          *v32 = typed_slice(c, g[2], SDPA_DTYPE_F32, Hkv, Tk, Dv), *do32 = typed_slice(c, g[3], SDPA_DTYPE_F32, Hq, T, Dv);
+    void *qt = typed_slice(c, g[0], qdt, Hq, T, Dk), *kt = typed_slice(c, g[1], kvdt, Hkv, Tk, Dk),
+         *vt = typed_slice(c, g[2], kvdt, Hkv, Tk, Dv), *dot = typed_slice(c, g[3], odt, Hq, T, Dv);
+    const int64_t lo = B * Hq * Tl * Dv, ll = B * Hq * Tl, lq = B * Hq * Tl * Dk, lk = B * Hkv * Tkl * Dk,
+                  lv = B * Hkv * Tkl * Dv;
+    float *o32 = malloc(sizeof(float) * (size_t)(lo + 1)), *l32 = malloc(sizeof(float) * (size_t)(ll + 1)),
+          *lt = malloc(sizeof(float) * (size_t)(ll + 1)), *ow = malloc(sizeof(float) * (size_t)(lo + 1));
+    void *ot = malloc(esize(odt) * (size_t)(lo + 1));
+#define VQ(d, H, Tl_, D) {(d), (H) * (Tl_) * (D), (Tl_) * (D), (D)}
+    const sdpa_tensor tq32 = VQ(q32, Hq, Tl, Dk), tk32 = VQ(k32, Hkv, Tkl, Dk), tv32 = VQ(v32, Hkv, Tkl, Dv),
+                      tqt = VQ(qt, Hq, Tl, Dk), tkt = VQ(kt, Hkv, Tkl, Dk), tvt = VQ(vt, Hkv, Tkl, Dv);
+    const sdpa_tensor_out to32 = VQ(o32, Hq, Tl, Dv), tot = VQ(ot, Hq, Tl, Dv), tl32 = VQ(l32, Hq, Tl, 1),
+                          tlt = VQ(lt, Hq, Tl, 1);
+    sdpa_status s1 = sdpa_ring_forward(MPI_COMM_WORLD, c->layout, &p32, &tq32, &tk32, &tv32, &to32, &tl32);
+    sdpa_status s2 = sdpa_ring_forward(MPI_COMM_WORLD, c->layout, &pt, &tqt, &tkt, &tvt, &tot, &tlt);
+    char msg[200];
+    const char *tn[3] = {"fp32", "bf16", "fp16"};
+    snprintf(msg, sizeof msg, "%s q %s kv %s o %s: ring forward = fp32 ring on the widened values, O rounded once", c->name,
+             tn[qdt], tn[kvdt], tn[odt]);
+    check(s1 == SDPA_OK && s2 == SDPA_OK && rounded_equal(ot, odt, o32, lo) && !memcmp(lt, l32, sizeof(float) * (size_t)ll),
+          msg, "status", s2, s1);
+    /* backward from the typed forward's O: the reference gets it widened */
+    for (int64_t i = 0; i < lo; i++)
+        ow[i] = odt == SDPA_DTYPE_F32 ? ((float *)ot)[i]
+                : odt == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(((uint16_t *)ot)[i]) : sdpa_f16_to_f32(((uint16_t *)ot)[i]);
+    float *dq32 = malloc(sizeof(float) * (size_t)(lq + 1)), *dk32 = malloc(sizeof(float) * (size_t)(lk + 1)),
+          *dv32 = malloc(sizeof(float) * (size_t)(lv + 1));
+    void *dqt = malloc(esize(qdt) * (size_t)(lq + 1)), *dkt = malloc(esize(kvdt) * (size_t)(lk + 1)),
+         *dvt = malloc(esize(kvdt) * (size_t)(lv + 1));
+    const sdpa_tensor tow = VQ(ow, Hq, Tl, Dv), totc = VQ(ot, Hq, Tl, Dv), tlc = VQ(l32, Hq, Tl, 1),
+                      tdo32 = VQ(do32, Hq, Tl, Dv), tdot = VQ(dot, Hq, Tl, Dv);
+    const sdpa_tensor_out tdq32 = VQ(dq32, Hq, Tl, Dk), tdk32 = VQ(dk32, Hkv, Tkl, Dk), tdv32 = VQ(dv32, Hkv, Tkl, Dv),
+                          tdqt = VQ(dqt, Hq, Tl, Dk), tdkt = VQ(dkt, Hkv, Tkl, Dk), tdvt = VQ(dvt, Hkv, Tkl, Dv);
+#undef VQ
+    s1 = sdpa_ring_backward(MPI_COMM_WORLD, c->layout, &p32, &tq32, &tk32, &tv32, &tow, &tlc, &tdo32, &tdq32, &tdk32,
+                            &tdv32);
+    s2 = sdpa_ring_backward(MPI_COMM_WORLD, c->layout, &pt, &tqt, &tkt, &tvt, &totc, &tlc, &tdot, &tdqt, &tdkt, &tdvt);
+    snprintf(msg, sizeof msg, "%s q %s kv %s o %s: ring backward = fp32 ring on the widened values, rounded once",
+             c->name, tn[qdt], tn[kvdt], tn[odt]);
+    check(s1 == SDPA_OK && s2 == SDPA_OK && rounded_equal(dqt, qdt, dq32, lq) && rounded_equal(dkt, kvdt, dk32, lk) &&
+              rounded_equal(dvt, kvdt, dv32, lv) && !memcmp(ds32, dst, sizeof ds32),
+          msg, "status", s2, s1);
+    for (int a = 0; a < 4; a++)
+        free(g[a]);
+    free(q32), free(k32), free(v32), free(do32), free(qt), free(kt), free(vt), free(dot);
+    free(o32), free(l32), free(lt), free(ow), free(ot);
+    free(dq32), free(dk32), free(dv32), free(dqt), free(dkt), free(dvt);
+}
+
 static void kvlen_alias_case(void)
 {
     const int64_t B = 1, H = 2, T = 24, D = 8, Tl = T / P, W = D + 1; /* O rows padded by one */
@@ -698,6 +827,18 @@ int main(int argc, char **argv)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i]);
+    /* 16-bit tensors (every pair of types over a spread of the cases above: windows, GQA,
+     * key lengths, ALiBi, sinks with dsinks, large logits, Tq != Tk, both layouts) */
+    static const int typed_of[] = {1, 2, 4, 6, 11, 19, 22, 23, 25, 28, 29};
+    static const sdpa_dtype types[][3] = {{SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16},
+                                          {SDPA_DTYPE_F16, SDPA_DTYPE_F16, SDPA_DTYPE_F16},
+                                          {SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F32},
+                                          {SDPA_DTYPE_BF16, SDPA_DTYPE_F32, SDPA_DTYPE_F16},
+                                          {SDPA_DTYPE_F16, SDPA_DTYPE_BF16, SDPA_DTYPE_F32}};
+    for (size_t i = 0; i < sizeof typed_of / sizeof typed_of[0]; i++)
+        typed_case(&cases[typed_of[i]], types[i % 5][0], types[i % 5][1], types[i % 5][2]);
+    for (int t = 0; t < 5; t++) /* each type triple on a plain causal zig-zag too */
+        typed_case(&cases[2], types[t][0], types[t][1], types[t][2]);
     const char *bad[] = {"NULL Q", "negative stride", "descriptor disagrees", "bias (unsupported)",
                          "T not a multiple of 2P", "NaN scale", "O aliases Q", "negative window",
                          "windows that disagree", "bottom-right window with kv_lengths", "causal = 7",
