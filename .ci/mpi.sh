@@ -85,10 +85,13 @@ ring_vs_sdpa() {  # the options after -q/-k/-v, for sdpa and sdpa-ring alike; KV
   /usr/bin/python3 - "$tmp" <<'PY'
 import os, sys, numpy as np
 d = sys.argv[1]; ok = True
+rel = os.environ.get('REL')  # 16-bit types: |x - y| / (1 + |x|) below REL (their rounding), else |x - y| < 1e-5
 for a in ['o', 'l', 'dq', 'dk', 'dv'] + (['ds'] if os.path.exists(f'{d}/ds1.npy') else []):
     x, y = np.load(f'{d}/{a}1.npy'), np.load(f'{d}/{a}4.npy')
-    e = float(np.abs(x - y).max()); ok &= x.shape == y.shape and e < 1e-5
-    print(f'sdpa-ring vs sdpa {a}: shape {y.shape}, max diff {e:.3g}')
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    e = float((np.abs(x64 - y64) / (1 + np.abs(x64)) if rel else np.abs(x64 - y64)).max())
+    ok &= x.shape == y.shape and x.dtype == y.dtype and e < (float(rel) if rel else 1e-5)
+    print(f'sdpa-ring vs sdpa {a}: shape {y.shape} {y.dtype}, max {"relative " if rel else ""}diff {e:.3g}')
 sys.exit(0 if ok else 1)
 PY
 }
@@ -100,6 +103,10 @@ if ring_vs_sdpa --window-left 7 --window-right 3; then
 stamp "sdpa-ring on 4 ranks vs sdpa (causal, ALiBi, sinks and their gradient)"
 if ring_vs_sdpa --causal top-left --alibi-slopes "$tmp/slopes.npy" --sinks "$tmp/sinks.npy"; then
   pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed (ALiBi, sinks)"; fi
+stamp "sdpa-ring on 4 ranks vs sdpa, 16-bit tensors (--dtype bf16; --dtype fp16 --kv-dtype bf16: float16 files)"
+if REL=2e-2 ring_vs_sdpa --causal top-left --kv-len "$tmp/kl.npy" --dtype bf16 &&
+   REL=2e-2 ring_vs_sdpa --window-left 7 --window-right 3 --dtype fp16 --kv-dtype bf16; then
+  pass=$((pass + 1)); else fail=$((fail + 1)); echo "sdpa-ring vs sdpa failed (16-bit types)"; fi
 stamp "sdpa-ring on 4 ranks vs sdpa (48 queries against 96 keys, causal bottom-right)"
 /usr/bin/python3 - "$tmp" <<'PY'
 import sys, numpy as np

@@ -44,7 +44,8 @@
  * O and dO, and every K/V block it packs), sends fp32 blocks, runs fp32 calls and rounds
  * each output once, to nearest even, into its type (O and dO: o_dtype, dQ: q_dtype, dK and
  * dV: kv_dtype; LSE and dsinks fp32): the bits of the fp32 ring on the widened values,
- * rounded; it allocates fp32 copies of the 16-bit local slices of Q (and of O and dO in the
+ * rounded (so, unlike sdpa_forward on an ISA with bf16 pair products, it rounds neither
+ * an fp32 Q nor P to bf16); it allocates fp32 copies of the 16-bit local slices of Q (and of O and dO in the
  * backward) and, in the forward with a 16-bit O, an fp32 state of this rank's rows.
  * Refused with SDPA_ERR_UNSUPPORTED:
  * Tq or Tk not a multiple of P (2P for zig-zag), bool_mask and bias (a dense mask

@@ -16,7 +16,10 @@
  * (-1: unbounded), --window-align top-left|bottom-right, --scale S, --softcap C,
  * --kv-len LENS.npy, --alibi-slopes SLOPES.npy, --sinks SINKS.npy (float32 (Hq,)),
  * backward --dsinks dSINKS.npy (written), --threads N, --isa NAME, --layout
- * zigzag|contiguous (default zigzag). Refused (not computed by the ring): --mask,
+ * zigzag|contiguous (default zigzag), --dtype fp32|bf16|fp16 and --kv-dtype (as `sdpa`'s:
+ * Q, O, dO, dQ in --dtype's type, K, V, dK, dV in --kv-dtype's, default --dtype's; inputs
+ * float32 or float16 .npy rounded to nearest even on each rank; outputs float32 .npy, or
+ * float16 for an fp16 one; LSE and dsinks float32). Refused (not computed by the ring): --mask,
  * --bias, packed sequences. Q's length and K's (they may differ: a chunk of queries
  * against a longer cache) each a multiple of the rank count (2x for zig-zag).
  * Errors: "sdpa-ring: error: ..." from rank 0, exit status 2 on every rank. */
@@ -28,6 +31,7 @@
 #include <string.h>
 
 #include "cli_out.h"
+#include "dtype.h" /* src/dtype.h: the library's exact fp32 <-> bf16 / fp16 conversions */
 #include "npy.h"
 #include "sdpa_mpi.h"
 
@@ -44,6 +48,8 @@ typedef struct opts {
     sdpa_ring_layout layout;
     int threads;
     sdpa_isa isa;
+    sdpa_dtype dtype, kv_dtype; /* --dtype (Q, O, dO, dQ), --kv-dtype (K, V, dK, dV) */
+    int have_kv_dtype;
 } opts;
 
 /* "sdpa-ring: error: [<path>: ]<message>" */
@@ -85,9 +91,12 @@ static void usage(void)
                 "options: --causal top-left|bottom-right|none, --window-left N, --window-right N (-1: unbounded),\n"
                 "         --window-align top-left|bottom-right, --scale S, --softcap C, --kv-len LENS.npy,\n"
                 "         --alibi-slopes SLOPES.npy, --sinks SINKS.npy, backward: --dsinks dSINKS.npy (written),\n"
-                "         --threads N, --isa NAME, --layout zigzag|contiguous (default zigzag)\n"
-                "Q, K, V: float32 (T, D), (H, T, D) or (B, H, T, D); Q's T and K's each a multiple of\n"
-                "N (contiguous) or 2N (zigzag). Rank 0 reads and writes the files.\n");
+                "         --threads N, --isa NAME, --layout zigzag|contiguous (default zigzag),\n"
+                "         --dtype fp32|bf16|fp16, --kv-dtype fp32|bf16|fp16 (default: --dtype's)\n"
+                "Q, K, V: float32 or float16 (T, D), (H, T, D) or (B, H, T, D); Q's T and K's each a\n"
+                "multiple of N (contiguous) or 2N (zigzag). Types as `sdpa`'s: Q, O, dO, dQ stored in\n"
+                "--dtype's, K, V, dK, dV in --kv-dtype's, rounded to nearest even; outputs float32 .npy\n"
+                "(float16 for an fp16 one), LSE and dsinks float32. Rank 0 reads and writes the files.\n");
 }
 
 /* Parses argv (every rank parses the same). Returns 0 or EXIT_BAD. */
@@ -180,6 +189,17 @@ static int parse(int bwd, int argc, char **argv, opts *o)
                 return EXIT_BAD;
             }
             o->threads = (int)n;
+        } else if (!strcmp(a, "--dtype") || !strcmp(a, "--kv-dtype")) {
+            sdpa_dtype *dt = a[2] == 'd' ? &o->dtype : &o->kv_dtype;
+            if (!strcmp(v, "fp32")) *dt = SDPA_DTYPE_F32;
+            else if (!strcmp(v, "bf16")) *dt = SDPA_DTYPE_BF16;
+            else if (!strcmp(v, "fp16")) *dt = SDPA_DTYPE_F16;
+            else {
+                err0("%s '%s': expected fp32, bf16 or fp16", a, v);
+                return EXIT_BAD;
+            }
+            if (a[2] == 'k')
+                o->have_kv_dtype = 1;
         } else if (!strcmp(a, "--isa")) {
             if (sdpa_isa_from_name(v, &o->isa) != 0 || (o->isa != SDPA_ISA_AUTO && !sdpa_isa_supported(o->isa))) {
                 err0("--isa '%s': unknown or not supported here", v);
@@ -191,6 +211,8 @@ static int parse(int bwd, int argc, char **argv, opts *o)
             return EXIT_BAD;
         }
     }
+    if (!o->have_kv_dtype)
+        o->kv_dtype = o->dtype;
     if (!o->q || !o->k || !o->v) {
         err0("-q, -k and -v are required");
         return EXIT_BAD;
@@ -224,9 +246,21 @@ static int load(const char *path, const char *role, arr *x)
         err0("%s: %s", path, e);
         return EXIT_BAD;
     }
-    if (x->a.dtype != NPY_F4 || x->a.ndim < 2 || x->a.ndim > 4) {
-        err0("%s: %s must be float32 of rank 2, 3 or 4", path, role);
+    if ((x->a.dtype != NPY_F4 && x->a.dtype != NPY_F2) || x->a.ndim < 2 || x->a.ndim > 4) {
+        err0("%s: %s must be float32 or float16 of rank 2, 3 or 4", path, role);
         return EXIT_BAD;
+    }
+    if (x->a.dtype == NPY_F2) { /* widened (exact): the slices are rounded into their types later */
+        float *f = malloc(sizeof(float) * (x->a.count + 1));
+        if (!f) {
+            err0("%s: out of memory", path);
+            return EXIT_BAD;
+        }
+        for (size_t i = 0; i < x->a.count; i++)
+            f[i] = sdpa_f16_to_f32(((const uint16_t *)x->a.data)[i]);
+        free(x->a.data);
+        x->a.data = f;
+        x->a.dtype = NPY_F4;
     }
     const int n = x->a.ndim;
     x->d = x->a.shape[n - 1];
@@ -279,7 +313,7 @@ static int outputs_prepare(int bwd, const opts *o, out_file *outs, int *n)
 }
 
 /* An output's data and shape, before out_commit. */
-static void output_set(out_file *of, const float *data, int ndim, const int64_t *shape)
+static void output_set(out_file *of, const void *data, int ndim, const int64_t *shape)
 {
     of->data = data;
     of->ndim = ndim;
@@ -324,13 +358,51 @@ static float *gather(const float *mine, int64_t B, int64_t H, int64_t T, int64_t
     return g;
 }
 
-static sdpa_tensor view(const float *x, int64_t H, int64_t Tl, int64_t D)
+static size_t dtype_bytes(sdpa_dtype dt)
+{
+    return dt == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+static sdpa_tensor view(const void *x, int64_t H, int64_t Tl, int64_t D)
 {
     return (sdpa_tensor){x, H * Tl * D, Tl * D, D};
 }
-static sdpa_tensor_out view_out(float *x, int64_t H, int64_t Tl, int64_t D)
+static sdpa_tensor_out view_out(void *x, int64_t H, int64_t Tl, int64_t D)
 {
     return (sdpa_tensor_out){x, H * Tl * D, Tl * D, D};
+}
+
+/* n fp32 values in type dt: a new buffer of that type (x itself, not copied, for fp32;
+ * 16-bit: rounded to nearest even, and x freed). */
+static void *to_type(float *x, int64_t n, sdpa_dtype dt)
+{
+    if (dt == SDPA_DTYPE_F32 || !x)
+        return x;
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(n + 1));
+    for (int64_t i = 0; h && i < n; i++)
+        h[i] = dt == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(x[i]) : sdpa_f32_to_f16(x[i]);
+    free(x);
+    return h;
+}
+
+/* n values of type dt as fp32: a new buffer (x itself for fp32; 16-bit: widened, exact,
+ * and x freed). */
+static float *to_f32(void *x, int64_t n, sdpa_dtype dt)
+{
+    if (dt == SDPA_DTYPE_F32 || !x)
+        return x;
+    float *f = malloc(sizeof(float) * (size_t)(n + 1));
+    for (int64_t i = 0; f && i < n; i++)
+        f[i] = dt == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(((const uint16_t *)x)[i]) : sdpa_f16_to_f32(((const uint16_t *)x)[i]);
+    free(x);
+    return f;
+}
+
+/* Rank 0: an fp32 output of type dt for out_file (fp16: stored as float16, exact; fp32
+ * and bf16 data are written as float32 either way). */
+static void *file_data(float *g, int64_t n, sdpa_dtype dt)
+{
+    return dt == SDPA_DTYPE_F16 ? to_type(g, n, dt) : g;
 }
 
 static int run(int bwd, int argc, char **argv)
@@ -466,29 +538,36 @@ static int run(int bwd, int argc, char **argv)
     p.softcap = o.softcap;
     p.num_threads = o.threads;
     p.isa = o.isa;
+    p.q_dtype = p.o_dtype = o.dtype;
+    p.kv_dtype = o.kv_dtype;
     if (o.have_scale) {
         p.use_default_scale = 0;
         p.scale = o.scale;
     }
-    float *lq = scatter(q.a.data, B, Hq, T, Dk, o.layout), *lk = scatter(k.a.data, B, Hkv, Tk, Dk, o.layout),
-          *lv = scatter(v.a.data, B, Hkv, Tk, Dv, o.layout);
-    float *lo = NULL, *ll = NULL, *ldo = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
+    /* every rank's slices, rounded into their types (Q, O, dO: --dtype; K, V: --kv-dtype) */
+    const sdpa_dtype qt = o.dtype, kvt = o.kv_dtype;
+    const int64_t nlq = B * Hq * Tl * Dk, nlo = B * Hq * Tl * Dv, nlk = B * Hkv * Tkl * Dk, nlv = B * Hkv * Tkl * Dv;
+    void *lq = to_type(scatter(q.a.data, B, Hq, T, Dk, o.layout), nlq, qt),
+         *lk = to_type(scatter(k.a.data, B, Hkv, Tk, Dk, o.layout), nlk, kvt),
+         *lv = to_type(scatter(v.a.data, B, Hkv, Tk, Dv, o.layout), nlv, kvt);
+    void *lo = NULL, *ldo = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
+    float *ll = NULL;
     const sdpa_tensor tq = view(lq, Hq, Tl, Dk), tk = view(lk, Hkv, Tkl, Dk), tv = view(lv, Hkv, Tkl, Dv);
     sdpa_status st = SDPA_OK;
     if (hdr[8]) { /* backward with the given O and LSE */
-        lo = scatter(O.a.data, B, Hq, T, Dv, o.layout);
+        lo = to_type(scatter(O.a.data, B, Hq, T, Dv, o.layout), nlo, qt);
         ll = scatter(L.a.data, B, Hq, T, 1, o.layout);
     } else {
-        lo = malloc(sizeof(float) * (size_t)(B * Hq * Tl * Dv + 1));
+        lo = malloc(dtype_bytes(qt) * (size_t)(nlo + 1));
         ll = malloc(sizeof(float) * (size_t)(B * Hq * Tl + 1));
         const sdpa_tensor_out to = view_out(lo, Hq, Tl, Dv), tl = view_out(ll, Hq, Tl, 1);
         st = sdpa_ring_forward(MPI_COMM_WORLD, o.layout, &p, &tq, &tk, &tv, &to, &tl);
     }
     if (st == SDPA_OK && bwd) {
-        ldo = scatter(dO.a.data, B, Hq, T, Dv, o.layout);
-        ldq = malloc(sizeof(float) * (size_t)(B * Hq * Tl * Dk + 1));
-        ldk = malloc(sizeof(float) * (size_t)(B * Hkv * Tkl * Dk + 1));
-        ldv = malloc(sizeof(float) * (size_t)(B * Hkv * Tkl * Dv + 1));
+        ldo = to_type(scatter(dO.a.data, B, Hq, T, Dv, o.layout), nlo, qt);
+        ldq = malloc(dtype_bytes(qt) * (size_t)(nlq + 1));
+        ldk = malloc(dtype_bytes(kvt) * (size_t)(nlk + 1));
+        ldv = malloc(dtype_bytes(kvt) * (size_t)(nlv + 1));
         const sdpa_tensor tO = view(lo, Hq, Tl, Dv), tL = view(ll, Hq, Tl, 1), tdo = view(ldo, Hq, Tl, Dv);
         const sdpa_tensor_out tdq = view_out(ldq, Hq, Tl, Dk), tdk = view_out(ldk, Hkv, Tkl, Dk),
                               tdv = view_out(ldv, Hkv, Tkl, Dv);
@@ -509,13 +588,16 @@ static int run(int bwd, int argc, char **argv)
             shape[i_] = full[4 - ndim + i_];                                                                           \
     } while (0)
         if (!bwd) {
-            float *go = gather(lo, B, Hq, T, Dv, o.layout), *gl = gather(ll, B, Hq, T, 1, o.layout);
+            lo = to_f32(lo, nlo, qt);
+            float *gl = gather(ll, B, Hq, T, 1, o.layout);
+            void *go = file_data(gather(lo, B, Hq, T, Dv, o.layout), B * Hq * T * Dv, qt);
             if (R == 0 && (!go || !gl)) {
                 err0("out of memory gathering the outputs");
                 w = EXIT_BAD;
             } else if (R == 0) {
                 SHAPE(Hq, T, Dv, ndim);
                 output_set(&outs[0], go, ndim, shape);
+                outs[0].dt = qt == SDPA_DTYPE_F16 ? SDPA_DTYPE_F16 : SDPA_DTYPE_F32;
                 if (o.lse) {
                     SHAPE(Hq, T, 1, ndim - 1);
                     output_set(&outs[1], gl, ndim - 1, shape);
@@ -525,18 +607,27 @@ static int run(int bwd, int argc, char **argv)
             free(go);
             free(gl);
         } else {
-            float *gq = gather(ldq, B, Hq, T, Dk, o.layout), *gk = gather(ldk, B, Hkv, Tk, Dk, o.layout),
-                  *gv = gather(ldv, B, Hkv, Tk, Dv, o.layout);
+            ldq = to_f32(ldq, nlq, qt);
+            ldk = to_f32(ldk, nlk, kvt);
+            ldv = to_f32(ldv, nlv, kvt);
+            void *gq = file_data(gather(ldq, B, Hq, T, Dk, o.layout), B * Hq * T * Dk, qt),
+                 *gk = file_data(gather(ldk, B, Hkv, Tk, Dk, o.layout), B * Hkv * Tk * Dk, kvt),
+                 *gv = file_data(gather(ldv, B, Hkv, Tk, Dv, o.layout), B * Hkv * Tk * Dv, kvt);
             if (R == 0 && (!gq || !gk || !gv)) {
                 err0("out of memory gathering the outputs");
                 w = EXIT_BAD;
             } else if (R == 0) {
+                const sdpa_dtype fq = qt == SDPA_DTYPE_F16 ? SDPA_DTYPE_F16 : SDPA_DTYPE_F32,
+                                 fkv = kvt == SDPA_DTYPE_F16 ? SDPA_DTYPE_F16 : SDPA_DTYPE_F32;
                 SHAPE(Hq, T, Dk, ndim);
                 output_set(&outs[0], gq, ndim, shape);
+                outs[0].dt = fq;
                 SHAPE(Hkv, Tk, Dk, ndim);
                 output_set(&outs[1], gk, ndim, shape);
+                outs[1].dt = fkv;
                 SHAPE(Hkv, Tk, Dv, ndim);
                 output_set(&outs[2], gv, ndim, shape);
+                outs[2].dt = fkv;
                 shape[0] = Hq;
                 if (o.dsinks)
                     output_set(&outs[3], dsinks, 1, shape);
