@@ -71,7 +71,10 @@
  * layout the call is one sdpa_forward/sdpa_backward on the whole problem: the same
  * O, LSE, dQ and dV bits, dK's up to the sign of zeros (the ring sums dK into a
  * zeroed buffer: +0 where the call gives -0), and dsinks from the ring's own sum in
- * double, which can differ from the call's in the last bits.
+ * double, which can differ from the call's in the last bits; with 16-bit tensors, as
+ * the call under SDPA_FPMATH_STRICT (the ring's calls run fp32, so fpmath_mode changes
+ * nothing in the ring; a default-mode call on an ISA with bf16 pair products rounds
+ * P, dS and an fp32 Q to bf16 and so differs from it).
  *
  * Large logits: the backward recomputes P from the global LSE. Where a rank has a
  * row with |LSE| >= 256 (for which sdpa_backward would recompute the row's max and
@@ -82,8 +85,10 @@
  *
  * Memory per rank beyond its slice: two K/V buffers (the block in hand and the
  * one arriving), one O-sized partial state, and in the backward two traveling
- * dK/dV buffers, one dK/dV and one dQ partial, and dQ's accumulator: all of the
- * size of the rank's slice; nothing of size T x T or of size T.
+ * dK/dV buffers, one dK/dV and one dQ partial, and dQ's accumulator; with 16-bit
+ * tensors also fp32 copies of the 16-bit Q slice (and of O and dO in the backward) and,
+ * in the forward with a 16-bit O, an fp32 O state: all of the size of the rank's slice
+ * in fp32 (the K/V buffers too, whatever kv_dtype); nothing of size T x T or of size T.
  */
 #ifndef SDPA_MPI_H
 #define SDPA_MPI_H

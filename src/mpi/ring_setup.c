@@ -325,7 +325,7 @@ static int ring_same_operands(const ring *R, const sdpa_problem *p)
  * causal corner and the window alignment). */
 static sdpa_status ring_agree(ring *R, sdpa_status st, const sdpa_problem *p, sdpa_ring_layout layout)
 {
-    enum { NF = 17 };
+    enum { NF = 20 };
     int64_t f[NF] = {0};
     if (p && st == SDPA_OK) {
         uint32_t sc, cap;
@@ -335,7 +335,8 @@ static sdpa_status ring_agree(ring *R, sdpa_status st, const sdpa_problem *p, sd
                                 (int64_t)(R->sinks != NULL) << 2 | (int64_t)(R->dsinks != NULL) << 3;
         const int64_t v[NF] = {p->batch, p->q_heads, p->kv_heads, p->q_len, p->kv_len, p->head_dim_qk,
                                p->head_dim_v, (int64_t)p->causal, (int64_t)layout, p->use_default_scale, (int64_t)sc,
-                               (int64_t)cap, R->wl, R->wr, (int64_t)p->window_alignment, present, R->causal};
+                               (int64_t)cap, R->wl, R->wr, (int64_t)p->window_alignment, present, R->causal,
+                               (int64_t)p->q_dtype, (int64_t)p->kv_dtype, (int64_t)p->o_dtype};
         memcpy(f, v, sizeof f);
     }
     int64_t in[1 + 2 * NF], out[1 + 2 * NF];

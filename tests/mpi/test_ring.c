@@ -517,6 +517,12 @@ static void bad_case(const char *name, int which)
         expect = SDPA_ERR_SIZE_OVERFLOW;
         break;
     }
+    case 22: /* K/V's type bf16 on one rank: the types are part of the descriptor every rank
+                agrees on (session 33's review: taken before) */
+        if (me)
+            p.kv_dtype = SDPA_DTYPE_BF16;
+        expect = P > 1 ? SDPA_ERR_BAD_DESCRIPTOR : SDPA_OK;
+        break;
     }
     for (int pass = 0; pass < 2; pass++) {
         const sdpa_status want = pass == 0 && expect_fwd != (sdpa_status)1 ? expect_fwd : expect;
@@ -549,9 +555,6 @@ static void bad_case(const char *name, int which)
     free(x); free(o); free(l); free(g); free(dq); free(dk); free(dv);
 }
 
-/* The caller's key lengths inside an output's memory (the padding column of O's
- * rows, or dsinks): SDPA_ERR_ALIASING on every rank, nothing written, as
- * sdpa_forward / sdpa_backward do. */
 /* ----------------------------------------------------------- 16-bit tensors */
 
 static size_t esize(sdpa_dtype dt)
@@ -680,6 +683,9 @@ static void typed_case(const cfg *c, sdpa_dtype qdt, sdpa_dtype kvdt, sdpa_dtype
     free(dq32), free(dk32), free(dv32), free(dqt), free(dkt), free(dvt);
 }
 
+/* The caller's key lengths inside an output's memory (the padding column of O's
+ * rows, or dsinks): SDPA_ERR_ALIASING on every rank, nothing written, as
+ * sdpa_forward / sdpa_backward do. */
 static void kvlen_alias_case(void)
 {
     const int64_t B = 1, H = 2, T = 24, D = 8, Tl = T / P, W = D + 1; /* O rows padded by one */
@@ -845,7 +851,8 @@ int main(int argc, char **argv)
                          "window_alignment = 9", "causal corners that disagree", "window alignments that disagree",
                          "dsinks on some ranks (a hash collision)", "a sink one ulp apart", "q_dtype = 7",
                          "misaligned kv_lengths", "dsinks on some ranks, same sinks",
-                         "Tq = Tk = 2^52, batch 0", "Tk = 2^61, batch 0", "kv_lengths past the top of memory"};
+                         "Tq = Tk = 2^52, batch 0", "Tk = 2^61, batch 0", "kv_lengths past the top of memory",
+                         "kv_dtype bf16 on one rank"};
     for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++)
         bad_case(bad[i], i);
     kvlen_alias_case();
