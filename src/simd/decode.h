@@ -671,8 +671,16 @@ TMPL_INLINE void tmpl_gemm_stream(const int kvt, int M, int N, int K, const floa
                 TMPL_FN(gemm_stream_tab)[kvt][skip_masked != 0][1][(nc + TMPL_VL - 1) / TMPL_VL](
                     2, nc, K, A, lda, tmpl_kv_at(kvt, B, n0), ldb, C + n0, ldc, row_scale);
             }
-        if (M == 0)
-            return;
+        /* a last row alone: the same column chunks, its accumulators in registers (B's rows
+           are in the caches by now; the one-row kernel would keep part of a long row in an
+           L1 buffer, a load and a store per vector and key) */
+        if (M == 1)
+            for (int n0 = 0; n0 < N; n0 += V_STREAM_HREGS * TMPL_VL) {
+                const int nc = N - n0 < V_STREAM_HREGS * TMPL_VL ? N - n0 : V_STREAM_HREGS * TMPL_VL;
+                TMPL_FN(gemm_stream_tab)[kvt][skip_masked != 0][0][(nc + TMPL_VL - 1) / TMPL_VL](
+                    1, nc, K, A, lda, tmpl_kv_at(kvt, B, n0), ldb, C + n0, ldc, row_scale);
+            }
+        return;
     }
 #endif
     tmpl_stream_rows(kvt, M, N, K, A, lda, B, ldb, C, ldc, skip_masked, row_scale);
