@@ -4,7 +4,7 @@
  * libdeflate / ggml style: an ISA translation unit includes its vector layer
  * (src/x86/vec_avx2.h, src/x86/vec_avx512.h, src/arm/vec_neon.h) and then this
  * file, which includes one header per kernel family (src/simd/gemm.h,
- * softmax.h, decode.h, attend.h, bwd_rows.h, transpose.h, variants.h, convert.h) and provides tmpl_fill_table(). Only
+ * softmax.h, decode.h, stream.h, attend.h, bwd_rows.h, transpose.h, variants.h, convert.h) and provides tmpl_fill_table(). Only
  * static (inline) definitions live in these headers, so nothing compiled with
  * one ISA's flags can leak into another translation unit. Every function they
  * instantiate carries the layer's name as a suffix (TMPL_FN(gemm) is gemm_avx2,
@@ -45,7 +45,7 @@
  *   V_NT_QREGS          vector registers for query rows (gemm_nt, attend_rows) and
  *                       for two output rows (gemm_stream): 8 or 16
  *   V_STREAM_HREGS      vector registers for one output row (gemm_stream): 1..24
- *   V_STREAM_PAIR_NV    (optional) gemm_stream's pair column chunk, see decode.h
+ *   V_STREAM_PAIR_NV    (optional) gemm_stream's pair column chunk, see stream.h
  *   V_ATTEND_QUAD       (optional) attend_rows over a bf16 / fp16 cache takes query rows
  *                       four at a time where two fit V_NT_QREGS (simd/attend.h)
  *   V_STREAM(p,v), V_STREAM_ALIGN, V_STREAM_FENCE()  (optional) non-temporal stores
@@ -191,6 +191,7 @@ TMPL_INLINE v_f32 tmpl_exp(v_f32 x)
 #include "simd/gemm.h"
 #include "simd/softmax.h"
 #include "simd/decode.h"
+#include "simd/stream.h"
 #include "simd/attend.h"
 #include "simd/bwd_rows.h"
 #include "simd/transpose.h"

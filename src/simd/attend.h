@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* simd/attend.h - attend_rows: the few-column (decode) forward of one step of keys at a
  * time, S = scale Q K^T, the row softmax and O = alpha O + P V in one call, composed of
- * simd/decode.h's gemm_nt and gemm_stream pieces (inlined) and simd/softmax.h's
+ * simd/decode.h's gemm_nt and simd/stream.h's gemm_stream pieces (inlined) and simd/softmax.h's
  * online_softmax_rows, over an fp32 K/V or a bf16 / fp16 cache widened in registers.
  *
- * Part of src/simd_tmpl.h, included only from there (after simd/decode.h). */
+ * Part of src/simd_tmpl.h, included only from there (after simd/decode.h and simd/stream.h). */
 #ifndef SDPA_SIMD_ATTEND_H
 #define SDPA_SIMD_ATTEND_H
 

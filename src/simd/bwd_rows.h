@@ -9,7 +9,7 @@
  * src/kernels.h; backward_typed.c calls it; FlashAttention-2's backward, Dao 2023,
  * Algorithm 2, with one query tile).
  *
- * Part of src/simd_tmpl.h, included only from there (after simd/decode.h). */
+ * Part of src/simd_tmpl.h, included only from there (after simd/decode.h and simd/stream.h). */
 #ifndef SDPA_SIMD_BWD_ROWS_H
 #define SDPA_SIMD_BWD_ROWS_H
 

@@ -101,7 +101,7 @@ static inline void avx512_transpose16x16(const float *src, ptrdiff_t lds, float 
 /* x held in a register from here on: a vector loaded once for several FMAs is not
  * folded into each of them as a memory operand (the compiler's choice, one load per FMA;
  * Zen 4 loads one zmm per cycle, as many as it issues FMAs): each V vector of
- * tmpl_stream_reg (simd/decode.h; the few-column P V of gemm_stream and of every
+ * tmpl_stream_reg (simd/stream.h; the few-column P V of gemm_stream and of every
  * attend_rows variant) when it serves two query rows */
 #define V_PIN(x) __asm__("" : "+v"(x))
 #define V_DIV(a, b) _mm512_div_ps((a), (b))
@@ -160,7 +160,7 @@ static inline __m512 avx512_widen_bf16(__m256i h)
 #define V_WIDEN_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
 #define V_NARROW_BF16(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), avx512_f32_to_bf16(v))
 #define V_NARROW_F16(p, v) _mm256_storeu_si256((__m256i *)(void *)(p), AVX512_CVTPS_PH(v))
-/* Two vectors of bf16 in one load (optional, simd/decode.h's tmpl_stream_reg): e the
+/* Two vectors of bf16 in one load (optional, simd/stream.h's tmpl_stream_reg): e the
  * even elements 0, 2, .. 30 widened (each dword shifted left 16), o the odd ones (each
  * dword's upper word, the lower cleared); V_INTERLEAVE(e, o) puts a pair so split back
  * in element order, e the first 16 elements and o the last. */
