@@ -34,6 +34,7 @@
 #include "dtype.h" /* src/dtype.h: the library's exact fp32 <-> bf16 / fp16 conversions */
 #include "npy.h"
 #include "sdpa_mpi.h"
+#include "sdpa_ring_slices.h"
 
 enum { EXIT_BAD = 2 };
 static int P, R;
@@ -320,91 +321,6 @@ static void output_set(out_file *of, const void *data, int ndim, const int64_t *
     memcpy(of->shape, shape, (size_t)ndim * sizeof shape[0]);
 }
 
-/* ------------------------------------------------------------ slices */
-
-/* Rank 0: global [B, H, T, D] -> every rank's [B, H, Tl, D] slice (scatter). */
-static float *scatter(const float *g, int64_t B, int64_t H, int64_t T, int64_t D, sdpa_ring_layout layout)
-{
-    const int64_t Tl = T / P, n = B * H * Tl * D;
-    float *mine = malloc(sizeof(float) * (size_t)(n + 1)), *all = NULL;
-    if (R == 0) {
-        all = malloc(sizeof(float) * (size_t)(n * P + 1));
-        for (int r = 0; r < P; r++)
-            for (int64_t bh = 0; bh < B * H; bh++)
-                for (int64_t i = 0; i < Tl; i++)
-                    memcpy(all + r * n + (bh * Tl + i) * D, g + (bh * T + sdpa_ring_global_row(T, P, r, layout, i)) * D,
-                           sizeof(float) * (size_t)D);
-    }
-    MPI_Scatter(all, (int)n, MPI_FLOAT, mine, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
-    free(all);
-    return mine;
-}
-
-/* Every rank's slice -> the global array on rank 0 (returned there, NULL elsewhere). */
-static float *gather(const float *mine, int64_t B, int64_t H, int64_t T, int64_t D, sdpa_ring_layout layout)
-{
-    const int64_t Tl = T / P, n = B * H * Tl * D;
-    float *all = R == 0 ? malloc(sizeof(float) * (size_t)(n * P + 1)) : NULL, *g = NULL;
-    MPI_Gather(mine, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
-    if (R == 0) {
-        g = malloc(sizeof(float) * (size_t)(B * H * T * D + 1));
-        for (int r = 0; r < P; r++)
-            for (int64_t bh = 0; bh < B * H; bh++)
-                for (int64_t i = 0; i < Tl; i++)
-                    memcpy(g + (bh * T + sdpa_ring_global_row(T, P, r, layout, i)) * D, all + r * n + (bh * Tl + i) * D,
-                           sizeof(float) * (size_t)D);
-    }
-    free(all);
-    return g;
-}
-
-static size_t dtype_bytes(sdpa_dtype dt)
-{
-    return dt == SDPA_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
-}
-
-static sdpa_tensor view(const void *x, int64_t H, int64_t Tl, int64_t D)
-{
-    return (sdpa_tensor){x, H * Tl * D, Tl * D, D};
-}
-static sdpa_tensor_out view_out(void *x, int64_t H, int64_t Tl, int64_t D)
-{
-    return (sdpa_tensor_out){x, H * Tl * D, Tl * D, D};
-}
-
-/* n fp32 values in type dt: a new buffer of that type (x itself, not copied, for fp32;
- * 16-bit: rounded to nearest even, and x freed). */
-static void *to_type(float *x, int64_t n, sdpa_dtype dt)
-{
-    if (dt == SDPA_DTYPE_F32 || !x)
-        return x;
-    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(n + 1));
-    for (int64_t i = 0; h && i < n; i++)
-        h[i] = dt == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(x[i]) : sdpa_f32_to_f16(x[i]);
-    free(x);
-    return h;
-}
-
-/* n values of type dt as fp32: a new buffer (x itself for fp32; 16-bit: widened, exact,
- * and x freed). */
-static float *to_f32(void *x, int64_t n, sdpa_dtype dt)
-{
-    if (dt == SDPA_DTYPE_F32 || !x)
-        return x;
-    float *f = malloc(sizeof(float) * (size_t)(n + 1));
-    for (int64_t i = 0; f && i < n; i++)
-        f[i] = dt == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(((const uint16_t *)x)[i]) : sdpa_f16_to_f32(((const uint16_t *)x)[i]);
-    free(x);
-    return f;
-}
-
-/* Rank 0: an fp32 output of type dt for out_file (fp16: stored as float16, exact; fp32
- * and bf16 data are written as float32 either way). */
-static void *file_data(float *g, int64_t n, sdpa_dtype dt)
-{
-    return dt == SDPA_DTYPE_F16 ? to_type(g, n, dt) : g;
-}
-
 static int run(int bwd, int argc, char **argv)
 {
     opts o;
@@ -547,30 +463,30 @@ static int run(int bwd, int argc, char **argv)
     /* every rank's slices, rounded into their types (Q, O, dO: --dtype; K, V: --kv-dtype) */
     const sdpa_dtype qt = o.dtype, kvt = o.kv_dtype;
     const int64_t nlq = B * Hq * Tl * Dk, nlo = B * Hq * Tl * Dv, nlk = B * Hkv * Tkl * Dk, nlv = B * Hkv * Tkl * Dv;
-    void *lq = to_type(scatter(q.a.data, B, Hq, T, Dk, o.layout), nlq, qt),
-         *lk = to_type(scatter(k.a.data, B, Hkv, Tk, Dk, o.layout), nlk, kvt),
-         *lv = to_type(scatter(v.a.data, B, Hkv, Tk, Dv, o.layout), nlv, kvt);
+    void *lq = ring_to_type(ring_scatter(P, R, q.a.data, B, Hq, T, Dk, o.layout), nlq, qt),
+         *lk = ring_to_type(ring_scatter(P, R, k.a.data, B, Hkv, Tk, Dk, o.layout), nlk, kvt),
+         *lv = ring_to_type(ring_scatter(P, R, v.a.data, B, Hkv, Tk, Dv, o.layout), nlv, kvt);
     void *lo = NULL, *ldo = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
     float *ll = NULL;
-    const sdpa_tensor tq = view(lq, Hq, Tl, Dk), tk = view(lk, Hkv, Tkl, Dk), tv = view(lv, Hkv, Tkl, Dv);
+    const sdpa_tensor tq = ring_view(lq, Hq, Tl, Dk), tk = ring_view(lk, Hkv, Tkl, Dk), tv = ring_view(lv, Hkv, Tkl, Dv);
     sdpa_status st = SDPA_OK;
     if (hdr[8]) { /* backward with the given O and LSE */
-        lo = to_type(scatter(O.a.data, B, Hq, T, Dv, o.layout), nlo, qt);
-        ll = scatter(L.a.data, B, Hq, T, 1, o.layout);
+        lo = ring_to_type(ring_scatter(P, R, O.a.data, B, Hq, T, Dv, o.layout), nlo, qt);
+        ll = ring_scatter(P, R, L.a.data, B, Hq, T, 1, o.layout);
     } else {
-        lo = malloc(dtype_bytes(qt) * (size_t)(nlo + 1));
+        lo = malloc(ring_dtype_bytes(qt) * (size_t)(nlo + 1));
         ll = malloc(sizeof(float) * (size_t)(B * Hq * Tl + 1));
-        const sdpa_tensor_out to = view_out(lo, Hq, Tl, Dv), tl = view_out(ll, Hq, Tl, 1);
+        const sdpa_tensor_out to = ring_view_out(lo, Hq, Tl, Dv), tl = ring_view_out(ll, Hq, Tl, 1);
         st = sdpa_ring_forward(MPI_COMM_WORLD, o.layout, &p, &tq, &tk, &tv, &to, &tl);
     }
     if (st == SDPA_OK && bwd) {
-        ldo = to_type(scatter(dO.a.data, B, Hq, T, Dv, o.layout), nlo, qt);
-        ldq = malloc(dtype_bytes(qt) * (size_t)(nlq + 1));
-        ldk = malloc(dtype_bytes(kvt) * (size_t)(nlk + 1));
-        ldv = malloc(dtype_bytes(kvt) * (size_t)(nlv + 1));
-        const sdpa_tensor tO = view(lo, Hq, Tl, Dv), tL = view(ll, Hq, Tl, 1), tdo = view(ldo, Hq, Tl, Dv);
-        const sdpa_tensor_out tdq = view_out(ldq, Hq, Tl, Dk), tdk = view_out(ldk, Hkv, Tkl, Dk),
-                              tdv = view_out(ldv, Hkv, Tkl, Dv);
+        ldo = ring_to_type(ring_scatter(P, R, dO.a.data, B, Hq, T, Dv, o.layout), nlo, qt);
+        ldq = malloc(ring_dtype_bytes(qt) * (size_t)(nlq + 1));
+        ldk = malloc(ring_dtype_bytes(kvt) * (size_t)(nlk + 1));
+        ldv = malloc(ring_dtype_bytes(kvt) * (size_t)(nlv + 1));
+        const sdpa_tensor tO = ring_view(lo, Hq, Tl, Dv), tL = ring_view(ll, Hq, Tl, 1), tdo = ring_view(ldo, Hq, Tl, Dv);
+        const sdpa_tensor_out tdq = ring_view_out(ldq, Hq, Tl, Dk), tdk = ring_view_out(ldk, Hkv, Tkl, Dk),
+                              tdv = ring_view_out(ldv, Hkv, Tkl, Dv);
         p.dsinks = dsinks;
         st = sdpa_ring_backward(MPI_COMM_WORLD, o.layout, &p, &tq, &tk, &tv, &tO, &tL, &tdo, &tdq, &tdk, &tdv);
     }
@@ -588,9 +504,9 @@ static int run(int bwd, int argc, char **argv)
             shape[i_] = full[4 - ndim + i_];                                                                           \
     } while (0)
         if (!bwd) {
-            lo = to_f32(lo, nlo, qt);
-            float *gl = gather(ll, B, Hq, T, 1, o.layout);
-            void *go = file_data(gather(lo, B, Hq, T, Dv, o.layout), B * Hq * T * Dv, qt);
+            lo = ring_to_f32(lo, nlo, qt);
+            float *gl = ring_gather(P, R, ll, B, Hq, T, 1, o.layout);
+            void *go = ring_file_data(ring_gather(P, R, lo, B, Hq, T, Dv, o.layout), B * Hq * T * Dv, qt);
             if (R == 0 && (!go || !gl)) {
                 err0("out of memory gathering the outputs");
                 w = EXIT_BAD;
@@ -607,12 +523,12 @@ static int run(int bwd, int argc, char **argv)
             free(go);
             free(gl);
         } else {
-            ldq = to_f32(ldq, nlq, qt);
-            ldk = to_f32(ldk, nlk, kvt);
-            ldv = to_f32(ldv, nlv, kvt);
-            void *gq = file_data(gather(ldq, B, Hq, T, Dk, o.layout), B * Hq * T * Dk, qt),
-                 *gk = file_data(gather(ldk, B, Hkv, Tk, Dk, o.layout), B * Hkv * Tk * Dk, kvt),
-                 *gv = file_data(gather(ldv, B, Hkv, Tk, Dv, o.layout), B * Hkv * Tk * Dv, kvt);
+            ldq = ring_to_f32(ldq, nlq, qt);
+            ldk = ring_to_f32(ldk, nlk, kvt);
+            ldv = ring_to_f32(ldv, nlv, kvt);
+            void *gq = ring_file_data(ring_gather(P, R, ldq, B, Hq, T, Dk, o.layout), B * Hq * T * Dk, qt),
+                 *gk = ring_file_data(ring_gather(P, R, ldk, B, Hkv, Tk, Dk, o.layout), B * Hkv * Tk * Dk, kvt),
+                 *gv = ring_file_data(ring_gather(P, R, ldv, B, Hkv, Tk, Dv, o.layout), B * Hkv * Tk * Dv, kvt);
             if (R == 0 && (!gq || !gk || !gv)) {
                 err0("out of memory gathering the outputs");
                 w = EXIT_BAD;
