@@ -55,27 +55,6 @@ TMPL_INLINE const void *tmpl_kv_at(const int kvt, const void *B, ptrdiff_t off)
     return (const char *)B + off * (ptrdiff_t)(kvt == TMPL_KV_F32 ? sizeof(float) : sizeof(uint16_t));
 }
 
-/* A row of nv vectors at a into r (the last one masked when part). */
-TMPL_INLINE void tmpl_load_row(const int nv, int part, v_tail t, const float *a, v_f32 *r)
-{
-    TMPL_UNROLL
-    for (int v = 0; v < nv; v++)
-        r[v] = (v == nv - 1 && part) ? V_LOAD_T(a + v * TMPL_VL, t) : V_LOAD(a + v * TMPL_VL);
-}
-
-/* A row of nv vectors at c = sc * c + acc, one rounding each (the last vector masked when
- * part): gemm_stream's epilogue. */
-TMPL_INLINE void tmpl_stream_store_row(const int nv, int part, v_tail t, float *c, v_f32 sc, const v_f32 *acc)
-{
-    TMPL_UNROLL
-    for (int v = 0; v < nv; v++) {
-        if (v == nv - 1 && part)
-            V_STORE_T(c + v * TMPL_VL, V_FMA(sc, V_LOAD_T(c + v * TMPL_VL, t), acc[v]), t);
-        else
-            V_STORE(c + v * TMPL_VL, V_FMA(sc, V_LOAD(c + v * TMPL_VL), acc[v]));
-    }
-}
-
 /* --------------------------------------------------------------- gemm_nt */
 
 /* Row n of B against rows 0..rb-1 of A (rb compile-time, 1..TMPL_REDUCE_N), for head_dims
@@ -188,8 +167,12 @@ TMPL_INLINE void tmpl_nt_reg(const int kvt, const int rb, const int nv, int mr, 
     const int part = tailn < TMPL_VL; /* the last vector is partial: masked loads */
     v_f32 q[2][V_NT_QREGS];
     TMPL_UNROLL
-    for (int i = 0; i < rb; i++)
-        tmpl_load_row(nv, part, t, A + (ptrdiff_t)(i < mr ? i : mr - 1) * lda, q[i]);
+    for (int i = 0; i < rb; i++) {
+        const float *a = A + (ptrdiff_t)(i < mr ? i : mr - 1) * lda;
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++)
+            q[i][v] = (v == nv - 1 && part) ? V_LOAD_T(a + v * TMPL_VL, t) : V_LOAD(a + v * TMPL_VL);
+    }
     for (int n0 = 0; n0 < N; n0 += kpi) {
         v_f32 acc[TMPL_REDUCE_N][2];
         TMPL_UNROLL
@@ -225,7 +208,9 @@ TMPL_INLINE void tmpl_nt_quad(const int kvt, const int nv, int N, int K, float a
     v_f32 q[2][V_NT_QREGS / 2];
     TMPL_UNROLL
     for (int i = 0; i < 2; i++)
-        tmpl_load_row(nv, part, t, A + (ptrdiff_t)i * lda, q[i]);
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++)
+            q[i][v] = (v == nv - 1 && part) ? V_LOAD_T(A + i * lda + v * TMPL_VL, t) : V_LOAD(A + i * lda + v * TMPL_VL);
     const float *a2 = A + 2 * lda, *a3 = A + 3 * lda;
     for (int n = 0; n < N; n++) {
         const ptrdiff_t b = (ptrdiff_t)n * ldb;

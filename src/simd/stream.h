@@ -4,7 +4,7 @@
  * four-row register kernels and the hybrid one for long rows.
  *
  * Part of src/simd_tmpl.h, included only from there (after simd/decode.h, whose B-row
- * loads and row helpers it uses). */
+ * loads it uses). */
 #ifndef SDPA_SIMD_STREAM_H
 #define SDPA_SIMD_STREAM_H
 
@@ -123,9 +123,17 @@ TMPL_INLINE void tmpl_stream_reg_body(const int kvt, const int eo, const int rb,
 #endif
     TMPL_UNROLL
     for (int i = 0; i < rb; i++)
-        if (i < mr)
-            tmpl_stream_store_row(nv, part, t, C + (ptrdiff_t)i * ldc, V_SET1(row_scale ? row_scale[i] : 1.0f),
-                                  acc[i]);
+        if (i < mr) {
+            float *c = C + (ptrdiff_t)i * ldc;
+            const v_f32 sc = V_SET1(row_scale ? row_scale[i] : 1.0f);
+            TMPL_UNROLL
+            for (int v = 0; v < nv; v++) {
+                if (v == nv - 1 && part)
+                    V_STORE_T(c + v * TMPL_VL, V_FMA(sc, V_LOAD_T(c + v * TMPL_VL, t), acc[i][v]), t);
+                else
+                    V_STORE(c + v * TMPL_VL, V_FMA(sc, V_LOAD(c + v * TMPL_VL), acc[i][v]));
+            }
+        }
 }
 
 /* C = row_scale C + A B for four rows of A (P) and C (O), over N columns in nv vectors
@@ -162,8 +170,17 @@ TMPL_INLINE void tmpl_stream_quad(const int kvt, const int nv, int N, int K, con
         }
     }
     TMPL_UNROLL
-    for (int i = 0; i < 4; i++)
-        tmpl_stream_store_row(nv, part, t, C + (ptrdiff_t)i * ldc, V_SET1(row_scale ? row_scale[i] : 1.0f), acc[i]);
+    for (int i = 0; i < 4; i++) {
+        float *c = C + (ptrdiff_t)i * ldc;
+        const v_f32 sc = V_SET1(row_scale ? row_scale[i] : 1.0f);
+        TMPL_UNROLL
+        for (int v = 0; v < nv; v++) {
+            if (v == nv - 1 && part)
+                V_STORE_T(c + v * TMPL_VL, V_FMA(sc, V_LOAD_T(c + v * TMPL_VL, t), acc[i][v]), t);
+            else
+                V_STORE(c + v * TMPL_VL, V_FMA(sc, V_LOAD(c + v * TMPL_VL), acc[i][v]));
+        }
+    }
 }
 
 TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, const int skip_masked, int mr, int N,
