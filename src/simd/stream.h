@@ -10,6 +10,25 @@
 
 /* ----------------------------------------------------------- gemm_stream */
 
+/* Row i of C = row_scale[i] * C + acc[i] (row_scale NULL: 1), nv vectors, the last one
+ * partial (tail t) when part: the epilogue of the two- and four-row kernels, with C,
+ * ldc, row_scale, acc, nv, part and t of the function it stands in. A macro, not an
+ * inline function: the accumulators stay in registers without their array's address
+ * being taken (clang's ASan build of an inline helper taking acc by pointer was ten
+ * times slower to compile). */
+#define TMPL_STREAM_ROW_OUT(i)                                                                     \
+    do {                                                                                           \
+        float *c_ = C + (ptrdiff_t)(i) * ldc;                                                      \
+        const v_f32 sc_ = V_SET1(row_scale ? row_scale[i] : 1.0f);                                 \
+        TMPL_UNROLL                                                                                \
+        for (int v_ = 0; v_ < nv; v_++) {                                                          \
+            if (v_ == nv - 1 && part)                                                              \
+                V_STORE_T(c_ + v_ * TMPL_VL, V_FMA(sc_, V_LOAD_T(c_ + v_ * TMPL_VL, t), acc[i][v_]), t); \
+            else                                                                                   \
+                V_STORE(c_ + v_ * TMPL_VL, V_FMA(sc_, V_LOAD(c_ + v_ * TMPL_VL), acc[i][v_]));     \
+        }                                                                                          \
+    } while (0)
+
 #ifdef V_WIDEN_BF16_EO
 /* A bf16 row of B read two vectors at a time (eo: whole rows of an even number of
  * vectors): at even v, the even elements of vectors v, v + 1 to *bv and the odd ones
@@ -123,17 +142,8 @@ TMPL_INLINE void tmpl_stream_reg_body(const int kvt, const int eo, const int rb,
 #endif
     TMPL_UNROLL
     for (int i = 0; i < rb; i++)
-        if (i < mr) {
-            float *c = C + (ptrdiff_t)i * ldc;
-            const v_f32 sc = V_SET1(row_scale ? row_scale[i] : 1.0f);
-            TMPL_UNROLL
-            for (int v = 0; v < nv; v++) {
-                if (v == nv - 1 && part)
-                    V_STORE_T(c + v * TMPL_VL, V_FMA(sc, V_LOAD_T(c + v * TMPL_VL, t), acc[i][v]), t);
-                else
-                    V_STORE(c + v * TMPL_VL, V_FMA(sc, V_LOAD(c + v * TMPL_VL), acc[i][v]));
-            }
-        }
+        if (i < mr)
+            TMPL_STREAM_ROW_OUT(i);
 }
 
 /* C = row_scale C + A B for four rows of A (P) and C (O), over N columns in nv vectors
@@ -170,17 +180,8 @@ TMPL_INLINE void tmpl_stream_quad(const int kvt, const int nv, int N, int K, con
         }
     }
     TMPL_UNROLL
-    for (int i = 0; i < 4; i++) {
-        float *c = C + (ptrdiff_t)i * ldc;
-        const v_f32 sc = V_SET1(row_scale ? row_scale[i] : 1.0f);
-        TMPL_UNROLL
-        for (int v = 0; v < nv; v++) {
-            if (v == nv - 1 && part)
-                V_STORE_T(c + v * TMPL_VL, V_FMA(sc, V_LOAD_T(c + v * TMPL_VL, t), acc[i][v]), t);
-            else
-                V_STORE(c + v * TMPL_VL, V_FMA(sc, V_LOAD(c + v * TMPL_VL), acc[i][v]));
-        }
-    }
+    for (int i = 0; i < 4; i++)
+        TMPL_STREAM_ROW_OUT(i);
 }
 
 TMPL_INLINE void tmpl_stream_reg(const int kvt, const int rb, const int nv, const int skip_masked, int mr, int N,
