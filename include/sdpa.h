@@ -516,8 +516,9 @@ SDPA_API sdpa_status sdpa_backward(const sdpa_problem *problem, const sdpa_tenso
  * diagonal is the whole call's (a part starting at key c of a top-left-aligned call:
  * diagonal_offset = -c; bottom-right alignment counts from the part's own last key,
  * so a part ending e keys before the last one needs diagonal_offset = e).
- * The parts' O are fp32: a bf16 or fp16 O is merged from fp32 partials (sdpa_forward
- * with o_dtype fp32), then narrowed by the caller.
+ * The parts' O are fp32 here; sdpa_merge_states_typed() takes bf16 or fp16 parts and
+ * output (fp32 partials, sdpa_forward with o_dtype fp32, keep the merge's full accuracy:
+ * a 16-bit part is rounded once more than the whole call's O).
  *
  * @param batch, heads, len, head_dim_v  B, H, T, Dv of every state.
  * @param o_a, o_b  O [B, H, T, Dv] of the parts, fp32 (head_dim contiguous, strides in
@@ -548,6 +549,33 @@ SDPA_API sdpa_status sdpa_merge_states(int64_t batch, int64_t heads, int64_t len
 SDPA_API sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, int64_t len, int64_t head_dim_v,
                                          const sdpa_tensor *o_parts, const sdpa_tensor *lse_parts,
                                          const sdpa_tensor_out *o, const sdpa_tensor_out *lse);
+
+/**
+ * sdpa_merge_states_n() with the parts' O of type parts_dtype and the merged O of
+ * type o_dtype (each SDPA_DTYPE_F32, _BF16 or _F16; every LSE stays fp32), as a server
+ * whose prefix and suffix calls (cascade attention, split-KV across calls) write
+ * their O in the model's 16-bit type merges them. Each part's row is widened to fp32
+ * (exact), the merge runs in fp32 as sdpa_merge_states_n() does, and each merged
+ * element is rounded once to nearest even into o_dtype (fp16: beyond +-65504 after
+ * rounding, +-inf; NaN stays NaN). fp32 parts into an fp32 O: exactly
+ * sdpa_merge_states_n(), bit for bit. The result is the merge of the parts as they
+ * are stored: parts rounded to 16 bits carry that rounding into it (about 2^-9
+ * relative for bf16, 2^-12 for fp16, beyond the single rounding of O), so where
+ * accuracy matters more than memory, merge fp32 partials into a 16-bit O.
+ * Views: o_parts / o strides in elements of their own type, data aligned to it
+ * (else SDPA_ERR_MISALIGNED). In place: o may be one of the parts only when
+ * o_dtype == parts_dtype (the same data and strides); a 16-bit part overlapping an
+ * output otherwise is SDPA_ERR_ALIASING.
+ * @return as sdpa_merge_states_n(), plus SDPA_ERR_BAD_DESCRIPTOR for a type outside
+ *   sdpa_dtype; on error nothing is written. Scratch: the small block of
+ *   sdpa_merge_states() plus n + 1 rows of Dv floats where a type is 16-bit
+ *   (SDPA_ERR_OUT_OF_MEMORY if that cannot be allocated). Thread-safety: reentrant,
+ *   on the calling thread.
+ */
+SDPA_API sdpa_status sdpa_merge_states_typed(int n, int64_t batch, int64_t heads, int64_t len, int64_t head_dim_v,
+                                             sdpa_dtype parts_dtype, const sdpa_tensor *o_parts,
+                                             const sdpa_tensor *lse_parts, sdpa_dtype o_dtype,
+                                             const sdpa_tensor_out *o, const sdpa_tensor_out *lse);
 
 /**
  * Caller-owned workspace, so that a server's hot path makes no allocation of

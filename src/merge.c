@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "driver.h"
+#include "dtype.h"
 
 float sdpa_merge_row(int n, const float *m, const float *l, const float *const *o, int64_t dv, float *out,
                      float *M_out, float *alpha)
@@ -42,17 +43,21 @@ float sdpa_merge_row(int n, const float *m, const float *l, const float *const *
 typedef struct merge_job {
     int n;
     int64_t B, H, T, Dv;
+    sdpa_dtype parts_dtype, o_dtype;
     const sdpa_tensor *o_parts, *lse_parts;
     const sdpa_tensor_out *o, *lse;
 } merge_job;
 
 /* Every view of the merge, checked like the attention's tensors: outputs may
- * be exactly one of the inputs (in place: same data and strides), and must
+ * be exactly one of the inputs (in place: same data, strides and type), and must
  * not otherwise overlap an input or each other. */
 static sdpa_status merge_check(const merge_job *j)
 {
     if (j->n < 1 || !j->o_parts || !j->lse_parts || !j->o || !j->lse)
         return j->n < 1 ? SDPA_ERR_NEGATIVE_SIZE : SDPA_ERR_NULL_ARGUMENT;
+    if ((unsigned)j->parts_dtype > SDPA_DTYPE_F16 || (unsigned)j->o_dtype > SDPA_DTYPE_F16)
+        return SDPA_ERR_BAD_DESCRIPTOR;
+    const size_t pe = dtype_bytes(j->parts_dtype), oe = dtype_bytes(j->o_dtype);
     if (j->B < 0 || j->H < 0 || j->T < 0 || j->Dv < 0)
         return SDPA_ERR_NEGATIVE_SIZE;
     int64_t rows;
@@ -63,7 +68,7 @@ static sdpa_status merge_check(const merge_job *j)
     memset(&pl, 0, sizeof pl);
     const int64_t so[3] = {j->o->batch_stride, j->o->head_stride, j->o->seq_stride};
     const int64_t sl[3] = {j->lse->batch_stride, j->lse->head_stride, j->lse->seq_stride};
-    tensor_desc out[2] = {{j->o->data, so, {j->B, j->H, j->T}, j->Dv, 4, 1, 1},
+    tensor_desc out[2] = {{j->o->data, so, {j->B, j->H, j->T}, j->Dv, oe, 1, 1},
                           {j->lse->data, sl, {j->B, j->H, j->T}, 1, 4, 1, 1}};
     sdpa_status st = sdpa_check_tensors(&pl, out, 2, NULL, 0);
     if (st != SDPA_OK)
@@ -72,10 +77,11 @@ static sdpa_status merge_check(const merge_job *j)
         const sdpa_tensor *po = &j->o_parts[s], *pls = &j->lse_parts[s];
         const int64_t spo[3] = {po->batch_stride, po->head_stride, po->seq_stride};
         const int64_t spl[3] = {pls->batch_stride, pls->head_stride, pls->seq_stride};
-        const int same_o = po->data == j->o->data && memcmp(spo, so, sizeof so) == 0;
+        const int same_o = po->data == j->o->data && memcmp(spo, so, sizeof so) == 0 &&
+                           j->parts_dtype == j->o_dtype;
         const int same_l = pls->data == j->lse->data && memcmp(spl, sl, sizeof sl) == 0;
         /* an input that is not the output itself must not overlap either output */
-        tensor_desc t[4] = {out[0], out[1], {po->data, spo, {j->B, j->H, j->T}, j->Dv, 4, 0, !same_o},
+        tensor_desc t[4] = {out[0], out[1], {po->data, spo, {j->B, j->H, j->T}, j->Dv, pe, 0, !same_o},
                             {pls->data, spl, {j->B, j->H, j->T}, 1, 4, 0, !same_l}};
         if ((st = sdpa_check_tensors(&pl, t, 4, NULL, 0)) != SDPA_OK)
             return st;
@@ -83,39 +89,76 @@ static sdpa_status merge_check(const merge_job *j)
     return SDPA_OK;
 }
 
-/* The rows of the merge, one at a time (each output element is written after
- * all of its inputs were read, so in place is safe). scratch: n pointers, then
- * 2n floats (m, alpha). */
-static void merge_rows(const merge_job *j, const float **o, float *m, float *alpha)
+/* Row of Dv elements of type ty, widened (exactly) into dst. */
+static void widen_row(const void *src, sdpa_dtype ty, int64_t dv, float *dst)
 {
+    const uint16_t *h = src;
+    if (ty == SDPA_DTYPE_BF16)
+        for (int64_t d = 0; d < dv; d++)
+            dst[d] = sdpa_bf16_to_f32(h[d]);
+    else
+        for (int64_t d = 0; d < dv; d++)
+            dst[d] = sdpa_f16_to_f32(h[d]);
+}
+
+/* The rows of the merge, one at a time (each output row is written after all of
+ * its inputs were read, so in place is safe). scratch: n pointers, 2n floats (m,
+ * alpha), and with a 16-bit type n + 1 rows of Dv floats (the parts widened, the
+ * merged row before it is rounded). */
+static void merge_rows(const merge_job *j, const float **o, float *m, float *alpha, float *rows)
+{
+    const int wide_parts = j->parts_dtype != SDPA_DTYPE_F32, wide_out = j->o_dtype != SDPA_DTYPE_F32;
+    float *const merged = rows ? rows + (size_t)j->n * (size_t)j->Dv : NULL;
     for (int64_t b = 0; b < j->B; b++)
         for (int64_t h = 0; h < j->H; h++)
             for (int64_t i = 0; i < j->T; i++) {
                 for (int s = 0; s < j->n; s++) {
                     m[s] = *row_in(&j->lse_parts[s], b, h, i);
-                    o[s] = row_in(&j->o_parts[s], b, h, i);
+                    const void *part = row_in_t(&j->o_parts[s], j->parts_dtype, b, h, i);
+                    if (wide_parts && j->Dv && m[s] != -INFINITY) { /* an empty part's O is never read */
+                        float *w = rows + (size_t)s * (size_t)j->Dv;
+                        widen_row(part, j->parts_dtype, j->Dv, w);
+                        part = w;
+                    }
+                    o[s] = part;
                 }
-                float *orow = row_out(j->o, b, h, i), M;
+                float *orow = wide_out ? merged : row_out(j->o, b, h, i), M;
                 const float L = sdpa_merge_row(j->n, m, NULL, o, j->Dv, orow, &M, alpha);
                 const float inv = L == 0.0f ? 0.0f : 1.0f / L;
                 for (int64_t d = 0; d < j->Dv; d++)
                     orow[d] = L == 0.0f ? 0.0f : orow[d] * inv;
+                if (wide_out) {
+                    uint16_t *dst = row_out_t(j->o, j->o_dtype, b, h, i);
+                    if (j->o_dtype == SDPA_DTYPE_BF16)
+                        for (int64_t d = 0; d < j->Dv; d++)
+                            dst[d] = sdpa_f32_to_bf16(orow[d]);
+                    else
+                        for (int64_t d = 0; d < j->Dv; d++)
+                            dst[d] = sdpa_f32_to_f16(orow[d]);
+                }
                 *row_out(j->lse, b, h, i) = L == 0.0f ? -INFINITY : M + logf(L);
             }
 }
 
-sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, int64_t len, int64_t head_dim_v,
-                                const sdpa_tensor *o_parts, const sdpa_tensor *lse_parts, const sdpa_tensor_out *o,
-                                const sdpa_tensor_out *lse)
+sdpa_status sdpa_merge_states_typed(int n, int64_t batch, int64_t heads, int64_t len, int64_t head_dim_v,
+                                    sdpa_dtype parts_dtype, const sdpa_tensor *o_parts,
+                                    const sdpa_tensor *lse_parts, sdpa_dtype o_dtype, const sdpa_tensor_out *o,
+                                    const sdpa_tensor_out *lse)
 {
-    merge_job j = {n, batch, heads, len, head_dim_v, o_parts, lse_parts, o, lse};
+    merge_job j = {n, batch, heads, len, head_dim_v, parts_dtype, o_dtype, o_parts, lse_parts, o, lse};
     const sdpa_status st = merge_check(&j);
     if (st != SDPA_OK)
         return st;
     /* the views, copied before anything is written: an output may overlap the caller's
      * view structs or arrays (no operand of the aliasing rule) */
     const sdpa_tensor_out oc = *o, lc = *lse;
-    sdpa_tensor *views = malloc((size_t)n * (2 * sizeof(sdpa_tensor) + sizeof(float *) + 2 * sizeof(float)));
+    size_t bytes = (size_t)n * (2 * sizeof(sdpa_tensor) + sizeof(float *) + 2 * sizeof(float)), row_floats = 0;
+    if ((parts_dtype != SDPA_DTYPE_F32 || o_dtype != SDPA_DTYPE_F32) && batch && heads && len && head_dim_v &&
+        (__builtin_mul_overflow((size_t)n + 1, (size_t)head_dim_v, &row_floats) ||
+         __builtin_mul_overflow(row_floats, sizeof(float), &row_floats) ||
+         __builtin_add_overflow(bytes, row_floats, &bytes)))
+        return SDPA_ERR_OUT_OF_MEMORY; /* n + 1 rows of Dv floats: more than memory holds */
+    sdpa_tensor *views = malloc(bytes);
     if (!views)
         return SDPA_ERR_OUT_OF_MEMORY;
     memcpy(views, o_parts, (size_t)n * sizeof *views);
@@ -126,9 +169,17 @@ sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, int64_t len
     j.lse = &lc;
     const float **o_rows = (const float **)(void *)(views + 2 * n);
     float *m = (float *)(void *)(o_rows + n);
-    merge_rows(&j, o_rows, m, m + n);
+    merge_rows(&j, o_rows, m, m + n, row_floats ? m + 2 * n : NULL);
     free(views);
     return SDPA_OK;
+}
+
+sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, int64_t len, int64_t head_dim_v,
+                                const sdpa_tensor *o_parts, const sdpa_tensor *lse_parts, const sdpa_tensor_out *o,
+                                const sdpa_tensor_out *lse)
+{
+    return sdpa_merge_states_typed(n, batch, heads, len, head_dim_v, SDPA_DTYPE_F32, o_parts, lse_parts,
+                                   SDPA_DTYPE_F32, o, lse);
 }
 
 sdpa_status sdpa_merge_states(int64_t batch, int64_t heads, int64_t len, int64_t head_dim_v, const sdpa_tensor *o_a,

@@ -3,12 +3,14 @@
  * sets split in two or more parts, each part's (O, LSE) from sdpa_forward,
  * merged, against the float64 reference of the whole problem (the FlashAttention
  * rule: 2x the naive fp32 error); in place; parts with no key (LSE = -inf, O
- * poisoned with NaN: never read); both parts empty; bad arguments write nothing. */
+ * poisoned with NaN: never read); both parts empty; bad arguments write nothing;
+ * sdpa_merge_states_typed over every pair of types (bf16 / fp16 parts and O). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../src/dtype.h"
 #include "ref.h"
 #include "util.h"
 
@@ -159,6 +161,233 @@ Test(merge, bad_arguments_write_nothing)
     for (int i = 0; i < T; i++)
         cr_expect(util_is_sentinel(l[i]), "LSE[%d] written", i);
     util_gfree(o);
+    util_gfree(l);
+}
+
+/* ---------------------------------------------- typed states (16-bit O) -- */
+
+static size_t tbytes(sdpa_dtype t)
+{
+    return t == SDPA_DTYPE_F32 ? 4 : 2;
+}
+
+/* n floats stored as type t (nearest even) in a new buffer followed by `guard`
+ * elements of 0xA5 bytes. */
+static void *store_typed(sdpa_dtype t, const float *x, size_t n, size_t guard)
+{
+    unsigned char *buf = malloc((n + guard) * tbytes(t));
+    cr_assert_not_null(buf);
+    memset(buf, 0xA5, (n + guard) * tbytes(t));
+    for (size_t i = 0; i < n; i++) {
+        if (t == SDPA_DTYPE_F32) {
+            memcpy(buf + 4 * i, &x[i], 4);
+        } else {
+            const uint16_t h = t == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(x[i]) : sdpa_f32_to_f16(x[i]);
+            memcpy(buf + 2 * i, &h, 2);
+        }
+    }
+    return buf;
+}
+
+static float load_typed(sdpa_dtype t, const void *buf, size_t i)
+{
+    if (t == SDPA_DTYPE_F32) {
+        float x;
+        memcpy(&x, (const char *)buf + 4 * i, 4);
+        return x;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)buf + 2 * i, 2);
+    return t == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(h) : sdpa_f16_to_f32(h);
+}
+
+static int guard_bytes_intact(const void *buf, size_t from, size_t bytes)
+{
+    for (size_t i = 0; i < bytes; i++)
+        if (((const unsigned char *)buf)[from + i] != 0xA5)
+            return 0;
+    return 1;
+}
+
+static const char *tname(sdpa_dtype t)
+{
+    return t == SDPA_DTYPE_F32 ? "fp32" : t == SDPA_DTYPE_BF16 ? "bf16" : "fp16";
+}
+
+/* Three parts of the keys (one of them a single key; in row 5 of every head part 1
+ * empty: LSE = -inf, O NaN, never read) from the fp32 forward, stored as pt, merged
+ * into an O of type ot (odd Dv: no row a multiple of a vector). Checked: (1) the bits
+ * of the fp32 merge (sdpa_merge_states_n) of the parts widened, rounded once to ot,
+ * and its LSE; (2) against a float64 merge of the stored parts, the error within
+ * half a unit of ot's last place (relative) and a few fp32 roundings; (3) nothing
+ * written past O; (4) with ot = pt, in place into part 0: the same bits. */
+static void check_typed(sdpa_dtype pt, sdpa_dtype ot)
+{
+    enum { TB = 2, TH = 3, TT = 13, TKK = 97, TD = 19, NP = 3, GUARD = 37 };
+    util_rng r;
+    util_rng_seed(&r, "merge-typed", 0x7e3 + (uint64_t)pt * 3 + (uint64_t)ot);
+    const size_t nq = (size_t)TB * TH * TT * TD, nk = (size_t)TB * TH * TKK * TD, nl = (size_t)TB * TH * TT;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    util_fill_uniform(&r, q, nq, -2.0f, 2.0f);
+    util_fill_uniform(&r, k, nk, -2.0f, 2.0f);
+    util_fill_uniform(&r, v, nk, -3.0f, 3.0f);
+    const int64_t cut[NP + 1] = {0, 30, 31, TKK};
+    float *o32[NP], *lse[NP];
+    void *stored[NP];
+    float *wide[NP];
+    sdpa_tensor vo[NP], vl[NP], vw[NP];
+    for (int s = 0; s < NP; s++) {
+        o32[s] = malloc(nq * 4), lse[s] = malloc(nl * 4), wide[s] = malloc(nq * 4);
+        sdpa_problem p = util_problem(TB, TH, TH, TT, cut[s + 1] - cut[s], TD, TD);
+        p.num_threads = 1;
+        sdpa_tensor tk = util_cview(k, TH, TKK, TD), tv = util_cview(v, TH, TKK, TD);
+        tk.data = k + cut[s] * TD;
+        tv.data = v + cut[s] * TD;
+        const sdpa_tensor tq = util_cview(q, TH, TT, TD);
+        const sdpa_tensor_out to = util_cview_out(o32[s], TH, TT, TD), tl = util_lse_view_out(lse[s], TH, TT);
+        cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tl), SDPA_OK);
+    }
+    for (size_t row = 5; row < nl; row += TT) { /* part 1 empty in row 5 of each head */
+        lse[1][row] = -INFINITY;
+        for (int d = 0; d < TD; d++)
+            o32[1][row * TD + (size_t)d] = NAN;
+    }
+    for (int s = 0; s < NP; s++) {
+        stored[s] = store_typed(pt, o32[s], nq, 0);
+        for (size_t i = 0; i < nq; i++)
+            wide[s][i] = load_typed(pt, stored[s], i);
+        vo[s] = util_cview(stored[s], TH, TT, TD);
+        vw[s] = util_cview(wide[s], TH, TT, TD);
+        vl[s] = util_lse_view(lse[s], TH, TT);
+    }
+    /* (1) the expected bits: the fp32 merge of the widened parts, rounded once */
+    float *eo = malloc(nq * 4), *el = malloc(nl * 4);
+    const sdpa_tensor_out teo = util_cview_out(eo, TH, TT, TD), tel = util_lse_view_out(el, TH, TT);
+    cr_assert_eq(sdpa_merge_states_n(NP, TB, TH, TT, TD, vw, vl, &teo, &tel), SDPA_OK);
+    void *expect = store_typed(ot, eo, nq, 0);
+    void *out = store_typed(ot, eo, 0, nq + GUARD); /* all 0xA5 */
+    float *ml = util_galloc(nl);
+    const sdpa_tensor_out to = util_cview_out(out, TH, TT, TD), tl = util_lse_view_out(ml, TH, TT);
+    const sdpa_status st = sdpa_merge_states_typed(NP, TB, TH, TT, TD, pt, vo, vl, ot, &to, &tl);
+    cr_assert_eq(st, SDPA_OK, "%s -> %s: %s", tname(pt), tname(ot), sdpa_status_string(st));
+    cr_expect(memcmp(out, expect, nq * tbytes(ot)) == 0, "%s -> %s: not the fp32 merge rounded once", tname(pt),
+              tname(ot));
+    cr_expect(memcmp(ml, el, nl * 4) == 0, "%s -> %s: LSE not the fp32 merge's", tname(pt), tname(ot));
+    cr_expect(guard_bytes_intact(out, nq * tbytes(ot), GUARD * tbytes(ot)), "%s -> %s: written past O",
+              tname(pt), tname(ot));
+    cr_expect(util_gintact(ml, "merged LSE"));
+    /* (2) a float64 merge of the parts as stored */
+    const double half_ulp = ot == SDPA_DTYPE_F32 ? 0x1p-24 : ot == SDPA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+    double worst = 0.0;
+    for (size_t row = 0; row < nl; row++) {
+        double M = -INFINITY, L = 0.0;
+        for (int s = 0; s < NP; s++)
+            M = fmax(M, (double)lse[s][row]);
+        for (int s = 0; s < NP; s++)
+            L += lse[s][row] == -INFINITY ? 0.0 : exp((double)lse[s][row] - M);
+        const double lse64 = M + log(L);
+        cr_expect(fabs(ml[row] - lse64) <= 8 * 0x1p-24 * fmax(1.0, fabs(lse64)), "%s -> %s: LSE row %zu %g vs %.9g",
+                  tname(pt), tname(ot), row, ml[row], lse64);
+        for (int d = 0; d < TD; d++) {
+            double acc = 0.0;
+            for (int s = 0; s < NP; s++)
+                if (lse[s][row] != -INFINITY)
+                    acc += exp((double)lse[s][row] - M) * (double)wide[s][row * TD + (size_t)d];
+            const double ref = acc / L, got = load_typed(ot, out, row * TD + (size_t)d);
+            const double err = fabs(got - ref) / (half_ulp * fabs(ref) + 16 * 0x1p-24 * 3.0);
+            worst = fmax(worst, err);
+        }
+    }
+    cr_expect(worst <= 1.0, "%s -> %s: error %.3g of the bound", tname(pt), tname(ot), worst);
+    /* (4) in place into part 0 */
+    if (pt == ot) {
+        const sdpa_tensor_out tin = util_cview_out(stored[0], TH, TT, TD), tlin = util_lse_view_out(lse[0], TH, TT);
+        cr_expect_eq(sdpa_merge_states_typed(NP, TB, TH, TT, TD, pt, vo, vl, ot, &tin, &tlin), SDPA_OK);
+        cr_expect(memcmp(stored[0], expect, nq * tbytes(ot)) == 0 && memcmp(lse[0], el, nl * 4) == 0,
+                  "%s: in place differs", tname(pt));
+    }
+    for (int s = 0; s < NP; s++)
+        free(o32[s]), free(lse[s]), free(wide[s]), free(stored[s]);
+    free(q), free(k), free(v), free(eo), free(el), free(expect), free(out);
+    util_gfree(ml);
+}
+
+Test(merge, typed_every_pair_of_types)
+{
+    const sdpa_dtype ts[3] = {SDPA_DTYPE_F32, SDPA_DTYPE_BF16, SDPA_DTYPE_F16};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++)
+            check_typed(ts[a], ts[b]);
+}
+
+/* An fp16 O: a merged value past 65504 after rounding is +-inf (65519.99 rounds to
+ * 65504, 65520 to inf); NaN stays NaN; a bf16 O keeps 1e30. */
+Test(merge, typed_fp16_range)
+{
+    enum { DV = 5 };
+    float oa[DV] = {65519.99f, 65520.0f, -70000.0f, NAN, 1e30f}, la[1] = {0.0f}, lb[1] = {-INFINITY};
+    float ob[DV];
+    for (int d = 0; d < DV; d++)
+        ob[d] = NAN; /* empty part: never read */
+    uint16_t o16[DV];
+    float l;
+    const sdpa_tensor parts[2] = {util_cview(oa, 1, 1, DV), util_cview(ob, 1, 1, DV)},
+                      lparts[2] = {util_lse_view(la, 1, 1), util_lse_view(lb, 1, 1)};
+    const sdpa_tensor_out to = util_cview_out((float *)(void *)o16, 1, 1, DV), tl = util_lse_view_out(&l, 1, 1);
+    cr_assert_eq(sdpa_merge_states_typed(2, 1, 1, 1, DV, SDPA_DTYPE_F32, parts, lparts, SDPA_DTYPE_F16, &to, &tl),
+                 SDPA_OK);
+    cr_expect(util_half_to_float(o16[0]) == 65504.0f, "65519.99 -> %g", util_half_to_float(o16[0]));
+    cr_expect(util_half_to_float(o16[1]) == INFINITY, "65520 -> %g", util_half_to_float(o16[1]));
+    cr_expect(util_half_to_float(o16[2]) == -INFINITY, "-70000 -> %g", util_half_to_float(o16[2]));
+    cr_expect(isnan(util_half_to_float(o16[3])), "NaN -> %g", util_half_to_float(o16[3]));
+    cr_expect(util_half_to_float(o16[4]) == INFINITY, "1e30 -> %g", util_half_to_float(o16[4]));
+    cr_expect(l == 0.0f, "LSE %g", l);
+    cr_assert_eq(sdpa_merge_states_typed(2, 1, 1, 1, DV, SDPA_DTYPE_F32, parts, lparts, SDPA_DTYPE_BF16, &to, &tl),
+                 SDPA_OK);
+    cr_expect(fabsf(sdpa_bf16_to_f32(o16[4]) - 1e30f) <= 1e30f * 0x1p-8f, "bf16 1e30 -> %g",
+              sdpa_bf16_to_f32(o16[4]));
+}
+
+/* Bad typed arguments: a status and nothing written. A 16-bit O at the address of
+ * fp32 parts (or of parts of the other 16-bit type) is no in-place merge: aliasing. */
+Test(merge, typed_bad_arguments_write_nothing)
+{
+    enum { T = 4, DV = 8 };
+    float pa[T * DV] = {0}, la[T] = {0}, lb[T] = {0};
+    uint16_t pb[T * DV + 1] = {0};
+    float *l = util_galloc(T);
+    uint16_t *o = malloc((T * DV + 1) * 2);
+    memset(o, 0xA5, (T * DV + 1) * 2);
+    const sdpa_tensor_out to = util_cview_out((float *)(void *)o, 1, T, DV), tl = util_lse_view_out(l, 1, T);
+    const sdpa_tensor f32parts[2] = {util_cview(pa, 1, T, DV), util_cview(pa, 1, T, DV)},
+                      h16parts[2] = {util_cview((float *)(void *)pb, 1, T, DV), util_cview((float *)(void *)pb, 1, T, DV)},
+                      lp[2] = {util_lse_view(la, 1, T), util_lse_view(lb, 1, T)};
+    cr_expect_eq(sdpa_merge_states_typed(2, 1, 1, T, DV, (sdpa_dtype)3, h16parts, lp, SDPA_DTYPE_BF16, &to, &tl),
+                 SDPA_ERR_BAD_DESCRIPTOR);
+    cr_expect_eq(sdpa_merge_states_typed(2, 1, 1, T, DV, SDPA_DTYPE_BF16, h16parts, lp, (sdpa_dtype)-1, &to, &tl),
+                 SDPA_ERR_BAD_DESCRIPTOR);
+    /* fp16 O over the bf16 parts' own memory, and a bf16 O over fp32 parts */
+    const sdpa_tensor_out over16 = util_cview_out((float *)(void *)pb, 1, T, DV),
+                          over32 = util_cview_out(pa, 1, T, DV);
+    cr_expect_eq(sdpa_merge_states_typed(2, 1, 1, T, DV, SDPA_DTYPE_BF16, h16parts, lp, SDPA_DTYPE_F16, &over16, &tl),
+                 SDPA_ERR_ALIASING);
+    cr_expect_eq(sdpa_merge_states_typed(2, 1, 1, T, DV, SDPA_DTYPE_F32, f32parts, lp, SDPA_DTYPE_BF16, &over32, &tl),
+                 SDPA_ERR_ALIASING);
+    /* a 16-bit O or part at an odd address */
+    const sdpa_tensor_out odd = util_cview_out((float *)(void *)((char *)o + 1), 1, T, DV);
+    cr_expect_eq(sdpa_merge_states_typed(2, 1, 1, T, DV, SDPA_DTYPE_BF16, h16parts, lp, SDPA_DTYPE_F16, &odd, &tl),
+                 SDPA_ERR_MISALIGNED);
+    const sdpa_tensor oddp[2] = {util_cview((float *)(void *)((char *)pb + 1), 1, T, DV), h16parts[1]};
+    cr_expect_eq(sdpa_merge_states_typed(2, 1, 1, T, DV, SDPA_DTYPE_F16, oddp, lp, SDPA_DTYPE_F16, &to, &tl),
+                 SDPA_ERR_MISALIGNED);
+    for (int i = 0; i < (T * DV + 1) * 2; i++)
+        cr_expect(((unsigned char *)o)[i] == 0xA5, "O byte %d written", i);
+    for (int i = 0; i < T; i++)
+        cr_expect(util_is_sentinel(l[i]), "LSE[%d] written", i);
+    cr_expect(util_gintact(l, "LSE"));
+    for (int i = 0; i < T * DV; i++)
+        cr_expect(pa[i] == 0.0f && pb[i] == 0, "a part written at %d", i);
+    free(o);
     util_gfree(l);
 }
 

@@ -1166,11 +1166,14 @@ def _batch_sum(g):
     return g.sum(0, keepdims=True, dtype=_F32).astype(g.dtype)
 
 
-def merge_states(outs, lses, *, out=None, lse_out=None):
+def merge_states(outs, lses, *, out=None, lse_out=None, out_dtype=None):
     """Merges partial attention states (O_s, LSE_s) over disjoint key sets
-    (sdpa_merge_states_n): O = sum_s exp(LSE_s - LSE) O_s, LSE = log sum_s exp(LSE_s).
-    outs: sequence of float32 O arrays [.., T, Dv] of one shape (sdpa_merge_states takes
-    float32 only); lses: their LSE [.., T].
+    (sdpa_merge_states_typed): O = sum_s exp(LSE_s - LSE) O_s, LSE = log sum_s exp(LSE_s).
+    outs: sequence of O arrays [.., T, Dv] of one shape and one type (float32, float16 or
+    ml_dtypes' bfloat16); lses: their float32 LSE [.., T]. The merged O has out's type
+    if out is given, else out_dtype's (float32, float16, 'bfloat16'), else the parts'
+    type; the merge runs in float32 and rounds O once (nearest even). out may be one of
+    outs (the same array, in place) only when the types agree.
     Returns (O, LSE)."""
     outs = [_as_array(x, f"outs[{i}]") for i, x in enumerate(outs)]
     lses = [_as_array(x, f"lses[{i}]") for i, x in enumerate(lses)]
@@ -1183,34 +1186,42 @@ def merge_states(outs, lses, *, out=None, lse_out=None):
         raise ValueError(f"outs[0]: rank {rank}; expected 2, 3 or 4")
     Ot = (_Tensor * n)()
     Lt = (_Tensor * n)()
+    parts_code = None
     for i in range(n):
         if outs[i].shape != shape:
             raise ValueError(f"outs[{i}]: shape {outs[i].shape}, expected {shape}")
         if lses[i].shape != shape[:-1]:
             raise ValueError(f"lses[{i}]: shape {lses[i].shape}, expected {shape[:-1]}")
-        p, s, _ = _view(outs[i], f"outs[{i}]", rank)
+        p, s, code = _view(outs[i], f"outs[{i}]", rank, allowed=_TYPED)
+        if parts_code is None:
+            parts_code = code
+        elif code != parts_code:
+            raise ValueError(f"outs[{i}]: dtype {outs[i].dtype}, expected {outs[0].dtype} "
+                             "(the parts share one type)")
         Ot[i] = _t(p, s, rank)
         p, s, _ = _view(lses[i], f"lses[{i}]", rank - 1)
         Lt[i] = _lse_t(p, s, rank)
     (B, H, T, D), _ = _split(shape, [0] * rank, rank)
     if out is None:
-        out = np.empty(shape, dtype=_F32)
+        out = np.empty(shape, dtype=outs[0].dtype if out_dtype is None else _out_dtype(out_dtype))
     elif not isinstance(out, np.ndarray):
         raise ValueError(f"out: expected a NumPy array to write into, got {type(out).__name__}")
     elif out.shape != shape:
         raise ValueError(f"out: shape {out.shape}, expected {shape}")
+    elif out_dtype is not None and out.dtype != _out_dtype(out_dtype):
+        raise ValueError(f"out: dtype {out.dtype}, but out_dtype is {out_dtype!r}")
     if lse_out is None:
         lse_out = np.empty(shape[:-1], dtype=_F32)
     elif not isinstance(lse_out, np.ndarray):
         raise ValueError(f"lse_out: expected a NumPy array to write into, got {type(lse_out).__name__}")
     elif lse_out.shape != shape[:-1]:
         raise ValueError(f"lse_out: shape {lse_out.shape}, expected {shape[:-1]}")
-    p, s, _ = _view(out, "out", rank, writable=True)
+    p, s, o_code = _view(out, "out", rank, writable=True, allowed=_TYPED)
     o_t = _t(p, s, rank)
     p, s, _ = _view(lse_out, "lse_out", rank - 1, writable=True)
     l_t = _lse_t(p, s, rank)
-    st = _b.merge_states_n(n, B, H, T, D, Ot, Lt, _byref(o_t), _byref(l_t))
-    _check("sdpa_merge_states_n", st)
+    st = _b.merge_states_typed(n, B, H, T, D, parts_code, Ot, Lt, o_code, _byref(o_t), _byref(l_t))
+    _check("sdpa_merge_states_typed", st)
     return out, lse_out
 
 

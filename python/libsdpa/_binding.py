@@ -104,6 +104,8 @@ forward = _proto("sdpa_forward", ctypes.c_int, _P(Problem), _T, _T, _T, _T, _T)
 backward = _proto("sdpa_backward", ctypes.c_int, _P(Problem), _T, _T, _T, _T, _T, _T, _T, _T, _T)
 merge_states_n = _proto("sdpa_merge_states_n", ctypes.c_int, ctypes.c_int, c_int64, c_int64,
                         c_int64, c_int64, _T, _T, _T, _T)
+merge_states_typed = _proto("sdpa_merge_states_typed", ctypes.c_int, ctypes.c_int, c_int64, c_int64,
+                            c_int64, c_int64, ctypes.c_int, _T, _T, ctypes.c_int, _T, _T)
 status_string = _proto("sdpa_status_string", ctypes.c_char_p, ctypes.c_int)
 isa_active = _proto("sdpa_isa_active", ctypes.c_int)
 isa_compiled = _proto("sdpa_isa_compiled", ctypes.c_int, ctypes.c_int)

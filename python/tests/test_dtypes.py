@@ -492,7 +492,7 @@ def test_bad_types_raise_and_leave_out(case):
 
 
 def test_fp32_only_operands_refuse_16bit():
-    """LSE, the bias and merge_states stay float32."""
+    """LSE and the bias stay float32 (merge_states takes 16-bit O, its LSE stays float32)."""
     rng = np.random.default_rng(28)
     q, k, v = make(rng, SHAPES["gqa"], F16, F16)
     o, lse = libsdpa.attention(q, k, v, return_lse=True)
@@ -502,8 +502,60 @@ def test_fp32_only_operands_refuse_16bit():
         libsdpa.attention_backward(q, k, v, o, lse.astype(F16), o)
     with pytest.raises(ValueError, match="o and do: dtypes float16 and float32 differ"):
         libsdpa.attention_backward(q, k, v, o, lse, widened(o))
-    with pytest.raises(ValueError, match=r"outs\[0\]: dtype float16"):
-        libsdpa.merge_states([o, o], [lse, lse])
+    with pytest.raises(ValueError, match=r"lses\[0\]: dtype float16"):
+        libsdpa.merge_states([o, o], [lse.astype(F16), lse])
+
+
+@pytest.mark.parametrize("pt", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("ot", ["f32", "bf16", "f16"])
+def test_merge_states_typed(pt, ot):
+    """16-bit parts and O (sdpa_merge_states_typed): the bits of the float32 merge of
+    the widened parts rounded once to O's type, and within half a unit of O's last place
+    of a float64 merge of the parts as stored; in place into a part of O's type."""
+    pt, ot = T(pt), T(ot)
+    rng = np.random.default_rng(29)
+    q, k, v = make(rng, SHAPES["gqa"], F32, F32)
+    cut = k.shape[2] // 3
+    parts = [libsdpa.attention(q, k[:, :, a:b], v[:, :, a:b], return_lse=True)
+             for a, b in ((0, cut), (cut, cut + 1), (cut + 1, k.shape[2]))]
+    outs = [o.astype(pt) for o, _ in parts]
+    lses = [lse for _, lse in parts]
+    om, lm = libsdpa.merge_states(outs, lses, out_dtype=ot)
+    assert om.dtype == ot and lm.dtype == F32
+    o32, l32 = libsdpa.merge_states([widened(o) for o in outs], lses)
+    assert np.array_equal(bits(om), bits(rounded(o32, ot))), "not the float32 merge rounded once"
+    assert np.array_equal(bits(lm), bits(l32))
+    L = np.stack([x.astype(np.float64) for x in lses])
+    M = L.max(0)
+    w = np.exp(L - M)
+    ref64 = (w[..., None] * np.stack([x.astype(np.float64) for x in outs])).sum(0) / w.sum(0)[..., None]
+    half_ulp = {F32: 2.0 ** -24, F16: 2.0 ** -11}.get(ot, 2.0 ** -8)
+    err = np.abs(om.astype(np.float64) - ref64) / (half_ulp * np.abs(ref64) + 48 * 2.0 ** -24)
+    assert err.max() <= 1.0, err.max()
+    if pt == ot:   # in place into part 0
+        first = outs[0]
+        o_in, _ = libsdpa.merge_states(outs, lses, out=first)
+        assert o_in is first and np.array_equal(bits(first), bits(om))
+
+
+def test_merge_states_typed_refused():
+    """Parts of two types, and an out whose dtype is not out_dtype, are ValueErrors; an
+    O of another type over a part's memory is the library's aliasing error."""
+    rng = np.random.default_rng(30)
+    q, k, v = make(rng, SHAPES["gqa"], F32, F32)
+    o, lse = libsdpa.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=r"outs\[1\]: dtype float32, expected float16"):
+        libsdpa.merge_states([o.astype(F16), o], [lse, lse])
+    with pytest.raises(ValueError, match="out: dtype float32, but out_dtype"):
+        libsdpa.merge_states([o, o], [lse, lse], out=np.empty_like(o), out_dtype=np.float16)
+    buf = np.zeros(o.size * 2, F16)
+    parts32 = buf.view(F32).reshape(o.shape)
+    parts32[...] = o
+    over = buf[:o.size].reshape(o.shape)   # fp16 O over the fp32 part's first half
+    before = buf.copy()
+    with pytest.raises(libsdpa.SdpaError, match="an output overlaps an input"):
+        libsdpa.merge_states([parts32, parts32], [lse, lse], out=over)
+    assert np.array_equal(bits(buf), bits(before))
 
 
 # ---------------------------------------------------------------- backward
