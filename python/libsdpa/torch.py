@@ -25,7 +25,7 @@ import torch
 from . import _api
 from . import _binding as _b
 
-__all__ = ["scaled_dot_product_attention", "attention", "patch"]
+__all__ = ["scaled_dot_product_attention", "attention", "merge_states", "patch"]
 
 _CAUSAL = _api._CAUSAL   # the NumPy API's spellings
 _CAUSAL_NAME = {0: None, 1: "top-left", 2: "bottom-right"}
@@ -291,6 +291,59 @@ def _to4(q, k, v):
     return four(q), four(k), four(v), tuple(lead)
 
 
+def merge_states(outs, lses, *, out_dtype=None):
+    """Merges partial attention states (O_s, LSE_s) over disjoint key sets of the same
+    queries (cascade attention, a prefix cache, split-KV across calls: vLLM's
+    merge_attn_states) through sdpa_merge_states_typed: O = sum_s exp(LSE_s - LSE) O_s,
+    LSE = log sum_s exp(LSE_s) (natural log, as attention(..., return_lse=True) gives it).
+    outs: CPU tensors [.., T, Dv] of one shape and one dtype (float32, bfloat16 or
+    float16, any strides); lses: float32 [.., T]. Returns new (O, LSE) tensors, O in
+    out_dtype (default: the parts' dtype), merged in float32 and rounded once. Inference
+    only: no autograd (the results do not require grad)."""
+    outs, lses = list(outs), list(lses)
+    n = len(outs)
+    if n < 1 or len(lses) != n:
+        raise ValueError(f"merge_states: {n} outs and {len(lses)} lses (need as many, at least 1)")
+    for i in range(n):
+        _check_tensor(outs[i], f"outs[{i}]")
+        _check_tensor(lses[i], f"lses[{i}]")
+    shape = tuple(outs[0].shape)
+    rank = len(shape)
+    if rank not in (2, 3, 4):
+        raise ValueError(f"outs[0]: rank {rank}; expected 2, 3 or 4")
+    dtype = outs[0].dtype
+    o_dtype = dtype if out_dtype is None else out_dtype
+    if o_dtype not in _DTYPE_CODE:
+        raise ValueError(f"out_dtype: {out_dtype} is not supported (float32, bfloat16, float16)")
+    Ot = (_api._Tensor * n)()
+    Lt = (_api._Tensor * n)()
+    keep = []
+    for i in range(n):
+        if tuple(outs[i].shape) != shape or outs[i].dtype != dtype:
+            raise ValueError(f"outs[{i}]: {tuple(outs[i].shape)} {outs[i].dtype}, expected {shape} "
+                             f"{dtype} (the parts share one shape and one dtype)")
+        if tuple(lses[i].shape) != shape[:-1] or lses[i].dtype != torch.float32:
+            raise ValueError(f"lses[{i}]: {tuple(lses[i].shape)} {lses[i].dtype}, expected "
+                             f"{shape[:-1]} torch.float32")
+        ro, rl = _raw(outs[i].detach(), f"outs[{i}]"), _raw(lses[i].detach(), f"lses[{i}]")
+        keep += [ro, rl]
+        Ot[i] = _api._t(ro.ptr, ro.st, rank)
+        Ll = rl.st if rl.ptr else _api._packed(shape[:-1])
+        Lt[i] = _api._lse_t(rl.ptr, Ll, rank)
+    o = torch.empty(shape, dtype=o_dtype, device=_CPU)
+    lse = torch.empty(shape[:-1], dtype=torch.float32, device=_CPU)
+    (B, H, T, D), _ = _api._split(shape, [0] * rank, rank)
+    po = o.data_ptr() if o.numel() else 0
+    pl = lse.data_ptr() if lse.numel() else 0
+    o_t = _api._t(po, list(o.stride()), rank)
+    l_t = _api._lse_t(pl, list(lse.stride()), rank)
+    st = _b.merge_states_typed(n, B, H, T, D, _DTYPE_CODE[dtype], Ot, Lt, _DTYPE_CODE[o_dtype],
+                               _api._byref(o_t), _api._byref(l_t))
+    _api._check("sdpa_merge_states_typed", st)
+    del keep
+    return o, lse
+
+
 # What _direct() asks of the dispatcher's state (torch internals; without one of them every
 # call takes the custom op).
 _C = torch._C
@@ -377,7 +430,7 @@ def _direct(tensors):
 
 def attention(query, key, value, *, scale=None, causal=None, window=None, window_align=None,
               diagonal_offset=0, kv_lengths=None, mask=None, bias=None, softcap=None,
-              alibi_slopes=None, sinks=None):
+              alibi_slopes=None, sinks=None, return_lse=False):
     """libsdpa's attention on CPU tensors [.., H, T, D] with autograd (query, key, value, and
     sinks when given; mask, bias and alibi_slopes get none: a bias or slopes tensor that
     requires grad, with grad mode on, is a ValueError; inputs tracked by torch.func.grad or
@@ -388,15 +441,18 @@ def attention(query, key, value, *, scale=None, causal=None, window=None, window
     libsdpa.attention (the NumPy API): causal None/True/'top-left'/'bottom-right', window
     (left, right), diagonal_offset, kv_lengths (an integer tensor of B lengths), mask (bool, True = may attend)
     and bias (float32) broadcastable to [B, Hq, Tq, Tk], softcap, alibi_slopes, sinks.
-    GQA: query heads a multiple of key heads. Returns O [.., Hq, Tq, Dv]."""
+    GQA: query heads a multiple of key heads. Returns O [.., Hq, Tq, Dv]; with
+    return_lse=True, (O, LSE): LSE [.., Hq, Tq] float32, natural log (-inf for a row with no
+    key), the state merge_states() takes; the LSE is detached (no gradient flows through it:
+    O's does)."""
     for t, n in ((query, "query"), (key, "key"), (value, "value")):
         _check_tensor(t, n)
     return _attention(query, key, value, scale, causal, window, window_align, kv_lengths, mask,
-                      bias, softcap, alibi_slopes, sinks, diagonal_offset)
+                      bias, softcap, alibi_slopes, sinks, diagonal_offset, return_lse)
 
 
 def _attention(query, key, value, scale, causal, window, window_align, kv_lengths, mask, bias,
-               softcap, alibi_slopes, sinks, diagonal_offset=0):
+               softcap, alibi_slopes, sinks, diagonal_offset=0, return_lse=False):
     """attention() after _check_tensor of query, key and value."""
     if key.dtype != value.dtype:
         raise ValueError(f"key and value: dtypes {key.dtype} and {value.dtype} differ (libsdpa "
@@ -458,10 +514,20 @@ def _attention(query, key, value, scale, causal, window, window_align, kv_length
             "libsdpa.torch: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not "
             "supported (a custom op's tangent would silently be 0)")
     if _direct(args[:8]):
-        o, _ = _forward_kernel(*args, want_lse=False)
+        o, lse = _forward_kernel(*args, want_lse=return_lse)
     else:
-        o, _ = _attention_op(*args)
+        o, lse = _attention_op(*args)
     rank = query.dim()
+    if return_lse:
+        lse = lse.detach()
+        if rank == 2:
+            return o[0, 0], lse[0, 0]
+        if rank == 3:
+            return o[0], lse[0]
+        if rank > 4:
+            return (o.reshape(tuple(lead) + tuple(o.shape[1:])),
+                    lse.reshape(tuple(lead) + tuple(lse.shape[1:])))
+        return o, lse
     if rank == 4:
         return o   # [B, Hq, Tq, Dv] already, B = lead[0]
     if rank == 2:

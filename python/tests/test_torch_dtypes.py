@@ -227,3 +227,58 @@ def test_patch_16bit():
             assert calls == [BF16, BF16]
         else:
             assert calls == [BF16] and any("autograd" in m for m in msgs)
+
+
+# ---------------------------------------------------------------- merge_states
+
+def test_attention_return_lse():
+    """return_lse=True: the same O, the LSE of the NumPy API bit for bit, detached (O
+    keeps its gradient); ranks 3 and 5 reshaped like O."""
+    q, k, v = rn(2, 4, 9, 16), rn(2, 2, 13, 16), rn(2, 2, 13, 8)
+    o, lse = lt.attention(q, k, v, causal=True, return_lse=True)
+    assert same_bits(o, lt.attention(q, k, v, causal=True))
+    _, lse_np = libsdpa.attention(q.numpy(), k.numpy(), v.numpy(), causal=True, return_lse=True)
+    assert lse.dtype == F32 and tuple(lse.shape) == (2, 4, 9)
+    assert torch.equal(bits(lse), bits(torch.from_numpy(lse_np)))
+    qg = q.clone().requires_grad_()
+    og, lg = lt.attention(qg, k, v, return_lse=True)
+    assert og.requires_grad and not lg.requires_grad
+    og.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+    o3, l3 = lt.attention(q[0], k[0], v[0], return_lse=True)
+    assert tuple(o3.shape) == (4, 9, 8) and tuple(l3.shape) == (4, 9)
+    o5, l5 = lt.attention(q[None], k[None], v[None], causal=True, return_lse=True)
+    assert tuple(o5.shape) == (1, 2, 4, 9, 8) and tuple(l5.shape) == (1, 2, 4, 9)
+    assert same_bits(o5[0], o) and torch.equal(bits(l5[0]), bits(lse))
+
+
+@pytest.mark.parametrize("pt", [F32, BF16, F16])
+@pytest.mark.parametrize("ot", [None, F32, BF16])
+def test_merge_states(pt, ot):
+    """Cascade attention: a shared prefix and a suffix computed apart, merged
+    (sdpa_merge_states_typed): the bits of the float32 merge of the widened parts rounded
+    once to O's type, close to the whole call; parts as strided views."""
+    q, k, v = rn(1, 8, 3, 64, dtype=pt), rn(1, 2, 40, 64, dtype=pt), rn(1, 2, 40, 64, dtype=pt)
+    o1, l1 = lt.attention(q, k[:, :, :25], v[:, :, :25], return_lse=True)
+    o2, l2 = lt.attention(q, k[:, :, 25:], v[:, :, 25:], return_lse=True)
+    o2 = o2.transpose(1, 2).contiguous().transpose(1, 2)   # [B, H, T, D] view of a BTHD buffer
+    om, lm = lt.merge_states([o1, o2], [l1, l2], out_dtype=ot)
+    assert om.dtype == (pt if ot is None else ot) and lm.dtype == F32
+    o32, l32 = lt.merge_states([o1.float(), o2.float()], [l1, l2])
+    assert same_bits(om, o32.to(om.dtype)) and same_bits(lm, l32)
+    ow, lw = lt.attention(q, k, v, return_lse=True)
+    tol = {F32: 2e-5, BF16: 2e-2, F16: 3e-3}[pt if ot is None or pt != F32 else ot]
+    assert torch.allclose(om.float(), ow.float(), rtol=tol, atol=tol)
+    assert torch.allclose(lm, lw, rtol=1e-5, atol=1e-5)
+
+
+def test_merge_states_refused():
+    o, l = lt.attention(rn(1, 2, 3, 8), rn(1, 2, 5, 8), rn(1, 2, 5, 8), return_lse=True)
+    with pytest.raises(ValueError, match="the parts share one shape and one dtype"):
+        lt.merge_states([o, o.to(BF16)], [l, l])
+    with pytest.raises(ValueError, match=r"lses\[1\]"):
+        lt.merge_states([o, o], [l, l.double()])
+    with pytest.raises(ValueError, match="out_dtype"):
+        lt.merge_states([o, o], [l, l], out_dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"outs\[0\]: rank 1"):
+        lt.merge_states([o[0, 0, 0]], [l[0, 0]])
