@@ -18,7 +18,7 @@ import contextlib
 import math
 import threading
 import warnings
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -291,33 +291,20 @@ def _to4(q, k, v):
     return four(q), four(k), four(v), tuple(lead)
 
 
-def merge_states(outs, lses, *, out_dtype=None):
-    """Merges partial attention states (O_s, LSE_s) over disjoint key sets of the same
-    queries (cascade attention, a prefix cache, split-KV across calls: vLLM's
-    merge_attn_states) through sdpa_merge_states_typed: O = sum_s exp(LSE_s - LSE) O_s,
-    LSE = log sum_s exp(LSE_s) (natural log, as attention(..., return_lse=True) gives it).
-    outs: CPU tensors [.., T, Dv] of one shape and one dtype (float32, bfloat16 or
-    float16, any strides); lses: float32 [.., T]. Returns new (O, LSE) tensors, O in
-    out_dtype (default: the parts' dtype), merged in float32 and rounded once. Inference
-    only: no autograd (the results do not require grad)."""
-    outs, lses = list(outs), list(lses)
+def _merge_checked(outs, lses, out_dtype):
+    """merge_states' arguments checked (as lists); the merged O's dtype."""
     n = len(outs)
     if n < 1 or len(lses) != n:
         raise ValueError(f"merge_states: {n} outs and {len(lses)} lses (need as many, at least 1)")
     for i in range(n):
         _check_tensor(outs[i], f"outs[{i}]")
         _check_tensor(lses[i], f"lses[{i}]")
-    shape = tuple(outs[0].shape)
-    rank = len(shape)
-    if rank not in (2, 3, 4):
-        raise ValueError(f"outs[0]: rank {rank}; expected 2, 3 or 4")
-    dtype = outs[0].dtype
+    shape, dtype = tuple(outs[0].shape), outs[0].dtype
+    if len(shape) not in (2, 3, 4):
+        raise ValueError(f"outs[0]: rank {len(shape)}; expected 2, 3 or 4")
     o_dtype = dtype if out_dtype is None else out_dtype
     if o_dtype not in _DTYPE_CODE:
         raise ValueError(f"out_dtype: {out_dtype} is not supported (float32, bfloat16, float16)")
-    Ot = (_api._Tensor * n)()
-    Lt = (_api._Tensor * n)()
-    keep = []
     for i in range(n):
         if tuple(outs[i].shape) != shape or outs[i].dtype != dtype:
             raise ValueError(f"outs[{i}]: {tuple(outs[i].shape)} {outs[i].dtype}, expected {shape} "
@@ -325,23 +312,55 @@ def merge_states(outs, lses, *, out_dtype=None):
         if tuple(lses[i].shape) != shape[:-1] or lses[i].dtype != torch.float32:
             raise ValueError(f"lses[{i}]: {tuple(lses[i].shape)} {lses[i].dtype}, expected "
                              f"{shape[:-1]} torch.float32")
-        ro, rl = _raw(outs[i].detach(), f"outs[{i}]"), _raw(lses[i].detach(), f"lses[{i}]")
+    return o_dtype
+
+
+@torch.library.custom_op("libsdpa::merge_states", mutates_args=(), device_types="cpu")
+def _merge_op(outs: List[torch.Tensor], lses: List[torch.Tensor],
+              out_dtype: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor]:
+    o_dtype = _merge_checked(outs, lses, out_dtype)
+    n, shape = len(outs), tuple(outs[0].shape)
+    rank = len(shape)
+    Ot = (_api._Tensor * n)()
+    Lt = (_api._Tensor * n)()
+    keep = []   # the _Raw views (and any contiguous copy) alive until the call returns
+    for i in range(n):
+        ro, rl = _raw(outs[i], f"outs[{i}]"), _raw(lses[i], f"lses[{i}]")
         keep += [ro, rl]
         Ot[i] = _api._t(ro.ptr, ro.st, rank)
-        Ll = rl.st if rl.ptr else _api._packed(shape[:-1])
-        Lt[i] = _api._lse_t(rl.ptr, Ll, rank)
+        Lt[i] = _api._lse_t(rl.ptr, rl.st, rank)
     o = torch.empty(shape, dtype=o_dtype, device=_CPU)
     lse = torch.empty(shape[:-1], dtype=torch.float32, device=_CPU)
     (B, H, T, D), _ = _api._split(shape, [0] * rank, rank)
-    po = o.data_ptr() if o.numel() else 0
-    pl = lse.data_ptr() if lse.numel() else 0
-    o_t = _api._t(po, list(o.stride()), rank)
-    l_t = _api._lse_t(pl, list(lse.stride()), rank)
-    st = _b.merge_states_typed(n, B, H, T, D, _DTYPE_CODE[dtype], Ot, Lt, _DTYPE_CODE[o_dtype],
+    o_t = _api._t(o.data_ptr() if o.numel() else 0, list(o.stride()), rank)
+    l_t = _api._lse_t(lse.data_ptr() if lse.numel() else 0, list(lse.stride()), rank)
+    st = _b.merge_states_typed(n, B, H, T, D, _DTYPE_CODE[outs[0].dtype], Ot, Lt, _DTYPE_CODE[o_dtype],
                                _api._byref(o_t), _api._byref(l_t))
-    _api._check("sdpa_merge_states_typed", st)
     del keep
+    _api._check("sdpa_merge_states_typed", st)
     return o, lse
+
+
+@_merge_op.register_fake
+def _(outs, lses, out_dtype):
+    o_dtype = _merge_checked(outs, lses, out_dtype)
+    return outs[0].new_empty(outs[0].shape, dtype=o_dtype), lses[0].new_empty(lses[0].shape)
+
+
+def merge_states(outs, lses, *, out_dtype=None):
+    """Merges partial attention states (O_s, LSE_s) over disjoint key sets of the same
+    queries (cascade attention, a prefix cache, split-KV across calls: vLLM's
+    merge_attn_states) through sdpa_merge_states_typed: O = sum_s exp(LSE_s - LSE) O_s,
+    LSE = log sum_s exp(LSE_s) (natural log, as attention(..., return_lse=True) gives it).
+    outs: CPU tensors [.., T, Dv] (rank 2 to 4) of one shape and one dtype (float32,
+    bfloat16 or float16, any strides); lses: float32 [.., T]. Returns new (O, LSE)
+    tensors, O in out_dtype (default: the parts' dtype), merged in float32 and rounded
+    once. The custom op libsdpa::merge_states (torch.compile traces it). Inference only:
+    no autograd (the inputs are read detached; the results do not require grad)."""
+    outs = [t.detach() if isinstance(t, torch.Tensor) else t for t in outs]
+    lses = [t.detach() if isinstance(t, torch.Tensor) else t for t in lses]
+    _merge_checked(outs, lses, out_dtype)
+    return _merge_op(outs, lses, out_dtype)
 
 
 # What _direct() asks of the dispatcher's state (torch internals; without one of them every

@@ -282,3 +282,17 @@ def test_merge_states_refused():
         lt.merge_states([o, o], [l, l], out_dtype=torch.float64)
     with pytest.raises(ValueError, match=r"outs\[0\]: rank 1"):
         lt.merge_states([o[0, 0, 0]], [l[0, 0]])
+
+
+def test_merge_states_opcheck_and_compile():
+    """libsdpa::merge_states passes torch.library.opcheck (fake kernel, schema) and
+    traces under torch.compile(fullgraph=True) with the same bits."""
+    o1, l1 = lt.attention(rn(1, 2, 3, 16), rn(1, 2, 5, 16), rn(1, 2, 5, 16), return_lse=True)
+    o2, l2 = lt.attention(rn(1, 2, 3, 16), rn(1, 2, 7, 16), rn(1, 2, 7, 16), return_lse=True)
+    for dt in (None, BF16):
+        torch.library.opcheck(torch.ops.libsdpa.merge_states.default, ([o1, o2], [l1, l2], dt))
+    f = torch.compile(lambda a, b, la, lb: lt.merge_states([a, b], [la, lb], out_dtype=BF16),
+                      fullgraph=True)
+    om, lm = f(o1, o2, l1, l2)
+    oe, le = lt.merge_states([o1, o2], [l1, l2], out_dtype=BF16)
+    assert same_bits(om, oe) and same_bits(lm, le)
