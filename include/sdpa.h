@@ -207,7 +207,7 @@ typedef enum sdpa_fpmath_mode {
  *  for fp32, 2 for bf16 / fp16, else SDPA_ERR_MISALIGNED). Strides are in elements
  *  of the tensor's own type; 0 broadcasts. The caller owns the memory. A call
  *  copies the view structs (these, sdpa_tensor_out, and the arrays of them that
- *  sdpa_merge_states_n takes) before it writes anything, so they may lie anywhere,
+ *  sdpa_merge_states_n and sdpa_merge_states_typed take) before it writes anything, so they may lie anywhere,
  *  inside an output buffer too; the data they point to and a tensor whose extent
  *  would run past the top of the address space are checked (SDPA_ERR_ALIASING,
  *  SDPA_ERR_SIZE_OVERFLOW). */
@@ -559,8 +559,8 @@ SDPA_API sdpa_status sdpa_merge_states_n(int n, int64_t batch, int64_t heads, in
  * element is rounded once to nearest even into o_dtype (fp16: beyond +-65504 after
  * rounding, +-inf; NaN stays NaN). fp32 parts into an fp32 O: exactly
  * sdpa_merge_states_n(), bit for bit. The result is the merge of the parts as they
- * are stored: parts rounded to 16 bits carry that rounding into it (about 2^-9
- * relative for bf16, 2^-12 for fp16, beyond the single rounding of O), so where
+ * are stored: parts rounded to 16 bits carry that rounding into it (up to 2^-8
+ * relative for bf16, 2^-11 for fp16, beyond the single rounding of O), so where
  * accuracy matters more than memory, merge fp32 partials into a 16-bit O.
  * Views: o_parts / o strides in elements of their own type, data aligned to it
  * (else SDPA_ERR_MISALIGNED). In place: o may be one of the parts only when

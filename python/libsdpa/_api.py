@@ -186,7 +186,8 @@ def _as_array(x, name):
 def _view(a, name, rank, writable=False, allowed="float32"):
     """(pointer, element strides of every dim, sdpa_dtype) of an array whose last dim
     is contiguous; ValueError otherwise. Dimensions of size 1 get stride 0. allowed:
-    "float32" (LSE, bias, merge_states), or _TYPED for Q, K, V, O, dO."""
+    "float32" (LSE, bias, merge_states' LSE), or _TYPED for Q, K, V, O, dO and
+    merge_states' O."""
     dt = a.dtype
     code = 0 if dt is _F32 else _dtype_code(dt, name, allowed)
     if a.ndim != rank:
