@@ -32,54 +32,11 @@ static const char *dtype_name(sdpa_dtype t)
     return t == SDPA_DTYPE_F32 ? "fp32" : t == SDPA_DTYPE_BF16 ? "bf16" : "fp16";
 }
 
-static size_t dsize(sdpa_dtype t)
-{
-    return t == SDPA_DTYPE_F32 ? 4 : 2;
-}
-
-/* n floats stored as type t in a new buffer with `guard` extra elements of 0xA5 bytes. */
-static void *store_as(sdpa_dtype t, const float *x, size_t n, size_t guard)
-{
-    unsigned char *buf = malloc((n + guard) * dsize(t) + 1);
-    cr_assert_not_null(buf);
-    memset(buf, 0xA5, (n + guard) * dsize(t));
-    for (size_t i = 0; i < n; i++) {
-        if (t == SDPA_DTYPE_F32) {
-            memcpy(buf + 4 * i, &x[i], 4);
-        } else {
-            const uint16_t h = t == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(x[i]) : sdpa_f32_to_f16(x[i]);
-            memcpy(buf + 2 * i, &h, 2);
-        }
-    }
-    return buf;
-}
-
-/* Element i of a buffer of type t, widened. */
-static float load_as(sdpa_dtype t, const void *buf, size_t i)
-{
-    if (t == SDPA_DTYPE_F32) {
-        float x;
-        memcpy(&x, (const char *)buf + 4 * i, 4);
-        return x;
-    }
-    uint16_t h;
-    memcpy(&h, (const char *)buf + 2 * i, 2);
-    return t == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(h) : sdpa_f16_to_f32(h);
-}
-
 /* x rounded to type t and back. */
 static float round_to(sdpa_dtype t, float x)
 {
     return t == SDPA_DTYPE_F32 ? x : t == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(sdpa_f32_to_bf16(x))
                                                           : sdpa_f16_to_f32(sdpa_f32_to_f16(x));
-}
-
-static int guard_intact(const void *buf, size_t from_byte, size_t bytes)
-{
-    for (size_t i = 0; i < bytes; i++)
-        if (((const unsigned char *)buf)[from_byte + i] != 0xA5)
-            return 0;
-    return 1;
 }
 
 /* ------------------------------------------------------- the conversions -- */
@@ -267,7 +224,7 @@ static void check_shape(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *
     for (int64_t b = 0; b < s->B; b++)
         lens[b] = s->kv_lengths ? (int32_t)(b == 0 ? s->Tk - 3 : s->Tk / 2 + b) : (int32_t)s->Tk;
     /* the inputs as the library holds them, and the same values in fp32 */
-    void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nv, 0);
+    void *qs = util_store_as(ty[0], q, nq, 0), *ks = util_store_as(ty[1], k, nk, 0), *vs = util_store_as(ty[1], v, nv, 0);
     round_all(ty[0], q, nq);
     round_all(ty[1], k, nk);
     round_all(ty[1], v, nv);
@@ -291,25 +248,25 @@ static void check_shape(const shape *s, const sdpa_dtype ty[3], const sdpa_isa *
         const float *naive_o = rounds_p(isas[ii], ty, s->Dk, s->Dv) ? np32 : no32;
         run_out out[2];
         for (int t = 0; t < 2; t++) {
-            out[t].o = store_as(ty[2], no32, 0, no + guard); /* all guard bytes */
+            out[t].o = util_store_as(ty[2], no32, 0, no + guard); /* all guard bytes */
             out[t].lse = malloc(nl * 4);
             const sdpa_status st = run_forward(s, ty, isas[ii], t + 1, qs, ks, vs, bias,
                                                s->kv_lengths ? lens : NULL, &out[t]);
             cr_assert_eq(st, SDPA_OK, "[%s] %s q %s kv %s o %s: %s", sdpa_isa_name(isas[ii]), s->name,
                          dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]), sdpa_status_string(st));
-            cr_expect(guard_intact(out[t].o, no * dsize(ty[2]), guard * dsize(ty[2])),
+            cr_expect(util_guard_intact(out[t].o, no * util_dtype_bytes(ty[2]), guard * util_dtype_bytes(ty[2])),
                       "[%s] %s: written past O", sdpa_isa_name(isas[ii]), s->name);
         }
         char what[200];
         snprintf(what, sizeof what, "[%s] %s q %s kv %s o %s: O", sdpa_isa_name(isas[ii]), s->name,
                  dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]));
         for (size_t i = 0; i < no; i++)
-            got[i] = load_as(ty[2], out[0].o, i);
+            got[i] = util_load_as(ty[2], out[0].o, i);
         util_fa_expect(what, got, naive_o, ro, no, 2.0);
         snprintf(what, sizeof what, "[%s] %s q %s kv %s o %s: LSE", sdpa_isa_name(isas[ii]), s->name,
                  dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]));
         util_fa_expect(what, out[0].lse, rounds_p(isas[ii], ty, s->Dk, s->Dv) ? npl32 : nl32, rl, nl, 2.0);
-        cr_expect(memcmp(out[0].o, out[1].o, no * dsize(ty[2])) == 0 &&
+        cr_expect(memcmp(out[0].o, out[1].o, no * util_dtype_bytes(ty[2])) == 0 &&
                       memcmp(out[0].lse, out[1].lse, nl * 4) == 0,
                   "[%s] %s q %s kv %s o %s: 1 and 2 threads differ", sdpa_isa_name(isas[ii]), s->name,
                   dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]));
@@ -374,8 +331,8 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
     int32_t lens[8];
     for (int64_t b = 0; b < s->B; b++)
         lens[b] = s->kv_lengths ? (int32_t)(b == 0 ? s->Tk - 3 : s->Tk / 2 + b) : (int32_t)s->Tk;
-    void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nv, 0),
-         *dos = store_as(ty[2], dout, no, 0);
+    void *qs = util_store_as(ty[0], q, nq, 0), *ks = util_store_as(ty[1], k, nk, 0), *vs = util_store_as(ty[1], v, nv, 0),
+         *dos = util_store_as(ty[2], dout, no, 0);
     round_all(ty[0], q, nq);
     round_all(ty[1], k, nk);
     round_all(ty[1], v, nv);
@@ -393,10 +350,10 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
     const sdpa_tensor tv = {vs, s->Hkv * s->Tk * s->Dv, s->Tk * s->Dv, s->Dv};
     const sdpa_tensor tdo = {dos, s->Hq * s->Tq * s->Dv, s->Tq * s->Dv, s->Dv};
     for (int ii = 0; ii < nisa; ii++) {
-        run_out fw = {store_as(ty[2], dout, 0, no), malloc(nl * 4)};
+        run_out fw = {util_store_as(ty[2], dout, 0, no), malloc(nl * 4)};
         cr_assert_eq(run_forward(s, ty, isas[ii], 1, qs, ks, vs, bias, s->kv_lengths ? lens : NULL, &fw), SDPA_OK);
         for (size_t i = 0; i < no; i++)
-            o32[i] = load_as(ty[2], fw.o, i);
+            o32[i] = util_load_as(ty[2], fw.o, i);
         /* an fp32 Q that the problem rounds to bf16 (sdpa_rounds_q_bf16): the references
            read it rounded, the float64 one computed once */
         const int rounds_q = util_rounds_q(isas[ii], ty[0], ty[1], s->Dk, s->Dv, s->Tq, s->Hq / s->Hkv);
@@ -419,9 +376,9 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
                           tl = {fw.lse, s->Hq * s->Tq, s->Tq, 1};
         void *g[2][3];
         for (int t = 0; t < 2; t++) {
-            g[t][0] = store_as(ty[0], q, 0, nq + guard);
-            g[t][1] = store_as(ty[1], k, 0, nk + guard);
-            g[t][2] = store_as(ty[1], v, 0, nv + guard);
+            g[t][0] = util_store_as(ty[0], q, 0, nq + guard);
+            g[t][1] = util_store_as(ty[1], k, 0, nk + guard);
+            g[t][2] = util_store_as(ty[1], v, 0, nv + guard);
             p.q_dtype = ty[0], p.kv_dtype = ty[1], p.o_dtype = ty[2];
             p.isa = isas[ii];
             p.num_threads = t + 1;
@@ -434,9 +391,9 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
             p.num_threads = 0;
             cr_assert_eq(st, SDPA_OK, "[%s] %s backward q %s kv %s o %s: %s", sdpa_isa_name(isas[ii]), s->name,
                          dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]), sdpa_status_string(st));
-            cr_expect(guard_intact(g[t][0], nq * dsize(ty[0]), guard * dsize(ty[0])) &&
-                          guard_intact(g[t][1], nk * dsize(ty[1]), guard * dsize(ty[1])) &&
-                          guard_intact(g[t][2], nv * dsize(ty[1]), guard * dsize(ty[1])),
+            cr_expect(util_guard_intact(g[t][0], nq * util_dtype_bytes(ty[0]), guard * util_dtype_bytes(ty[0])) &&
+                          util_guard_intact(g[t][1], nk * util_dtype_bytes(ty[1]), guard * util_dtype_bytes(ty[1])) &&
+                          util_guard_intact(g[t][2], nv * util_dtype_bytes(ty[1]), guard * util_dtype_bytes(ty[1])),
                       "[%s] %s backward: written past a gradient", sdpa_isa_name(isas[ii]), s->name);
         }
         const size_t n[3] = {nq, nk, nv};
@@ -446,12 +403,12 @@ static void check_backward(const shape *s, const sdpa_dtype ty[3], const sdpa_is
         for (int x = 0; x < 3; x++) {
             const sdpa_dtype t = x == 0 ? ty[0] : ty[1];
             for (size_t i = 0; i < n[x]; i++)
-                got[i] = load_as(t, g[0][x], i);
+                got[i] = util_load_as(t, g[0][x], i);
             char what[200];
             snprintf(what, sizeof what, "[%s] %s q %s kv %s o %s: %s", sdpa_isa_name(isas[ii]), s->name,
                      dtype_name(ty[0]), dtype_name(ty[1]), dtype_name(ty[2]), names[x]);
             util_fa_expect(what, got, naive[x], ref[x], n[x], 3.0);
-            cr_expect(memcmp(g[0][x], g[1][x], n[x] * dsize(t)) == 0, "%s: 1 and 2 threads differ", what);
+            cr_expect(memcmp(g[0][x], g[1][x], n[x] * util_dtype_bytes(t)) == 0, "%s: 1 and 2 threads differ", what);
         }
         for (int t = 0; t < 2; t++)
             for (int x = 0; x < 3; x++)
@@ -500,10 +457,10 @@ static void packed_case(sdpa_dtype t)
     util_rng_seed(&r, "dtypes packed", 1618);
     float *x = malloc((2 * nq + 2 * nk) * 4);
     util_fill_normal(&r, x, 2 * nq + 2 * nk, 1.0f);
-    void *q = store_as(t, x, nq, 0), *k = store_as(t, x + nq, nk, 0), *v = store_as(t, x + nq + nk, nk, 0),
-         *dout = store_as(t, x + nq + 2 * nk, nq, 0);
-    void *o = store_as(t, x, 0, nq), *dq = store_as(t, x, 0, nq), *dk = store_as(t, x, 0, nk),
-         *dv = store_as(t, x, 0, nk);
+    void *q = util_store_as(t, x, nq, 0), *k = util_store_as(t, x + nq, nk, 0), *v = util_store_as(t, x + nq + nk, nk, 0),
+         *dout = util_store_as(t, x + nq + 2 * nk, nq, 0);
+    void *o = util_store_as(t, x, 0, nq), *dq = util_store_as(t, x, 0, nq), *dk = util_store_as(t, x, 0, nk),
+         *dv = util_store_as(t, x, 0, nk);
     float *lse = malloc(nl * 4);
     sdpa_seqs sq = {0};
     sq.cu_seqlens_q = cuq;
@@ -520,15 +477,15 @@ static void packed_case(sdpa_dtype t)
     cr_assert_eq(sdpa_forward(&p, &tq_, &tk_, &tv_, &to, &tl), SDPA_OK);
     sdpa_status st = sdpa_backward(&p, &tq_, &tk_, &tv_, &to_in, &tl_in, &tdo, &tdq, &tdk, &tdv);
     cr_assert_eq(st, SDPA_OK, "packed %s backward: %s", dtype_name(t), sdpa_status_string(st));
-    const size_t e = dsize(t);
+    const size_t e = util_dtype_bytes(t);
     for (int b = 0; b < NS; b++) { /* sequence b alone: views into the same token lists */
         sdpa_problem pd = util_problem(1, HQ, HKV, tq[b], tk[b], D, D);
         pd.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
         pd.q_dtype = pd.kv_dtype = pd.o_dtype = t;
         const char *qb = (const char *)q + (size_t)cuq[b] * HQ * D * e, *kb = (const char *)k + (size_t)cuk[b] * HKV * D * e,
                    *vb = (const char *)v + (size_t)cuk[b] * HKV * D * e, *dob = (const char *)dout + (size_t)cuq[b] * HQ * D * e;
-        void *o1 = store_as(t, x, 0, (size_t)tq[b] * HQ * D), *dq1 = store_as(t, x, 0, (size_t)tq[b] * HQ * D),
-             *dk1 = store_as(t, x, 0, (size_t)tk[b] * HKV * D), *dv1 = store_as(t, x, 0, (size_t)tk[b] * HKV * D);
+        void *o1 = util_store_as(t, x, 0, (size_t)tq[b] * HQ * D), *dq1 = util_store_as(t, x, 0, (size_t)tq[b] * HQ * D),
+             *dk1 = util_store_as(t, x, 0, (size_t)tk[b] * HKV * D), *dv1 = util_store_as(t, x, 0, (size_t)tk[b] * HKV * D);
         float *l1 = malloc((size_t)tq[b] * HQ * 4);
         const sdpa_tensor a_q = {qb, 0, D, HQ * D}, a_k = {kb, 0, D, HKV * D}, a_v = {vb, 0, D, HKV * D},
                           a_do = {dob, 0, D, HQ * D}, a_oi = {o1, 0, D, HQ * D}, a_li = {l1, 0, 1, HQ};
@@ -579,7 +536,7 @@ Test(dtypes, bf16_nonfinite_row_stays_masked)
         float *row = (which < 2 ? v : k) + bad_row * 64;
         for (int c = 0; c < 64; c += 5)
             row[c] = which % 2 ? INFINITY : NAN;
-        void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nk, 0);
+        void *qs = util_store_as(ty[0], q, nq, 0), *ks = util_store_as(ty[1], k, nk, 0), *vs = util_store_as(ty[1], v, nk, 0);
         for (int ii = 0; ii < nisa; ii++) {
             run_out out = {malloc(no * 4), malloc(nl * 4)};
             cr_assert_eq(run_forward(&s, ty, isas[ii], 1, qs, ks, vs, NULL, NULL, &out), SDPA_OK);
@@ -647,15 +604,15 @@ Test(dtypes, bf16_nonfinite_row_backward)
         float *row = (which < 2 ? v : k) + bad_row * D;
         for (int c = 0; c < D; c += 5)
             row[c] = which % 2 ? INFINITY : NAN;
-        void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nk, 0),
-             *dos = store_as(ty[2], dout, nq, 0);
+        void *qs = util_store_as(ty[0], q, nq, 0), *ks = util_store_as(ty[1], k, nk, 0), *vs = util_store_as(ty[1], v, nk, 0),
+             *dos = util_store_as(ty[2], dout, nq, 0);
         float *o32 = malloc(nq * 4), *nq32 = malloc(nq * 4), *nk32 = malloc(nk * 4), *nv32 = malloc(nk * 4);
         float *got = malloc(nq * 4), *gh = malloc(n_ok * 4), *nh = malloc(n_ok * 4);
         double *rh = malloc(n_ok * 8);
         for (int ii = 0; ii < nisa; ii++) {
-            run_out fw = {store_as(ty[2], dout, 0, nq), malloc(nl * 4)};
+            run_out fw = {util_store_as(ty[2], dout, 0, nq), malloc(nl * 4)};
             cr_assert_eq(run_forward(&s, ty, isas[ii], 1, qs, ks, vs, NULL, NULL, &fw), SDPA_OK);
-            void *dq = store_as(ty[0], q, 0, nq), *dk = store_as(ty[1], k, 0, nk), *dv = store_as(ty[1], v, 0, nk);
+            void *dq = util_store_as(ty[0], q, 0, nq), *dk = util_store_as(ty[1], k, 0, nk), *dv = util_store_as(ty[1], v, 0, nk);
             p.q_dtype = p.kv_dtype = p.o_dtype = SDPA_DTYPE_BF16;
             p.isa = isas[ii];
             const sdpa_tensor tq = {qs, T * D * H, T * D, D}, tk = {ks, T * D, T * D, D}, tv = {vs, T * D, T * D, D},
@@ -667,8 +624,8 @@ Test(dtypes, bf16_nonfinite_row_backward)
             p.q_dtype = p.kv_dtype = p.o_dtype = SDPA_DTYPE_F32;
             p.isa = SDPA_ISA_AUTO;
             for (size_t i = 0; i < nq; i++) {
-                got[i] = load_as(ty[0], dq, i);
-                o32[i] = load_as(ty[2], fw.o, i);
+                got[i] = util_load_as(ty[0], dq, i);
+                o32[i] = util_load_as(ty[2], fw.o, i);
             }
             /* the naive backward on the finite inputs and the stored O (finite in these rows);
                unrounded: the call's one group holds the inf / NaN, so it keeps fp32 products */
@@ -718,8 +675,8 @@ Test(dtypes, decode_widened_runs_any_block_k)
         round_all((sdpa_dtype)t, q, TQ * DK);
         round_all((sdpa_dtype)t, k, TK * DK);
         round_all((sdpa_dtype)t, v, TK * DV);
-        void *qs = store_as((sdpa_dtype)t, q, TQ * DK, 0), *ks = store_as((sdpa_dtype)t, k, TK * DK, 0),
-             *vs = store_as((sdpa_dtype)t, v, TK * DV, 0);
+        void *qs = util_store_as((sdpa_dtype)t, q, TQ * DK, 0), *ks = util_store_as((sdpa_dtype)t, k, TK * DK, 0),
+             *vs = util_store_as((sdpa_dtype)t, v, TK * DV, 0);
         for (int ii = 0; ii < nisa; ii++)
             for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
                 sdpa_problem p = util_problem(1, 1, 1, TQ, TK, DK, DV);
@@ -769,8 +726,8 @@ static void sinks_backward_bf16_on(sdpa_isa isa)
     float *x = malloc((2 * nq + 2 * nk) * 4);
     util_fill_normal(&r, x, 2 * nq + 2 * nk, 1.0f);
     const sdpa_dtype t = SDPA_DTYPE_BF16;
-    void *q = store_as(t, x, nq, 0), *k = store_as(t, x + nq, nk, 0), *v = store_as(t, x + nq + nk, nk, 0),
-         *dout = store_as(t, x + nq + 2 * nk, nq, 0), *o = store_as(t, x, 0, nq);
+    void *q = util_store_as(t, x, nq, 0), *k = util_store_as(t, x + nq, nk, 0), *v = util_store_as(t, x + nq + nk, nk, 0),
+         *dout = util_store_as(t, x + nq + 2 * nk, nq, 0), *o = util_store_as(t, x, 0, nq);
     float *lse = malloc(nl * 4);
     sdpa_problem p = util_problem(B, HQ, HKV, TQ, TK, D, D);
     p.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
@@ -784,7 +741,7 @@ static void sinks_backward_bf16_on(sdpa_isa isa)
     float ds[3][HQ];
     void *g[2][3];
     for (int th = 0; th < 2; th++) {
-        g[th][0] = store_as(t, x, 0, nq), g[th][1] = store_as(t, x, 0, nk), g[th][2] = store_as(t, x, 0, nk);
+        g[th][0] = util_store_as(t, x, 0, nq), g[th][1] = util_store_as(t, x, 0, nk), g[th][2] = util_store_as(t, x, 0, nk);
         const sdpa_tensor_out tdq = {g[th][0], HQ * TQ * D, TQ * D, D}, tdk = {g[th][1], HKV * TK * D, TK * D, D},
                               tdv = {g[th][2], HKV * TK * D, TK * D, D};
         p.num_threads = th + 1;
@@ -801,7 +758,7 @@ static void sinks_backward_bf16_on(sdpa_isa isa)
     for (int i = 0; i < 5; i++) {
         w[i] = malloc(n[i] * 4);
         for (size_t e = 0; e < n[i]; e++)
-            w[i][e] = load_as(t, src[i], e);
+            w[i][e] = util_load_as(t, src[i], e);
     }
     float *gq = malloc(nq * 4), *gk = malloc(nk * 4), *gv = malloc(nk * 4);
     sdpa_problem pf = p;
@@ -820,10 +777,10 @@ static void sinks_backward_bf16_on(sdpa_isa isa)
     const sdpa_dtype ty[3] = {t, t, t};
     if (!util_rounds_bwd(isa, ty, D, D, TQ, HQ / HKV)) {
         for (size_t e = 0; e < nq; e++) /* the gradients: the fp32 ones rounded */
-            cr_assert_eq(load_as(t, g[0][0], e), round_to(t, gq[e]), "[%s] dQ[%zu]", sdpa_isa_name(isa), e);
+            cr_assert_eq(util_load_as(t, g[0][0], e), round_to(t, gq[e]), "[%s] dQ[%zu]", sdpa_isa_name(isa), e);
         for (size_t e = 0; e < nk; e++) {
-            cr_assert_eq(load_as(t, g[0][1], e), round_to(t, gk[e]), "[%s] dK[%zu]", sdpa_isa_name(isa), e);
-            cr_assert_eq(load_as(t, g[0][2], e), round_to(t, gv[e]), "[%s] dV[%zu]", sdpa_isa_name(isa), e);
+            cr_assert_eq(util_load_as(t, g[0][1], e), round_to(t, gk[e]), "[%s] dK[%zu]", sdpa_isa_name(isa), e);
+            cr_assert_eq(util_load_as(t, g[0][2], e), round_to(t, gv[e]), "[%s] dV[%zu]", sdpa_isa_name(isa), e);
         }
     } else { /* bf16 pair products (P and dS rounded): the accuracy rule against the naive
                 backward that rounds them too, on the same stored O */
@@ -836,7 +793,7 @@ static void sinks_backward_bf16_on(sdpa_isa isa)
             const size_t m = x ? nk : nq;
             for (size_t e = 0; e < m; e++) {
                 ng[x][e] = round_to(t, ng[x][e]);
-                got[e] = load_as(t, g[0][x], e);
+                got[e] = util_load_as(t, g[0][x], e);
             }
             char what[64];
             snprintf(what, sizeof what, "[%s] sinks bf16 backward: gradient %d", sdpa_isa_name(isa), x);
@@ -882,7 +839,7 @@ static void paged_case(sdpa_dtype kvt)
     util_fill_normal(&r, kc, ncache, 1.5f);
     util_fill_normal(&r, vc, ncache, 1.0f);
     util_fill_normal(&r, q, nq, 1.5f);
-    void *ks = store_as(kvt, kc, ncache, 0), *vs = store_as(kvt, vc, ncache, 0);
+    void *ks = util_store_as(kvt, kc, ncache, 0), *vs = util_store_as(kvt, vc, ncache, 0);
     for (size_t i = 0; i < ncache; i++) {
         kc[i] = round_to(kvt, kc[i]);
         vc[i] = round_to(kvt, vc[i]);
@@ -991,7 +948,7 @@ Test(dtypes, fp32_q_rounded_like_the_pair_products)
         util_fill_normal(&r, dout, no, 1.0f);
         for (size_t i = 0; i < nq; i++)
             qr[i] = round_to(SDPA_DTYPE_BF16, q[i]);
-        void *ks = store_as(SDPA_DTYPE_BF16, k, nk, 0), *vs = store_as(SDPA_DTYPE_BF16, v, nv, 0);
+        void *ks = util_store_as(SDPA_DTYPE_BF16, k, nk, 0), *vs = util_store_as(SDPA_DTYPE_BF16, v, nv, 0);
         int32_t lens[2] = {(int32_t)s->Tk - 3, (int32_t)s->Tk / 2 + 1};
         const int32_t *lp = s->kv_lengths ? lens : NULL;
         for (int ii = 0; ii < nisa; ii++) {
@@ -1007,7 +964,7 @@ Test(dtypes, fp32_q_rounded_like_the_pair_products)
                 p.q_dtype = ty[0], p.kv_dtype = ty[1], p.o_dtype = ty[2];
                 p.isa = isas[ii];
                 p.num_threads = 1;
-                void *gk = store_as(SDPA_DTYPE_BF16, NULL, 0, nk), *gv = store_as(SDPA_DTYPE_BF16, NULL, 0, nv);
+                void *gk = util_store_as(SDPA_DTYPE_BF16, NULL, 0, nk), *gv = util_store_as(SDPA_DTYPE_BF16, NULL, 0, nv);
                 float *gq = malloc(nq * 4);
                 const sdpa_tensor tq = {qq, s->Hq * s->Tq * s->Dk, s->Tq * s->Dk, s->Dk},
                                   tk = {ks, s->Hkv * s->Tk * s->Dk, s->Tk * s->Dk, s->Dk},
@@ -1022,9 +979,9 @@ Test(dtypes, fp32_q_rounded_like_the_pair_products)
                 out[w][0] = fw.o, out[w][1] = fw.lse, out[w][2] = gq;
                 out[w][3] = malloc(nk * 4), out[w][4] = malloc(nv * 4), out[w][5] = NULL;
                 for (size_t i = 0; i < nk; i++)
-                    out[w][3][i] = load_as(SDPA_DTYPE_BF16, gk, i);
+                    out[w][3][i] = util_load_as(SDPA_DTYPE_BF16, gk, i);
                 for (size_t i = 0; i < nv; i++)
-                    out[w][4][i] = load_as(SDPA_DTYPE_BF16, gv, i);
+                    out[w][4][i] = util_load_as(SDPA_DTYPE_BF16, gv, i);
                 free(gk), free(gv);
             }
             const size_t n[5] = {no, nl, nq, nk, nv};
@@ -1056,9 +1013,9 @@ Test(dtypes, bad_types_write_nothing)
                  nv = (size_t)(s->B * s->Hkv * s->Tk * s->Dv), no = (size_t)(s->B * s->Hq * s->Tq * s->Dv),
                  nl = (size_t)(s->B * s->Hq * s->Tq);
     float *x = calloc(nk + nq + nv + no, 4);
-    void *q = store_as(SDPA_DTYPE_BF16, x, nq, 0), *k = store_as(SDPA_DTYPE_BF16, x, nk, 0),
-         *v = store_as(SDPA_DTYPE_BF16, x, nv, 0);
-    run_out out = {store_as(SDPA_DTYPE_BF16, x, 0, no), malloc(nl * 4)};
+    void *q = util_store_as(SDPA_DTYPE_BF16, x, nq, 0), *k = util_store_as(SDPA_DTYPE_BF16, x, nk, 0),
+         *v = util_store_as(SDPA_DTYPE_BF16, x, nv, 0);
+    run_out out = {util_store_as(SDPA_DTYPE_BF16, x, 0, no), malloc(nl * 4)};
     memset(out.lse, 0xA5, nl * 4);
     const sdpa_dtype bad[3][3] = {{(sdpa_dtype)3, SDPA_DTYPE_F32, SDPA_DTYPE_F32},
                                   {SDPA_DTYPE_F32, (sdpa_dtype)-1, SDPA_DTYPE_F32},
@@ -1066,7 +1023,7 @@ Test(dtypes, bad_types_write_nothing)
     for (int i = 0; i < 3; i++)
         cr_expect_eq(run_forward(s, bad[i], SDPA_ISA_AUTO, 1, q, k, v, NULL, NULL, &out), SDPA_ERR_BAD_DESCRIPTOR,
                      "unknown type %d", i);
-    cr_expect(guard_intact(out.o, 0, no * 2) && guard_intact(out.lse, 0, nl * 4), "written on error");
+    cr_expect(util_guard_intact(out.o, 0, no * 2) && util_guard_intact(out.lse, 0, nl * 4), "written on error");
     free(x), free(q), free(k), free(v), free(out.o), free(out.lse);
 }
 
@@ -1094,11 +1051,11 @@ Test(dtypes, one_hot_rows_give_zero_dq_dk)
         util_fill_normal(&r, k, n, 1.0f);
         util_fill_normal(&r, v, n, 3.0f);
         util_fill_normal(&r, dout, n, 7.0f);
-        void *qs = store_as(SDPA_DTYPE_BF16, q, n, 0), *ks = store_as(SDPA_DTYPE_BF16, k, n, 0),
-             *vs = store_as(SDPA_DTYPE_BF16, v, n, 0), *ds = store_as(SDPA_DTYPE_BF16, dout, n, 0),
-             *os = store_as(SDPA_DTYPE_BF16, v, n, 0), *g[3];
+        void *qs = util_store_as(SDPA_DTYPE_BF16, q, n, 0), *ks = util_store_as(SDPA_DTYPE_BF16, k, n, 0),
+             *vs = util_store_as(SDPA_DTYPE_BF16, v, n, 0), *ds = util_store_as(SDPA_DTYPE_BF16, dout, n, 0),
+             *os = util_store_as(SDPA_DTYPE_BF16, v, n, 0), *g[3];
         for (int i = 0; i < 3; i++)
-            g[i] = store_as(SDPA_DTYPE_BF16, v, n, 0); /* overwritten */
+            g[i] = util_store_as(SDPA_DTYPE_BF16, v, n, 0); /* overwritten */
         for (int ii = 0; ii < nisa; ii++) {
             if (isas[ii] == SDPA_ISA_AMX)
                 continue;
@@ -1117,16 +1074,16 @@ Test(dtypes, one_hot_rows_give_zero_dq_dk)
                                   gv = {g[2], H * T * D, T * D, D};
             cr_assert_eq(sdpa_forward(&p, &tq, &tk, &tv, &to, &tlo), SDPA_OK);
             for (size_t e = 0; e < n; e++) /* O = V: P is one-hot */
-                cr_assert_eq(load_as(SDPA_DTYPE_BF16, os, e), load_as(SDPA_DTYPE_BF16, vs, e), "[%s] O[%zu]",
+                cr_assert_eq(util_load_as(SDPA_DTYPE_BF16, os, e), util_load_as(SDPA_DTYPE_BF16, vs, e), "[%s] O[%zu]",
                              sdpa_isa_name(isas[ii]), e);
             const sdpa_tensor to_in = {os, H * T * D, T * D, D};
             cr_assert_eq(sdpa_backward(&p, &tq, &tk, &tv, &to_in, &tl, &tdo, &gq, &gk, &gv), SDPA_OK);
             for (size_t e = 0; e < n; e++) {
-                cr_assert_eq(load_as(SDPA_DTYPE_BF16, g[0], e), 0.0f, "[%s] %s: dQ[%zu] = %g", sdpa_isa_name(isas[ii]),
-                             sdpa_tuning(), e, (double)load_as(SDPA_DTYPE_BF16, g[0], e));
-                cr_assert_eq(load_as(SDPA_DTYPE_BF16, g[1], e), 0.0f, "[%s] dK[%zu] = %g", sdpa_isa_name(isas[ii]), e,
-                             (double)load_as(SDPA_DTYPE_BF16, g[1], e));
-                cr_assert_eq(load_as(SDPA_DTYPE_BF16, g[2], e), load_as(SDPA_DTYPE_BF16, ds, e), "[%s] dV[%zu]",
+                cr_assert_eq(util_load_as(SDPA_DTYPE_BF16, g[0], e), 0.0f, "[%s] %s: dQ[%zu] = %g", sdpa_isa_name(isas[ii]),
+                             sdpa_tuning(), e, (double)util_load_as(SDPA_DTYPE_BF16, g[0], e));
+                cr_assert_eq(util_load_as(SDPA_DTYPE_BF16, g[1], e), 0.0f, "[%s] dK[%zu] = %g", sdpa_isa_name(isas[ii]), e,
+                             (double)util_load_as(SDPA_DTYPE_BF16, g[1], e));
+                cr_assert_eq(util_load_as(SDPA_DTYPE_BF16, g[2], e), util_load_as(SDPA_DTYPE_BF16, ds, e), "[%s] dV[%zu]",
                              sdpa_isa_name(isas[ii]), e);
             }
         }
@@ -1193,8 +1150,8 @@ Test(dtypes, strict_fpmath_rounds_nothing)
         round_all(ty[1], k, nk);
         round_all(ty[1], v, nv);
         round_all(ty[2], dout, no);
-        void *qs = store_as(ty[0], q, nq, 0), *ks = store_as(ty[1], k, nk, 0), *vs = store_as(ty[1], v, nv, 0),
-             *dos = store_as(ty[2], dout, no, 0);
+        void *qs = util_store_as(ty[0], q, nq, 0), *ks = util_store_as(ty[1], k, nk, 0), *vs = util_store_as(ty[1], v, nv, 0),
+             *dos = util_store_as(ty[2], dout, no, 0);
         int32_t lens[2] = {(int32_t)s->Tk - 3, (int32_t)s->Tk / 2 + 1};
         const int32_t *lp = s->kv_lengths ? lens : NULL;
         const sdpa_tensor tq = {qs, s->Hq * s->Tq * s->Dk, s->Tq * s->Dk, s->Dk},
@@ -1227,8 +1184,8 @@ Test(dtypes, strict_fpmath_rounds_nothing)
             for (int strict = 1; strict >= 0; strict--) {
                 p.q_dtype = ty[0], p.kv_dtype = ty[1], p.o_dtype = ty[2];
                 p.fpmath_mode = strict ? SDPA_FPMATH_STRICT : SDPA_FPMATH_DEFAULT;
-                void *o = store_as(ty[2], NULL, 0, no), *gq = store_as(ty[0], NULL, 0, nq),
-                     *gk = store_as(ty[1], NULL, 0, nk), *gv = store_as(ty[1], NULL, 0, nv);
+                void *o = util_store_as(ty[2], NULL, 0, no), *gq = util_store_as(ty[0], NULL, 0, nq),
+                     *gk = util_store_as(ty[1], NULL, 0, nk), *gv = util_store_as(ty[1], NULL, 0, nv);
                 float *lse = malloc(nl * 4);
                 const sdpa_tensor_out to = {o, fo.batch_stride, fo.head_stride, fo.seq_stride},
                                       tl = {lse, fl.batch_stride, fl.head_stride, fl.seq_stride},
@@ -1247,7 +1204,7 @@ Test(dtypes, strict_fpmath_rounds_nothing)
                 for (int x = 0; x < (cases[c].bwd_bits ? 5 : 2); x++) {
                     size_t first = n[x];
                     for (size_t i = 0; i < n[x] && first == n[x]; i++) {
-                        const float want = round_to(gt[x], f[x][i]), have = load_as(gt[x], got[x], i);
+                        const float want = round_to(gt[x], f[x][i]), have = util_load_as(gt[x], got[x], i);
                         if (memcmp(&want, &have, 4) != 0)
                             first = i;
                     }
@@ -1255,7 +1212,7 @@ Test(dtypes, strict_fpmath_rounds_nothing)
                     if (strict)
                         cr_expect(first == n[x], "[%s] %s strict: %s[%zu] %.9g, the fp32 call on the widened "
                                   "values %.9g", sdpa_isa_name(isas[ii]), s->name, names[x], first,
-                                  first < n[x] ? (double)load_as(gt[x], got[x], first) : 0.0,
+                                  first < n[x] ? (double)util_load_as(gt[x], got[x], first) : 0.0,
                                   first < n[x] ? (double)round_to(gt[x], f[x][first]) : 0.0);
                 }
                 if (!strict && util_rounds_p(isas[ii], ty[0], ty[1], s->Dk, s->Dv) && s->Tq > 4)

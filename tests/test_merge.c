@@ -166,49 +166,6 @@ Test(merge, bad_arguments_write_nothing)
 
 /* ---------------------------------------------- typed states (16-bit O) -- */
 
-static size_t tbytes(sdpa_dtype t)
-{
-    return t == SDPA_DTYPE_F32 ? 4 : 2;
-}
-
-/* n floats stored as type t (nearest even) in a new buffer followed by `guard`
- * elements of 0xA5 bytes. */
-static void *store_typed(sdpa_dtype t, const float *x, size_t n, size_t guard)
-{
-    unsigned char *buf = malloc((n + guard) * tbytes(t));
-    cr_assert_not_null(buf);
-    memset(buf, 0xA5, (n + guard) * tbytes(t));
-    for (size_t i = 0; i < n; i++) {
-        if (t == SDPA_DTYPE_F32) {
-            memcpy(buf + 4 * i, &x[i], 4);
-        } else {
-            const uint16_t h = t == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(x[i]) : sdpa_f32_to_f16(x[i]);
-            memcpy(buf + 2 * i, &h, 2);
-        }
-    }
-    return buf;
-}
-
-static float load_typed(sdpa_dtype t, const void *buf, size_t i)
-{
-    if (t == SDPA_DTYPE_F32) {
-        float x;
-        memcpy(&x, (const char *)buf + 4 * i, 4);
-        return x;
-    }
-    uint16_t h;
-    memcpy(&h, (const char *)buf + 2 * i, 2);
-    return t == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(h) : sdpa_f16_to_f32(h);
-}
-
-static int guard_bytes_intact(const void *buf, size_t from, size_t bytes)
-{
-    for (size_t i = 0; i < bytes; i++)
-        if (((const unsigned char *)buf)[from + i] != 0xA5)
-            return 0;
-    return 1;
-}
-
 static const char *tname(sdpa_dtype t)
 {
     return t == SDPA_DTYPE_F32 ? "fp32" : t == SDPA_DTYPE_BF16 ? "bf16" : "fp16";
@@ -253,9 +210,9 @@ static void check_typed(sdpa_dtype pt, sdpa_dtype ot)
             o32[1][row * TD + (size_t)d] = NAN;
     }
     for (int s = 0; s < NP; s++) {
-        stored[s] = store_typed(pt, o32[s], nq, 0);
+        stored[s] = util_store_as(pt, o32[s], nq, 0);
         for (size_t i = 0; i < nq; i++)
-            wide[s][i] = load_typed(pt, stored[s], i);
+            wide[s][i] = util_load_as(pt, stored[s], i);
         vo[s] = util_cview(stored[s], TH, TT, TD);
         vw[s] = util_cview(wide[s], TH, TT, TD);
         vl[s] = util_lse_view(lse[s], TH, TT);
@@ -264,16 +221,16 @@ static void check_typed(sdpa_dtype pt, sdpa_dtype ot)
     float *eo = malloc(nq * 4), *el = malloc(nl * 4);
     const sdpa_tensor_out teo = util_cview_out(eo, TH, TT, TD), tel = util_lse_view_out(el, TH, TT);
     cr_assert_eq(sdpa_merge_states_n(NP, TB, TH, TT, TD, vw, vl, &teo, &tel), SDPA_OK);
-    void *expect = store_typed(ot, eo, nq, 0);
-    void *out = store_typed(ot, eo, 0, nq + GUARD); /* all 0xA5 */
+    void *expect = util_store_as(ot, eo, nq, 0);
+    void *out = util_store_as(ot, eo, 0, nq + GUARD); /* all 0xA5 */
     float *ml = util_galloc(nl);
     const sdpa_tensor_out to = util_cview_out(out, TH, TT, TD), tl = util_lse_view_out(ml, TH, TT);
     const sdpa_status st = sdpa_merge_states_typed(NP, TB, TH, TT, TD, pt, vo, vl, ot, &to, &tl);
     cr_assert_eq(st, SDPA_OK, "%s -> %s: %s", tname(pt), tname(ot), sdpa_status_string(st));
-    cr_expect(memcmp(out, expect, nq * tbytes(ot)) == 0, "%s -> %s: not the fp32 merge rounded once", tname(pt),
+    cr_expect(memcmp(out, expect, nq * util_dtype_bytes(ot)) == 0, "%s -> %s: not the fp32 merge rounded once", tname(pt),
               tname(ot));
     cr_expect(memcmp(ml, el, nl * 4) == 0, "%s -> %s: LSE not the fp32 merge's", tname(pt), tname(ot));
-    cr_expect(guard_bytes_intact(out, nq * tbytes(ot), GUARD * tbytes(ot)), "%s -> %s: written past O",
+    cr_expect(util_guard_intact(out, nq * util_dtype_bytes(ot), GUARD * util_dtype_bytes(ot)), "%s -> %s: written past O",
               tname(pt), tname(ot));
     cr_expect(util_gintact(ml, "merged LSE"));
     /* (2) a float64 merge of the parts as stored */
@@ -293,7 +250,7 @@ static void check_typed(sdpa_dtype pt, sdpa_dtype ot)
             for (int s = 0; s < NP; s++)
                 if (lse[s][row] != -INFINITY)
                     acc += exp((double)lse[s][row] - M) * (double)wide[s][row * TD + (size_t)d];
-            const double ref = acc / L, got = load_typed(ot, out, row * TD + (size_t)d);
+            const double ref = acc / L, got = util_load_as(ot, out, row * TD + (size_t)d);
             const double err = fabs(got - ref) / (half_ulp * fabs(ref) + 16 * 0x1p-24 * 3.0);
             worst = fmax(worst, err);
         }
@@ -303,7 +260,7 @@ static void check_typed(sdpa_dtype pt, sdpa_dtype ot)
     if (pt == ot) {
         const sdpa_tensor_out tin = util_cview_out(stored[0], TH, TT, TD), tlin = util_lse_view_out(lse[0], TH, TT);
         cr_expect_eq(sdpa_merge_states_typed(NP, TB, TH, TT, TD, pt, vo, vl, ot, &tin, &tlin), SDPA_OK);
-        cr_expect(memcmp(stored[0], expect, nq * tbytes(ot)) == 0 && memcmp(lse[0], el, nl * 4) == 0,
+        cr_expect(memcmp(stored[0], expect, nq * util_dtype_bytes(ot)) == 0 && memcmp(lse[0], el, nl * 4) == 0,
                   "%s: in place differs", tname(pt));
     }
     for (int s = 0; s < NP; s++)

@@ -2,6 +2,7 @@
 /* tests/util.c - shared helpers of the Criterion suite (see util.h): the parts that log or
  * expect through Criterion; the rest is in tests/util_core.c. */
 #include "util.h"
+#include "../src/dtype.h"
 #include "ref.h"
 
 #include <criterion/criterion.h>
@@ -555,4 +556,47 @@ int util_refs_expect(const char *what, const util_outputs *res, const float *ds,
         ok &= util_fa_expect(w, ds, R->nds, R->ds, Hq, 3.0);
     }
     return ok;
+}
+
+/* ------------------------------------------------- typed test buffers -- */
+
+size_t util_dtype_bytes(sdpa_dtype t)
+{
+    return t == SDPA_DTYPE_F32 ? 4 : 2;
+}
+
+void *util_store_as(sdpa_dtype t, const float *x, size_t n, size_t guard)
+{
+    unsigned char *buf = malloc((n + guard) * util_dtype_bytes(t) + 1);
+    cr_assert_not_null(buf);
+    memset(buf, 0xA5, (n + guard) * util_dtype_bytes(t));
+    for (size_t i = 0; i < n; i++) {
+        if (t == SDPA_DTYPE_F32) {
+            memcpy(buf + 4 * i, &x[i], 4);
+        } else {
+            const uint16_t h = t == SDPA_DTYPE_BF16 ? sdpa_f32_to_bf16(x[i]) : sdpa_f32_to_f16(x[i]);
+            memcpy(buf + 2 * i, &h, 2);
+        }
+    }
+    return buf;
+}
+
+float util_load_as(sdpa_dtype t, const void *buf, size_t i)
+{
+    if (t == SDPA_DTYPE_F32) {
+        float x;
+        memcpy(&x, (const char *)buf + 4 * i, 4);
+        return x;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)buf + 2 * i, 2);
+    return t == SDPA_DTYPE_BF16 ? sdpa_bf16_to_f32(h) : sdpa_f16_to_f32(h);
+}
+
+int util_guard_intact(const void *buf, size_t from_byte, size_t bytes)
+{
+    for (size_t i = 0; i < bytes; i++)
+        if (((const unsigned char *)buf)[from_byte + i] != 0xA5)
+            return 0;
+    return 1;
 }

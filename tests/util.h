@@ -243,6 +243,15 @@ int util_npy_load(const char *path, util_npy *out, char *err, size_t errlen);
 void util_npy_free(util_npy *a);
 /* Element i converted to double (bool -> 0/1, fp16 -> exact value). */
 double util_npy_get(const util_npy *a, size_t i);
+/* Bytes of one element of type t (4 for fp32, 2 for bf16 / fp16). */
+size_t util_dtype_bytes(sdpa_dtype t);
+/* n floats stored as type t (rounded to nearest even, src/dtype.h) in a new malloc'd
+ * buffer followed by `guard` elements of 0xA5 bytes (asserts the allocation). */
+void *util_store_as(sdpa_dtype t, const float *x, size_t n, size_t guard);
+/* Element i of a buffer of type t, widened (exact). */
+float util_load_as(sdpa_dtype t, const void *buf, size_t i);
+/* 1 if the bytes [from_byte, from_byte + bytes) of buf are all still 0xA5. */
+int util_guard_intact(const void *buf, size_t from_byte, size_t bytes);
 /* IEEE binary16 bits -> float (exact). */
 float util_half_to_float(uint16_t h);
 
