@@ -12,8 +12,8 @@
  *   - leave no allocation of its own alive (live count back to 0),
  *   - never exit the process (an atexit hook reports an exit while armed).
  * All with num_threads = 1, on every supported ISA, over prefill, GQA with
- * masks, split-KV decode and rows with |LSE| >= 256. Prints the number of fault
- * points. Before the fix (tree eafc80f) a one-thread call still entered
+ * masks, split-KV decode and rows with |LSE| >= 256; and sdpa_merge_states_typed over
+ * the 9 type pairs. Prints the number of fault points. Before the fix (tree eafc80f) a one-thread call still entered
  * GOMP_parallel, whose team allocation failing printed "libgomp: Out of memory
  * allocating N bytes" and exited 1: this program died at its first fault point.
  *
@@ -419,6 +419,75 @@ static int fi_points(const fi_case *c, sdpa_isa isa, int bwd)
     return points;
 }
 
+/* Every fault point of sdpa_merge_states_typed (parts of type pt merged into an O of
+ * type ot: its one allocation, the views and, with a 16-bit type, the row buffers):
+ * OUT_OF_MEMORY with O and LSE untouched and nothing left alive, or the uninjected bits.
+ * Returns how many points there were. */
+static int merge_points(sdpa_dtype pt, sdpa_dtype ot)
+{
+    enum { MH = 3, MT = 5, MD = 24, MN = 3 };
+    const size_t no = (size_t)MH * MT * MD, nl = (size_t)MH * MT;
+    uint16_t parts16[MN][MH * MT * MD];
+    float parts32[MN][MH * MT * MD], lses[MN][MH * MT];
+    for (int s = 0; s < MN; s++) {
+        for (size_t i = 0; i < no; i++) {
+            parts32[s][i] = rnd();
+            uint32_t u;
+            memcpy(&u, &parts32[s][i], 4);
+            parts16[s][i] = (uint16_t)(u >> 16); /* any bf16 / fp16 pattern will do */
+            if ((parts16[s][i] & 0x7c00) == 0x7c00)
+                parts16[s][i] &= 0xbfff; /* no fp16 inf or NaN */
+        }
+        for (size_t i = 0; i < nl; i++)
+            lses[s][i] = 2.0f * rnd();
+    }
+    sdpa_tensor po[MN], pl[MN];
+    for (int s = 0; s < MN; s++) {
+        po[s] = (sdpa_tensor){pt == SDPA_DTYPE_F32 ? (const void *)parts32[s] : (const void *)parts16[s], MH * MT * MD,
+                              MT * MD, MD};
+        pl[s] = view(lses[s], MH, MT, 1);
+    }
+    float o[MH * MT * MD], l[MH * MT], o_ref[MH * MT * MD], l_ref[MH * MT];
+    const size_t ob = no * (ot == SDPA_DTYPE_F32 ? 4 : 2);
+    const sdpa_tensor_out to = view_out(o, MH, MT, MD), tl = view_out(l, MH, MT, 1);
+    sdpa_status st = sdpa_merge_states_typed(MN, 1, MH, MT, MD, pt, po, pl, ot, &to, &tl);
+    if (st != SDPA_OK) {
+        FAIL("merge %d -> %d: uninjected: %s", (int)pt, (int)ot, sdpa_status_string(st));
+        return 0;
+    }
+    memcpy(o_ref, o, ob);
+    memcpy(l_ref, l, sizeof l);
+    int points = 0;
+    for (long at = 1;; at++) {
+        memset(o, 0x5a, sizeof o);
+        memset(l, 0x5a, sizeof l);
+        atomic_store(&g_count, 0);
+        atomic_store(&g_failed, 0);
+        atomic_store(&g_fail_at, at);
+        atomic_store(&g_armed, 1);
+        st = sdpa_merge_states_typed(MN, 1, MH, MT, MD, pt, po, pl, ot, &to, &tl);
+        atomic_store(&g_armed, 0);
+        if (atomic_load(&g_live_count) != 0)
+            FAIL("merge %d -> %d: allocation %ld failed: allocations left alive (leak)", (int)pt, (int)ot, at);
+        if (!atomic_load(&g_failed)) {
+            if (st != SDPA_OK || memcmp(o, o_ref, ob) != 0 || memcmp(l, l_ref, sizeof l) != 0)
+                FAIL("merge %d -> %d: no failure injected but %s or other bits", (int)pt, (int)ot,
+                     sdpa_status_string(st));
+            break;
+        }
+        points++;
+        int untouched = 1;
+        for (size_t i = 0; i < sizeof o; i++)
+            untouched &= ((const unsigned char *)o)[i] == 0x5a;
+        for (size_t i = 0; i < sizeof l; i++)
+            untouched &= ((const unsigned char *)l)[i] == 0x5a;
+        if (st != SDPA_ERR_OUT_OF_MEMORY || !untouched)
+            FAIL("merge %d -> %d: allocation %ld failed: %s, outputs %s", (int)pt, (int)ot, at,
+                 sdpa_status_string(st), untouched ? "untouched" : "written");
+    }
+    return points;
+}
+
 /* num_threads = 2, one fresh child per fault point: documents what libgomp does. */
 static void two_threads(void)
 {
@@ -484,6 +553,18 @@ int main(int argc, char **argv)
     printf("fault_injection: num_threads = 1: %d fault points over %d forward/backward calls (every supported ISA, "
            "%zu shapes): OUT_OF_MEMORY with outputs untouched, no leak, no exit; %d failures\n",
            total, calls, sizeof cases / sizeof cases[0], g_errors);
+    const int merge_before = g_errors;
+    int merge_total = 0;
+    for (int pt = SDPA_DTYPE_F32; pt <= SDPA_DTYPE_F16; pt++)
+        for (int ot = SDPA_DTYPE_F32; ot <= SDPA_DTYPE_F16; ot++)
+            merge_total += merge_points((sdpa_dtype)pt, (sdpa_dtype)ot);
+    printf("fault_injection: sdpa_merge_states_typed: %d fault points over the 9 type pairs: OUT_OF_MEMORY with "
+           "outputs untouched, no leak; %d failures\n",
+           merge_total, g_errors - merge_before);
+    if (merge_total < 9) {
+        fprintf(stderr, "fault_injection: FAIL: a merge without its allocation's fault point\n");
+        g_errors++;
+    }
     if (total == 0) {
         fprintf(stderr, "fault_injection: FAIL: no fault point found (is the allocator interposed?)\n");
         g_errors++;
