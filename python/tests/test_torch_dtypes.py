@@ -296,3 +296,25 @@ def test_merge_states_opcheck_and_compile():
     om, lm = f(o1, o2, l1, l2)
     oe, le = lt.merge_states([o1, o2], [l1, l2], out_dtype=BF16)
     assert same_bits(om, oe) and same_bits(lm, le)
+
+
+def test_cascade_decode_readme():
+    """The README's cascade attention: B decode rows over a shared prefix in one call, each
+    over its own keys (kv_lengths), merged; against each request's whole attention in
+    float32 (bf16 tensors: O's parts and the result each rounded once to bf16)."""
+    B, Hq, Hkv, D, P = 4, 8, 2, 64, 300
+    q = rn(B, Hq, 1, D, dtype=BF16)
+    k_prefix, v_prefix = rn(1, Hkv, P, D, dtype=BF16), rn(1, Hkv, P, D, dtype=BF16)
+    lens = torch.tensor([5, 17, 1, 40])
+    k_own, v_own = rn(B, Hkv, 40, D, dtype=BF16), rn(B, Hkv, 40, D, dtype=BF16)
+    o_pre, lse_pre = lt.attention(q.transpose(0, 2), k_prefix, v_prefix, return_lse=True)
+    o_own, lse_own = lt.attention(q, k_own, v_own, kv_lengths=lens, return_lse=True)
+    o, lse = lt.merge_states([o_pre.transpose(0, 2), o_own], [lse_pre.transpose(0, 2), lse_own])
+    assert o.dtype == BF16 and tuple(o.shape) == (B, Hq, 1, D) and tuple(lse.shape) == (B, Hq, 1)
+    for b in range(B):
+        n = int(lens[b])
+        k = torch.cat([k_prefix[0], k_own[b, :, :n]], 1)[None].float()
+        v = torch.cat([v_prefix[0], v_own[b, :, :n]], 1)[None].float()
+        ref, ref_lse = lt.attention(q[b:b + 1].float(), k, v, return_lse=True)
+        assert torch.allclose(o[b:b + 1].float(), ref, rtol=2 ** -7, atol=2 ** -8)
+        assert torch.allclose(lse[b:b + 1], ref_lse, rtol=1e-5, atol=1e-5)
