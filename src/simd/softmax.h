@@ -27,14 +27,24 @@ TMPL_INLINE void tmpl_softmax_block(const int tail, v_tail t, int M, float *S, p
     const v_f32 mu = V_SEL(V_EQ(mx, V_SET1(-INFINITY)), V_ZERO(), mx);
     const v_f32 a = tmpl_exp(V_SUB(m_old, mu)); /* m_old = -inf: exactly 0 */
     v_f32 sum = V_ZERO();
-    for (k = 0; k < M; k++) {
-        float *s = S + (ptrdiff_t)k * lds;
-        const v_f32 sv = TMPL_LOAD(tail, s, t);
-        /* masked (-inf): the sentinel -0.0, so that the P.V product can tell it
-         * from a probability that underflowed to +0 */
-        const v_f32 p = V_SEL(V_EQ(sv, V_SET1(-INFINITY)), V_SET1(SDPA_MASKED_SENTINEL), tmpl_exp(V_SUB(sv, mu)));
-        TMPL_STORE(tail, s, p, t);
-        sum = V_ADD(sum, p);
+    /* the rows in chunks, each in three phases: the exps' arguments, the exps alone (see
+     * TMPL_EXP_CHUNK), then P and its sum (the same operations per element as
+     * tmpl_exp, and the sum in the same order: the same bits as one pass) */
+    for (int k0 = 0; k0 < M; k0 += TMPL_EXP_CHUNK) {
+        const int kn = M - k0 < TMPL_EXP_CHUNK ? M - k0 : TMPL_EXP_CHUNK;
+        v_f32 y[TMPL_EXP_CHUNK];
+        for (int q = 0; q < kn; q++)
+            y[q] = tmpl_exp_arg(V_SUB(TMPL_LOAD(tail, S + (ptrdiff_t)(k0 + q) * lds, t), mu));
+        for (int q = 0; q < kn; q++)
+            y[q] = V_EXP2(y[q]);
+        for (int q = 0; q < kn; q++) {
+            float *s = S + (ptrdiff_t)(k0 + q) * lds;
+            /* masked (-inf): the sentinel -0.0, so that the P.V product can tell it
+             * from a probability that underflowed to +0 */
+            const v_f32 p = V_SEL(V_EQ(TMPL_LOAD(tail, s, t), V_SET1(-INFINITY)), V_SET1(SDPA_MASKED_SENTINEL), y[q]);
+            TMPL_STORE(tail, s, p, t);
+            sum = V_ADD(sum, p);
+        }
     }
     TMPL_STORE(tail, alpha, a, t);
     TMPL_STORE(tail, l, V_ADD(V_MUL(TMPL_LOAD(tail, l, t), a), sum), t);

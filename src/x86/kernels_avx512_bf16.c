@@ -261,6 +261,9 @@ static inline __m512 prob(__m512 sv, __m512 mu)
     return _mm512_mask_blend_ps(masked, exp_cut(_mm512_sub_ps(sv, mu)), _mm512_set1_ps(SDPA_MASKED_SENTINEL));
 }
 
+/* Rows of online_softmax_pairs per chunk of its exp phases (even: the row pairs stay whole). */
+#define SOFTMAX_PAIRS_CHUNK 32
+
 /* online_softmax (the AVX-512 template's arithmetic, simd/softmax.h, in the same order)
  * whose probabilities go straight to pack_pairs_f32's layout in dst instead of back to S:
  * dst[p * ldd + c] = bf16(P row 2p, column c) | bf16(P row 2p + 1) << 16, 0 for a missing
@@ -288,16 +291,35 @@ static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, fl
         const __m512 mu = _mm512_mask_blend_ps(none, mx, _mm512_setzero_ps());
         const __m512 a = exp_cut(_mm512_sub_ps(m_old, mu));
         __m512 sum = _mm512_setzero_ps();
-        for (r = 0; r < M; r += 2) {
-            const __m512 p0 = prob(_mm512_maskz_loadu_ps(k, s + (ptrdiff_t)r * lds), mu);
-            sum = _mm512_add_ps(sum, p0);
-            __m512 p1 = _mm512_setzero_ps();
-            if (r + 1 < M) {
-                p1 = prob(_mm512_maskz_loadu_ps(k, s + (ptrdiff_t)(r + 1) * lds), mu);
-                sum = _mm512_add_ps(sum, p1);
+        /* rows in chunks, each in three phases (the same operations per element as
+         * prob(), in the same order): the exponent arguments, then SLEEF's exp2 alone in
+         * a loop (nothing else live across its calls, so nothing spilled around them),
+         * then the masked sentinel, the sum, the rounding and the packing */
+        for (int r0 = 0; r0 < M; r0 += SOFTMAX_PAIRS_CHUNK) {
+            const int rn = M - r0 < SOFTMAX_PAIRS_CHUNK ? M - r0 : SOFTMAX_PAIRS_CHUNK;
+            __m512 y[SOFTMAX_PAIRS_CHUNK];
+            __mmask16 masked[SOFTMAX_PAIRS_CHUNK];
+            for (int q = 0; q < rn; q++) {
+                const __m512 sv = _mm512_maskz_loadu_ps(k, s + (ptrdiff_t)(r0 + q) * lds);
+                masked[q] = _mm512_cmp_ps_mask(sv, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+                const __m512 t = _mm512_mul_ps(_mm512_sub_ps(sv, mu), _mm512_set1_ps(0x1.715476p+0f));
+                const __mmask16 low = _mm512_cmp_ps_mask(t, _mm512_set1_ps(SDPA_EXP_CUTOFF_LOG2), _CMP_LT_OQ);
+                y[q] = _mm512_mask_blend_ps(low, t, _mm512_set1_ps(-INFINITY));
             }
-            const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(p1, p0); /* p0 in words 0..15, p1 in 16..31 */
-            _mm512_mask_storeu_epi32(dst + (ptrdiff_t)(r / 2) * ldd + n0, k, _mm512_permutexvar_epi16(interleave, h));
+            for (int q = 0; q < rn; q++)
+                y[q] = Sleef_exp2f16_u10avx512f(y[q]);
+            for (int q = 0; q < rn; q += 2) {
+                const __m512 p0 = _mm512_mask_blend_ps(masked[q], y[q], _mm512_set1_ps(SDPA_MASKED_SENTINEL));
+                sum = _mm512_add_ps(sum, p0);
+                __m512 p1 = _mm512_setzero_ps();
+                if (q + 1 < rn) {
+                    p1 = _mm512_mask_blend_ps(masked[q + 1], y[q + 1], _mm512_set1_ps(SDPA_MASKED_SENTINEL));
+                    sum = _mm512_add_ps(sum, p1);
+                }
+                const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(p1, p0); /* p0 in words 0..15, p1 in 16..31 */
+                _mm512_mask_storeu_epi32(dst + (ptrdiff_t)((r0 + q) / 2) * ldd + n0, k,
+                                         _mm512_permutexvar_epi16(interleave, h));
+            }
         }
         _mm512_mask_storeu_ps(alpha + n0, k, a);
         _mm512_mask_storeu_ps(l + n0, k, _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, l + n0), a), sum));
