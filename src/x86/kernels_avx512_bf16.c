@@ -246,19 +246,18 @@ static void round_rows_bf16(int rows, int cols, const float *src, ptrdiff_t lds,
 }
 
 /* The AVX-512 table's exp (simd_tmpl.h tmpl_exp: x log2(e) rounded to float, the cut-off,
- * SLEEF's exp2), so that online_softmax_pairs gives online_softmax's bits. */
-static inline __m512 exp_cut(__m512 x)
+ * SLEEF's exp2), so that online_softmax_pairs gives online_softmax's bits; exp_arg is
+ * the argument it gives SLEEF. */
+static inline __m512 exp_arg(__m512 x)
 {
     const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(0x1.715476p+0f));
     const __mmask16 low = _mm512_cmp_ps_mask(y, _mm512_set1_ps(SDPA_EXP_CUTOFF_LOG2), _CMP_LT_OQ);
-    return Sleef_exp2f16_u10avx512f(_mm512_mask_blend_ps(low, y, _mm512_set1_ps(-INFINITY)));
+    return _mm512_mask_blend_ps(low, y, _mm512_set1_ps(-INFINITY));
 }
 
-/* Probability (masked -inf: the sentinel) of scores sv with the column max mu. */
-static inline __m512 prob(__m512 sv, __m512 mu)
+static inline __m512 exp_cut(__m512 x)
 {
-    const __mmask16 masked = _mm512_cmp_ps_mask(sv, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
-    return _mm512_mask_blend_ps(masked, exp_cut(_mm512_sub_ps(sv, mu)), _mm512_set1_ps(SDPA_MASKED_SENTINEL));
+    return Sleef_exp2f16_u10avx512f(exp_arg(x));
 }
 
 /* Rows of online_softmax_pairs per chunk of its exp phases (even: the row pairs stay whole). */
@@ -291,8 +290,8 @@ static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, fl
         const __m512 mu = _mm512_mask_blend_ps(none, mx, _mm512_setzero_ps());
         const __m512 a = exp_cut(_mm512_sub_ps(m_old, mu));
         __m512 sum = _mm512_setzero_ps();
-        /* rows in chunks, each in three phases (the same operations per element as
-         * prob(), in the same order): the exponent arguments, then SLEEF's exp2 alone in
+        /* rows in chunks, each in three phases (per element the same operations as
+         * online_softmax's P, in the same order): the exponent arguments, then SLEEF's exp2 alone in
          * a loop (nothing else live across its calls, so nothing spilled around them),
          * then the masked sentinel, the sum, the rounding and the packing */
         for (int r0 = 0; r0 < M; r0 += SOFTMAX_PAIRS_CHUNK) {
@@ -302,9 +301,7 @@ static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, fl
             for (int q = 0; q < rn; q++) {
                 const __m512 sv = _mm512_maskz_loadu_ps(k, s + (ptrdiff_t)(r0 + q) * lds);
                 masked[q] = _mm512_cmp_ps_mask(sv, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
-                const __m512 t = _mm512_mul_ps(_mm512_sub_ps(sv, mu), _mm512_set1_ps(0x1.715476p+0f));
-                const __mmask16 low = _mm512_cmp_ps_mask(t, _mm512_set1_ps(SDPA_EXP_CUTOFF_LOG2), _CMP_LT_OQ);
-                y[q] = _mm512_mask_blend_ps(low, t, _mm512_set1_ps(-INFINITY));
+                y[q] = exp_arg(_mm512_sub_ps(sv, mu));
             }
             for (int q = 0; q < rn; q++)
                 y[q] = Sleef_exp2f16_u10avx512f(y[q]);
