@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "driver.h"
-#include "dtype.h"
 
 float sdpa_merge_row(int n, const float *m, const float *l, const float *const *o, int64_t dv, float *out,
                      float *M_out, float *alpha)
@@ -89,18 +88,6 @@ static sdpa_status merge_check(const merge_job *j)
     return SDPA_OK;
 }
 
-/* Row of Dv elements of type ty, widened (exactly) into dst. */
-static void widen_row(const void *src, sdpa_dtype ty, int64_t dv, float *dst)
-{
-    const uint16_t *h = src;
-    if (ty == SDPA_DTYPE_BF16)
-        for (int64_t d = 0; d < dv; d++)
-            dst[d] = sdpa_bf16_to_f32(h[d]);
-    else
-        for (int64_t d = 0; d < dv; d++)
-            dst[d] = sdpa_f16_to_f32(h[d]);
-}
-
 /* The rows of the merge, one at a time (each output row is written after all of
  * its inputs were read, so in place is safe). scratch: n pointers, 2n floats (m,
  * alpha), and with a 16-bit type n + 1 rows of Dv floats (the parts widened, the
@@ -108,6 +95,10 @@ static void widen_row(const void *src, sdpa_dtype ty, int64_t dv, float *dst)
 static void merge_rows(const merge_job *j, const float **o, float *m, float *alpha, float *rows)
 {
     const int wide_parts = j->parts_dtype != SDPA_DTYPE_F32, wide_out = j->o_dtype != SDPA_DTYPE_F32;
+    /* the active table's row conversions (every ISA gives dtype.h's bits, kernels.h) */
+    const sdpa_kernels *kt = sdpa_kernels_get(SDPA_ISA_AUTO);
+    const sdpa_widen_rows_fn widen = j->parts_dtype == SDPA_DTYPE_BF16 ? kt->widen_bf16 : kt->widen_f16;
+    const sdpa_narrow_rows_fn narrow = j->o_dtype == SDPA_DTYPE_BF16 ? kt->narrow_bf16 : kt->narrow_f16;
     float *const merged = rows ? rows + (size_t)j->n * (size_t)j->Dv : NULL;
     for (int64_t b = 0; b < j->B; b++)
         for (int64_t h = 0; h < j->H; h++)
@@ -117,7 +108,7 @@ static void merge_rows(const merge_job *j, const float **o, float *m, float *alp
                     const void *part = row_in_t(&j->o_parts[s], j->parts_dtype, b, h, i);
                     if (wide_parts && j->Dv && m[s] != -INFINITY) { /* an empty part's O is never read */
                         float *w = rows + (size_t)s * (size_t)j->Dv;
-                        widen_row(part, j->parts_dtype, j->Dv, w);
+                        widen(1, (int)j->Dv, part, 0, w, 0);
                         part = w;
                     }
                     o[s] = part;
@@ -127,15 +118,8 @@ static void merge_rows(const merge_job *j, const float **o, float *m, float *alp
                 const float inv = L == 0.0f ? 0.0f : 1.0f / L;
                 for (int64_t d = 0; d < j->Dv; d++)
                     orow[d] = L == 0.0f ? 0.0f : orow[d] * inv;
-                if (wide_out) {
-                    uint16_t *dst = row_out_t(j->o, j->o_dtype, b, h, i);
-                    if (j->o_dtype == SDPA_DTYPE_BF16)
-                        for (int64_t d = 0; d < j->Dv; d++)
-                            dst[d] = sdpa_f32_to_bf16(orow[d]);
-                    else
-                        for (int64_t d = 0; d < j->Dv; d++)
-                            dst[d] = sdpa_f32_to_f16(orow[d]);
-                }
+                if (wide_out && j->Dv)
+                    narrow(1, (int)j->Dv, orow, 0, row_out_t(j->o, j->o_dtype, b, h, i), 0);
                 *row_out(j->lse, b, h, i) = L == 0.0f ? -INFINITY : M + logf(L);
             }
 }
