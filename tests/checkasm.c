@@ -2251,6 +2251,8 @@ static void test_cvt(const sdpa_kernels *kt, const sdpa_kernels *ref_kt, int whi
 #define BENCH_DQ 4    /* query rows of a decode step (GQA group) */
 #define BENCH_DK 256  /* keys of a decode step */
 #define BENCH_DA 64   /* head_dim of attend_rows (every ISA takes it in registers) */
+#define BENCH_PQ 128  /* query columns of a bf16 pair-product tile (amx's pairs_block_q) */
+#define BENCH_PK 128  /* its keys */
 #define BENCH_FLOATS (256 * 256)
 
 typedef struct bench_bufs {
@@ -2316,6 +2318,22 @@ static int bench_call(const sdpa_kernels *kt, const char *name, int variant, ben
         (name[6] == 'f' ? kt->widen_f16 : kt->widen_bf16)(BENCH_BK, BENCH_D, w->h, BENCH_D, w->c, BENCH_D);
     else if (!strcmp(name, "narrow_bf16") || !strcmp(name, "narrow_f16"))
         (name[7] == 'f' ? kt->narrow_f16 : kt->narrow_bf16)(BENCH_BK, BENCH_D, w->a, BENCH_D, w->h, BENCH_D);
+    else if (!strcmp(name, "gemm_bf16_pairs") && !kt->gemm_bf16_pairs)
+        return 0;
+    else if (!strcmp(name, "gemm_bf16_pairs") && variant) /* O (+)= P V: A = P^T's pairs down its columns (the
+                                                              softmax's layout), B = V's key pairs */
+        kt->gemm_bf16_pairs(BENCH_PQ, BENCH_D, BENCH_PK / 2, 1.0f, w->h, 2, 2 * BENCH_PQ,
+                            (const uint32_t *)(const void *)(w->h + BENCH_PK * BENCH_D), BENCH_D, w->c, BENCH_D,
+                            SDPA_GEMM_ACCUMULATE, w->v3);
+    else if (!strcmp(name, "gemm_bf16_pairs")) /* S^T = K Q^T: A = bf16 K rows in place, B = Q^T's pairs */
+        kt->gemm_bf16_pairs(BENCH_PK, BENCH_PQ, BENCH_D / 2, 0.125f, w->h, BENCH_D, 2,
+                            (const uint32_t *)(const void *)(w->h + BENCH_PK * BENCH_D), BENCH_PQ, w->c, BENCH_PQ, 0,
+                            NULL);
+    else if (!strcmp(name, "online_softmax_pairs") && !kt->online_softmax_pairs)
+        return 0;
+    else if (!strcmp(name, "online_softmax_pairs")) /* S^T read, P^T's pairs written apart (S stays the same) */
+        kt->online_softmax_pairs(BENCH_PK, BENCH_PQ, w->a, BENCH_PQ, w->v1, w->v2, w->v3,
+                                 (uint32_t *)(void *)w->scratch, BENCH_PQ);
     return 1;
 }
 
@@ -2378,6 +2396,9 @@ static const bench_case bench_cases[] = {
     {"widen_f16", "128x128", 0, 0},
     {"narrow_bf16", "128x128", 0, 0},
     {"narrow_f16", "128x128", 0, 0},
+    {"gemm_bf16_pairs", "128x128x64p (S^T tile)", 2.0 * BENCH_PK * BENCH_PQ * BENCH_D, 0},
+    {"gemm_bf16_pairs", "128x128x64p (O += P V)", 2.0 * BENCH_PQ * BENCH_D * BENCH_PK, 1},
+    {"online_softmax_pairs", "128x128", 0, 0},
 };
 
 /* ----------------------------------------------------------------- main */
@@ -2412,7 +2433,7 @@ static void usage(const char *argv0)
 
 static void run_bench(void)
 {
-    static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_NEON};
+    static const sdpa_isa isas[] = {SDPA_ISA_SCALAR, SDPA_ISA_AVX2, SDPA_ISA_AVX512, SDPA_ISA_AMX, SDPA_ISA_NEON};
     bench_bufs w;
     float **all[] = {&w.a, &w.b, &w.c, &w.v1, &w.v2, &w.v3, &w.scratch, &w.g};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
@@ -2437,9 +2458,14 @@ static void run_bench(void)
         double t_scalar = -1.0;
         for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
             const sdpa_kernels *kt = sdpa_isa_supported(isas[i]) ? sdpa_kernels_get(isas[i]) : NULL;
-            if (!kt)
+            /* amx's table is avx512's but for the tile products: only those */
+            if (!kt || (isas[i] == SDPA_ISA_AMX && strcmp(bc->name, "gemm_bf16_pairs")))
                 continue;
+            if (kt->tiles_begin)
+                kt->tiles_begin(); /* the driver's bracket (kernels.h) */
             const double t = bench_time(kt, bc->name, bc->variant, &w);
+            if (kt->tiles_end)
+                kt->tiles_end();
             if (isas[i] == SDPA_ISA_SCALAR)
                 t_scalar = t;
             if (t < 0) {
