@@ -123,8 +123,12 @@ int sdpa_fwd_pairs_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_
 {
     const sdpa_kernels *kt = pl->kt;
     const int ld = pl->ld, Dv = (int)pl->Dv, ncol = ft->ncol;
-    kt->gemm_bf16_pairs(nk, ncol, (int)pl->Dk / 2, pl->scale, kv_row(pl, a->k, ft->kb, ks), a->k->seq_stride, 2,
-                        w->qp, ld, w->s, ld, 0, NULL);
+    /* a tile that neither a mask nor a logit variant touches keeps its products unscaled in S
+     * (AMX stores its tiles there as they are) and the softmax scales each one: the same
+     * single product per score either way, so the same bits */
+    const int plain = kind == TILE_FULL && !pl->logit_variants;
+    kt->gemm_bf16_pairs(nk, ncol, (int)pl->Dk / 2, plain ? 1.0f : pl->scale, kv_row(pl, a->k, ft->kb, ks),
+                        a->k->seq_stride, 2, w->qp, ld, w->s, ld, 0, NULL);
     if (pl->logit_variants)
         sdpa_logit_variants_t(pl, ft->b, ft->h0, ft->nh, ft->i0, ft->nr, ks, nk, w->s, ld, NULL, w->vs);
     if (kind == TILE_PARTIAL)
@@ -136,7 +140,7 @@ int sdpa_fwd_pairs_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_
         return 0;
     }
     /* m, l, alpha; P^T straight into its bf16 pairs */
-    kt->online_softmax_pairs(nk, ncol, w->s, ld, w->m, w->l, w->alpha, w->pp, ld);
+    kt->online_softmax_pairs(nk, ncol, w->s, ld, plain ? pl->scale : 1.0f, w->m, w->l, w->alpha, w->pp, ld);
     kt->gemm_bf16_pairs(ncol, Dv, (nk + 1) / 2, 1.0f, (const uint16_t *)(const void *)w->pp, 2, 2 * (ptrdiff_t)ld,
                         vp, Dv, w->on, Dv, SDPA_GEMM_ACCUMULATE, w->alpha);
     return 1;

@@ -339,10 +339,13 @@ typedef struct sdpa_kernels {
     sdpa_pack_pairs_f32_fn pack_pairs_f32;    /* with gemm_bf16_pairs */
     sdpa_pack_pairs_bf16_fn pack_pairs_bf16;  /* with gemm_bf16_pairs */
     sdpa_transpose_pairs_fn transpose_pairs;  /* with gemm_bf16_pairs */
-    /* with gemm_bf16_pairs: online_softmax whose P^T goes to pack_pairs_f32's layout in dst
-     * (the same bits as online_softmax then pack_pairs_f32; S is left as it was) */
-    void (*online_softmax_pairs)(int M, int N, const float *S, ptrdiff_t lds, float *m, float *l, float *alpha,
-                                 uint32_t *dst, ptrdiff_t ldd);
+    /* with gemm_bf16_pairs: online_softmax over the scores scale * S (each element one fp32
+     * product, as gemm_bf16_pairs' alpha makes it: scale 1 reads S as it is) whose P^T goes to
+     * pack_pairs_f32's layout in dst (the same bits as S scaled, online_softmax then
+     * pack_pairs_f32; S is left as it was). The forward hands it the unscaled products of a
+     * tile that nothing else touches, so the tile product stores them without an epilogue. */
+    void (*online_softmax_pairs)(int M, int N, const float *S, ptrdiff_t lds, float scale, float *m, float *l,
+                                 float *alpha, uint32_t *dst, ptrdiff_t ldd);
     /* with gemm_bf16_pairs: bwd_dscores whose dS goes to round_rows_bf16's rows (ds16) and
      * pack_pairs_f32's key pairs (dsp) instead of back to dP (the same bits as those three) */
     void (*bwd_dscores_pairs)(int M, int N, const float *P, ptrdiff_t ldp, const float *dP, ptrdiff_t lddp,

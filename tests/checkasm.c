@@ -2332,7 +2332,7 @@ static int bench_call(const sdpa_kernels *kt, const char *name, int variant, ben
     else if (!strcmp(name, "online_softmax_pairs") && !kt->online_softmax_pairs)
         return 0;
     else if (!strcmp(name, "online_softmax_pairs")) /* S^T read, P^T's pairs written apart (S stays the same) */
-        kt->online_softmax_pairs(BENCH_PK, BENCH_PQ, w->a, BENCH_PQ, w->v1, w->v2, w->v3,
+        kt->online_softmax_pairs(BENCH_PK, BENCH_PQ, w->a, BENCH_PQ, 0.125f, w->v1, w->v2, w->v3,
                                  (uint32_t *)(void *)w->scratch, BENCH_PQ);
     return 1;
 }
@@ -2517,7 +2517,8 @@ static uint16_t rand_bf16(void)
     return bf16_rne(frand(-2.0f, 2.0f) + (chance(50) ? 0.0f : 0.001f));
 }
 
-static void check_pairs_gemm(const sdpa_kernels *kt, int M, int N, int P, int layout, int flags, int row_scale)
+static void check_pairs_gemm(const sdpa_kernels *kt, int M, int N, int P, int layout, int flags, int row_scale,
+                             float alpha)
 {
     const ptrdiff_t ldb = N + (layout ? 3 : 0), ldc = N + (layout ? 0 : 5);
     /* layout 0: A pair (m,p) at A + m*rs + 2p (rs = 2P + 6); layout 1: at A + 2m + p*cs (cs = 2M + 4) */
@@ -2541,15 +2542,14 @@ static void check_pairs_gemm(const sdpa_kernels *kt, int M, int N, int P, int la
     buf_fill(&c, -3.0f, 3.0f);
     buf c0 = buf_clone(&c);
     buf_snap(&c);
-    const float alpha = layout ? 1.0f : 0.125f;
     const float *rsc = row_scale ? scale : NULL;
     kt->gemm_bf16_pairs(M, N, P, alpha, A, rs, cs, B, ldb, c.p, ldc, flags, rsc);
     int ok = 1;
     const long outside = buf_changed(&c, 1);
     if (outside) {
         ok = 0;
-        report("M=%d N=%d P=%d layout=%d flags=%d: %ld elements outside C changed", M, N, P, layout, flags,
-               outside);
+        report("M=%d N=%d P=%d layout=%d flags=%d alpha=%g: %ld elements outside C changed", M, N, P, layout, flags,
+               (double)alpha, outside);
     }
     for (int m = 0; m < M && ok; m++)
         for (int n = 0; n < N; n++) {
@@ -2570,8 +2570,9 @@ static void check_pairs_gemm(const sdpa_kernels *kt, int M, int N, int P, int la
             }
             if (!close_to(*at(&c, m, n), ref, tol + 1e-30)) {
                 ok = 0;
-                report("M=%d N=%d P=%d layout=%d flags=%d row_scale=%d: C(%d,%d) = %.9g, float64 %.9g, tol %.3g",
-                       M, N, P, layout, flags, row_scale, m, n, (double)*at(&c, m, n), ref, tol);
+                report("M=%d N=%d P=%d layout=%d flags=%d row_scale=%d alpha=%g: C(%d,%d) = %.9g, float64 %.9g, "
+                       "tol %.3g",
+                       M, N, P, layout, flags, row_scale, (double)alpha, m, n, (double)*at(&c, m, n), ref, tol);
                 break;
             }
         }
@@ -2767,7 +2768,8 @@ static void check_round_rows(const sdpa_kernels *kt, int rows, int cols)
     free(s), free(d);
 }
 
-/* online_softmax_pairs: bit for bit the same table's online_softmax followed by
+/* online_softmax_pairs: bit for bit the same table's online_softmax on the scores scale * S
+ * (one fp32 product each; scale 1, positive, negative, 0 and one that overflows drawn) followed by
  * pack_pairs_f32 (dst words, padding included, m, l, alpha), S left as it was; masked (-inf) scores,
  * fully masked columns and a running state from -inf drawn; padding untouched. */
 static void check_softmax_pairs(const sdpa_kernels *kt, int M, int N)
@@ -2793,19 +2795,27 @@ static void check_softmax_pairs(const sdpa_kernels *kt, int M, int N)
         l[c] = l2[c] = m[c] == -INFINITY ? 0.0f : frand(0.5f, 20.0f);
         al[c] = al2[c] = 7.0f;
     }
-    memcpy(S2, S, ns * sizeof *S);
+    static const float scales[] = {1.0f, 1.0f, 0.125f, 0.08838834764831845f, 3.0f, -0.5f, 0.0f, 0x1p100f};
+    const float scale = scales[rnd() % (sizeof scales / sizeof scales[0])];
+    if (scale == 0x1p100f) /* products beyond fp32's range: +-inf scores */
+        for (size_t i = 0; i < ns; i++)
+            S[i] = S[i] == -INFINITY ? S[i] : S[i] * 0x1p30f;
+    for (size_t i = 0; i < ns; i++) {
+        volatile float prod = scale * S[i]; /* the gemm's alpha * T */
+        S2[i] = prod;
+    }
     memcpy(S0, S, ns * sizeof *S);
     for (size_t i = 0; i < nd; i++)
         d[i] = d2[i] = 0xA5A5A5A5u;
-    kt->online_softmax_pairs(M, N, S, lds, m, l, al, d, ldd);
+    kt->online_softmax_pairs(M, N, S, lds, scale, m, l, al, d, ldd);
     kt->online_softmax(M, N, S2, lds, m2, l2, al2);
     kt->pack_pairs_f32(M, N, S2, lds, d2, ldd);
     int ok = memcmp(d, d2, nd * sizeof *d) == 0;
     if (!ok)
-        report("M=%d N=%d: P pairs differ from online_softmax + pack_pairs_f32", M, N);
+        report("M=%d N=%d scale=%g: P pairs differ from online_softmax + pack_pairs_f32", M, N, (double)scale);
     if (ok && (memcmp(m, m2, (size_t)N * 4) || memcmp(l, l2, (size_t)N * 4) || memcmp(al, al2, (size_t)N * 4))) {
         ok = 0;
-        report("M=%d N=%d: m, l or alpha differ from online_softmax", M, N);
+        report("M=%d N=%d scale=%g: m, l or alpha differ from online_softmax", M, N, (double)scale);
     }
     if (ok && memcmp(S, S0, ns * sizeof *S) != 0) {
         ok = 0;
@@ -2954,8 +2964,10 @@ static void test_pairs(const sdpa_kernels *kt)
         for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
             for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++)
                 for (int layout = 0; layout < 2; layout++) {
-                    check_pairs_gemm(kt, ms[i], ns[j], ps[k], layout, 0, 0);
-                    check_pairs_gemm(kt, ms[i], ns[j], ps[k], layout, SDPA_GEMM_ACCUMULATE, layout);
+                    /* alpha 1 without accumulation: amx stores whole tiles straight to C */
+                    check_pairs_gemm(kt, ms[i], ns[j], ps[k], layout, 0, 0, layout ? 1.0f : 0.125f);
+                    check_pairs_gemm(kt, ms[i], ns[j], ps[k], layout, 0, 0, layout ? 0.125f : 1.0f);
+                    check_pairs_gemm(kt, ms[i], ns[j], ps[k], layout, SDPA_GEMM_ACCUMULATE, layout, layout ? 1.0f : 0.125f);
                 }
     kernel_end();
 #if ARCH_AARCH64 && HAVE_NEON_BF16

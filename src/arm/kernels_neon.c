@@ -127,11 +127,13 @@ static void round_rows_bf16_neon(int rows, int cols, const float *src, ptrdiff_t
     }
 }
 
-/* online_softmax (simd/softmax.h's tmpl_softmax_block, in the same order) whose P^T
- * goes to pack_pairs_f32_neon's layout in dst; S is only read. */
-static void online_softmax_pairs_neon(int M, int N, const float *S, ptrdiff_t lds, float *m, float *l, float *alpha,
-                                      uint32_t *dst, ptrdiff_t ldd)
+/* online_softmax (simd/softmax.h's tmpl_softmax_block, in the same order) over the scores
+ * scale * S (one product per element, as the gemm's alpha) whose P^T goes to
+ * pack_pairs_f32_neon's layout in dst; S is only read. */
+static void online_softmax_pairs_neon(int M, int N, const float *S, ptrdiff_t lds, float scale, float *m, float *l,
+                                      float *alpha, uint32_t *dst, ptrdiff_t ldd)
 {
+    const v_f32 vs = V_SET1(scale);
     for (int n0 = 0; n0 < N; n0 += TMPL_VL) {
         const int tail = N - n0 < TMPL_VL;
         const v_tail t = V_TAIL_INIT(tail ? N - n0 : TMPL_VL);
@@ -140,22 +142,22 @@ static void online_softmax_pairs_neon(int M, int N, const float *S, ptrdiff_t ld
         v_f32 mx0 = m_old, mx1 = m_old;
         int k = 0;
         for (; k + 1 < M; k += 2) {
-            mx0 = V_MAX(TMPL_LOAD(tail, s + (ptrdiff_t)k * lds, t), mx0);
-            mx1 = V_MAX(TMPL_LOAD(tail, s + (ptrdiff_t)(k + 1) * lds, t), mx1);
+            mx0 = V_MAX(V_MUL(vs, TMPL_LOAD(tail, s + (ptrdiff_t)k * lds, t)), mx0);
+            mx1 = V_MAX(V_MUL(vs, TMPL_LOAD(tail, s + (ptrdiff_t)(k + 1) * lds, t)), mx1);
         }
         if (k < M)
-            mx0 = V_MAX(TMPL_LOAD(tail, s + (ptrdiff_t)k * lds, t), mx0);
+            mx0 = V_MAX(V_MUL(vs, TMPL_LOAD(tail, s + (ptrdiff_t)k * lds, t)), mx0);
         const v_f32 mx = V_MAX(mx1, mx0);
         const v_f32 mu = V_SEL(V_EQ(mx, V_SET1(-INFINITY)), V_ZERO(), mx);
         const v_f32 a = tmpl_exp(V_SUB(m_old, mu));
         v_f32 sum = V_ZERO();
         for (k = 0; k < M; k += 2) {
-            const v_f32 s0 = TMPL_LOAD(tail, s + (ptrdiff_t)k * lds, t);
+            const v_f32 s0 = V_MUL(vs, TMPL_LOAD(tail, s + (ptrdiff_t)k * lds, t));
             const v_f32 p0 = V_SEL(V_EQ(s0, V_SET1(-INFINITY)), V_SET1(SDPA_MASKED_SENTINEL), tmpl_exp(V_SUB(s0, mu)));
             sum = V_ADD(sum, p0);
             v_f32 p1 = V_ZERO();
             if (k + 1 < M) {
-                const v_f32 s1 = TMPL_LOAD(tail, s + (ptrdiff_t)(k + 1) * lds, t);
+                const v_f32 s1 = V_MUL(vs, TMPL_LOAD(tail, s + (ptrdiff_t)(k + 1) * lds, t));
                 p1 = V_SEL(V_EQ(s1, V_SET1(-INFINITY)), V_SET1(SDPA_MASKED_SENTINEL), tmpl_exp(V_SUB(s1, mu)));
                 sum = V_ADD(sum, p1);
             }

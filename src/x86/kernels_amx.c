@@ -142,10 +142,12 @@ static void store_c(const float *t, int rows, int cols, float alpha, float *C, p
 }
 
 /* A full 32 x 32 block of C over P = 16 chunks pairs, A rows at a0 / a1 (byte stride
- * sa, 64 bytes per chunk), B at b (byte stride sb, 16 rows per chunk): no tails. */
+ * sa, 64 bytes per chunk), B at b (byte stride sb, 16 rows per chunk): no tails. The
+ * four tiles go to out, or (out NULL) straight to the block at c (byte stride sc). */
 static inline __attribute__((always_inline)) void block_full(int chunks, const char *a0, const char *a1,
                                                              ptrdiff_t sa, ptrdiff_t a_step, const char *b,
-                                                             ptrdiff_t sb, float out[4][TILE_ROWS * TILE_WORDS])
+                                                             ptrdiff_t sb, float out[4][TILE_ROWS * TILE_WORDS],
+                                                             float *c, ptrdiff_t sc)
 {
     _tile_zero(0);
     _tile_zero(1);
@@ -163,6 +165,13 @@ static inline __attribute__((always_inline)) void block_full(int chunks, const c
         a0 += a_step;
         a1 += a_step;
         b += 16 * sb;
+    }
+    if (!out) {
+        _tile_stored(0, c, sc);
+        _tile_stored(1, c + 16, sc);
+        _tile_stored(2, (char *)c + 16 * sc, sc);
+        _tile_stored(3, (char *)c + 16 * sc + 64, sc);
+        return;
     }
     _tile_stored(0, out[0], 64);
     _tile_stored(1, out[1], 64);
@@ -217,6 +226,7 @@ static void gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A,
     }
     /* A in place when its pairs lie side by side and P fills whole chunks */
     const int a_in_place = cs_a == 2 && P % 16 == 0;
+    const int direct = alpha == 1.0f && !(flags & SDPA_GEMM_ACCUMULATE); /* full blocks skip the epilogue */
     const int ppad = (P + 15) / 16 * 16;
     const int panel_pairs = ppad < PANEL_PAIRS ? ppad : PANEL_PAIRS;
     uint32_t panel[2][TILE_ROWS * PANEL_PAIRS] __attribute__((aligned(64)));
@@ -233,7 +243,12 @@ static void gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A,
         for (int n = 0; n < N; n += 32) {
             if (place && n + 32 <= N && m + 32 <= M) { /* place: P is whole chunks */
                 const char *a0 = (const char *)(A + (ptrdiff_t)m * rs_a), *a1 = a0 + 32 * rs_a;
-                block_full(P / 16, a0, a1, rs_a * 2, 64, (const char *)(B + n), ldb * 4, out);
+                if (direct) { /* C = T: the tiles go to C as they are (1 * T is T) */
+                    block_full(P / 16, a0, a1, rs_a * 2, 64, (const char *)(B + n), ldb * 4, NULL, C + (ptrdiff_t)m * ldc + n,
+                               ldc * 4);
+                    continue;
+                }
+                block_full(P / 16, a0, a1, rs_a * 2, 64, (const char *)(B + n), ldb * 4, out, NULL, 0);
                 store_c_full(out, alpha, C, ldc, flags, c_row_scale, m, n);
                 continue;
             }
@@ -245,7 +260,7 @@ static void gemm_bf16_pairs(int M, int N, int P, float alpha, const uint16_t *A,
                 }
                 if (P % 16 == 0) {
                     block_full(P / 16, (const char *)panel[0], (const char *)panel[1], (ptrdiff_t)ppad * 4, 64,
-                               (const char *)(B + n), ldb * 4, out);
+                               (const char *)(B + n), ldb * 4, out, NULL, 0);
                     store_c_full(out, alpha, C, ldc, flags, c_row_scale, m, n);
                     continue;
                 }

@@ -263,13 +263,15 @@ static inline __m512 exp_cut(__m512 x)
 /* Rows of online_softmax_pairs per chunk of its exp phases (even: the row pairs stay whole). */
 #define SOFTMAX_PAIRS_CHUNK 32
 
-/* online_softmax (the AVX-512 template's arithmetic, simd/softmax.h, in the same order)
+/* online_softmax (the AVX-512 template's arithmetic, simd/softmax.h, in the same order) over
+ * the scores scale * S (one product per element, as the gemm's alpha)
  * whose probabilities go straight to pack_pairs_f32's layout in dst instead of back to S:
  * dst[p * ldd + c] = bf16(P row 2p, column c) | bf16(P row 2p + 1) << 16, 0 for a missing
  * odd row. l sums the unrounded P. */
-static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, float *m, float *l, float *alpha,
-                                 uint32_t *dst, ptrdiff_t ldd)
+static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, float scale, float *m, float *l,
+                                 float *alpha, uint32_t *dst, ptrdiff_t ldd)
 {
+    const __m512 vs = _mm512_set1_ps(scale);
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (int n0 = 0; n0 < N; n0 += 16) {
@@ -280,11 +282,11 @@ static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, fl
         __m512 mx0 = m_old, mx1 = m_old;
         int r = 0;
         for (; r + 1 < M; r += 2) {
-            mx0 = _mm512_max_ps(_mm512_maskz_loadu_ps(k, s + (ptrdiff_t)r * lds), mx0);
-            mx1 = _mm512_max_ps(_mm512_maskz_loadu_ps(k, s + (ptrdiff_t)(r + 1) * lds), mx1);
+            mx0 = _mm512_max_ps(_mm512_mul_ps(vs, _mm512_maskz_loadu_ps(k, s + (ptrdiff_t)r * lds)), mx0);
+            mx1 = _mm512_max_ps(_mm512_mul_ps(vs, _mm512_maskz_loadu_ps(k, s + (ptrdiff_t)(r + 1) * lds)), mx1);
         }
         if (r < M)
-            mx0 = _mm512_max_ps(_mm512_maskz_loadu_ps(k, s + (ptrdiff_t)r * lds), mx0);
+            mx0 = _mm512_max_ps(_mm512_mul_ps(vs, _mm512_maskz_loadu_ps(k, s + (ptrdiff_t)r * lds)), mx0);
         const __m512 mx = _mm512_max_ps(mx1, mx0);
         const __mmask16 none = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
         const __m512 mu = _mm512_mask_blend_ps(none, mx, _mm512_setzero_ps());
@@ -299,7 +301,7 @@ static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, fl
             __m512 y[SOFTMAX_PAIRS_CHUNK];
             __mmask16 masked[SOFTMAX_PAIRS_CHUNK];
             for (int q = 0; q < rn; q++) {
-                const __m512 sv = _mm512_maskz_loadu_ps(k, s + (ptrdiff_t)(r0 + q) * lds);
+                const __m512 sv = _mm512_mul_ps(vs, _mm512_maskz_loadu_ps(k, s + (ptrdiff_t)(r0 + q) * lds));
                 masked[q] = _mm512_cmp_ps_mask(sv, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
                 y[q] = exp_arg(_mm512_sub_ps(sv, mu));
             }
