@@ -47,13 +47,21 @@ void sdpa_fwd_pairs_blocks(plan *pl)
     pl->ld = plan_ld(pl->bq, kt);
 }
 
+/* Words per column of P's pairs in the rows layout (online_softmax_pairs_rows): a key
+ * tile's pairs rounded up to whole chunks of 16. */
+static ptrdiff_t p_rows_ld(const plan *pl)
+{
+    return (((ptrdiff_t)pl->bk + 1) / 2 + 15) & ~(ptrdiff_t)15;
+}
+
 size_t sdpa_fwd_pair_floats(const plan *pl, size_t *qp, size_t *pp, size_t *vp)
 {
     const size_t half_bk = ((size_t)pl->bk + 1) / 2;
     *qp = *pp = *vp = 0;
     if (sdpa_fwd_bf16_pairs(pl)) {
         *qp = (size_t)pl->Dk / 2 * (size_t)pl->ld;
-        *pp = half_bk * (size_t)pl->ld;
+        /* P's pairs: half_bk rows of ld words, or ld rows (columns) of p_rows_ld words */
+        *pp = (pl->kt->online_softmax_pairs_rows ? (size_t)p_rows_ld(pl) : half_bk) * (size_t)pl->ld;
         *vp = half_bk * (size_t)pl->Dv;
     }
     return round_floats(*qp) + round_floats(*pp) + round_floats(*vp);
@@ -139,9 +147,19 @@ int sdpa_fwd_pairs_tile(const plan *pl, fwd_ws *w, const fwd_args *a, const fwd_
         kt->online_softmax(nk, ncol, w->s, ld, w->m, w->l, w->alpha); /* m, l, alpha; S^T -> P^T */
         return 0;
     }
-    /* m, l, alpha; P^T straight into its bf16 pairs */
-    kt->online_softmax_pairs(nk, ncol, w->s, ld, plain ? pl->scale : 1.0f, w->m, w->l, w->alpha, w->pp, ld);
-    kt->gemm_bf16_pairs(ncol, Dv, (nk + 1) / 2, 1.0f, (const uint16_t *)(const void *)w->pp, 2, 2 * (ptrdiff_t)ld,
-                        vp, Dv, w->on, Dv, SDPA_GEMM_ACCUMULATE, w->alpha);
+    /* m, l, alpha; P^T straight into its bf16 pairs: down its columns, or (amx) each
+     * column's pairs in a row, the tile products' A rows in place (the same words: same bits) */
+    const float sc = plain ? pl->scale : 1.0f;
+    const uint16_t *p16 = (const uint16_t *)(const void *)w->pp;
+    if (kt->online_softmax_pairs_rows) {
+        const ptrdiff_t ldp = p_rows_ld(pl);
+        kt->online_softmax_pairs_rows(nk, ncol, w->s, ld, sc, w->m, w->l, w->alpha, w->pp, ldp);
+        kt->gemm_bf16_pairs(ncol, Dv, (nk + 1) / 2, 1.0f, p16, 2 * ldp, 2, vp, Dv, w->on, Dv, SDPA_GEMM_ACCUMULATE,
+                            w->alpha);
+        return 1;
+    }
+    kt->online_softmax_pairs(nk, ncol, w->s, ld, sc, w->m, w->l, w->alpha, w->pp, ld);
+    kt->gemm_bf16_pairs(ncol, Dv, (nk + 1) / 2, 1.0f, p16, 2, 2 * (ptrdiff_t)ld, vp, Dv, w->on, Dv,
+                        SDPA_GEMM_ACCUMULATE, w->alpha);
     return 1;
 }

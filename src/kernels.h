@@ -346,6 +346,13 @@ typedef struct sdpa_kernels {
      * tile that nothing else touches, so the tile product stores them without an epilogue. */
     void (*online_softmax_pairs)(int M, int N, const float *S, ptrdiff_t lds, float scale, float *m, float *l,
                                  float *alpha, uint32_t *dst, ptrdiff_t ldd);
+    /* NULL, or online_softmax_pairs whose P goes to gemm_bf16_pairs' A rows instead: each
+     * column's pairs in a row, dst[c * ldd + p], the words from ceil(M / 2) to the next
+     * multiple of 16 set to 0 (ldd at least that; the same words as online_softmax_pairs, so
+     * the products over them give the same bits); amx, whose tile products load such rows in
+     * place instead of transposing pairs down a column into panels */
+    void (*online_softmax_pairs_rows)(int M, int N, const float *S, ptrdiff_t lds, float scale, float *m,
+                                      float *l, float *alpha, uint32_t *dst, ptrdiff_t ldd);
     /* with gemm_bf16_pairs: bwd_dscores whose dS goes to round_rows_bf16's rows (ds16) and
      * pack_pairs_f32's key pairs (dsp) instead of back to dP (the same bits as those three) */
     void (*bwd_dscores_pairs)(int M, int N, const float *P, ptrdiff_t ldp, const float *dP, ptrdiff_t lddp,
@@ -407,6 +414,9 @@ int sdpa_avx512_attend_rows_bf16_pairs(int M, int N, int Dk, int Dv, float scale
 /* bwd_rows_bf16 with dK, dV narrowed by vcvtneps2bf16 (x86/bwd_rows_avx512_bf16.c, the
  * same bits as the AVX-512 table's), installed by sdpa_kernels_init_avx512_bf16. */
 sdpa_bwd_rows_fn sdpa_avx512_bf16_bwd_rows(void);
+/* online_softmax_pairs_rows of the AVX512-BF16 kernels (x86/kernels_avx512_bf16.c), for amx. */
+void sdpa_avx512_online_softmax_pairs_rows(int M, int N, const float *S, ptrdiff_t lds, float scale, float *m,
+                                           float *l, float *alpha, uint32_t *dst, ptrdiff_t ldd);
 /* The amx rung: the AVX512-BF16 packs, gemm_bf16_pairs on AMX tiles, bf16_dot on. */
 void sdpa_kernels_init_amx(sdpa_kernels *table);
 /* The BF16 pair products (src/arm/kernels_neon_bf16.c: BFMMLA for whole 8 x 8 blocks,

@@ -2320,7 +2320,7 @@ static int bench_call(const sdpa_kernels *kt, const char *name, int variant, ben
         (name[7] == 'f' ? kt->narrow_f16 : kt->narrow_bf16)(BENCH_BK, BENCH_D, w->a, BENCH_D, w->h, BENCH_D);
     else if (!strcmp(name, "gemm_bf16_pairs") && !kt->gemm_bf16_pairs)
         return 0;
-    else if (!strcmp(name, "gemm_bf16_pairs") && variant) /* O (+)= P V: A = P^T's pairs down its columns (the
+    else if (!strcmp(name, "gemm_bf16_pairs") && variant == 1) /* O (+)= P V: A = P^T's pairs down its columns (the
                                                               softmax's layout), B = V's key pairs */
         kt->gemm_bf16_pairs(BENCH_PQ, BENCH_D, BENCH_PK / 2, 1.0f, w->h, 2, 2 * BENCH_PQ,
                             (const uint32_t *)(const void *)(w->h + BENCH_PK * BENCH_D), BENCH_D, w->c, BENCH_D,
@@ -2329,6 +2329,15 @@ static int bench_call(const sdpa_kernels *kt, const char *name, int variant, ben
         kt->gemm_bf16_pairs(BENCH_PK, BENCH_PQ, BENCH_D / 2, 0.125f, w->h, BENCH_D, 2,
                             (const uint32_t *)(const void *)(w->h + BENCH_PK * BENCH_D), BENCH_PQ, w->c, BENCH_PQ, 0,
                             NULL);
+    else if (!strcmp(name, "gemm_bf16_pairs") && variant == 2) /* the same, P in rows (online_softmax_pairs_rows) */
+        kt->gemm_bf16_pairs(BENCH_PQ, BENCH_D, BENCH_PK / 2, 1.0f, w->h, BENCH_PK, 2,
+                            (const uint32_t *)(const void *)(w->h + BENCH_PK * BENCH_D), BENCH_D, w->c, BENCH_D,
+                            SDPA_GEMM_ACCUMULATE, w->v3);
+    else if (!strcmp(name, "online_softmax_pairs_rows") && !kt->online_softmax_pairs_rows)
+        return 0;
+    else if (!strcmp(name, "online_softmax_pairs_rows"))
+        kt->online_softmax_pairs_rows(BENCH_PK, BENCH_PQ, w->a, BENCH_PQ, 0.125f, w->v1, w->v2, w->v3,
+                                      (uint32_t *)(void *)w->scratch, BENCH_PK / 2);
     else if (!strcmp(name, "online_softmax_pairs") && !kt->online_softmax_pairs)
         return 0;
     else if (!strcmp(name, "online_softmax_pairs")) /* S^T read, P^T's pairs written apart (S stays the same) */
@@ -2398,7 +2407,9 @@ static const bench_case bench_cases[] = {
     {"narrow_f16", "128x128", 0, 0},
     {"gemm_bf16_pairs", "128x128x64p (S^T tile)", 2.0 * BENCH_PK * BENCH_PQ * BENCH_D, 0},
     {"gemm_bf16_pairs", "128x128x64p (O += P V)", 2.0 * BENCH_PQ * BENCH_D * BENCH_PK, 1},
+    {"gemm_bf16_pairs", "128x128x64p (O += P V, P rows)", 2.0 * BENCH_PQ * BENCH_D * BENCH_PK, 2},
     {"online_softmax_pairs", "128x128", 0, 0},
+    {"online_softmax_pairs_rows", "128x128", 0, 0},
 };
 
 /* ----------------------------------------------------------------- main */
@@ -2421,9 +2432,10 @@ static void usage(const char *argv0)
            "               gemm_stream attend_rows softcap alibi_cols alibi_rows bwd_softcap\n"
            "               widen_bf16 widen_f16 narrow_bf16 narrow_f16 gemm_bf16_pairs pack_pairs_f32\n"
            "               pack_pairs_bf16 transpose_pairs round_rows_bf16 online_softmax_pairs\n"
-           "               bwd_dscores_pairs dot_pairs_cols attend_rows_bf16_pairs (the last nine\n"
-           "               where the ISA has them: AVX512_BF16, AMX, Arm BF16; dot_pairs_cols not on\n"
-           "               AMX; attend_rows_bf16_pairs on AVX-512 with AVX512_BF16 only)\n"
+           "               online_softmax_pairs_rows bwd_dscores_pairs dot_pairs_cols\n"
+           "               attend_rows_bf16_pairs (the last ten where the ISA has them: AVX512_BF16,\n"
+           "               AMX, Arm BF16; dot_pairs_cols not on AMX; online_softmax_pairs_rows on AMX\n"
+           "               only; attend_rows_bf16_pairs on AVX-512 with AVX512_BF16 only)\n"
            "  --bench      no checks: time each (selected) kernel per ISA on one fixed shape and\n"
            "               print ns/call, GFLOP/s for the products, and the speed-up over scalar\n"
            "  --help       this text\n"
@@ -2459,7 +2471,8 @@ static void run_bench(void)
         for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
             const sdpa_kernels *kt = sdpa_isa_supported(isas[i]) ? sdpa_kernels_get(isas[i]) : NULL;
             /* amx's table is avx512's but for the tile products: only those */
-            if (!kt || (isas[i] == SDPA_ISA_AMX && strcmp(bc->name, "gemm_bf16_pairs")))
+            if (!kt || (isas[i] == SDPA_ISA_AMX && strcmp(bc->name, "gemm_bf16_pairs") &&
+                        strcmp(bc->name, "online_softmax_pairs_rows")))
                 continue;
             if (kt->tiles_begin)
                 kt->tiles_begin(); /* the driver's bracket (kernels.h) */
@@ -2790,9 +2803,14 @@ static void check_softmax_pairs(const sdpa_kernels *kt, int M, int N)
     for (int r = 0; r < M && dead >= 0; r++)
         S[r * lds + dead] = -INFINITY;
     float *m = st, *l = st + N, *al = st + 2 * N, *m2 = st + 3 * N, *l2 = st + 4 * N, *al2 = st + 5 * N;
+    float *m_in = malloc((size_t)N * sizeof *m_in), *l_in = malloc((size_t)N * sizeof *l_in);
+    if (!m_in || !l_in) {
+        fprintf(stderr, "checkasm: out of memory\n");
+        exit(2);
+    }
     for (int c = 0; c < N; c++) {
-        m[c] = m2[c] = chance(30) ? -INFINITY : frand(-4.0f, 4.0f);
-        l[c] = l2[c] = m[c] == -INFINITY ? 0.0f : frand(0.5f, 20.0f);
+        m[c] = m2[c] = m_in[c] = chance(30) ? -INFINITY : frand(-4.0f, 4.0f);
+        l[c] = l2[c] = l_in[c] = m[c] == -INFINITY ? 0.0f : frand(0.5f, 20.0f);
         al[c] = al2[c] = 7.0f;
     }
     static const float scales[] = {1.0f, 1.0f, 0.125f, 0.08838834764831845f, 3.0f, -0.5f, 0.0f, 0x1p100f};
@@ -2821,8 +2839,48 @@ static void check_softmax_pairs(const sdpa_kernels *kt, int M, int N)
         ok = 0;
         report("M=%d N=%d: S written", M, N);
     }
+    if (ok && kt->online_softmax_pairs_rows) {
+        /* the same words, each column's pairs in a row (ldr >= whole chunks of 16 pairs, 3 words
+         * beyond them that must keep their guard), zeros from ceil(M / 2) to the chunk's end */
+        const ptrdiff_t whole = (half + 15) / 16 * 16, ldr = whole + 3;
+        uint32_t *rw = malloc((size_t)N * (size_t)ldr * sizeof *rw);
+        float *st3 = malloc(3 * (size_t)N * sizeof *st3);
+        if (!rw || !st3) {
+            fprintf(stderr, "checkasm: out of memory\n");
+            exit(2);
+        }
+        for (size_t i = 0; i < (size_t)N * (size_t)ldr; i++)
+            rw[i] = 0xA5A5A5A5u;
+        memcpy(S, S0, ns * sizeof *S);
+        for (int c = 0; c < N; c++) { /* the running state before the calls */
+            st3[c] = m_in[c];
+            st3[N + c] = l_in[c];
+            st3[2 * N + c] = 7.0f;
+        }
+        kt->online_softmax_pairs_rows(M, N, S, lds, scale, st3, st3 + N, st3 + 2 * N, rw, ldr);
+        for (int c = 0; c < N && ok; c++)
+            for (ptrdiff_t p = 0; p < ldr; p++) {
+                const uint32_t want = p < half ? d2[p * ldd + c] : p < whole ? 0u : 0xA5A5A5A5u;
+                if (rw[c * ldr + p] != want) {
+                    ok = 0;
+                    report("M=%d N=%d scale=%g: online_softmax_pairs_rows word (%d, %d) = %08x, want %08x", M, N,
+                           (double)scale, c, (int)p, rw[c * ldr + p], want);
+                    break;
+                }
+            }
+        if (ok && (memcmp(st3, m2, (size_t)N * 4) || memcmp(st3 + N, l2, (size_t)N * 4) ||
+                   memcmp(st3 + 2 * N, al2, (size_t)N * 4))) {
+            ok = 0;
+            report("M=%d N=%d scale=%g: online_softmax_pairs_rows' m, l or alpha differ", M, N, (double)scale);
+        }
+        if (ok && memcmp(S, S0, ns * sizeof *S) != 0) {
+            ok = 0;
+            report("M=%d N=%d: online_softmax_pairs_rows wrote S", M, N);
+        }
+        free(rw), free(st3);
+    }
     record(ok);
-    free(S), free(S2), free(S0), free(st), free(d), free(d2);
+    free(S), free(S2), free(S0), free(st), free(d), free(d2), free(m_in), free(l_in);
 }
 
 /* bwd_dscores_pairs: bit for bit the same table's bwd_dscores, then round_rows_bf16
@@ -3286,8 +3344,10 @@ int main(int argc, char **argv)
         printf("%-7s table \"%s\", block_q %d, block_k %d\n", sdpa_isa_name(isa), kt->name, kt->block_q,
                kt->block_k);
         if (isa == SDPA_ISA_AMX) {
-            /* the avx512 table's kernels but for the tile products */
-            if (selected("gemm_bf16_pairs")) {
+            /* the avx512 table's kernels but for the tile products and the softmax that feeds
+             * them P's rows (test_pairs checks it beside online_softmax_pairs) */
+            if (selected("gemm_bf16_pairs") || selected("online_softmax_pairs") ||
+                selected("online_softmax_pairs_rows")) {
                 kt->tiles_begin(); /* the driver's bracket (kernels.h) */
                 test_pairs(kt);
                 kt->tiles_end();

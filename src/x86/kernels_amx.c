@@ -347,6 +347,7 @@ void sdpa_kernels_init_amx(sdpa_kernels *t)
     t->name = "amx";
     t->gemm_bf16_pairs = gemm_bf16_pairs;
     t->dot_pairs_cols = NULL; /* the tile products sum in their own order (kernels.h) */
+    t->online_softmax_pairs_rows = sdpa_avx512_online_softmax_pairs_rows; /* P's A rows in place */
     /* decode scores stay on the fp32 FMAs: vdpbf16ps issues at half their rate on Intel's
      * server cores (docs/perf-notes.md, "vdpbf16ps on Emerald Rapids") */
     t->attend_rows_bf16_pairs = NULL;

@@ -268,8 +268,10 @@ static inline __m512 exp_cut(__m512 x)
  * whose probabilities go straight to pack_pairs_f32's layout in dst instead of back to S:
  * dst[p * ldd + c] = bf16(P row 2p, column c) | bf16(P row 2p + 1) << 16, 0 for a missing
  * odd row. l sums the unrounded P. */
-static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, float scale, float *m, float *l,
-                                 float *alpha, uint32_t *dst, ptrdiff_t ldd)
+static inline __attribute__((always_inline)) void softmax_pairs_body(const int query_major, int M, int N,
+                                                                     const float *S, ptrdiff_t lds, float scale,
+                                                                     float *m, float *l, float *alpha, uint32_t *dst,
+                                                                     ptrdiff_t ldd)
 {
     const __m512 vs = _mm512_set1_ps(scale);
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
@@ -307,6 +309,7 @@ static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, fl
             }
             for (int q = 0; q < rn; q++)
                 y[q] = Sleef_exp2f16_u10avx512f(y[q]);
+            __m512i words[SOFTMAX_PAIRS_CHUNK / 2];
             for (int q = 0; q < rn; q += 2) {
                 const __m512 p0 = _mm512_mask_blend_ps(masked[q], y[q], _mm512_set1_ps(SDPA_MASKED_SENTINEL));
                 sum = _mm512_add_ps(sum, p0);
@@ -316,14 +319,36 @@ static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, fl
                     sum = _mm512_add_ps(sum, p1);
                 }
                 const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(p1, p0); /* p0 in words 0..15, p1 in 16..31 */
-                _mm512_mask_storeu_epi32(dst + (ptrdiff_t)((r0 + q) / 2) * ldd + n0, k,
-                                         _mm512_permutexvar_epi16(interleave, h));
+                words[q / 2] = _mm512_permutexvar_epi16(interleave, h);
+                if (!query_major)
+                    _mm512_mask_storeu_epi32(dst + (ptrdiff_t)((r0 + q) / 2) * ldd + n0, k, words[q / 2]);
+            }
+            if (query_major) { /* the chunk's 16 pairs of each column: one transposition, one row each */
+                for (int j = (rn + 1) / 2; j < SOFTMAX_PAIRS_CHUNK / 2; j++)
+                    words[j] = _mm512_setzero_si512();
+                sdpa_transpose16x32(words);
+                for (int i = 0; i < n; i++)
+                    _mm512_storeu_si512(dst + (ptrdiff_t)(n0 + i) * ldd + r0 / 2, words[i]);
             }
         }
         _mm512_mask_storeu_ps(alpha + n0, k, a);
         _mm512_mask_storeu_ps(l + n0, k, _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, l + n0), a), sum));
         _mm512_mask_storeu_ps(m + n0, k, mx);
     }
+}
+
+static void online_softmax_pairs(int M, int N, const float *S, ptrdiff_t lds, float scale, float *m, float *l,
+                                 float *alpha, uint32_t *dst, ptrdiff_t ldd)
+{
+    softmax_pairs_body(0, M, N, S, lds, scale, m, l, alpha, dst, ldd);
+}
+
+/* The same, each column's pairs in a row: dst[c * ldd + p] (the amx tile products' A rows,
+ * loaded in place), words from ceil(M / 2) to the next multiple of 16 set to 0. */
+void sdpa_avx512_online_softmax_pairs_rows(int M, int N, const float *S, ptrdiff_t lds, float scale, float *m,
+                                           float *l, float *alpha, uint32_t *dst, ptrdiff_t ldd)
+{
+    softmax_pairs_body(1, M, N, S, lds, scale, m, l, alpha, dst, ldd);
 }
 
 /* dS = P (dP - D) as the AVX-512 table's bwd_dscores computes it (simd/softmax.h: the
