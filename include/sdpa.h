@@ -405,7 +405,8 @@ SDPA_API void sdpa_problem_init(sdpa_problem *problem);
  * conversion buffers (the V rows' counted above where they are padded), and where bf16 K/V run on the bf16
  * pair products (sdpa_isa_bf16_pairs()) about (Dk/2 + block_k/2) block_q +
  * block_k/2 Dv more (on SDPA_ISA_AMX with block_q = block_k = 128 unless the
- * descriptor gives them, for prefill problems), plus, for a prefill of more than one
+ * descriptor gives them, for prefill problems, and block_k/2 there rounded up to a
+ * multiple of 16 in the block_q term: P's pairs as whole rows of tile chunks), plus, for a prefill of more than one
  * query tile whose kv head's V in bf16 is at most 1 MiB, that V once more (2 Tk Dv
  * bytes: its key pairs, packed once per thread and kv head instead of once per query
  * tile), and on AMX about 24 KiB of stack per thread. With a boolean mask or bias whose
