@@ -2325,14 +2325,14 @@ static int bench_call(const sdpa_kernels *kt, const char *name, int variant, ben
         kt->gemm_bf16_pairs(BENCH_PQ, BENCH_D, BENCH_PK / 2, 1.0f, w->h, 2, 2 * BENCH_PQ,
                             (const uint32_t *)(const void *)(w->h + BENCH_PK * BENCH_D), BENCH_D, w->c, BENCH_D,
                             SDPA_GEMM_ACCUMULATE, w->v3);
-    else if (!strcmp(name, "gemm_bf16_pairs")) /* S^T = K Q^T: A = bf16 K rows in place, B = Q^T's pairs */
-        kt->gemm_bf16_pairs(BENCH_PK, BENCH_PQ, BENCH_D / 2, 0.125f, w->h, BENCH_D, 2,
-                            (const uint32_t *)(const void *)(w->h + BENCH_PK * BENCH_D), BENCH_PQ, w->c, BENCH_PQ, 0,
-                            NULL);
     else if (!strcmp(name, "gemm_bf16_pairs") && variant == 2) /* the same, P in rows (online_softmax_pairs_rows) */
         kt->gemm_bf16_pairs(BENCH_PQ, BENCH_D, BENCH_PK / 2, 1.0f, w->h, BENCH_PK, 2,
                             (const uint32_t *)(const void *)(w->h + BENCH_PK * BENCH_D), BENCH_D, w->c, BENCH_D,
                             SDPA_GEMM_ACCUMULATE, w->v3);
+    else if (!strcmp(name, "gemm_bf16_pairs")) /* S^T = K Q^T: A = bf16 K rows in place, B = Q^T's pairs */
+        kt->gemm_bf16_pairs(BENCH_PK, BENCH_PQ, BENCH_D / 2, 0.125f, w->h, BENCH_D, 2,
+                            (const uint32_t *)(const void *)(w->h + BENCH_PK * BENCH_D), BENCH_PQ, w->c, BENCH_PQ, 0,
+                            NULL);
     else if (!strcmp(name, "online_softmax_pairs_rows") && !kt->online_softmax_pairs_rows)
         return 0;
     else if (!strcmp(name, "online_softmax_pairs_rows"))
